@@ -1,0 +1,331 @@
+//! What the host knows about a process that NVML reports: user, command, state, identity,
+//! age and owner. Only the PIDs NVML names are read, never all of /proc.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use procfs::process::{Process, Stat};
+use serde::Serialize;
+
+use crate::owner::{Owner, parse_cgroup};
+
+/// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
+/// whose own namespace has another inode sees PIDs that differ from the host PIDs NVML reports.
+const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
+
+/// Process state letters from /proc/PID/stat, named as `ps` documents them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcState {
+    Running,
+    Sleeping,
+    DiskSleep,
+    Stopped,
+    TracingStop,
+    Zombie,
+    Dead,
+    Idle,
+    Other,
+}
+
+impl ProcState {
+    pub fn from_letter(letter: char) -> ProcState {
+        match letter {
+            'R' => ProcState::Running,
+            'S' => ProcState::Sleeping,
+            'D' => ProcState::DiskSleep,
+            'T' => ProcState::Stopped,
+            't' => ProcState::TracingStop,
+            'Z' => ProcState::Zombie,
+            'X' | 'x' => ProcState::Dead,
+            'I' => ProcState::Idle,
+            _ => ProcState::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcState::Running => "running",
+            ProcState::Sleeping => "sleeping",
+            ProcState::DiskSleep => "disk-sleep",
+            ProcState::Stopped => "stopped",
+            ProcState::TracingStop => "tracing-stop",
+            ProcState::Zombie => "zombie",
+            ProcState::Dead => "dead",
+            ProcState::Idle => "idle",
+            ProcState::Other => "other",
+        }
+    }
+}
+
+/// Host facts about one GPU process. When `confirmed` is false the PID could not be tied to a
+/// local process (other PID namespace, hidden /proc, no permission): every other field is then
+/// absent, so nothing is ever attributed to an unrelated process that has the same number.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostProcess {
+    pub confirmed: bool,
+    pub unconfirmed_reason: Option<String>,
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    pub comm: Option<String>,
+    pub argv: Option<Vec<String>>,
+    pub command: Option<String>,
+    pub state: Option<ProcState>,
+    pub ppid: Option<u32>,
+    pub pgid: Option<u32>,
+    pub sid: Option<u32>,
+    pub threads: Option<u32>,
+    /// Start time in clock ticks since boot; with the PID, the process identity.
+    pub start_ticks: Option<u64>,
+    pub age_seconds: Option<u64>,
+    pub owner: Option<Owner>,
+    pub cgroup: Option<String>,
+}
+
+impl HostProcess {
+    pub fn unconfirmed(reason: impl Into<String>) -> HostProcess {
+        HostProcess {
+            confirmed: false,
+            unconfirmed_reason: Some(reason.into()),
+            uid: None,
+            user: None,
+            comm: None,
+            argv: None,
+            command: None,
+            state: None,
+            ppid: None,
+            pgid: None,
+            sid: None,
+            threads: None,
+            start_ticks: None,
+            age_seconds: None,
+            owner: None,
+            cgroup: None,
+        }
+    }
+
+    /// A short command for tables: the command line, or `[comm]` when it has none (zombies,
+    /// kernel threads), as `ps` shows them.
+    pub fn display_command(&self) -> String {
+        match (&self.command, &self.comm) {
+            (Some(cmd), _) if !cmd.is_empty() => cmd.clone(),
+            (_, Some(comm)) => format!("[{comm}]"),
+            _ => "?".to_string(),
+        }
+    }
+}
+
+/// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
+/// resolve), or from a fixed table (golden tests over fixture trees).
+#[derive(Debug, Clone)]
+pub enum UserNames {
+    Nss,
+    Table(HashMap<u32, String>),
+}
+
+impl UserNames {
+    /// Parses passwd(5) lines into a table.
+    pub fn from_passwd(text: &str) -> UserNames {
+        let table = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                let uid = fields.nth(1)?.parse().ok()?;
+                Some((uid, name.to_string()))
+            })
+            .collect();
+        UserNames::Table(table)
+    }
+
+    fn lookup(&self, uid: u32) -> Option<String> {
+        match self {
+            UserNames::Nss => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|user| user.name),
+            UserNames::Table(table) => table.get(&uid).cloned(),
+        }
+    }
+}
+
+/// A view of one /proc tree: the real one, or a fixture tree in tests.
+#[derive(Debug, Clone)]
+pub struct ProcView {
+    root: PathBuf,
+    /// Whether PIDs under `root` are host PIDs, i.e. comparable with what NVML reports.
+    host_pid_namespace: bool,
+    uptime_seconds: f64,
+    ticks_per_second: u64,
+    users: UserNames,
+}
+
+impl ProcView {
+    /// The running system's /proc.
+    pub fn system() -> io::Result<ProcView> {
+        let root = PathBuf::from("/proc");
+        let host_pid_namespace = in_initial_pid_namespace(&root);
+        ProcView::at(root, host_pid_namespace, UserNames::Nss)
+    }
+
+    /// A /proc tree at `root` (containing `uptime` and `PID/` directories).
+    pub fn at(root: PathBuf, host_pid_namespace: bool, users: UserNames) -> io::Result<ProcView> {
+        let uptime_seconds = read_uptime(&root.join("uptime"))?;
+        Ok(ProcView {
+            root,
+            host_pid_namespace,
+            uptime_seconds,
+            ticks_per_second: procfs::ticks_per_second(),
+            users,
+        })
+    }
+
+    pub fn host_pid_namespace(&self) -> bool {
+        self.host_pid_namespace
+    }
+
+    pub fn ticks_per_second(&self) -> u64 {
+        self.ticks_per_second
+    }
+
+    /// Reads the host facts of each PID. User names are looked up once per distinct uid.
+    pub fn processes(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
+        let mut facts: HashMap<u32, HostProcess> =
+            pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        let mut names: HashMap<u32, Option<String>> = HashMap::new();
+        for fact in facts.values_mut() {
+            if let Some(uid) = fact.uid {
+                fact.user = names
+                    .entry(uid)
+                    .or_insert_with(|| self.users.lookup(uid))
+                    .clone();
+            }
+        }
+        facts
+    }
+
+    /// Reads the host facts of one PID; `user` is left for [`ProcView::processes`] to fill.
+    pub fn process(&self, pid: u32) -> HostProcess {
+        if !self.host_pid_namespace {
+            return HostProcess::unconfirmed(
+                "gpuctl runs in another PID namespace than the host; NVML reports host PIDs",
+            );
+        }
+        match self.read_process(pid) {
+            Ok(fact) => fact,
+            Err(reason) => HostProcess::unconfirmed(reason),
+        }
+    }
+
+    fn read_process(&self, pid: u32) -> Result<HostProcess, String> {
+        let dir = self.root.join(pid.to_string());
+        let process = Process::new_with_root(dir).map_err(|e| not_visible(pid, e))?;
+        let stat: Stat = process.stat().map_err(|e| not_visible(pid, e))?;
+        if u32::try_from(stat.pid).ok() != Some(pid) {
+            return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
+        }
+        let status = process.status().map_err(|e| not_visible(pid, e))?;
+        let uid = status.ruid;
+        // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
+        let argv = process.cmdline().unwrap_or_default();
+        let command = (!argv.is_empty()).then(|| argv.join(" "));
+        let cgroup = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup"))
+            .ok()
+            .map(|text| parse_cgroup(&text));
+        let started = stat.starttime as f64 / self.ticks_per_second as f64;
+        let age_seconds = (self.uptime_seconds - started).max(0.0) as u64;
+        Ok(HostProcess {
+            confirmed: true,
+            unconfirmed_reason: None,
+            uid: Some(uid),
+            user: None,
+            comm: Some(stat.comm.clone()),
+            argv: Some(argv),
+            command,
+            state: Some(ProcState::from_letter(stat.state)),
+            ppid: u32::try_from(stat.ppid).ok(),
+            pgid: u32::try_from(stat.pgrp).ok(),
+            sid: u32::try_from(stat.session).ok(),
+            threads: u32::try_from(stat.num_threads).ok(),
+            start_ticks: Some(stat.starttime),
+            age_seconds: Some(age_seconds),
+            owner: cgroup.as_ref().map(|c| c.owner.clone()),
+            cgroup: cgroup.map(|c| c.path),
+        })
+    }
+}
+
+fn not_visible(pid: u32, error: procfs::ProcError) -> String {
+    match error {
+        procfs::ProcError::PermissionDenied(_) => {
+            format!("no permission to read /proc/{pid}")
+        }
+        procfs::ProcError::NotFound(_) => {
+            format!("pid {pid} is not visible in /proc (exited, or hidden by hidepid)")
+        }
+        other => format!("cannot read /proc/{pid}: {other}"),
+    }
+}
+
+fn read_uptime(path: &Path) -> io::Result<f64> {
+    let text = std::fs::read_to_string(path)?;
+    text.split_whitespace()
+        .next()
+        .and_then(|field| field.parse().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: no uptime", path.display()),
+            )
+        })
+}
+
+/// True when `root`'s own process is in the initial PID namespace.
+fn in_initial_pid_namespace(root: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // When the namespace cannot be read (very old kernels), assume the host view as NVML's
+    // own tools do; the pid namespace file exists on every kernel NVIDIA still supports.
+    std::fs::metadata(root.join("self/ns/pid"))
+        .map(|meta| meta.ino() == INIT_PID_NS_INODE)
+        .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_letters_map_to_ps_names() {
+        assert_eq!(ProcState::from_letter('D').as_str(), "disk-sleep");
+        assert_eq!(ProcState::from_letter('Z'), ProcState::Zombie);
+        assert_eq!(ProcState::from_letter('t'), ProcState::TracingStop);
+        assert_eq!(ProcState::from_letter('?'), ProcState::Other);
+    }
+
+    #[test]
+    fn passwd_table_skips_malformed_lines() {
+        let names = UserNames::from_passwd(
+            "root:x:0:0::/root:/bin/sh\nbroken\nalice:x:1000:1000::/h:/bin/sh\nbad:x:notanumber:0::/:/\n",
+        );
+        assert_eq!(names.lookup(0).as_deref(), Some("root"));
+        assert_eq!(names.lookup(1000).as_deref(), Some("alice"));
+        assert_eq!(names.lookup(1), None);
+    }
+
+    #[test]
+    fn own_process_is_confirmed_with_identity() {
+        let view = ProcView::system().unwrap();
+        let me = std::process::id();
+        let facts = view.processes(&[me]);
+        let fact = &facts[&me];
+        if view.host_pid_namespace() {
+            assert!(fact.confirmed, "{fact:?}");
+            assert_eq!(fact.uid, Some(nix::unistd::getuid().as_raw()));
+            assert!(fact.start_ticks.is_some());
+            assert_eq!(fact.ppid, Some(std::os::unix::process::parent_id()));
+        } else {
+            assert!(!fact.confirmed);
+        }
+    }
+}

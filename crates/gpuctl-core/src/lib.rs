@@ -1,0 +1,14 @@
+//! gpuctl-core: who holds GPU memory on this machine, and how to get it back.
+//!
+//! Everything flows one way: NVML and /proc facts are joined into a [`snapshot::Snapshot`];
+//! later stages classify, select, plan, act and verify on top of it. This crate knows nothing
+//! of terminals, argument parsing or systemd.
+
+pub mod error;
+pub mod host;
+pub mod nvml;
+pub mod owner;
+pub mod snapshot;
+
+pub use error::{CoreError, Result};
+pub use snapshot::{Snapshot, SnapshotOptions};

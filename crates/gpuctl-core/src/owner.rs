@@ -1,0 +1,1094 @@
+//! Who a process belongs to, read from the text of `/proc/PID/cgroup`.
+//!
+//! This is the answer to the admin's question "whose is this GPU process?": a Slurm job, a
+//! Kubernetes pod, a container, a systemd unit or scope, or nothing recognizable.
+//!
+//! The module is pure: it takes the file's text and never touches the system, so it can be
+//! tested against golden fixtures (`tests/fixtures/cgroup/`).
+//!
+//! # Input
+//!
+//! Each line of `/proc/PID/cgroup` is `hierarchy-ID:controller-list:cgroup-path`:
+//!
+//! * cgroup v1: `9:memory:/slurm/uid_1000/job_123/step_0/task_1`, and the controller-less
+//!   systemd hierarchy `1:name=systemd:/system.slice/nginx.service`;
+//! * cgroup v2 (unified): `0::/system.slice/nginx.service`;
+//! * hybrid: both kinds of line in one file.
+//!
+//! Every line is classified on its own; the most specific workload owner wins (see
+//! [`parse_cgroup`]). A v2 path of a removed cgroup carries the kernel's ` (deleted)` suffix;
+//! it is ignored for classification and kept in [`CgroupInfo::path`].
+//!
+//! # Layouts recognized
+//!
+//! * Slurm, cgroup/v1 plugin: `/slurm/uid_<uid>/job_<id>/step_<step>/task_<n>` on any
+//!   controller, and `/slurm_<nodename>/...` with multiple slurmd.
+//! * Slurm, cgroup/v2 plugin: `/system.slice/slurmstepd.scope/job_<id>/step_<step>/user/task_<n>`
+//!   (also `<nodename>_slurmstepd.scope`, and the step's own `.../step_<step>/slurm`).
+//!   Steps: numeric, `batch`, `extern`, `interactive`.
+//! * Kubernetes, systemd driver: `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid
+//!   with _>.slice/<runtime>-<id>.scope`; guaranteed pods have no QoS slice
+//!   (`kubepods-pod<uid>.slice`); kind nodes use `kubelet.slice/kubelet-kubepods.slice/...`.
+//! * Kubernetes, cgroupfs driver: `/kubepods/<qos>/pod<uid>/<id>` (guaranteed:
+//!   `/kubepods/pod<uid>/<id>`), also nested under other prefixes (`/docker/<node>/kubepods/...`).
+//! * Containers: docker (`/docker/<id>`, `docker-<id>.scope`), containerd (`cri-containerd-<id>.scope`,
+//!   `nerdctl-<id>.scope`, `ctr`'s `/default/<id>`), cri-o (`crio-<id>.scope`, `crio-<id>`; its
+//!   monitor `crio-conmon-<id>` is not a container), podman (`libpod-<id>.scope`,
+//!   `libpod-<id>.scope/container`, `/libpod_parent/libpod-<id>`; `libpod-conmon-<id>.scope`
+//!   is the monitor, not a container). The innermost container wins (docker-in-docker).
+//! * systemd: system units (`nginx.service`, `getty@tty1.service`), scopes (`session-3.scope`,
+//!   `init.scope`), and units of a user manager (`user@1000.service/app.slice/jupyter.service`).
+//!   Unit names are kept exactly as systemd writes them, escapes like `\x2d` included.
+
+use serde::Serialize;
+
+/// Longest label [`Owner::label`] returns, in characters.
+pub const LABEL_MAX_CHARS: usize = 28;
+
+/// Shortest hex id accepted as a container id (docker's short form is 12).
+const MIN_CONTAINER_ID_LEN: usize = 12;
+
+/// Who a process belongs to, from /proc/PID/cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Owner {
+    /// A Slurm job. `step` is the step directory's name without `step_`: `0`, `batch`,
+    /// `extern`, `interactive`. `uid` comes from the v1 layout's `uid_<uid>` directory.
+    SlurmJob {
+        job_id: u64,
+        step: Option<String>,
+        uid: Option<u32>,
+    },
+    /// A Kubernetes pod. `pod_uid` is normalized with dashes. `qos` is the pod's QoS class as
+    /// the Kubernetes API spells it: `Guaranteed`, `Burstable` or `BestEffort`.
+    /// `runtime` is set only where the cgroup name tells it (systemd driver, cri-o).
+    KubernetesPod {
+        pod_uid: String,
+        qos: Option<String>,
+        container_id: Option<String>,
+        runtime: Option<ContainerRuntime>,
+    },
+    /// A container outside Kubernetes, with its full id.
+    Container {
+        runtime: ContainerRuntime,
+        id: String,
+    },
+    /// A system service, e.g. `nginx.service`.
+    SystemdUnit { unit: String },
+    /// A unit under the user manager `user@UID.service`.
+    SystemdUserUnit { unit: String, uid: u32 },
+    /// A system scope, e.g. `session-3.scope` (with the uid of its `user-UID.slice`).
+    SystemdScope { scope: String, uid: Option<u32> },
+    /// The root cgroup, or nothing recognizable.
+    None,
+}
+
+/// The container runtime that created a container's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ContainerRuntime {
+    Docker,
+    Containerd,
+    CriO,
+    Podman,
+}
+
+impl ContainerRuntime {
+    /// The runtime's name as its users write it: `docker`, `containerd`, `cri-o`, `podman`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContainerRuntime::Docker => "docker",
+            ContainerRuntime::Containerd => "containerd",
+            ContainerRuntime::CriO => "cri-o",
+            ContainerRuntime::Podman => "podman",
+        }
+    }
+}
+
+/// Parsed /proc/PID/cgroup: the owner and the cgroup path it came from (v2 path when present,
+/// else the most telling v1 path).
+///
+/// `path` is the path of the line the owner was read from. When no line names an owner it is
+/// the v2 path if that is not the root, else the `name=systemd` path, else the first other
+/// non-root v1 path, else `/`; it is empty when the input has no well-formed line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CgroupInfo {
+    pub owner: Owner,
+    pub path: String,
+}
+
+/// Parses the text of `/proc/PID/cgroup`. Never panics; malformed lines are skipped.
+///
+/// Precedence when lines disagree (hybrid hierarchies, or v1 controllers placed differently):
+/// Slurm job > Kubernetes pod > container > systemd unit/scope > none; then the owner with
+/// more detail (step, uid, QoS, container id); then the v2 line, then `name=systemd`, then
+/// the deeper path, then the earlier line.
+pub fn parse_cgroup(contents: &str) -> CgroupInfo {
+    let mut best: Option<(Key, Owner, &str)> = None;
+    // Fallback paths for `Owner::None`.
+    let mut v2_path: Option<&str> = None;
+    let mut systemd_path: Option<&str> = None;
+    let mut other_path: Option<&str> = None;
+
+    for raw in contents.lines() {
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        let Some(parsed) = parse_line(line) else {
+            continue;
+        };
+        let clean = strip_deleted(parsed.path);
+        let is_root = clean == "/";
+        if parsed.v2 {
+            if v2_path.is_none() || v2_path == Some("/") {
+                v2_path = Some(parsed.path);
+            }
+        } else if parsed.named_systemd {
+            if systemd_path.is_none() || (!is_root && systemd_path == Some("/")) {
+                systemd_path = Some(parsed.path);
+            }
+        } else if other_path.is_none() || (!is_root && other_path == Some("/")) {
+            other_path = Some(parsed.path);
+        }
+
+        let segs = segments(clean);
+        let owner = classify(&segs);
+        if matches!(owner, Owner::None) {
+            continue;
+        }
+        let key = Key {
+            rank: rank(&owner),
+            detail: detail(&owner),
+            v2: parsed.v2,
+            named_systemd: parsed.named_systemd,
+            depth: segs.len(),
+        };
+        if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
+            best = Some((key, owner, parsed.path));
+        }
+    }
+
+    match best {
+        Some((_, owner, path)) => CgroupInfo {
+            owner,
+            path: path.to_string(),
+        },
+        None => {
+            let path = non_root(v2_path)
+                .or(non_root(systemd_path))
+                .or(non_root(other_path))
+                .or(v2_path)
+                .or(systemd_path)
+                .or(other_path)
+                .unwrap_or("");
+            CgroupInfo {
+                owner: Owner::None,
+                path: path.to_string(),
+            }
+        }
+    }
+}
+
+impl Owner {
+    /// A short label for a table column, at most [`LABEL_MAX_CHARS`] characters (longer ones
+    /// end in `…`):
+    ///
+    /// * `slurm 123.0`, `slurm 123.batch`, `slurm 123` (no step known)
+    /// * `k8s pod 1a2b3c4d` (first 8 characters of the pod UID)
+    /// * `docker 3f2a1b4c5d6e`, `containerd …`, `cri-o …`, `podman …` (12-character id, as
+    ///   `docker ps` shows it)
+    /// * `nginx.service` (system unit), `session-3.scope` (scope)
+    /// * `user 1000: jupyter.service` (unit of a user manager)
+    /// * `-` for none
+    pub fn label(&self) -> String {
+        let full = match self {
+            Owner::SlurmJob {
+                job_id,
+                step: Some(step),
+                ..
+            } => format!("slurm {job_id}.{step}"),
+            Owner::SlurmJob { job_id, .. } => format!("slurm {job_id}"),
+            Owner::KubernetesPod { pod_uid, .. } => format!("k8s pod {}", prefix_chars(pod_uid, 8)),
+            Owner::Container { runtime, id } => {
+                format!("{} {}", runtime.name(), prefix_chars(id, 12))
+            }
+            Owner::SystemdUnit { unit } => unit.clone(),
+            Owner::SystemdUserUnit { unit, uid } => format!("user {uid}: {unit}"),
+            Owner::SystemdScope { scope, .. } => scope.clone(),
+            Owner::None => "-".to_string(),
+        };
+        truncate_label(full)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lines and precedence
+
+struct Line<'a> {
+    v2: bool,
+    named_systemd: bool,
+    path: &'a str,
+}
+
+/// `ID:controllers:path`, where the path may itself contain `:`.
+fn parse_line(line: &str) -> Option<Line<'_>> {
+    let mut parts = line.splitn(3, ':');
+    let id = parts.next()?;
+    let controllers = parts.next()?;
+    let path = parts.next()?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) || !path.starts_with('/') {
+        return None;
+    }
+    Some(Line {
+        v2: controllers.is_empty() && id.bytes().all(|b| b == b'0'),
+        named_systemd: controllers.split(',').any(|c| c == "name=systemd"),
+        path,
+    })
+}
+
+/// Field order is precedence order (derived `Ord` compares fields top to bottom).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    rank: u8,
+    detail: u8,
+    v2: bool,
+    named_systemd: bool,
+    depth: usize,
+}
+
+fn rank(owner: &Owner) -> u8 {
+    match owner {
+        Owner::SlurmJob { .. } => 4,
+        Owner::KubernetesPod { .. } => 3,
+        Owner::Container { .. } => 2,
+        Owner::SystemdUnit { .. } | Owner::SystemdUserUnit { .. } | Owner::SystemdScope { .. } => 1,
+        Owner::None => 0,
+    }
+}
+
+fn detail(owner: &Owner) -> u8 {
+    match owner {
+        Owner::SlurmJob { step, uid, .. } => u8::from(step.is_some()) + u8::from(uid.is_some()),
+        Owner::KubernetesPod {
+            qos,
+            container_id,
+            runtime,
+            ..
+        } => {
+            u8::from(qos.is_some()) + u8::from(container_id.is_some()) + u8::from(runtime.is_some())
+        }
+        Owner::SystemdScope { uid, .. } => u8::from(uid.is_some()),
+        _ => 0,
+    }
+}
+
+fn non_root(path: Option<&str>) -> Option<&str> {
+    path.filter(|p| strip_deleted(p) != "/")
+}
+
+fn strip_deleted(path: &str) -> &str {
+    path.strip_suffix(" (deleted)").unwrap_or(path)
+}
+
+fn segments(path: &str) -> Vec<&str> {
+    path.split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect()
+}
+
+/// The owner one cgroup path names, most specific first.
+fn classify(segs: &[&str]) -> Owner {
+    slurm(segs)
+        .or_else(|| kubernetes(segs))
+        .or_else(|| container(segs))
+        .or_else(|| systemd(segs))
+        .unwrap_or(Owner::None)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slurm
+
+/// `slurm` and `slurm_<node>` (cgroup/v1), `slurmstepd.scope` and `<node>_slurmstepd.scope`
+/// (cgroup/v2).
+fn is_slurm_root(seg: &str) -> bool {
+    seg == "slurm" || seg.starts_with("slurm_") || seg.ends_with("slurmstepd.scope")
+}
+
+fn slurm(segs: &[&str]) -> Option<Owner> {
+    let root = segs.iter().position(|s| is_slurm_root(s))?;
+    for i in root + 1..segs.len() {
+        let Some(job_id) = segs[i].strip_prefix("job_").and_then(parse_digits::<u64>) else {
+            continue;
+        };
+        let uid = segs[i - 1]
+            .strip_prefix("uid_")
+            .and_then(parse_digits::<u32>);
+        let step = segs
+            .get(i + 1)
+            .and_then(|s| s.strip_prefix("step_"))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        return Some(Owner::SlurmJob { job_id, step, uid });
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes
+
+fn kubernetes(segs: &[&str]) -> Option<Owner> {
+    let first = segs.iter().position(|s| s.contains("kubepods"))?;
+    for i in first..segs.len() {
+        let parent = if i > 0 { Some(segs[i - 1]) } else { None };
+        let Some((pod_uid, qos)) = pod_segment(segs[i], parent) else {
+            continue;
+        };
+        let (container_id, runtime) = match segs.get(i + 1).and_then(|s| pod_container(s)) {
+            Some((id, runtime)) => (id, runtime),
+            None => (None, None),
+        };
+        return Some(Owner::KubernetesPod {
+            pod_uid,
+            qos: qos.map(str::to_string),
+            container_id,
+            runtime,
+        });
+    }
+    None
+}
+
+/// A pod's cgroup: `kubepods-burstable-pod<uid_>.slice`, `kubepods-pod<uid_>.slice`,
+/// `kubelet-kubepods-besteffort-pod<uid_>.slice` (systemd driver) or `pod<uid>` (cgroupfs).
+/// Returns the normalized UID and the QoS class.
+fn pod_segment(seg: &str, parent: Option<&str>) -> Option<(String, Option<&'static str>)> {
+    if let Some(base) = seg.strip_suffix(".slice") {
+        let at = base.rfind("-pod")?;
+        let prefix = &base[..at];
+        let uid = normalize_pod_uid(&base[at + "-pod".len()..])?;
+        let qos = match prefix.rsplit('-').next() {
+            Some(last) if last.ends_with("kubepods") => Some("Guaranteed"),
+            Some(last) => qos_from_name(last),
+            None => None,
+        };
+        return Some((uid, qos));
+    }
+    let uid = normalize_pod_uid(seg.strip_prefix("pod")?)?;
+    let qos = match parent {
+        Some(p) if p.contains("kubepods") => Some("Guaranteed"),
+        Some(p) => qos_from_name(p),
+        None => None,
+    };
+    Some((uid, qos))
+}
+
+fn qos_from_name(name: &str) -> Option<&'static str> {
+    match name {
+        "burstable" => Some("Burstable"),
+        "besteffort" => Some("BestEffort"),
+        "guaranteed" => Some("Guaranteed"),
+        _ => None,
+    }
+}
+
+/// A pod UID is a UUID (`1a2b3c4d-...`, or with `_` in systemd slice names) or, for static
+/// pods, 32 hex digits. Normalized to dashes.
+fn normalize_pod_uid(raw: &str) -> Option<String> {
+    let mut hex = 0usize;
+    for b in raw.bytes() {
+        match b {
+            b'-' | b'_' => {}
+            b if b.is_ascii_hexdigit() => hex += 1,
+            _ => return None,
+        }
+    }
+    (hex == 32).then(|| raw.replace('_', "-"))
+}
+
+/// The cgroup directly below a pod's: a container (or the sandbox), or cri-o's monitor.
+fn pod_container(seg: &str) -> Option<(Option<String>, Option<ContainerRuntime>)> {
+    let base = seg.strip_suffix(".scope").unwrap_or(seg);
+    if let Some(id) = base.strip_prefix("crio-conmon-") {
+        return is_hex_id(id).then_some((None, Some(ContainerRuntime::CriO)));
+    }
+    const PREFIXES: [(&str, ContainerRuntime); 3] = [
+        ("cri-containerd-", ContainerRuntime::Containerd),
+        ("crio-", ContainerRuntime::CriO),
+        ("docker-", ContainerRuntime::Docker),
+    ];
+    for (prefix, runtime) in PREFIXES {
+        if let Some(id) = base.strip_prefix(prefix) {
+            return is_hex_id(id).then(|| (Some(id.to_string()), Some(runtime)));
+        }
+    }
+    // cgroupfs driver: the bare id, whichever runtime made it.
+    is_hex_id(base).then(|| (Some(base.to_string()), None))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Containers
+
+/// The innermost container named in the path.
+fn container(segs: &[&str]) -> Option<Owner> {
+    (0..segs.len()).rev().find_map(|i| {
+        let parent = if i > 0 { Some(segs[i - 1]) } else { None };
+        container_segment(segs[i], parent)
+    })
+}
+
+fn container_segment(seg: &str, parent: Option<&str>) -> Option<Owner> {
+    let make = |runtime, id: &str| Owner::Container {
+        runtime,
+        id: id.to_string(),
+    };
+    if let Some(base) = seg.strip_suffix(".scope") {
+        // systemd driver: `<runtime>-<id>.scope`; the monitors `libpod-conmon-<id>.scope` and
+        // `crio-conmon-<id>.scope` fail the hex test.
+        const SCOPES: [(&str, ContainerRuntime); 5] = [
+            ("docker-", ContainerRuntime::Docker),
+            ("cri-containerd-", ContainerRuntime::Containerd),
+            ("nerdctl-", ContainerRuntime::Containerd),
+            ("crio-", ContainerRuntime::CriO),
+            ("libpod-", ContainerRuntime::Podman),
+        ];
+        return SCOPES.iter().find_map(|&(prefix, runtime)| {
+            let id = base.strip_prefix(prefix)?;
+            is_hex_id(id).then(|| make(runtime, id))
+        });
+    }
+    // cgroupfs driver: `libpod_parent/libpod-<id>`, `.../crio-<id>`.
+    if let Some(id) = seg.strip_prefix("libpod-") {
+        return is_hex_id(id).then(|| make(ContainerRuntime::Podman, id));
+    }
+    if let Some(id) = seg.strip_prefix("crio-") {
+        return is_hex_id(id).then(|| make(ContainerRuntime::CriO, id));
+    }
+    // cgroupfs driver, bare 64-hex id under the runtime's parent: `/docker/<id>`, and
+    // containerd's `ctr`, which uses its namespace: `/default/<id>`.
+    if seg.len() == 64 && is_hex_id(seg) {
+        match parent {
+            Some("docker") => return Some(make(ContainerRuntime::Docker, seg)),
+            Some("default") => return Some(make(ContainerRuntime::Containerd, seg)),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn is_hex_id(s: &str) -> bool {
+    s.len() >= MIN_CONTAINER_ID_LEN && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+// ---------------------------------------------------------------------------------------------
+// systemd
+
+/// Unit types that can hold processes.
+const PROCESS_UNIT_SUFFIXES: [&str; 5] = [".service", ".scope", ".socket", ".mount", ".swap"];
+
+fn is_process_unit(seg: &str) -> bool {
+    PROCESS_UNIT_SUFFIXES
+        .iter()
+        .any(|suffix| seg.len() > suffix.len() && seg.ends_with(suffix))
+}
+
+/// Walks the slices down to the first unit that can hold processes; sub-cgroups below it
+/// belong to that unit (delegation).
+fn systemd(segs: &[&str]) -> Option<Owner> {
+    let mut slice_uid: Option<u32> = None;
+    for (i, seg) in segs.iter().enumerate() {
+        if let Some(base) = seg.strip_suffix(".slice") {
+            if let Some(uid) = base.strip_prefix("user-").and_then(parse_digits::<u32>) {
+                slice_uid = Some(uid);
+            }
+            continue;
+        }
+        if !is_process_unit(seg) {
+            return None;
+        }
+        if let Some(uid) = seg
+            .strip_prefix("user@")
+            .and_then(|s| s.strip_suffix(".service"))
+            .and_then(parse_digits::<u32>)
+        {
+            // The user manager: the owner is the first unit below it, if any.
+            let unit = segs[i + 1..]
+                .iter()
+                .take_while(|s| s.ends_with(".slice") || is_process_unit(s))
+                .find(|s| is_process_unit(s));
+            return Some(match unit {
+                Some(unit) => Owner::SystemdUserUnit {
+                    unit: unit.to_string(),
+                    uid,
+                },
+                None => Owner::SystemdUnit {
+                    unit: seg.to_string(),
+                },
+            });
+        }
+        return Some(if seg.ends_with(".scope") {
+            Owner::SystemdScope {
+                scope: seg.to_string(),
+                uid: slice_uid,
+            }
+        } else {
+            Owner::SystemdUnit {
+                unit: seg.to_string(),
+            }
+        });
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+/// Parses only plain ASCII digits (`str::parse` would also take a leading `+`).
+fn parse_digits<T: std::str::FromStr>(s: &str) -> Option<T> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn prefix_chars(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((at, _)) => &s[..at],
+        None => s,
+    }
+}
+
+fn truncate_label(s: String) -> String {
+    if s.chars().count() <= LABEL_MAX_CHARS {
+        return s;
+    }
+    let mut out = prefix_chars(&s, LABEL_MAX_CHARS - 1).to_string();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID64: &str = "3f2a1b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708";
+
+    fn owner(contents: &str) -> Owner {
+        parse_cgroup(contents).owner
+    }
+
+    fn v2(path: &str) -> Owner {
+        owner(&format!("0::{path}\n"))
+    }
+
+    #[test]
+    fn empty_and_garbage_give_none_with_empty_path() {
+        for input in [
+            "",
+            "\n",
+            "garbage",
+            "::",
+            "a:b:c",
+            "1:cpu",
+            "0::relative/path",
+            "x::/a",
+        ] {
+            let info = parse_cgroup(input);
+            assert_eq!(info.owner, Owner::None, "{input:?}");
+            assert_eq!(info.path, "", "{input:?}");
+        }
+    }
+
+    #[test]
+    fn root_is_none_and_keeps_slash() {
+        let info = parse_cgroup("0::/\n");
+        assert_eq!(
+            info,
+            CgroupInfo {
+                owner: Owner::None,
+                path: "/".into()
+            }
+        );
+    }
+
+    #[test]
+    fn unrecognized_keeps_the_most_telling_path() {
+        let info = parse_cgroup("3:cpu:/\n2:memory:/user/1000.user/c2.session\n1:name=systemd:/\n");
+        assert_eq!(info.owner, Owner::None);
+        assert_eq!(info.path, "/user/1000.user/c2.session");
+        let info = parse_cgroup("1:name=systemd:/weird\n0::/other\n");
+        assert_eq!(info.path, "/other");
+    }
+
+    #[test]
+    fn slurm_steps() {
+        for (step, want) in [
+            ("step_0", Some("0")),
+            ("step_batch", Some("batch")),
+            ("step_extern", Some("extern")),
+            ("step_interactive", Some("interactive")),
+            ("step_12", Some("12")),
+        ] {
+            let o = v2(&format!(
+                "/system.slice/slurmstepd.scope/job_77/{step}/user/task_0"
+            ));
+            assert_eq!(
+                o,
+                Owner::SlurmJob {
+                    job_id: 77,
+                    step: want.map(String::from),
+                    uid: None
+                }
+            );
+        }
+        assert_eq!(
+            v2("/system.slice/slurmstepd.scope/job_77"),
+            Owner::SlurmJob {
+                job_id: 77,
+                step: None,
+                uid: None
+            }
+        );
+        assert_eq!(
+            v2("/system.slice/slurmstepd.scope/job_77").label(),
+            "slurm 77"
+        );
+    }
+
+    #[test]
+    fn slurm_v1_and_multiple_slurmd() {
+        let want = Owner::SlurmJob {
+            job_id: 123,
+            step: Some("0".into()),
+            uid: Some(1000),
+        };
+        assert_eq!(
+            owner("4:memory:/slurm/uid_1000/job_123/step_0/task_1\n"),
+            want
+        );
+        assert_eq!(
+            owner("4:freezer:/slurm_node7/uid_1000/job_123/step_0\n"),
+            want
+        );
+        assert_eq!(
+            v2("/system.slice/node7_slurmstepd.scope/job_123/step_0/user/task_0"),
+            Owner::SlurmJob {
+                job_id: 123,
+                step: Some("0".into()),
+                uid: None
+            }
+        );
+        assert_eq!(want.label(), "slurm 123.0");
+    }
+
+    #[test]
+    fn slurm_needs_its_root_and_a_number() {
+        // slurmstepd's own cgroup is a plain scope.
+        assert_eq!(
+            v2("/system.slice/slurmstepd.scope/system"),
+            Owner::SystemdScope {
+                scope: "slurmstepd.scope".into(),
+                uid: None
+            }
+        );
+        assert_eq!(v2("/job_123/step_0"), Owner::None);
+        assert_eq!(v2("/slurm/uid_1/job_x/step_0"), Owner::None);
+        assert_eq!(v2("/slurm/uid_1/job_+5/step_0"), Owner::None);
+        assert_eq!(
+            v2("/slurm/uid_1/job_99999999999999999999999/step_0"),
+            Owner::None
+        );
+    }
+
+    #[test]
+    fn slurm_beats_systemd_in_hybrid() {
+        let info = parse_cgroup(
+            "5:memory:/slurm/uid_5/job_9/step_batch/task_0\n1:name=systemd:/system.slice/slurmd.service\n0::/system.slice/slurmd.service\n",
+        );
+        assert_eq!(
+            info.owner,
+            Owner::SlurmJob {
+                job_id: 9,
+                step: Some("batch".into()),
+                uid: Some(5)
+            }
+        );
+        assert_eq!(info.path, "/slurm/uid_5/job_9/step_batch/task_0");
+        assert_eq!(info.owner.label(), "slurm 9.batch");
+    }
+
+    #[test]
+    fn kubernetes_systemd_driver() {
+        let p = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice/cri-containerd-{ID64}.scope"
+        );
+        let o = v2(&p);
+        assert_eq!(
+            o,
+            Owner::KubernetesPod {
+                pod_uid: "0a1b2c3d-4e5f-6789-abcd-ef0123456789".into(),
+                qos: Some("Burstable".into()),
+                container_id: Some(ID64.into()),
+                runtime: Some(ContainerRuntime::Containerd),
+            }
+        );
+        assert_eq!(o.label(), "k8s pod 0a1b2c3d");
+        // Guaranteed: no QoS slice.
+        let p = "/kubepods.slice/kubepods-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice";
+        assert_eq!(
+            v2(p),
+            Owner::KubernetesPod {
+                pod_uid: "0a1b2c3d-4e5f-6789-abcd-ef0123456789".into(),
+                qos: Some("Guaranteed".into()),
+                container_id: None,
+                runtime: None,
+            }
+        );
+    }
+
+    #[test]
+    fn kubernetes_cgroupfs_static_pod_and_nesting() {
+        let p = format!(
+            "/docker/{ID64}/kubepods/besteffort/pod5b4e1c0f9a8d7e6b5c4d3e2f1a0b9c8d/{ID64}"
+        );
+        assert_eq!(
+            v2(&p),
+            Owner::KubernetesPod {
+                pod_uid: "5b4e1c0f9a8d7e6b5c4d3e2f1a0b9c8d".into(),
+                qos: Some("BestEffort".into()),
+                container_id: Some(ID64.into()),
+                runtime: None,
+            }
+        );
+    }
+
+    #[test]
+    fn crio_conmon_is_not_a_container() {
+        let p = format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice/crio-conmon-{ID64}.scope"
+        );
+        match v2(&p) {
+            Owner::KubernetesPod {
+                container_id,
+                runtime,
+                ..
+            } => {
+                assert_eq!(container_id, None);
+                assert_eq!(runtime, Some(ContainerRuntime::CriO));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            v2(&format!("/machine.slice/libpod-conmon-{ID64}.scope")),
+            Owner::SystemdScope {
+                scope: format!("libpod-conmon-{ID64}.scope"),
+                uid: None
+            }
+        );
+    }
+
+    #[test]
+    fn kubepods_without_a_pod_is_not_a_pod() {
+        assert_eq!(v2("/kubepods.slice/kubepods-burstable.slice"), Owner::None);
+        assert_eq!(v2("/kubepods/burstable/podnothex"), Owner::None);
+        // "pod" lookalike outside kubepods.
+        assert_eq!(v2("/pod0a1b2c3d-4e5f-6789-abcd-ef0123456789"), Owner::None);
+    }
+
+    #[test]
+    fn containers() {
+        let c = |runtime| Owner::Container {
+            runtime,
+            id: ID64.into(),
+        };
+        assert_eq!(v2(&format!("/docker/{ID64}")), c(ContainerRuntime::Docker));
+        assert_eq!(
+            v2(&format!("/system.slice/docker-{ID64}.scope")),
+            c(ContainerRuntime::Docker)
+        );
+        assert_eq!(
+            v2(&format!("/system.slice/cri-containerd-{ID64}.scope")),
+            c(ContainerRuntime::Containerd)
+        );
+        assert_eq!(
+            v2(&format!("/system.slice/nerdctl-{ID64}.scope")),
+            c(ContainerRuntime::Containerd)
+        );
+        assert_eq!(
+            v2(&format!("/default/{ID64}")),
+            c(ContainerRuntime::Containerd)
+        );
+        assert_eq!(
+            v2(&format!("/system.slice/crio-{ID64}.scope")),
+            c(ContainerRuntime::CriO)
+        );
+        assert_eq!(
+            v2(&format!("/machine.slice/libpod-{ID64}.scope/container")),
+            c(ContainerRuntime::Podman)
+        );
+        assert_eq!(
+            v2(&format!("/libpod_parent/libpod-{ID64}")),
+            c(ContainerRuntime::Podman)
+        );
+        assert_eq!(
+            v2(&format!(
+                "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope"
+            )),
+            c(ContainerRuntime::Podman)
+        );
+        assert_eq!(c(ContainerRuntime::Docker).label(), "docker 3f2a1b4c5d6e");
+        assert_eq!(c(ContainerRuntime::CriO).label(), "cri-o 3f2a1b4c5d6e");
+        // A bare hex directory under an unknown parent is not claimed.
+        assert_eq!(v2(&format!("/somewhere/{ID64}")), Owner::None);
+        // docker.service itself is a unit, not a container.
+        assert_eq!(
+            v2("/system.slice/docker.service"),
+            Owner::SystemdUnit {
+                unit: "docker.service".into()
+            }
+        );
+    }
+
+    #[test]
+    fn docker_in_docker_takes_the_innermost() {
+        let inner = "a".repeat(64);
+        assert_eq!(
+            v2(&format!("/docker/{ID64}/docker/{inner}")),
+            Owner::Container {
+                runtime: ContainerRuntime::Docker,
+                id: inner
+            }
+        );
+    }
+
+    #[test]
+    fn systemd_forms() {
+        assert_eq!(
+            v2("/system.slice/nginx.service"),
+            Owner::SystemdUnit {
+                unit: "nginx.service".into()
+            }
+        );
+        assert_eq!(
+            v2("/system.slice/system-getty.slice/getty@tty1.service"),
+            Owner::SystemdUnit {
+                unit: "getty@tty1.service".into()
+            }
+        );
+        assert_eq!(
+            v2("/system.slice/system-serial\\x2dgetty.slice/serial-getty@ttyS0.service"),
+            Owner::SystemdUnit {
+                unit: "serial-getty@ttyS0.service".into()
+            }
+        );
+        let s = v2("/user.slice/user-1000.slice/session-3.scope");
+        assert_eq!(
+            s,
+            Owner::SystemdScope {
+                scope: "session-3.scope".into(),
+                uid: Some(1000)
+            }
+        );
+        assert_eq!(s.label(), "session-3.scope");
+        assert_eq!(
+            v2("/init.scope"),
+            Owner::SystemdScope {
+                scope: "init.scope".into(),
+                uid: None
+            }
+        );
+        let u = v2("/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service");
+        assert_eq!(
+            u,
+            Owner::SystemdUserUnit {
+                unit: "jupyter.service".into(),
+                uid: 1000
+            }
+        );
+        assert_eq!(u.label(), "user 1000: jupyter.service");
+        assert_eq!(
+            v2(
+                "/user.slice/user-1000.slice/user@1000.service/app.slice/app-gnome-org.gnome.Terminal\\x2dfoo-1234.scope"
+            ),
+            Owner::SystemdUserUnit {
+                unit: "app-gnome-org.gnome.Terminal\\x2dfoo-1234.scope".into(),
+                uid: 1000
+            }
+        );
+        assert_eq!(
+            v2("/user.slice/user-1000.slice/user@1000.service/init.scope"),
+            Owner::SystemdUserUnit {
+                unit: "init.scope".into(),
+                uid: 1000
+            }
+        );
+        assert_eq!(
+            v2("/user.slice/user-1000.slice/user@1000.service"),
+            Owner::SystemdUnit {
+                unit: "user@1000.service".into()
+            }
+        );
+        // Delegated sub-cgroups belong to their unit.
+        assert_eq!(
+            v2("/system.slice/foo.service/worker/1"),
+            Owner::SystemdUnit {
+                unit: "foo.service".into()
+            }
+        );
+        assert_eq!(v2("/system.slice"), Owner::None);
+        assert_eq!(v2("/.service"), Owner::None);
+    }
+
+    #[test]
+    fn deleted_suffix_is_ignored_for_classification() {
+        let info = parse_cgroup("0::/system.slice/nginx.service (deleted)\n");
+        assert_eq!(
+            info.owner,
+            Owner::SystemdUnit {
+                unit: "nginx.service".into()
+            }
+        );
+        assert_eq!(info.path, "/system.slice/nginx.service (deleted)");
+    }
+
+    #[test]
+    fn crlf_and_colons_in_path() {
+        let info = parse_cgroup("0::/system.slice/a:b.service\r\n");
+        assert_eq!(
+            info.owner,
+            Owner::SystemdUnit {
+                unit: "a:b.service".into()
+            }
+        );
+    }
+
+    #[test]
+    fn labels_are_bounded() {
+        let long = Owner::SlurmJob {
+            job_id: u64::MAX,
+            step: Some("interactive".into()),
+            uid: None,
+        };
+        let l = long.label();
+        assert_eq!(l.chars().count(), LABEL_MAX_CHARS);
+        assert!(l.ends_with('…'));
+        assert_eq!(Owner::None.label(), "-");
+        let unit = Owner::SystemdUnit {
+            unit: "é".repeat(100),
+        };
+        assert_eq!(unit.label().chars().count(), LABEL_MAX_CHARS);
+        let pod = Owner::KubernetesPod {
+            pod_uid: "ü".into(),
+            qos: None,
+            container_id: None,
+            runtime: None,
+        };
+        assert_eq!(pod.label(), "k8s pod ü");
+    }
+
+    #[test]
+    fn json_shape() {
+        let info = parse_cgroup(&format!("0::/system.slice/crio-{ID64}.scope\n"));
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["owner"]["kind"], "container");
+        assert_eq!(json["owner"]["runtime"], "cri-o");
+        assert_eq!(
+            serde_json::to_value(Owner::None).unwrap(),
+            serde_json::json!({"kind": "none"})
+        );
+    }
+
+    /// Property-style: random lines built from cgroup-ish tokens and odd characters never
+    /// panic, and every label stays within bounds.
+    #[test]
+    fn malformed_lines_never_panic() {
+        const TOKENS: &[&str] = &[
+            "0",
+            "1",
+            "12",
+            ":",
+            "::",
+            "/",
+            "//",
+            "name=systemd",
+            "memory,cpu",
+            "slurm",
+            "slurm_n1",
+            "slurmstepd.scope",
+            "uid_",
+            "uid_1000",
+            "job_",
+            "job_42",
+            "job_18446744073709551616",
+            "step_",
+            "step_0",
+            "step_batch",
+            "task_0",
+            "kubepods",
+            "kubepods.slice",
+            "kubepods-burstable-pod",
+            "-pod",
+            "pod",
+            ".slice",
+            ".scope",
+            ".service",
+            "user@",
+            "user-1000.slice",
+            "user@1000.service",
+            "docker",
+            "docker-",
+            "cri-containerd-",
+            "crio-",
+            "crio-conmon-",
+            "libpod-",
+            "libpod-conmon-",
+            "default",
+            "0a1b2c3d_4e5f_6789_abcd_ef0123456789",
+            "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+            ID64,
+            "abcdef012345",
+            "_",
+            "-",
+            ".",
+            "..",
+            " (deleted)",
+            "\r",
+            "\n",
+            "\u{FFFD}",
+            "é",
+            "…",
+            "\u{0}",
+            "🙂",
+            "\\x2d",
+            " ",
+        ];
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let n = (next() % 24) as usize;
+            let mut s = String::new();
+            for _ in 0..n {
+                s.push_str(TOKENS[(next() % TOKENS.len() as u64) as usize]);
+            }
+            let info = parse_cgroup(&s);
+            assert!(
+                info.owner.label().chars().count() <= LABEL_MAX_CHARS,
+                "{s:?}"
+            );
+            // The reported path is always one of the input's paths (or empty).
+            assert!(info.path.is_empty() || s.contains(&info.path), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn huge_inputs() {
+        let huge_id = "f".repeat(1 << 20);
+        let info = parse_cgroup(&format!("0::/system.slice/docker-{huge_id}.scope\n"));
+        assert_eq!(info.owner.label(), "docker ffffffffffff");
+        let many = "1:cpu:/\n".repeat(100_000);
+        assert_eq!(parse_cgroup(&many).owner, Owner::None);
+        let deep = format!("0::{}\n", "/a".repeat(100_000));
+        assert_eq!(parse_cgroup(&deep).owner, Owner::None);
+    }
+}

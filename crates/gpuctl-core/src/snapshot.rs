@@ -1,0 +1,372 @@
+//! The snapshot: every selected GPU and every process holding memory on it, joined with what
+//! the host knows about each process. Every later stage (classify, select, act, verify) reads
+//! a snapshot; none queries NVML or /proc on its own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::SystemTime;
+
+use nvml_wrapper::Device;
+use nvml_wrapper::enum_wrappers::device::{ComputeMode, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use serde::Serialize;
+
+use crate::error::{CoreError, Result};
+use crate::host::{HostProcess, ProcView};
+use crate::nvml::{Gpus, describe};
+
+/// What to take. `gpus: None` takes every GPU.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotOptions {
+    pub gpus: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    #[serde(skip)]
+    pub taken_at: SystemTime,
+    pub driver_version: Option<String>,
+    pub cuda_driver_version: Option<String>,
+    pub nvml_version: Option<String>,
+    /// False when gpuctl runs in a PID namespace other than the host's; every process is then
+    /// unconfirmed.
+    pub host_pid_namespace: bool,
+    pub devices: Vec<GpuSnapshot>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuStatus {
+    Ok,
+    /// Fell off the bus or otherwise inaccessible (NVML_ERROR_GPU_IS_LOST).
+    Lost,
+    /// Some query this GPU needs failed; what was read is still shown.
+    Error,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuSnapshot {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub status: GpuStatus,
+    pub error: Option<String>,
+    pub memory: Option<Memory>,
+    pub utilization: Option<Utilization>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    pub persistence_mode: Option<bool>,
+    pub compute_mode: Option<&'static str>,
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Memory {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Used memory that no listed process accounts for: leaked by dead contexts, or held by
+    /// processes NVML does not list to us. `None` when a process's usage is not reported.
+    pub unattributed_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Utilization {
+    pub gpu_pct: u32,
+    pub memory_pct: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessType {
+    Compute,
+    Graphics,
+    #[serde(rename = "compute+graphics")]
+    ComputeAndGraphics,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// `None` where the driver does not report it (NVML_VALUE_NOT_AVAILABLE).
+    pub used_bytes: Option<u64>,
+    #[serde(rename = "type")]
+    pub kind: ProcessType,
+    /// Latest per-process SM utilization sample, where the driver keeps one.
+    pub sm_util_pct: Option<u32>,
+    #[serde(flatten)]
+    pub host: HostProcess,
+}
+
+impl Snapshot {
+    /// Takes a snapshot of the selected GPUs, reading /proc for their processes only.
+    pub fn take(gpus: &Gpus, options: &SnapshotOptions) -> Result<Snapshot> {
+        let view = ProcView::system().map_err(|source| CoreError::Io {
+            path: "/proc/uptime".into(),
+            source,
+        })?;
+        Snapshot::take_with(gpus, &view, options)
+    }
+
+    pub fn take_with(gpus: &Gpus, view: &ProcView, options: &SnapshotOptions) -> Result<Snapshot> {
+        let nvml = gpus.nvml();
+        let indices = match &options.gpus {
+            Some(indices) => indices.clone(),
+            None => (0..gpus.count()?).collect(),
+        };
+        let mut devices: Vec<GpuSnapshot> = indices.iter().map(|&i| read_gpu(gpus, i)).collect();
+
+        let mut pids: Vec<u32> = devices
+            .iter()
+            .flat_map(|gpu| gpu.processes.iter().map(|p| p.pid))
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let mut facts = view.processes(&pids);
+        for process in devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut()) {
+            if let Some(fact) = facts.get(&process.pid) {
+                process.host = fact.clone();
+            }
+        }
+        facts.clear();
+
+        Ok(Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: nvml.sys_driver_version().ok(),
+            cuda_driver_version: nvml.sys_cuda_driver_version().ok().map(|v| {
+                format!(
+                    "{}.{}",
+                    nvml_wrapper::cuda_driver_version_major(v),
+                    nvml_wrapper::cuda_driver_version_minor(v)
+                )
+            }),
+            nvml_version: nvml.sys_nvml_version().ok(),
+            host_pid_namespace: view.host_pid_namespace(),
+            devices,
+        })
+    }
+}
+
+/// Reads one GPU. Failures stay inside the returned entry so the other GPUs are still shown.
+fn read_gpu(gpus: &Gpus, index: u32) -> GpuSnapshot {
+    let mut gpu = GpuSnapshot {
+        index,
+        uuid: None,
+        name: None,
+        pci_bus_id: None,
+        status: GpuStatus::Ok,
+        error: None,
+        memory: None,
+        utilization: None,
+        temperature_c: None,
+        power_mw: None,
+        power_limit_mw: None,
+        persistence_mode: None,
+        compute_mode: None,
+        processes: Vec::new(),
+    };
+    let device = match gpus.nvml().device_by_index(index) {
+        Ok(device) => device,
+        Err(error) => {
+            gpu.fail(&error, "cannot open the GPU");
+            return gpu;
+        }
+    };
+    if let Err(error) = read_gpu_fields(&device, &mut gpu) {
+        gpu.fail(&error, "query failed");
+    }
+    gpu
+}
+
+/// Fields a GPU does not support stay `None`; a lost GPU stops the reading.
+fn read_gpu_fields(device: &Device<'_>, gpu: &mut GpuSnapshot) -> Result<(), NvmlError> {
+    gpu.uuid = optional(device.uuid())?;
+    gpu.name = optional(device.name())?;
+    gpu.pci_bus_id = optional(device.pci_info())?.map(|pci| pci.bus_id);
+    let memory = optional(device.memory_info())?;
+    gpu.utilization = optional(device.utilization_rates())?.map(|u| Utilization {
+        gpu_pct: u.gpu,
+        memory_pct: u.memory,
+    });
+    gpu.temperature_c = optional(device.temperature(TemperatureSensor::Gpu))?;
+    gpu.power_mw = optional(device.power_usage())?;
+    gpu.power_limit_mw = optional(device.enforced_power_limit())?;
+    gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
+    gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
+
+    let compute = process_list(device.running_compute_processes());
+    let graphics = process_list(device.running_graphics_processes());
+    let (compute, graphics) = match (compute, graphics) {
+        (Err(error), _) | (_, Err(error)) if matches!(error, NvmlError::GpuLost) => {
+            return Err(error);
+        }
+        (Err(error), _) | (_, Err(error)) => {
+            gpu.status = GpuStatus::Error;
+            gpu.error = Some(format!("cannot list processes: {}", describe(&error)));
+            (Vec::new(), Vec::new())
+        }
+        (Ok(compute), Ok(graphics)) => (compute, graphics),
+    };
+    let utilization = sm_utilization(device);
+    gpu.processes = merge_processes(compute, graphics, &utilization);
+    gpu.memory = memory.map(|m| Memory {
+        total_bytes: m.total,
+        used_bytes: m.used,
+        free_bytes: m.free,
+        reserved_bytes: m.reserved,
+        unattributed_bytes: (gpu.status == GpuStatus::Ok)
+            .then(|| unattributed(m.used, &gpu.processes))
+            .flatten(),
+    });
+    Ok(())
+}
+
+impl GpuSnapshot {
+    fn fail(&mut self, error: &NvmlError, what: &str) {
+        if matches!(error, NvmlError::GpuLost) {
+            self.status = GpuStatus::Lost;
+            self.error = Some("GPU is lost (fallen off the bus or inaccessible)".to_string());
+        } else {
+            self.status = GpuStatus::Error;
+            self.error = Some(format!("{what}: {}", describe(error)));
+        }
+    }
+}
+
+/// `Ok(None)` for a field this GPU or driver does not offer; `Err` only for a lost GPU.
+fn optional<T>(result: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(NvmlError::GpuLost) => Err(NvmlError::GpuLost),
+        Err(_) => Ok(None),
+    }
+}
+
+fn process_list(
+    result: Result<Vec<ProcessInfo>, NvmlError>,
+) -> Result<Vec<ProcessInfo>, NvmlError> {
+    match result {
+        // Graphics lists are unsupported on many datacenter GPUs: that means "none".
+        Err(NvmlError::NotSupported) => Ok(Vec::new()),
+        other => other,
+    }
+}
+
+fn sm_utilization(device: &Device<'_>) -> HashMap<u32, u32> {
+    // Samples come oldest first; the newest per pid wins. "Not found" means no samples.
+    let mut latest: HashMap<u32, (u64, u32)> = HashMap::new();
+    for sample in device.process_utilization_stats(None).unwrap_or_default() {
+        let entry = latest.entry(sample.pid).or_insert((0, 0));
+        if sample.timestamp >= entry.0 {
+            *entry = (sample.timestamp, sample.sm_util);
+        }
+    }
+    latest.into_iter().map(|(pid, (_, sm))| (pid, sm)).collect()
+}
+
+fn merge_processes(
+    compute: Vec<ProcessInfo>,
+    graphics: Vec<ProcessInfo>,
+    utilization: &HashMap<u32, u32>,
+) -> Vec<GpuProcess> {
+    let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+    let lists = [
+        (ProcessType::Compute, compute),
+        (ProcessType::Graphics, graphics),
+    ];
+    for (kind, list) in lists {
+        for info in list {
+            let used = match info.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes),
+                UsedGpuMemory::Unavailable => None,
+            };
+            by_pid
+                .entry(info.pid)
+                .and_modify(|existing| {
+                    // A process with both contexts is listed twice with the same memory.
+                    existing.kind = ProcessType::ComputeAndGraphics;
+                    existing.used_bytes = existing.used_bytes.max(used);
+                })
+                .or_insert_with(|| GpuProcess {
+                    pid: info.pid,
+                    used_bytes: used,
+                    kind,
+                    sm_util_pct: utilization.get(&info.pid).copied(),
+                    host: HostProcess::unconfirmed("not read"),
+                });
+        }
+    }
+    let mut processes: Vec<GpuProcess> = by_pid.into_values().collect();
+    processes.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
+    processes
+}
+
+fn unattributed(used: u64, processes: &[GpuProcess]) -> Option<u64> {
+    let mut attributed: u64 = 0;
+    for process in processes {
+        attributed = attributed.saturating_add(process.used_bytes?);
+    }
+    Some(used.saturating_sub(attributed))
+}
+
+fn compute_mode_name(mode: ComputeMode) -> &'static str {
+    match mode {
+        ComputeMode::Default => "default",
+        ComputeMode::ExclusiveThread => "exclusive_thread",
+        ComputeMode::Prohibited => "prohibited",
+        ComputeMode::ExclusiveProcess => "exclusive_process",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(pid: u32, used: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn merges_compute_and_graphics_by_pid() {
+        let utilization = HashMap::from([(7, 55)]);
+        let merged = merge_processes(
+            vec![info(7, Some(100)), info(9, Some(300))],
+            vec![info(7, Some(100)), info(11, None)],
+            &utilization,
+        );
+        let summary: Vec<_> = merged
+            .iter()
+            .map(|p| (p.pid, p.used_bytes, p.kind, p.sm_util_pct))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (9, Some(300), ProcessType::Compute, None),
+                (7, Some(100), ProcessType::ComputeAndGraphics, Some(55)),
+                (11, None, ProcessType::Graphics, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn unattributed_is_used_minus_processes_and_unknown_when_a_size_is() {
+        let known = merge_processes(
+            vec![info(1, Some(100)), info(2, Some(50))],
+            vec![],
+            &HashMap::new(),
+        );
+        assert_eq!(unattributed(1000, &known), Some(850));
+        assert_eq!(unattributed(100, &known), Some(0));
+        let unknown = merge_processes(vec![info(1, None)], vec![], &HashMap::new());
+        assert_eq!(unattributed(1000, &unknown), None);
+    }
+}

@@ -1,0 +1,343 @@
+//! `gpuctl info`: every GPU and every process holding memory on it.
+
+use std::io::{self, Write};
+use std::time::SystemTime;
+
+use anyhow::Result;
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
+use gpuctl_core::{Snapshot, SnapshotOptions};
+use serde::Serialize;
+
+use crate::Exit;
+use crate::cli::InfoArgs;
+use crate::render::{self, Color, Style};
+
+/// Version of the `gpuctl info --json` document; fields are only added within a version.
+pub const INFO_SCHEMA: u32 = 1;
+
+#[derive(Serialize)]
+struct InfoDocument<'a> {
+    schema: u32,
+    timestamp: String,
+    #[serde(flatten)]
+    snapshot: &'a Snapshot,
+}
+
+pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
+    let gpus = Gpus::open()?;
+    let options = SnapshotOptions {
+        gpus: (!args.gpus.is_empty())
+            .then(|| gpus.resolve(&args.gpus))
+            .transpose()?,
+    };
+    let mut out = io::stdout().lock();
+    let Some(interval) = args.watch else {
+        let snapshot = Snapshot::take(&gpus, &options)?;
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &document(&snapshot))?;
+            writeln!(out)?;
+        } else {
+            out.write_all(table(&snapshot, &style).as_bytes())?;
+        }
+        out.flush()?;
+        return Ok(failed_gpus(&snapshot));
+    };
+    loop {
+        let snapshot = Snapshot::take(&gpus, &options)?;
+        if args.json {
+            serde_json::to_writer(&mut out, &document(&snapshot))?;
+            writeln!(out)?;
+        } else if style.terminal {
+            // Home, draw over the old frame line by line, then clear what is left below it:
+            // no flicker from clearing the whole screen first.
+            let frame = table(&snapshot, &style).replace('\n', "\x1b[K\n");
+            write!(out, "\x1b[H{frame}\x1b[J")?;
+        } else {
+            writeln!(out, "{}", table(&snapshot, &style))?;
+        }
+        out.flush()?;
+        std::thread::sleep(interval);
+    }
+}
+
+/// The report is complete for the healthy GPUs; each GPU that could not be read is named on
+/// stderr and makes the status 1, so health checks notice.
+fn failed_gpus(snapshot: &Snapshot) -> Exit {
+    let mut exit = Exit::Ok;
+    for gpu in snapshot
+        .devices
+        .iter()
+        .filter(|gpu| gpu.status != GpuStatus::Ok)
+    {
+        let _ = writeln!(
+            io::stderr().lock(),
+            "gpuctl: GPU {}: {}",
+            gpu.index,
+            gpu.error.as_deref().unwrap_or("cannot be read")
+        );
+        exit = Exit::Failed;
+    }
+    exit
+}
+
+fn document(snapshot: &Snapshot) -> InfoDocument<'_> {
+    InfoDocument {
+        schema: INFO_SCHEMA,
+        timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
+        snapshot,
+    }
+}
+
+/// The readable view: a header, then per GPU its figures and its processes.
+pub fn table(snapshot: &Snapshot, style: &Style) -> String {
+    let mut out = String::new();
+    let header = [
+        Some(format!(
+            "driver {}",
+            snapshot.driver_version.as_deref().unwrap_or("?")
+        )),
+        snapshot
+            .cuda_driver_version
+            .as_ref()
+            .map(|v| format!("CUDA {v}")),
+        Some(match snapshot.devices.len() {
+            1 => "1 GPU".to_string(),
+            n => format!("{n} GPUs"),
+        }),
+        Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string()),
+    ];
+    let dot = if style.unicode { " · " } else { " | " };
+    out.push_str(&style.paint(
+        Color::Bold,
+        &header.into_iter().flatten().collect::<Vec<_>>().join(dot),
+    ));
+    out.push('\n');
+    if !snapshot.host_pid_namespace {
+        out.push_str(&style.paint(
+            Color::Yellow,
+            "note: gpuctl runs in a non-host PID namespace; processes are shown unconfirmed",
+        ));
+        out.push('\n');
+    }
+    for gpu in &snapshot.devices {
+        out.push('\n');
+        gpu_block(&mut out, gpu, style, dot);
+    }
+    out
+}
+
+fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
+    let mut title = vec![format!("GPU {}", gpu.index)];
+    title.extend(gpu.name.clone());
+    title.extend(gpu.pci_bus_id.clone());
+    title.extend(gpu.uuid.clone());
+    out.push_str(&style.paint(Color::Bold, &title.join(dot)));
+    match gpu.status {
+        GpuStatus::Ok => {}
+        GpuStatus::Lost | GpuStatus::Error => {
+            let label = if gpu.status == GpuStatus::Lost {
+                "LOST"
+            } else {
+                "ERROR"
+            };
+            let message = gpu.error.as_deref().unwrap_or("");
+            out.push_str(&format!(
+                "  {}",
+                style.paint(Color::Red, &format!("{label}: {message}"))
+            ));
+        }
+    }
+    out.push('\n');
+    if gpu.status == GpuStatus::Lost {
+        return;
+    }
+
+    let mut figures = Vec::new();
+    if let Some(memory) = gpu.memory {
+        let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
+        figures.push(format!(
+            "mem {} {} / {} {:>3.0}%",
+            style.paint(render::load_color(fraction), &style.bar(fraction, 24)),
+            render::bytes(memory.used_bytes),
+            render::bytes(memory.total_bytes),
+            fraction * 100.0
+        ));
+    }
+    if let Some(util) = gpu.utilization {
+        figures.push(format!("util {:>3}%", util.gpu_pct));
+    }
+    if let Some(temp) = gpu.temperature_c {
+        figures.push(format!("{temp}{}C", if style.unicode { "°" } else { " " }));
+    }
+    match (gpu.power_mw, gpu.power_limit_mw) {
+        (Some(power), Some(limit)) => {
+            figures.push(format!("{} / {} W", power / 1000, limit / 1000))
+        }
+        (Some(power), None) => figures.push(format!("{} W", power / 1000)),
+        _ => {}
+    }
+    if let Some(persistence) = gpu.persistence_mode {
+        figures.push(format!(
+            "persistence {}",
+            if persistence { "on" } else { "off" }
+        ));
+    }
+    if let Some(mode) = gpu.compute_mode {
+        figures.push(format!("compute {mode}"));
+    }
+    if !figures.is_empty() {
+        out.push_str(&format!("  {}\n", figures.join("   ")));
+    }
+
+    let unattributed = gpu
+        .memory
+        .and_then(|m| m.unattributed_bytes)
+        .filter(|&bytes| bytes >= 1024 * 1024);
+    if gpu.processes.is_empty() && unattributed.is_none() {
+        out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+        return;
+    }
+    process_table(out, &gpu.processes, unattributed, style);
+}
+
+struct Row {
+    pid: String,
+    user: String,
+    memory: String,
+    sm: String,
+    age: String,
+    state: String,
+    owner: String,
+    command: String,
+    state_color: Option<Color>,
+    dim: bool,
+}
+
+fn process_table(
+    out: &mut String,
+    processes: &[GpuProcess],
+    unattributed: Option<u64>,
+    style: &Style,
+) {
+    let mut rows: Vec<Row> = processes.iter().map(row).collect();
+    if let Some(bytes) = unattributed {
+        rows.push(Row {
+            pid: "-".into(),
+            user: "-".into(),
+            memory: render::bytes(bytes),
+            sm: "-".into(),
+            age: "-".into(),
+            state: "-".into(),
+            owner: "unattributed".into(),
+            command: "memory in use that no process accounts for".into(),
+            state_color: None,
+            dim: true,
+        });
+    }
+    let headers = [
+        "PID", "USER", "MEMORY", "SM", "AGE", "STATE", "OWNER", "COMMAND",
+    ];
+    let width = |pick: fn(&Row) -> &str, header: &str, cap: usize| {
+        rows.iter()
+            .map(|r| pick(r).chars().count())
+            .chain([header.len()])
+            .max()
+            .unwrap_or(0)
+            .min(cap)
+    };
+    let w_pid = width(|r| &r.pid, "PID", 10);
+    let w_user = width(|r| &r.user, "USER", 12);
+    let w_mem = width(|r| &r.memory, "MEMORY", 10);
+    let w_sm = width(|r| &r.sm, "SM", 4);
+    let w_age = width(|r| &r.age, "AGE", 7);
+    let w_state = width(|r| &r.state, "STATE", 12);
+    let w_owner = width(|r| &r.owner, "OWNER", 28);
+    let fixed = 2 + w_pid + w_user + w_mem + w_sm + w_age + w_state + w_owner + 2 * 7;
+    // Without a terminal nothing is cut; on a narrow one the command keeps at least 20.
+    let w_command = style.width.map(|w| w.saturating_sub(fixed).max(20));
+
+    let line = |cells: [String; 8]| {
+        let [pid, user, mem, sm, age, state, owner, command] = cells;
+        format!(
+            "  {}  {}  {}  {}  {}  {}  {}  {}",
+            render::pad_left(&pid, w_pid),
+            render::pad(&render::cut(&user, w_user, style.unicode), w_user),
+            render::pad_left(&mem, w_mem),
+            render::pad_left(&sm, w_sm),
+            render::pad_left(&age, w_age),
+            state,
+            render::pad(&render::cut(&owner, w_owner, style.unicode), w_owner),
+            match w_command {
+                Some(w) => render::cut(&command, w, style.unicode),
+                None => command,
+            }
+        )
+    };
+    let header_cells = headers.map(str::to_string);
+    let mut header = header_cells.clone();
+    header[5] = render::pad(&header_cells[5], w_state);
+    out.push_str(&style.paint(Color::Dim, line(header).trim_end()));
+    out.push('\n');
+    for r in rows {
+        let state = match r.state_color {
+            Some(color) => style.paint(color, &render::pad(&r.state, w_state)),
+            None => render::pad(&r.state, w_state),
+        };
+        let text = line([
+            r.pid, r.user, r.memory, r.sm, r.age, state, r.owner, r.command,
+        ]);
+        let text = text.trim_end();
+        if r.dim {
+            out.push_str(&style.paint(Color::Dim, text));
+        } else {
+            out.push_str(text);
+        }
+        out.push('\n');
+    }
+}
+
+fn row(process: &GpuProcess) -> Row {
+    let host = &process.host;
+    let dash = || "-".to_string();
+    let (state, state_color) = match host.state {
+        Some(state) => {
+            let color = match state.as_str() {
+                "zombie" | "disk-sleep" | "dead" => Some(Color::Red),
+                "stopped" | "tracing-stop" => Some(Color::Yellow),
+                "running" => Some(Color::Green),
+                _ => None,
+            };
+            (state.as_str().to_string(), color)
+        }
+        None => ("?".to_string(), Some(Color::Yellow)),
+    };
+    let command = if host.confirmed {
+        host.display_command()
+    } else {
+        format!(
+            "(unconfirmed: {})",
+            host.unconfirmed_reason.as_deref().unwrap_or("unknown")
+        )
+    };
+    Row {
+        pid: process.pid.to_string(),
+        user: host
+            .user
+            .clone()
+            .or_else(|| host.uid.map(|uid| uid.to_string()))
+            .unwrap_or_else(|| "?".into()),
+        memory: process
+            .used_bytes
+            .map_or_else(|| "n/a".into(), render::bytes),
+        sm: process
+            .sm_util_pct
+            .map_or_else(dash, |pct| format!("{pct}%")),
+        age: host.age_seconds.map_or_else(dash, render::age),
+        state,
+        owner: host.owner.as_ref().map_or_else(dash, |owner| owner.label()),
+        command,
+        state_color,
+        dim: !host.confirmed,
+    }
+}

@@ -1,0 +1,80 @@
+//! gpuctl: see who holds GPU memory on shared NVIDIA servers, and get it back safely.
+
+mod cli;
+mod info;
+mod render;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpuctl_core::CoreError;
+
+use crate::cli::{Cli, Command};
+
+/// The documented exit statuses (see `cli::EXIT_CODES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    Ok = 0,
+    Failed = 1,
+    Usage = 2,
+    NvmlUnavailable = 3,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) if !error.use_stderr() => {
+            // --help and --version.
+            let _ = error.print();
+            return ExitCode::from(Exit::Ok as u8);
+        }
+        Err(error) => {
+            let _ = writeln!(io::stderr().lock(), "gpuctl: {}", one_line(&error));
+            return ExitCode::from(Exit::Usage as u8);
+        }
+    };
+    let color = render::Style::choose(cli.color);
+    let result = match cli.command.unwrap_or(Command::Info(Default::default())) {
+        Command::Info(args) => info::run(&args, color),
+    };
+    match result {
+        Ok(exit) => ExitCode::from(exit as u8),
+        Err(error) => report(&error),
+    }
+}
+
+/// Clap's message without its usage block and tip, folded onto one line; the valid values
+/// it lists stay.
+fn one_line(error: &clap::Error) -> String {
+    let text = error.render().to_string();
+    let message: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.is_empty() && !line.starts_with("Usage:"))
+        .collect();
+    let joined = message.join(" ");
+    joined
+        .strip_prefix("error: ")
+        .unwrap_or(&joined)
+        .to_string()
+}
+
+/// One line on stderr, and the exit status that the error's kind documents.
+fn report(error: &anyhow::Error) -> ExitCode {
+    if let Some(io_error) = error.downcast_ref::<io::Error>()
+        && io_error.kind() == io::ErrorKind::BrokenPipe
+    {
+        // The reader (head, less) went away: that is how piped output ends, not a failure.
+        return ExitCode::from(Exit::Ok as u8);
+    }
+    let exit = match error.downcast_ref::<CoreError>() {
+        Some(CoreError::NvmlUnavailable { .. }) => Exit::NvmlUnavailable,
+        Some(CoreError::GpuSelector(_)) => Exit::Usage,
+        _ => Exit::Failed,
+    };
+    let message = format!("{error:#}").replace('\n', " ");
+    let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");
+    ExitCode::from(exit as u8)
+}

@@ -1,0 +1,187 @@
+//! Terminal presentation: colors, widths and human-readable figures.
+
+use std::io::IsTerminal;
+
+use crate::cli::ColorChoice;
+
+/// How output is decorated. Decided once, from the flags and the environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Style {
+    pub color: bool,
+    pub unicode: bool,
+    /// Columns available for a line; `None` when output is not a terminal (nothing is cut).
+    pub width: Option<usize>,
+    pub terminal: bool,
+}
+
+impl Style {
+    pub fn choose(choice: ColorChoice) -> Style {
+        let terminal = std::io::stdout().is_terminal();
+        let env_allows = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            && std::env::var("TERM").map_or(true, |term| term != "dumb");
+        let color = match choice {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => terminal && env_allows,
+        };
+        Style {
+            color,
+            unicode: locale_is_utf8(),
+            width: terminal.then(terminal_width).flatten(),
+            terminal,
+        }
+    }
+
+    pub fn paint(&self, code: Color, text: &str) -> String {
+        if self.color && !text.is_empty() {
+            format!("\x1b[{}m{text}\x1b[0m", code as u8)
+        } else {
+            text.to_string()
+        }
+    }
+
+    /// A bar of `cells` cells, `fraction` of them filled.
+    pub fn bar(&self, fraction: f64, cells: usize) -> String {
+        let filled = ((fraction.clamp(0.0, 1.0) * cells as f64).round() as usize).min(cells);
+        let (full, empty) = if self.unicode {
+            ("█", "░")
+        } else {
+            ("#", ".")
+        };
+        format!("{}{}", full.repeat(filled), empty.repeat(cells - filled))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub enum Color {
+    Bold = 1,
+    Dim = 2,
+    Red = 31,
+    Green = 32,
+    Yellow = 33,
+}
+
+/// Green below 70 %, yellow below 90 %, red above: how full a GPU is.
+pub fn load_color(fraction: f64) -> Color {
+    if fraction < 0.70 {
+        Color::Green
+    } else if fraction < 0.90 {
+        Color::Yellow
+    } else {
+        Color::Red
+    }
+}
+
+fn locale_is_utf8() -> bool {
+    ["LC_ALL", "LC_CTYPE", "LANG"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        .is_some_and(|value| {
+            let value = value.to_ascii_lowercase();
+            value.contains("utf-8") || value.contains("utf8")
+        })
+}
+
+fn terminal_width() -> Option<usize> {
+    // SAFETY: TIOCGWINSZ writes a winsize into the struct we own; fd 1 is only queried.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if ok && size.ws_col > 0 {
+        return Some(size.ws_col as usize);
+    }
+    std::env::var("COLUMNS").ok()?.parse().ok()
+}
+
+/// Binary units as nvidia-smi and free(1) use them: "512 MiB", "40.0 GiB".
+pub fn bytes(value: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    const GIB: f64 = MIB * 1024.0;
+    let v = value as f64;
+    if v >= GIB {
+        format!("{:.1} GiB", v / GIB)
+    } else if v >= MIB {
+        format!("{:.0} MiB", v / MIB)
+    } else if value >= 1024 {
+        format!("{:.0} KiB", v / 1024.0)
+    } else {
+        format!("{value} B")
+    }
+}
+
+/// Compact ages as ps and nvitop show them: "45s", "12m", "3h12m", "2d04h".
+pub fn age(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds / 3600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    if d > 0 {
+        format!("{d}d{h:02}h")
+    } else if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Cuts `text` to `width` characters, marking the cut.
+pub fn cut(text: &str, width: usize, unicode: bool) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mark = if unicode { "…" } else { "~" };
+    let kept: String = text.chars().take(width.saturating_sub(1)).collect();
+    format!("{kept}{mark}")
+}
+
+/// Left-aligns `text` in `width` characters (by chars, not bytes).
+pub fn pad(text: &str, width: usize) -> String {
+    let len = text.chars().count();
+    format!("{text}{}", " ".repeat(width.saturating_sub(len)))
+}
+
+pub fn pad_left(text: &str, width: usize) -> String {
+    let len = text.chars().count();
+    format!("{}{text}", " ".repeat(width.saturating_sub(len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_read_like_other_tools() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(512 * 1024 * 1024), "512 MiB");
+        assert_eq!(bytes(40 * 1024 * 1024 * 1024), "40.0 GiB");
+        assert_eq!(age(45), "45s");
+        assert_eq!(age(12 * 60 + 5), "12m05s");
+        assert_eq!(age(3 * 3600 + 12 * 60), "3h12m");
+        assert_eq!(age(2 * 86_400 + 4 * 3600), "2d04h");
+    }
+
+    #[test]
+    fn cutting_counts_characters() {
+        assert_eq!(cut("python3 train.py", 8, true), "python3…");
+        assert_eq!(cut("short", 8, false), "short");
+        assert_eq!(cut("ééééé", 3, false), "éé~");
+        assert_eq!(pad("é", 3), "é  ");
+    }
+
+    #[test]
+    fn bar_fills_in_proportion() {
+        let style = Style {
+            color: false,
+            unicode: false,
+            width: None,
+            terminal: false,
+        };
+        assert_eq!(style.bar(0.5, 10), "#####.....");
+        assert_eq!(style.bar(2.0, 4), "####");
+        assert_eq!(style.bar(f64::NAN, 4).len(), 4);
+    }
+}
