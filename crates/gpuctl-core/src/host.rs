@@ -230,9 +230,12 @@ impl ProcView {
         // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
         let argv = process.cmdline().unwrap_or_default();
         let command = (!argv.is_empty()).then(|| argv.join(" "));
-        let cgroup = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup"))
-            .ok()
-            .map(|text| parse_cgroup(&text));
+        // Through the same directory handle as the other files, so all facts are of one process.
+        let cgroup = process.open_relative("cgroup").ok().and_then(|mut file| {
+            let mut text = String::new();
+            io::Read::read_to_string(&mut file, &mut text).ok()?;
+            Some(parse_cgroup(&text))
+        });
         let started = stat.starttime as f64 / self.ticks_per_second as f64;
         let age_seconds = (self.uptime_seconds - started).max(0.0) as u64;
         Ok(HostProcess {

@@ -9,7 +9,11 @@ Exit status:
   0  success
   1  the operation failed (info: a GPU is lost or cannot be read; the others are shown)
   2  usage error (bad option, bad value, unknown GPU)
-  3  NVML or the NVIDIA driver is unavailable";
+  3  NVML or the NVIDIA driver is unavailable
+
+Environment:
+  GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals)
+  NO_COLOR         when set and not empty, --color auto does not color";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
@@ -55,7 +59,7 @@ pub struct InfoArgs {
     pub json: bool,
 
     /// Refresh every SECONDS (fractions allowed) until interrupted.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, allow_negative_numbers = true)]
     pub watch: Option<Duration>,
 }
 

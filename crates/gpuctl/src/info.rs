@@ -10,8 +10,8 @@ use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
 
 use crate::Exit;
-use crate::cli::InfoArgs;
 use crate::render::{self, Color, Style};
+use gpuctl::cli::InfoArgs;
 
 /// Version of the `gpuctl info --json` document; fields are only added within a version.
 pub const INFO_SCHEMA: u32 = 1;

@@ -1,6 +1,5 @@
 //! gpuctl: see who holds GPU memory on shared NVIDIA servers, and get it back safely.
 
-mod cli;
 mod info;
 mod render;
 
@@ -10,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use gpuctl_core::CoreError;
 
-use crate::cli::{Cli, Command};
+use gpuctl::cli::{Cli, Command};
 
 /// The documented exit statuses (see `cli::EXIT_CODES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +44,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// A write to stdout failed because its reader closed it, directly or inside serde_json.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        let kind = cause
+            .downcast_ref::<io::Error>()
+            .map(io::Error::kind)
+            .or_else(|| cause.downcast_ref::<serde_json::Error>()?.io_error_kind());
+        kind == Some(io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Clap's message without its usage block and tip, folded onto one line; the valid values
 /// it lists stay.
 fn one_line(error: &clap::Error) -> String {
@@ -63,9 +73,7 @@ fn one_line(error: &clap::Error) -> String {
 
 /// One line on stderr, and the exit status that the error's kind documents.
 fn report(error: &anyhow::Error) -> ExitCode {
-    if let Some(io_error) = error.downcast_ref::<io::Error>()
-        && io_error.kind() == io::ErrorKind::BrokenPipe
-    {
+    if is_broken_pipe(error) {
         // The reader (head, less) went away: that is how piped output ends, not a failure.
         return ExitCode::from(Exit::Ok as u8);
     }

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 
-use crate::cli::ColorChoice;
+use gpuctl::cli::ColorChoice;
 
 /// How output is decorated. Decided once, from the flags and the environment.
 #[derive(Debug, Clone, Copy)]

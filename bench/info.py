@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Benchmark: `gpuctl info --json` on a simulated 8-GPU server with N live processes.
+
+Prints, for each process count, the median wall time of a whole `gpuctl info --json`
+invocation (exec, NVML load and init, every GPU, /proc facts for every process, JSON out), and
+as a reference in the same run, on the same sim: the same query through Python's NVML client
+(nvidia-ml-py), both as a fresh `python3` process and warm inside one interpreter. The Python
+query reads NVML only (no /proc, no owners), so it does less work than gpuctl.
+
+Usage: bench/info.py [--runs 50] [--counts 64,128,256,512]
+Needs release builds: cargo build --release -p gpuctl -p nvml-sim
+Python reference: PYTHON=.venv/bin/python (scripts/test creates it), else python3 with pynvml.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.path.join(ROOT, "target", "release")
+GPUS = 8
+
+PY_QUERY = r"""
+import pynvml as n
+def query():
+    n.nvmlInit()
+    out = []
+    for i in range(n.nvmlDeviceGetCount()):
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        m = n.nvmlDeviceGetMemoryInfo(h)
+        u = n.nvmlDeviceGetUtilizationRates(h)
+        out.append((n.nvmlDeviceGetName(h), n.nvmlDeviceGetUUID(h), m.total, m.used, m.free,
+                    u.gpu, n.nvmlDeviceGetTemperature(h, 0), n.nvmlDeviceGetPowerUsage(h),
+                    [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses(h)]))
+    n.nvmlShutdown()
+    return out
+"""
+
+
+def median_ms(samples):
+    return statistics.median(samples) * 1000
+
+
+def time_command(argv, env, runs):
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--counts", default="64,128,256,512")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    python = os.environ.get("PYTHON", "python3")
+    gpuctl = os.path.join(TARGET, "gpuctl")
+    sim = os.path.join(TARGET, "libnvml_sim.so")
+    for path in (gpuctl, sim):
+        if not os.path.exists(path):
+            sys.exit(f"bench/info.py: {path} missing: cargo build --release -p gpuctl -p nvml-sim")
+
+    scratch = tempfile.mkdtemp(prefix="gpuctl-bench-")
+    libdir = os.path.join(scratch, "lib")
+    os.mkdir(libdir)
+    os.symlink(sim, os.path.join(libdir, "libnvidia-ml.so.1"))
+    scenario = os.path.join(scratch, "scenario.toml")
+    env = dict(os.environ, GPUCTL_NVML_LIB=sim, NVML_SIM_SCENARIO=scenario,
+               NVML_SIM_STATE=os.path.join(scratch, "state.json"), LD_LIBRARY_PATH=libdir)
+
+    print(f"gpuctl info --json, {GPUS} simulated GPUs, median of {args.runs} runs")
+    print(f"{'processes':>9}  {'gpuctl':>9}  {'µs/proc':>8}  {'py fresh':>9}  {'py warm':>8}  gpuctl/py-fresh")
+    results = {}
+    for count in counts:
+        holders = [subprocess.Popen(["sleep", "3600"]) for _ in range(count)]
+        try:
+            lines = ['driver_version = "570.133.20"', "cuda_driver_version = 12080"]
+            lines += ["[[gpu]]\nname = \"NVIDIA H200\"\nutilization_pct = 90\ntemperature_c = 60\npower_mw = 600000"] * GPUS
+            for i, p in enumerate(holders):
+                lines.append(f"[[process]]\npid = {p.pid}\ngpu = {i % GPUS}\nused_mib = {1024 + i}\nsm_pct = 50")
+            with open(scenario, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            check = subprocess.run([gpuctl, "info", "--json"], env=env, capture_output=True, text=True, check=True)
+            assert check.stdout.count('"pid"') == count, "not every process was reported"
+            ours = median_ms(time_command([gpuctl, "info", "--json"], env, args.runs))
+            fresh = median_ms(time_command([python, "-c", PY_QUERY + "query()"], env, max(10, args.runs // 5)))
+            warm_script = PY_QUERY + (
+                "import time,statistics\nquery()\ns=[]\n"
+                f"for _ in range({args.runs}):\n t=time.perf_counter(); query(); s.append(time.perf_counter()-t)\n"
+                "print(statistics.median(s))")
+            warm = float(subprocess.run([python, "-c", warm_script], env=env, capture_output=True,
+                                        text=True, check=True).stdout) * 1000
+            results[count] = ours
+            print(f"{count:>9}  {ours:>7.2f}ms  {ours * 1000 / count:>8.1f}  {fresh:>7.2f}ms  {warm:>6.2f}ms  {ours / fresh:>6.2f}")
+        finally:
+            for p in holders:
+                p.kill()
+                p.wait()
+    if len(results) > 1:
+        lo, hi = min(results), max(results)
+        growth = (results[hi] / results[lo]) / (hi / lo)
+        print(f"cost growth {lo}->{hi} processes: x{results[hi] / results[lo]:.2f} for x{hi / lo:.0f} processes "
+              f"({'sub-linear' if growth < 1 else 'super-linear'}: {growth:.2f} of linear)")
+
+
+if __name__ == "__main__":
+    main()

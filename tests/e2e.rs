@@ -1,0 +1,6 @@
+//! End-to-end tests: the real binaries, against nvml-sim, with real processes.
+
+mod util;
+
+mod info;
+mod schema;

@@ -1,0 +1,343 @@
+//! `gpuctl info` against nvml-sim with real processes.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{Proc, Sim, wait_until};
+
+const MIB: u64 = 1024 * 1024;
+
+fn gpus(n: usize) -> String {
+    (0..n)
+        .map(|_| "[[gpu]]\nname = \"NVIDIA H200\"\nmemory_total_mib = 143771\n".to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn header() -> &'static str {
+    "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n"
+}
+
+fn process(pid: u32, gpu: &str, used_mib: u64) -> String {
+    format!("[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {used_mib}\n")
+}
+
+fn device(doc: &Value, index: u64) -> &Value {
+    doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["index"] == index)
+        .unwrap_or_else(|| panic!("no device {index} in {doc}"))
+}
+
+#[test]
+fn table_shows_processes_with_host_facts_and_unattributed_memory() {
+    let train = Proc::sleeper("python3", &["train.py", "--model", "llama-70b"]);
+    let notebook = Proc::sleeper("jupyter-kernel", &[]);
+    let scenario = format!(
+        "{}{}\nleaked_mib = 2048\n\n{}\n{}",
+        header(),
+        gpus(2),
+        process(train.pid(), "0", 40960),
+        process(notebook.pid(), "1", 1024),
+    );
+    let sim = Sim::new(&scenario);
+    let run = sim.run(&["info", "--color", "never"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    assert!(out.contains("driver 570.133.20"), "{out}");
+    assert!(out.contains("CUDA 12.8"), "{out}");
+    assert!(out.contains("GPU 0") && out.contains("GPU 1"), "{out}");
+    let train_line = out
+        .lines()
+        .find(|l| l.contains(&train.pid().to_string()))
+        .expect("training process listed");
+    assert!(train_line.contains("40.0 GiB"), "{train_line}");
+    assert!(
+        train_line.contains("python3 train.py --model llama-70b"),
+        "{train_line}"
+    );
+    assert!(train_line.contains("sleeping"), "{train_line}");
+    let me = nix_user();
+    assert!(train_line.contains(&me), "{train_line} lacks user {me}");
+    // GPU 1 has 2 GiB that no process accounts for.
+    let unattributed = out
+        .lines()
+        .find(|l| l.contains("unattributed"))
+        .expect("unattributed line");
+    assert!(unattributed.contains("2.0 GiB"), "{unattributed}");
+    assert!(!out.contains('\x1b'), "colors with --color never");
+}
+
+#[test]
+fn json_document_carries_devices_processes_and_memory_arithmetic() {
+    let holder = Proc::sleeper("python3", &["-m", "torch.distributed.run", "train.py"]);
+    let scenario = format!(
+        "{}{}\nleaked_mib = 512\n\n{}",
+        header(),
+        gpus(2),
+        process(holder.pid(), "[0, 1]", 1000),
+    );
+    let sim = Sim::new(&scenario);
+    let doc = sim.json(&["info"]);
+    assert_eq!(doc["schema"], 1);
+    assert_eq!(doc["driver_version"], "570.133.20");
+    for index in [0, 1] {
+        let gpu = device(&doc, index);
+        assert_eq!(gpu["name"], "NVIDIA H200");
+        assert_eq!(gpu["status"], "ok");
+        assert!(gpu["uuid"].as_str().unwrap().starts_with("GPU-"));
+        let memory = &gpu["memory"];
+        assert_eq!(memory["total_bytes"], 143771 * MIB);
+        let used = memory["used_bytes"].as_u64().unwrap();
+        let free = memory["free_bytes"].as_u64().unwrap();
+        let reserved = memory["reserved_bytes"].as_u64().unwrap();
+        assert_eq!(used + free + reserved, 143771 * MIB);
+        // A process on two GPUs appears on each.
+        let processes = gpu["processes"].as_array().unwrap();
+        assert_eq!(processes.len(), 1, "{gpu}");
+        let p = &processes[0];
+        assert_eq!(p["pid"], holder.pid());
+        assert_eq!(p["used_bytes"], 1000 * MIB);
+        assert_eq!(p["confirmed"], true);
+        assert_eq!(p["argv"][0], "python3");
+        assert_eq!(p["ppid"], std::process::id());
+        assert!(p["start_ticks"].as_u64().is_some());
+        assert!(p["owner"]["kind"].is_string(), "{p}");
+    }
+    assert_eq!(device(&doc, 0)["memory"]["unattributed_bytes"], 0);
+    assert_eq!(device(&doc, 1)["memory"]["unattributed_bytes"], 512 * MIB);
+    assert_eq!(device(&doc, 1)["memory"]["used_bytes"], (1000 + 512) * MIB);
+}
+
+#[test]
+fn gpu_selection_by_index_and_uuid_and_bad_selector() {
+    let sim = Sim::new(&format!("{}{}", header(), gpus(3)));
+    let doc = sim.json(&["info", "--gpu", "2"]);
+    let devices = doc["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1);
+    let uuid = devices[0]["uuid"].as_str().unwrap().to_string();
+    let doc = sim.json(&["info", "--gpu", &uuid, "--gpu", "0"]);
+    let indices: Vec<u64> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, vec![0, 2]);
+
+    let run = sim.run(&["info", "--gpu", "7"]);
+    run.assert_one_line_error(2, "no GPU matches '7'");
+    assert!(
+        run.stderr.contains("GPUs present: 0 (GPU-"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn lost_gpu_is_reported_while_the_others_are_shown() {
+    let holder = Proc::sleeper("python3", &["serve.py"]);
+    let scenario = format!(
+        "{}[[gpu]]\n[[gpu]]\nlost = true\n[[gpu]]\n\n{}",
+        header(),
+        process(holder.pid(), "2", 300)
+    );
+    let sim = Sim::new(&scenario);
+    let run = sim.run(&["info", "--json"]);
+    // The report is complete for the healthy GPUs; the status tells scripts one failed.
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(device(&doc, 1)["status"], "lost");
+    assert_eq!(device(&doc, 0)["status"], "ok");
+    assert_eq!(device(&doc, 2)["processes"][0]["pid"], holder.pid());
+    assert!(run.stderr.contains("GPU 1"), "{}", run.stderr);
+
+    let table = sim.run(&["info", "--color", "never"]);
+    assert_eq!(table.code, 1);
+    assert!(table.stdout.contains("LOST"), "{}", table.stdout);
+    assert!(table.stdout.contains("serve.py"), "{}", table.stdout);
+}
+
+#[test]
+fn missing_library_and_unloaded_driver_exit_3_with_one_line() {
+    let sim = Sim::new(&format!("{}{}", header(), gpus(1)));
+    let run = sim
+        .gpuctl(&["info"])
+        .env("GPUCTL_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+        .output()
+        .unwrap();
+    let run = crate::util::Run::from(run);
+    run.assert_one_line_error(3, "could not be loaded");
+    assert!(run.stderr.contains("GPUCTL_NVML_LIB"), "{}", run.stderr);
+
+    let no_driver = Sim::new(&format!(
+        "{}init_error = \"DRIVER_NOT_LOADED\"\n{}",
+        header(),
+        gpus(1)
+    ));
+    no_driver
+        .run(&["info", "--json"])
+        .assert_one_line_error(3, "kernel driver is not loaded");
+}
+
+#[test]
+fn zombie_is_not_listed_but_zombie_leader_with_live_threads_is() {
+    // An exited child that nobody has reaped yet: a zombie holds no context.
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    let zombie_pid = exited.id();
+    wait_until(Duration::from_secs(10), || {
+        crate::util::proc_state(zombie_pid) == Some('Z')
+    });
+    let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
+    leader.wait_for_state('Z');
+    let scenario = format!(
+        "{}{}\n{}\n{}",
+        header(),
+        gpus(1),
+        process(zombie_pid, "0", 4096),
+        process(leader.pid(), "0", 2048)
+    );
+    let sim = Sim::new(&scenario);
+    let doc = sim.json(&["info"]);
+    let gpu = device(&doc, 0);
+    let pids: Vec<u64> = gpu["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, vec![leader.pid() as u64]);
+    let p = &gpu["processes"][0];
+    assert_eq!(p["state"], "zombie");
+    assert!(p["threads"].as_u64().unwrap() >= 2, "{p}");
+    assert_eq!(gpu["memory"]["used_bytes"], 2048 * MIB);
+    let _ = exited.wait();
+}
+
+#[test]
+fn colors_follow_flag_and_no_color() {
+    let holder = Proc::sleeper("python3", &["a.py"]);
+    let sim = Sim::new(&format!(
+        "{}{}\n{}",
+        header(),
+        gpus(1),
+        process(holder.pid(), "0", 10)
+    ));
+    let always = sim.run(&["info", "--color", "always"]);
+    assert!(always.stdout.contains("\x1b["), "{}", always.stdout);
+    // auto on a pipe: no color; NO_COLOR does not override an explicit `always`.
+    let auto = sim.run(&["info"]);
+    assert!(!auto.stdout.contains('\x1b'));
+    let forced = crate::util::Run::from(
+        sim.gpuctl(&["info", "--color", "always"])
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap(),
+    );
+    assert!(forced.stdout.contains("\x1b["));
+    sim.run(&["info", "--color", "sometimes"])
+        .assert_one_line_error(2, "possible values: auto, always, never");
+}
+
+#[test]
+fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
+    let sim = Sim::new(&format!("{}{}", header(), gpus(8)));
+    // `head` closes the pipe after 3 documents; gpuctl must then end without a word.
+    let script = format!(
+        "'{}' info --json --watch 0.1 | head -n 3",
+        crate::util::gpuctl_bin().display()
+    );
+    let output = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("GPUCTL_NVML_LIB", crate::util::sim_lib())
+        .env("NVML_SIM_SCENARIO", sim.scenario_path())
+        .env("NVML_SIM_STATE", sim.state_path())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let docs: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 3);
+    assert!(
+        docs.iter()
+            .all(|d| d["devices"].as_array().unwrap().len() == 8)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "");
+}
+
+#[test]
+fn scenario_changes_are_seen_between_refreshes() {
+    let first = Proc::sleeper("python3", &["one.py"]);
+    let sim = Sim::new(&format!(
+        "{}{}\n{}",
+        header(),
+        gpus(1),
+        process(first.pid(), "0", 100)
+    ));
+    let mut watch = sim
+        .gpuctl(&["info", "--json", "--watch", "0.1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let second = Proc::sleeper("python3", &["two.py"]);
+    let reader = std::io::BufReader::new(watch.stdout.take().unwrap());
+    let mut lines = std::io::BufRead::lines(reader);
+    let pids = |line: String| -> Vec<u64> {
+        let doc: Value = serde_json::from_str(&line).unwrap();
+        doc["devices"][0]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        pids(lines.next().unwrap().unwrap()),
+        vec![first.pid() as u64]
+    );
+    sim.write(&format!(
+        "{}{}\n{}",
+        header(),
+        gpus(1),
+        process(second.pid(), "0", 100)
+    ));
+    let mut seen = false;
+    for _ in 0..100 {
+        if pids(lines.next().unwrap().unwrap()) == vec![second.pid() as u64] {
+            seen = true;
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "the new scenario was never shown");
+}
+
+#[test]
+fn bad_watch_values_are_usage_errors() {
+    let sim = Sim::new(&format!("{}{}", header(), gpus(1)));
+    for bad in ["0", "-1", "abc", "NaN"] {
+        let run = sim.run(&["info", "--watch", bad]);
+        run.assert_one_line_error(2, "--watch");
+    }
+}
+
+fn nix_user() -> String {
+    let uid = unsafe { libc::getuid() };
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.get(2) == Some(&uid.to_string().as_str())).then(|| fields[0].to_string())
+        })
+        .unwrap_or_else(|| uid.to_string())
+}

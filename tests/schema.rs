@@ -1,0 +1,177 @@
+//! The `--json` documents against their published JSON Schemas (docs/schema/). The schemas
+//! require every field and forbid unknown ones, so a field added, renamed or dropped without
+//! a schema change fails here.
+
+use serde_json::{Map, Value};
+
+use crate::util::{Proc, Sim};
+
+fn schema(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/schema")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// Validates `value` against the subset of JSON Schema the published schemas use: type,
+/// const, enum, properties, required, additionalProperties: false, items, oneOf, minimum and
+/// local $ref. Returns the first violation with its JSON path.
+pub fn validate(root: &Value, schema: &Value, value: &Value, path: &str) -> Result<(), String> {
+    let schema = resolve(root, schema);
+    if let Some(types) = schema.get("type") {
+        let allowed: Vec<&str> = match types {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => return Err(format!("{path}: bad type in schema")),
+        };
+        if !allowed.iter().any(|t| type_matches(t, value)) {
+            return Err(format!("{path}: {value} is not of type {allowed:?}"));
+        }
+    }
+    if let Some(expected) = schema.get("const")
+        && expected != value
+    {
+        return Err(format!("{path}: {value} is not {expected}"));
+    }
+    if let Some(Value::Array(options)) = schema.get("enum")
+        && !options.contains(value)
+    {
+        return Err(format!("{path}: {value} is not one of {options:?}"));
+    }
+    if let (Some(min), Some(n)) = (
+        schema.get("minimum").and_then(Value::as_f64),
+        value.as_f64(),
+    ) && n < min
+    {
+        return Err(format!("{path}: {n} is below {min}"));
+    }
+    if let Some(Value::Array(options)) = schema.get("oneOf") {
+        let matching = options
+            .iter()
+            .filter(|option| validate(root, option, value, path).is_ok())
+            .count();
+        if matching != 1 {
+            return Err(format!(
+                "{path}: {value} matches {matching} of oneOf, not 1"
+            ));
+        }
+    }
+    if let Value::Object(object) = value {
+        check_object(root, schema, object, path)?;
+    }
+    if let (Value::Array(items), Some(item_schema)) = (value, schema.get("items")) {
+        for (i, item) in items.iter().enumerate() {
+            validate(root, item_schema, item, &format!("{path}[{i}]"))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_object(
+    root: &Value,
+    schema: &Value,
+    object: &Map<String, Value>,
+    path: &str,
+) -> Result<(), String> {
+    let empty = Map::new();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    if let Some(Value::Array(required)) = schema.get("required") {
+        for key in required.iter().filter_map(Value::as_str) {
+            if !object.contains_key(key) {
+                return Err(format!("{path}: missing field '{key}'"));
+            }
+        }
+    }
+    for (key, field) in object {
+        match properties.get(key) {
+            Some(field_schema) => validate(root, field_schema, field, &format!("{path}.{key}"))?,
+            None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                return Err(format!("{path}: unknown field '{key}'"));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+fn resolve<'a>(root: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(reference) => {
+            let pointer = reference.strip_prefix('#').expect("local $ref only");
+            resolve(root, root.pointer(pointer).expect("$ref target exists"))
+        }
+        None => schema,
+    }
+}
+
+fn type_matches(name: &str, value: &Value) -> bool {
+    match name {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_u64() || value.is_i64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => false,
+    }
+}
+
+#[test]
+fn info_json_matches_its_schema_in_every_shape() {
+    let healthy = Proc::sleeper("python3", &["train.py"]);
+    let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
+    leader.wait_for_state('Z');
+    let scenario = format!(
+        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\
+         [[gpu]]\nleaked_mib = 100\n[[gpu]]\nlost = true\n[[gpu]]\nunsupported = [\"temperature\", \"power\", \"utilization\"]\n\
+         [[process]]\npid = {}\ngpu = [0, 2]\nused_mib = 500\nsm_pct = 40\n\
+         [[process]]\npid = {}\ngpu = 0\n",
+        healthy.pid(),
+        leader.pid()
+    );
+    let sim = Sim::new(&scenario);
+    let run = sim.run(&["info", "--json"]);
+    assert_eq!(run.code, 1, "one GPU is lost: {}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let schema = schema("info-v1.schema.json");
+    validate(&schema, &schema, &doc, "$").unwrap();
+
+    // The shapes the document was meant to exercise are really there.
+    let devices = doc["devices"].as_array().unwrap();
+    assert_eq!(devices[1]["status"], "lost");
+    assert!(devices[2]["temperature_c"].is_null());
+    assert!(
+        devices[0]["memory"]["unattributed_bytes"].is_null(),
+        "a size is not available"
+    );
+    assert_eq!(devices[0]["processes"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn the_validator_rejects_unknown_and_missing_fields() {
+    let schema = schema("info-v1.schema.json");
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
+    let doc = sim.json(&["info"]);
+    validate(&schema, &schema, &doc, "$").unwrap();
+
+    let mut extra = doc.clone();
+    extra["devices"][0]["surprise"] = Value::Bool(true);
+    let error = validate(&schema, &schema, &extra, "$").unwrap_err();
+    assert!(error.contains("unknown field 'surprise'"), "{error}");
+
+    let mut missing = doc.clone();
+    missing["devices"][0]["memory"]
+        .as_object_mut()
+        .unwrap()
+        .remove("free_bytes");
+    let error = validate(&schema, &schema, &missing, "$").unwrap_err();
+    assert!(error.contains("missing field 'free_bytes'"), "{error}");
+
+    let mut wrong = doc;
+    wrong["schema"] = Value::from(2);
+    assert!(validate(&schema, &schema, &wrong, "$").is_err());
+}
