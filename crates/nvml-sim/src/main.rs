@@ -1,0 +1,433 @@
+//! `nvml-sim run SCENARIO [-- COMMAND ARGS...]`: starts the scenario's stand-in processes,
+//! points NVML clients at the simulated library and runs COMMAND (see README.md).
+
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use nvml_sim::scenario;
+
+const STANDIN_ENV: &str = "NVML_SIM_STANDIN";
+const WORKERS_ENV: &str = "NVML_SIM_STANDIN_WORKERS";
+/// Test hook: the stand-in's main thread exits while another thread lives on (a zombie
+/// leader that still holds its GPU context).
+const ZOMBIE_LEADER_ENV: &str = "NVML_SIM_STANDIN_ZOMBIE_LEADER";
+
+const HELP: &str = "\
+nvml-sim: run programs against a simulated NVIDIA driver (libnvidia-ml.so.1)
+
+usage:
+  nvml-sim run SCENARIO [-- COMMAND [ARGS...]]
+  nvml-sim --help
+
+`run` starts a stand-in process for every [[process]] of SCENARIO that has `spawn = [argv...]`
+(its /proc/PID/cmdline reads exactly that argv; `workers = N` adds N forked children), writes
+the resolved scenario (real pids) to a temporary file and runs COMMAND with:
+  NVML_SIM_SCENARIO  the resolved scenario
+  GPUCTL_NVML_LIB    the simulated library (libnvml_sim.so next to this binary)
+  LD_LIBRARY_PATH    a directory holding libnvidia-ml.so.1 -> that library (pynvml, nvitop)
+Without COMMAND it runs $SHELL, for an interactive rehearsal. It exits with COMMAND's status
+and stops the stand-ins when COMMAND ends or when it gets SIGTERM/SIGHUP (SIGINT goes to
+COMMAND, which decides). Bad usage or a bad scenario: one line on stderr, exit status 2.
+
+The scenario format is documented in crates/nvml-sim/README.md.
+";
+
+fn main() {
+    if std::env::var_os(STANDIN_ENV).is_some_and(|v| v == "1") {
+        standin();
+    }
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let code = match args.first().and_then(|a| a.to_str()) {
+        None => usage_error("missing a command (try: nvml-sim run SCENARIO -- COMMAND)"),
+        Some("-h" | "--help" | "help") => {
+            print!("{HELP}");
+            0
+        }
+        Some("run") => {
+            let rest = &args[1..];
+            match rest.first() {
+                None => usage_error("run: missing the SCENARIO file"),
+                Some(s) if s.to_str().is_some_and(|s| s.starts_with('-') && s != "-") => {
+                    usage_error(&format!("run: unknown option {}", s.to_string_lossy()))
+                }
+                Some(s) => {
+                    let cmd = match rest.get(1).map(|a| a.as_os_str()) {
+                        None => Vec::new(),
+                        Some(a) if a == "--" => rest[2..].to_vec(),
+                        Some(_) => rest[1..].to_vec(),
+                    };
+                    match run(Path::new(s), cmd) {
+                        Ok(code) => code,
+                        Err(msg) => {
+                            eprintln!("nvml-sim: {msg}");
+                            2
+                        }
+                    }
+                }
+            }
+        }
+        Some(other) => usage_error(&format!("unknown command '{other}' (try --help)")),
+    };
+    std::process::exit(code);
+}
+
+fn usage_error(msg: &str) -> i32 {
+    eprintln!("nvml-sim: {msg}");
+    2
+}
+
+// -------------------------------------------------------------------------------------------
+// Stand-in processes
+
+/// The stand-in: names itself after argv[0], forks its workers, reports their pids on
+/// stdout, then sleeps until a signal ends it.
+fn standin() -> ! {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let base = Path::new(&argv0)
+        .file_name()
+        .unwrap_or(OsStr::new("standin"))
+        .as_encoded_bytes();
+    let mut comm = [0u8; 16];
+    for (c, b) in comm.iter_mut().zip(base.iter().take(15)) {
+        *c = if *b == 0 { b'?' } else { *b };
+    }
+    let workers: u32 = std::env::var(WORKERS_ENV)
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: plain libc calls; the process is single-threaded here, so fork is sound, and
+    // the children only make async-signal-safe calls.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
+        let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        let mut pids = String::new();
+        for _ in 0..workers {
+            match libc::fork() {
+                0 => {
+                    libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    );
+                    if libc::getppid() == 1 {
+                        libc::_exit(0);
+                    }
+                    libc::dup2(devnull, 1);
+                    loop {
+                        libc::pause();
+                    }
+                }
+                pid if pid > 0 => pids.push_str(&format!("{pid}\n")),
+                _ => {}
+            }
+        }
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), pids.as_bytes());
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        libc::dup2(devnull, 1);
+        if std::env::var_os(ZOMBIE_LEADER_ENV).is_some_and(|v| v == "1") {
+            std::thread::spawn(|| {
+                loop {
+                    libc::pause();
+                }
+            });
+            // Exit only the main thread, without unwinding (pthread_exit would unwind
+            // through Rust frames).
+            libc::syscall(libc::SYS_exit, 0);
+        }
+        loop {
+            libc::pause();
+        }
+    }
+}
+
+struct Standin {
+    pid: i32,
+    workers: Vec<i32>,
+}
+
+fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec) -> Result<Standin, String> {
+    let mut cmd = Command::new(exe);
+    cmd.arg0(&spec.argv[0])
+        .args(&spec.argv[1..])
+        .env(STANDIN_ENV, "1")
+        .env(WORKERS_ENV, spec.workers.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the stand-in {:?}: {e}", spec.argv))?;
+    let pid = child.id() as i32;
+    let mut workers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(p) = line.trim().parse::<i32>() {
+                workers.push(p);
+            }
+        }
+    }
+    if workers.len() != spec.workers as usize {
+        let n = workers.len();
+        stop(&[Standin { pid, workers }]);
+        return Err(format!(
+            "the stand-in {:?} started {n} of {} workers",
+            spec.argv, spec.workers
+        ));
+    }
+    Ok(Standin { pid, workers })
+}
+
+/// Stops the stand-ins (and their workers, which share their process group) and reaps them.
+fn stop(standins: &[Standin]) {
+    for s in standins {
+        // SAFETY: signalling a process group we created.
+        unsafe { libc::kill(-s.pid, libc::SIGTERM) };
+    }
+    for s in standins {
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(s.pid, &mut status, 0) };
+        for w in &s.workers {
+            // SAFETY: the worker is in the group we created; KILL in case it ignored TERM.
+            unsafe { libc::kill(*w, libc::SIGKILL) };
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// run
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn install_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: installing a handler that only stores to an atomic; no SA_RESTART, so a
+        // blocked waitpid returns EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = 0;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn make_temp_dir() -> Result<TempDir, String> {
+    let base = std::env::var_os("TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = base.join(format!("nvml-sim-run-{}-{nanos:08x}", std::process::id()));
+    std::fs::create_dir(&dir)
+        .map_err(|e| format!("cannot create a temporary directory {}: {e}", dir.display()))?;
+    Ok(TempDir(dir))
+}
+
+/// The scenario with every `spawn` entry given its real pid and its workers appended.
+fn resolve(
+    path: &Path,
+    text: &str,
+    sc: &scenario::Scenario,
+    started: &[(usize, Standin)],
+) -> Result<String, String> {
+    let mut table: toml::Table =
+        toml::from_str(text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+    if let Some(sf) = &sc.state_file {
+        let abs = std::path::absolute(sf).unwrap_or_else(|_| sf.clone());
+        table.insert(
+            "state_file".into(),
+            toml::Value::String(abs.to_string_lossy().into_owned()),
+        );
+    }
+    if let Some(toml::Value::Array(procs)) = table.get_mut("process") {
+        let mut extra = Vec::new();
+        for (entry, standin) in started {
+            let Some(toml::Value::Table(p)) = procs.get_mut(*entry) else {
+                continue;
+            };
+            let spec = sc
+                .spawns
+                .iter()
+                .find(|s| s.entry == *entry)
+                .expect("spawn entry");
+            for key in ["spawn", "workers", "worker_used_mib", "worker_sm_pct"] {
+                p.remove(key);
+            }
+            p.insert("pid".into(), toml::Value::Integer(standin.pid.into()));
+            for w in &standin.workers {
+                let mut wt = toml::Table::new();
+                wt.insert("pid".into(), toml::Value::Integer((*w).into()));
+                if let Some(g) = p.get("gpu") {
+                    wt.insert("gpu".into(), g.clone());
+                }
+                if let Some(t) = p.get("type") {
+                    wt.insert("type".into(), t.clone());
+                }
+                if let Some(m) = spec.worker_used_mib {
+                    wt.insert("used_mib".into(), toml::Value::Integer(m as i64));
+                }
+                wt.insert(
+                    "sm_pct".into(),
+                    toml::Value::Integer(spec.worker_sm_pct.into()),
+                );
+                extra.push(toml::Value::Table(wt));
+            }
+        }
+        procs.extend(extra);
+    }
+    toml::to_string(&table).map_err(|e| format!("cannot write the resolved scenario: {e}"))
+}
+
+fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read the scenario: {e}", path.display()))?;
+    let sc = scenario::parse(path, &text)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let lib = exe
+        .parent()
+        .map(|d| d.join("libnvml_sim.so"))
+        .filter(|l| l.exists())
+        .ok_or_else(|| {
+            format!(
+                "cannot find libnvml_sim.so next to {} (build it: cargo build -p nvml-sim)",
+                exe.display()
+            )
+        })?;
+    let tmp = make_temp_dir()?;
+    std::os::unix::fs::symlink(&lib, tmp.0.join("libnvidia-ml.so.1"))
+        .map_err(|e| format!("cannot create the libnvidia-ml.so.1 link: {e}"))?;
+    install_handlers();
+
+    let mut started: Vec<(usize, Standin)> = Vec::new();
+    for spec in &sc.spawns {
+        match spawn_standin(&exe, spec) {
+            Ok(s) => started.push((spec.entry, s)),
+            Err(e) => {
+                let all: Vec<Standin> = started.into_iter().map(|(_, s)| s).collect();
+                stop(&all);
+                return Err(e);
+            }
+        }
+    }
+    let standins_of = |started: Vec<(usize, Standin)>| -> Vec<Standin> {
+        started.into_iter().map(|(_, s)| s).collect()
+    };
+    let resolved = match resolve(path, &text, &sc, &started) {
+        Ok(r) => r,
+        Err(e) => {
+            stop(&standins_of(started));
+            return Err(e);
+        }
+    };
+    let scenario_file = tmp.0.join("scenario.toml");
+    if let Err(e) = std::fs::write(&scenario_file, resolved) {
+        stop(&standins_of(started));
+        return Err(format!("cannot write {}: {e}", scenario_file.display()));
+    }
+
+    let mut ld = tmp.0.clone().into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        ld.push(":");
+        ld.push(old);
+    }
+    let command = if command.is_empty() {
+        let shell = std::env::var_os("SHELL")
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "/bin/sh".into());
+        let pids: Vec<String> = started
+            .iter()
+            .flat_map(|(_, s)| std::iter::once(s.pid).chain(s.workers.iter().copied()))
+            .map(|p| p.to_string())
+            .collect();
+        eprintln!(
+            "nvml-sim: NVML_SIM_SCENARIO={} GPUCTL_NVML_LIB={} LD_LIBRARY_PATH={} ({} GPUs, stand-in pids: [{}]); exit the shell to stop",
+            scenario_file.display(),
+            lib.display(),
+            ld.to_string_lossy(),
+            sc.gpus.len(),
+            pids.join(" ")
+        );
+        vec![shell]
+    } else {
+        command
+    };
+    let child = Command::new(&command[0])
+        .args(&command[1..])
+        .env("NVML_SIM_SCENARIO", &scenario_file)
+        .env("GPUCTL_NVML_LIB", &lib)
+        .env("LD_LIBRARY_PATH", &ld)
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            stop(&standins_of(started));
+            return Err(format!("cannot run {}: {e}", command[0].to_string_lossy()));
+        }
+    };
+    let cpid = child.id() as i32;
+    let mut status = 0;
+    let code = loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(cpid, &mut status, 0) };
+        if r == cpid {
+            if libc::WIFEXITED(status) {
+                break libc::WEXITSTATUS(status);
+            }
+            if libc::WIFSIGNALED(status) {
+                break 128 + libc::WTERMSIG(status);
+            }
+            continue;
+        }
+        let sig = SIGNALLED.swap(0, Ordering::SeqCst);
+        if sig == libc::SIGTERM || sig == libc::SIGHUP {
+            // SAFETY: forwarding the signal to our child.
+            unsafe { libc::kill(cpid, sig) };
+        } else if r < 0 && sig == 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                break 1;
+            }
+        }
+    };
+    stop(&standins_of(started));
+    drop(tmp);
+    Ok(code)
+}

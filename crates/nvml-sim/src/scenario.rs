@@ -1,0 +1,773 @@
+//! The scenario file: parsing, validation and defaults.
+//!
+//! Every key is documented in the crate's README.md. Unknown keys and bad values are errors.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::types::*;
+
+/// Most GPUs a scenario may hold (handles point into a static array of this size).
+pub const MAX_GPUS: usize = 64;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    #[serde(default = "default_driver_version")]
+    driver_version: String,
+    #[serde(default = "default_cuda_driver_version")]
+    cuda_driver_version: i32,
+    nvml_version: Option<String>,
+    init_error: Option<InitError>,
+    #[serde(default)]
+    settings_require_root: bool,
+    state_file: Option<PathBuf>,
+    #[serde(default)]
+    gpu: Vec<RawGpu>,
+    #[serde(default)]
+    process: Vec<RawProcess>,
+}
+
+fn default_driver_version() -> String {
+    "570.133.20".to_string()
+}
+
+fn default_cuda_driver_version() -> i32 {
+    12080
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpu {
+    name: Option<String>,
+    uuid: Option<Uuid>,
+    pci_bus_id: Option<PciBusId>,
+    serial: Option<String>,
+    memory_total_mib: Option<u64>,
+    #[serde(default)]
+    reserved_mib: u64,
+    #[serde(default)]
+    leaked_mib: u64,
+    utilization_pct: Option<Pct>,
+    memory_utilization_pct: Option<Pct>,
+    temperature_c: Option<u32>,
+    power_mw: Option<u32>,
+    power_limit_mw: Option<u32>,
+    fan_pct: Option<Pct>,
+    #[serde(default)]
+    lost: bool,
+    persistence_mode: Option<bool>,
+    compute_mode: Option<ComputeMode>,
+    #[serde(default)]
+    unsupported: Vec<Feature>,
+    #[serde(default)]
+    no_permission: Vec<Feature>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcess {
+    pid: Option<u32>,
+    gpu: GpuSel,
+    used_mib: Option<u64>,
+    #[serde(default)]
+    sm_pct: Pct,
+    #[serde(default)]
+    mem_pct: Pct,
+    #[serde(rename = "type", default)]
+    kind: ProcKind,
+    teardown_ms: Option<u64>,
+    spawn: Option<Vec<String>>,
+    workers: Option<u32>,
+    worker_used_mib: Option<u64>,
+    #[serde(default)]
+    worker_sm_pct: Pct,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum GpuSel {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+/// A percentage, 0..=100.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "i64")]
+pub struct Pct(pub u32);
+
+impl TryFrom<i64> for Pct {
+    type Error = String;
+    fn try_from(v: i64) -> Result<Self, String> {
+        if (0..=100).contains(&v) {
+            Ok(Pct(v as u32))
+        } else {
+            Err(format!("percentage {v} is not in 0..=100"))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+pub enum ProcKind {
+    #[default]
+    #[serde(rename = "compute")]
+    Compute,
+    #[serde(rename = "graphics")]
+    Graphics,
+    #[serde(rename = "compute+graphics")]
+    ComputeGraphics,
+}
+
+impl ProcKind {
+    pub fn compute(self) -> bool {
+        matches!(self, ProcKind::Compute | ProcKind::ComputeGraphics)
+    }
+    pub fn graphics(self) -> bool {
+        matches!(self, ProcKind::Graphics | ProcKind::ComputeGraphics)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+    Prohibited,
+}
+
+impl ComputeMode {
+    pub fn to_nvml(self) -> u32 {
+        match self {
+            ComputeMode::Default => NVML_COMPUTEMODE_DEFAULT,
+            ComputeMode::ExclusiveProcess => NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+            ComputeMode::Prohibited => NVML_COMPUTEMODE_PROHIBITED,
+        }
+    }
+    pub fn from_nvml(v: u32) -> Option<Self> {
+        match v {
+            NVML_COMPUTEMODE_DEFAULT => Some(ComputeMode::Default),
+            NVML_COMPUTEMODE_EXCLUSIVE_PROCESS => Some(ComputeMode::ExclusiveProcess),
+            NVML_COMPUTEMODE_PROHIBITED => Some(ComputeMode::Prohibited),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "default",
+            ComputeMode::ExclusiveProcess => "exclusive_process",
+            ComputeMode::Prohibited => "prohibited",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "default" => Some(ComputeMode::Default),
+            "exclusive_process" => Some(ComputeMode::ExclusiveProcess),
+            "prohibited" => Some(ComputeMode::Prohibited),
+            _ => None,
+        }
+    }
+}
+
+/// Names usable in a GPU's `unsupported` list (and, for settings, `no_permission`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Feature {
+    Serial,
+    PciInfo,
+    MinorNumber,
+    Brand,
+    Architecture,
+    CudaComputeCapability,
+    Memory,
+    Bar1Memory,
+    Utilization,
+    Temperature,
+    Power,
+    Fan,
+    PerformanceState,
+    Clocks,
+    Processes,
+    ProcessUtilization,
+    // Settings (also valid in `no_permission`).
+    PersistenceMode,
+    ComputeMode,
+    ApplicationsClocks,
+    LockedClocks,
+    MemoryLockedClocks,
+    Accounting,
+}
+
+impl Feature {
+    pub fn is_setting(self) -> bool {
+        matches!(
+            self,
+            Feature::PersistenceMode
+                | Feature::ComputeMode
+                | Feature::ApplicationsClocks
+                | Feature::LockedClocks
+                | Feature::MemoryLockedClocks
+                | Feature::Accounting
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(try_from = "String")]
+struct InitError(u32);
+
+impl TryFrom<String> for InitError {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let upper = s.trim().to_ascii_uppercase();
+        let name = upper.strip_prefix("NVML_ERROR_").unwrap_or(&upper);
+        RETURN_CODES
+            .iter()
+            .find(|(n, code, _)| *n == name && *code != NVML_SUCCESS)
+            .map(|(_, code, _)| InitError(*code))
+            .ok_or_else(|| format!("unknown NVML error name '{s}' (e.g. DRIVER_NOT_LOADED)"))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "String")]
+struct Uuid(String);
+
+impl TryFrom<String> for Uuid {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let ok = s.len() < 80
+            && s.starts_with("GPU-")
+            && s.is_ascii()
+            && !s.contains(char::is_whitespace);
+        if ok {
+            Ok(Uuid(s))
+        } else {
+            Err(format!(
+                "uuid '{s}' must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+            ))
+        }
+    }
+}
+
+/// A PCI address: domain, bus, device, function.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub struct PciBusId {
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub function: u32,
+}
+
+impl PciBusId {
+    /// Parses `DDDDDDDD:BB:DD.F`, `DDDD:BB:DD.F` or `BB:DD.F` (hex, any case).
+    pub fn parse(s: &str) -> Option<PciBusId> {
+        let s = s.trim();
+        let parts: Vec<&str> = s.split(':').collect();
+        let (domain, bus, rest) = match parts.as_slice() {
+            [d, b, r] => (u32::from_str_radix(d, 16).ok()?, *b, *r),
+            [b, r] => (0, *b, *r),
+            _ => return None,
+        };
+        let (dev, func) = rest.split_once('.').unwrap_or((rest, "0"));
+        let bus = u32::from_str_radix(bus, 16).ok()?;
+        let device = u32::from_str_radix(dev, 16).ok()?;
+        let function = u32::from_str_radix(func, 16).ok()?;
+        if bus > 0xff || device > 0x1f || function > 7 {
+            return None;
+        }
+        Some(PciBusId {
+            domain,
+            bus,
+            device,
+            function,
+        })
+    }
+
+    /// `00000000:18:00.0`, as NVML's `busId` (v2/v3).
+    pub fn long(&self) -> String {
+        format!(
+            "{:08X}:{:02X}:{:02X}.{:X}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+
+    /// `0000:18:00.0`, as NVML's `busIdLegacy` / v1 `busId`.
+    pub fn legacy(&self) -> String {
+        format!(
+            "{:04X}:{:02X}:{:02X}.{:X}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+impl TryFrom<String> for PciBusId {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        PciBusId::parse(&s)
+            .ok_or_else(|| format!("pci_bus_id '{s}' must look like 00000000:18:00.0"))
+    }
+}
+
+/// One simulated GPU, with every default filled in.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub pci: PciBusId,
+    pub pci_device_id: u32,
+    pub pci_subsystem_id: u32,
+    pub serial: String,
+    pub memory_total_mib: u64,
+    pub reserved_mib: u64,
+    pub leaked_mib: u64,
+    pub utilization_pct: Option<u32>,
+    pub memory_utilization_pct: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: u32,
+    pub fan_pct: Option<u32>,
+    pub lost: bool,
+    pub persistence_mode: bool,
+    pub compute_mode: ComputeMode,
+    pub unsupported: Vec<Feature>,
+    pub no_permission: Vec<Feature>,
+    pub architecture: u32,
+    pub cuda_cc: (i32, i32),
+    pub max_graphics_mhz: u32,
+    pub max_memory_mhz: u32,
+    pub max_video_mhz: u32,
+}
+
+impl Gpu {
+    pub fn supports(&self, f: Feature) -> bool {
+        !self.unsupported.contains(&f)
+    }
+}
+
+/// One listed process (only entries with a `pid`; `spawn`-only entries are resolved by the
+/// launcher).
+#[derive(Debug, Clone)]
+pub struct Process {
+    pub pid: u32,
+    pub gpus: Vec<u32>,
+    pub used_mib: Option<u64>,
+    pub sm_pct: u32,
+    pub mem_pct: u32,
+    pub kind: ProcKind,
+    pub teardown_ms: Option<u64>,
+}
+
+/// A `spawn` entry, for the launcher.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    /// Position of the entry in the `[[process]]` array.
+    pub entry: usize,
+    pub argv: Vec<String>,
+    pub workers: u32,
+    pub worker_used_mib: Option<u64>,
+    pub worker_sm_pct: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub path: PathBuf,
+    pub driver_version: String,
+    pub nvml_version: String,
+    pub cuda_driver_version: i32,
+    pub init_error: Option<u32>,
+    pub settings_require_root: bool,
+    pub state_file: Option<PathBuf>,
+    pub gpus: Vec<Gpu>,
+    pub processes: Vec<Process>,
+    /// For each GPU, the positions in `processes` of the entries on it.
+    pub by_gpu: Vec<Vec<usize>>,
+    pub spawns: Vec<SpawnSpec>,
+}
+
+fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A stable 64-bit hash (FNV-1a), used for derived UUIDs and the default state-file name.
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    fnv1a(0, bytes)
+}
+
+/// The UUID a GPU gets when the scenario gives none.
+pub fn derived_uuid(index: u32) -> String {
+    let key = format!("nvml-sim-gpu-{index}");
+    let a = fnv1a(0, key.as_bytes());
+    let b = fnv1a(0x9e37_79b9_7f4a_7c15, key.as_bytes());
+    let hex = format!("{a:016x}{b:016x}");
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The PCI address a GPU gets when the scenario gives none: the bus numbers of an HGX
+/// 8-GPU board, then the same buses in the next PCI domain.
+pub fn derived_pci(index: u32) -> PciBusId {
+    const BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    PciBusId {
+        domain: index / 8,
+        bus: BUSES[(index % 8) as usize],
+        device: 0,
+        function: 0,
+    }
+}
+
+struct Model {
+    memory_mib: u64,
+    arch: u32,
+    cc: (i32, i32),
+    pci_device_id: u32,
+    max_graphics: u32,
+    max_memory: u32,
+    power_limit_mw: u32,
+}
+
+fn model_of(name: &str) -> Model {
+    let n = name.to_ascii_uppercase();
+    if n.contains("H100") {
+        Model {
+            memory_mib: 81559,
+            arch: 9,
+            cc: (9, 0),
+            pci_device_id: 0x2330_10DE,
+            max_graphics: 1980,
+            max_memory: 2619,
+            power_limit_mw: 700_000,
+        }
+    } else if n.contains("A100") {
+        Model {
+            memory_mib: 81920,
+            arch: 7,
+            cc: (8, 0),
+            pci_device_id: 0x20B2_10DE,
+            max_graphics: 1410,
+            max_memory: 1593,
+            power_limit_mw: 400_000,
+        }
+    } else if n.contains("B200") {
+        Model {
+            memory_mib: 183_359,
+            arch: 10,
+            cc: (10, 0),
+            pci_device_id: 0x2901_10DE,
+            max_graphics: 1965,
+            max_memory: 3996,
+            power_limit_mw: 1_000_000,
+        }
+    } else {
+        // H200 and anything unknown.
+        Model {
+            memory_mib: 143_771,
+            arch: 9,
+            cc: (9, 0),
+            pci_device_id: 0x2335_10DE,
+            max_graphics: 1980,
+            max_memory: 3201,
+            power_limit_mw: 700_000,
+        }
+    }
+}
+
+/// A problem with a scenario, as one line: `PATH: line N: message` (line where known).
+pub type ScenarioError = String;
+
+fn one_line(s: &str) -> String {
+    s.trim()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+        .replace('`', "'")
+}
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read the scenario: {e}", path.display()))?;
+    parse(path, &text)
+}
+
+/// Parses and validates scenario text; `path` names it in errors and anchors relative paths.
+pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    let raw: RawScenario = toml::from_str(text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(line) => format!("{}: line {line}: {}", path.display(), one_line(e.message())),
+            None => format!("{}: {}", path.display(), one_line(e.message())),
+        }
+    })?;
+    validate(path, raw).map_err(|msg| format!("{}: {msg}", path.display()))
+}
+
+fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
+    if raw.gpu.len() > MAX_GPUS {
+        return Err(format!("at most {MAX_GPUS} [[gpu]] entries are supported"));
+    }
+    if raw.driver_version.is_empty() || raw.driver_version.len() >= 80 {
+        return Err("driver_version must be a non-empty string shorter than 80 bytes".into());
+    }
+    let nvml_version = raw
+        .nvml_version
+        .clone()
+        .unwrap_or_else(|| format!("{}.{}", raw.cuda_driver_version / 1000, raw.driver_version));
+    if nvml_version.len() >= 80 {
+        return Err("nvml_version must be shorter than 80 bytes".into());
+    }
+    let mut gpus = Vec::with_capacity(raw.gpu.len());
+    for (i, g) in raw.gpu.into_iter().enumerate() {
+        let index = i as u32;
+        let at = format!("gpu[{i}]");
+        let name = g.name.unwrap_or_else(|| "NVIDIA H200".to_string());
+        if name.is_empty() || name.len() >= 64 {
+            return Err(format!("{at}: name must be 1..63 bytes"));
+        }
+        let model = model_of(&name);
+        let memory_total_mib = g.memory_total_mib.unwrap_or(model.memory_mib);
+        if g.reserved_mib > memory_total_mib {
+            return Err(format!(
+                "{at}: reserved_mib is larger than memory_total_mib"
+            ));
+        }
+        if let Some(f) = g.no_permission.iter().find(|f| !f.is_setting()) {
+            return Err(format!(
+                "{at}: no_permission lists {f:?}, which is not a setting (persistence_mode, compute_mode, applications_clocks, locked_clocks, memory_locked_clocks, accounting)"
+            ));
+        }
+        let serial = g
+            .serial
+            .unwrap_or_else(|| format!("165{:010}", 2_400_000 + u64::from(index)));
+        if serial.len() >= 30 {
+            return Err(format!("{at}: serial must be shorter than 30 bytes"));
+        }
+        gpus.push(Gpu {
+            index,
+            uuid: g.uuid.map(|u| u.0).unwrap_or_else(|| derived_uuid(index)),
+            pci: g.pci_bus_id.unwrap_or_else(|| derived_pci(index)),
+            pci_device_id: model.pci_device_id,
+            pci_subsystem_id: 0x18BE_10DE,
+            serial,
+            memory_total_mib,
+            reserved_mib: g.reserved_mib,
+            leaked_mib: g.leaked_mib,
+            utilization_pct: g.utilization_pct.map(|p| p.0),
+            memory_utilization_pct: g.memory_utilization_pct.map(|p| p.0),
+            temperature_c: g.temperature_c,
+            power_mw: g.power_mw,
+            power_limit_mw: g.power_limit_mw.unwrap_or(model.power_limit_mw),
+            fan_pct: g.fan_pct.map(|p| p.0),
+            lost: g.lost,
+            persistence_mode: g.persistence_mode.unwrap_or(false),
+            compute_mode: g.compute_mode.unwrap_or(ComputeMode::Default),
+            unsupported: g.unsupported,
+            no_permission: g.no_permission,
+            architecture: model.arch,
+            cuda_cc: model.cc,
+            max_graphics_mhz: model.max_graphics,
+            max_memory_mhz: model.max_memory,
+            max_video_mhz: 1755,
+            name,
+        });
+    }
+    for (i, a) in gpus.iter().enumerate() {
+        for b in &gpus[..i] {
+            if a.uuid.eq_ignore_ascii_case(&b.uuid) {
+                return Err(format!(
+                    "gpu[{}] and gpu[{}] share the uuid {}",
+                    b.index, a.index, a.uuid
+                ));
+            }
+            if a.pci == b.pci {
+                return Err(format!(
+                    "gpu[{}] and gpu[{}] share the pci_bus_id {}",
+                    b.index,
+                    a.index,
+                    a.pci.long()
+                ));
+            }
+        }
+    }
+    let mut processes = Vec::new();
+    let mut spawns = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, p) in raw.process.into_iter().enumerate() {
+        let at = match p.pid {
+            Some(pid) => format!("process[{i}] (pid {pid})"),
+            None => format!("process[{i}]"),
+        };
+        let sel = match p.gpu {
+            GpuSel::One(g) => vec![g],
+            GpuSel::Many(v) => v,
+        };
+        if sel.is_empty() {
+            return Err(format!("{at}: gpu must name at least one GPU index"));
+        }
+        for (k, g) in sel.iter().enumerate() {
+            if *g as usize >= gpus.len() {
+                return Err(format!(
+                    "{at}: gpu {g} does not exist (the scenario has {} GPUs)",
+                    gpus.len()
+                ));
+            }
+            if sel[..k].contains(g) {
+                return Err(format!("{at}: gpu {g} is listed twice"));
+            }
+        }
+        if let Some(pid) = p.pid {
+            if pid == 0 || pid > i32::MAX as u32 {
+                return Err(format!("{at}: pid must be in 1..={}", i32::MAX));
+            }
+        }
+        match (&p.spawn, p.pid) {
+            (None, None) => return Err(format!("{at}: needs a pid or a spawn list")),
+            (Some(argv), _) => {
+                if argv.is_empty() || argv.iter().any(|a| a.is_empty() || a.contains('\0')) {
+                    return Err(format!(
+                        "{at}: spawn must be a non-empty list of non-empty strings"
+                    ));
+                }
+                spawns.push(SpawnSpec {
+                    entry: i,
+                    argv: argv.clone(),
+                    workers: p.workers.unwrap_or(0),
+                    worker_used_mib: p.worker_used_mib,
+                    worker_sm_pct: p.worker_sm_pct.0,
+                });
+            }
+            (None, Some(_)) => {
+                if p.workers.is_some() || p.worker_used_mib.is_some() {
+                    return Err(format!("{at}: workers/worker_used_mib need a spawn list"));
+                }
+            }
+        }
+        if p.workers.unwrap_or(0) > 256 {
+            return Err(format!("{at}: at most 256 workers"));
+        }
+        let Some(pid) = p.pid else { continue };
+        for g in &sel {
+            if !seen.insert((pid, *g)) {
+                return Err(format!("{at}: pid {pid} is listed twice on gpu {g}"));
+            }
+        }
+        processes.push(Process {
+            pid,
+            gpus: sel,
+            used_mib: p.used_mib,
+            sm_pct: p.sm_pct.0,
+            mem_pct: p.mem_pct.0,
+            kind: p.kind,
+            teardown_ms: p.teardown_ms,
+        });
+    }
+    let state_file = raw.state_file.map(|f| {
+        if f.is_relative() {
+            path.parent().unwrap_or(Path::new(".")).join(f)
+        } else {
+            f
+        }
+    });
+    let mut by_gpu = vec![Vec::new(); gpus.len()];
+    for (k, p) in processes.iter().enumerate() {
+        for g in &p.gpus {
+            by_gpu[*g as usize].push(k);
+        }
+    }
+    Ok(Scenario {
+        path: path.to_path_buf(),
+        by_gpu,
+        driver_version: raw.driver_version,
+        nvml_version,
+        cuda_driver_version: raw.cuda_driver_version,
+        init_error: raw.init_error.map(|e| e.0),
+        settings_require_root: raw.settings_require_root,
+        state_file,
+        gpus,
+        processes,
+        spawns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<Scenario, String> {
+        parse(Path::new("/tmp/x.toml"), text)
+    }
+
+    #[test]
+    fn defaults() {
+        let s = p("[[gpu]]\n[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n").unwrap();
+        assert_eq!(s.gpus.len(), 2);
+        assert_eq!(s.gpus[0].name, "NVIDIA H200");
+        assert_eq!(s.gpus[0].memory_total_mib, 143771);
+        assert_eq!(s.gpus[1].memory_total_mib, 81559);
+        assert_ne!(s.gpus[0].uuid, s.gpus[1].uuid);
+        assert_eq!(s.gpus[0].uuid.len(), 40);
+        assert_eq!(s.gpus[1].pci.long(), "00000000:2A:00.0");
+        assert_eq!(s.nvml_version, "12.570.133.20");
+    }
+
+    #[test]
+    fn unknown_key_names_line() {
+        let e = p("driver_version = \"1\"\n[[gpu]]\nfoo = 1\n").unwrap_err();
+        assert!(
+            e.starts_with("/tmp/x.toml: line 3: unknown field 'foo'"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn bad_values() {
+        assert!(p("init_error = \"NOPE\"").unwrap_err().contains("line 1"));
+        assert_eq!(
+            p("init_error = \"NVML_ERROR_DRIVER_NOT_LOADED\"")
+                .unwrap()
+                .init_error,
+            Some(NVML_ERROR_DRIVER_NOT_LOADED)
+        );
+        assert!(p("[[gpu]]\nutilization_pct = 101").is_err());
+        assert!(p("[[gpu]]\nunsupported = [\"bogus\"]").is_err());
+        assert!(p("[[gpu]]\nno_permission = [\"temperature\"]").is_err());
+        assert!(
+            p("[[gpu]]\n[[process]]\npid = 5\ngpu = 1")
+                .unwrap_err()
+                .contains("does not exist")
+        );
+        assert!(p("[[gpu]]\n[[process]]\ngpu = 0").is_err());
+        assert!(p("[[gpu]]\ncompute_mode = \"exclusive_thread\"").is_err());
+        let s =
+            p("[[gpu]]\n[[gpu]]\n[[process]]\npid = 5\ngpu = [0, 1]\ntype = \"compute+graphics\"")
+                .unwrap();
+        assert_eq!(s.processes[0].gpus, vec![0, 1]);
+    }
+
+    #[test]
+    fn pci_parse() {
+        let a = PciBusId::parse("0000:9a:00.0").unwrap();
+        assert_eq!(a.long(), "00000000:9A:00.0");
+        assert_eq!(a.legacy(), "0000:9A:00.0");
+        assert_eq!(PciBusId::parse("9A:00.0"), Some(a));
+        assert!(PciBusId::parse("zz").is_none());
+    }
+}

@@ -1,0 +1,359 @@
+//! The library's global state: the loaded scenario, the state file, liveness.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::live::LiveCache;
+use crate::scenario::{self, Feature, Gpu, MAX_GPUS, ProcKind, Scenario};
+use crate::state::{FileSig, GpuState, StateStore, file_sig};
+use crate::types::*;
+
+/// Environment variable naming the scenario file.
+pub const SCENARIO_ENV: &str = "NVML_SIM_SCENARIO";
+/// Environment variable naming the state file (overrides everything else).
+pub const STATE_ENV: &str = "NVML_SIM_STATE";
+
+/// The opaque object an `nvmlDevice_t` points to.
+#[repr(C)]
+pub struct DeviceSlot {
+    index: u32,
+    _pad: u32,
+}
+
+/// Handles are pointers into this array, indexed by GPU index.
+pub static DEVICES: [DeviceSlot; MAX_GPUS] = {
+    let mut a = [const { DeviceSlot { index: 0, _pad: 0 } }; MAX_GPUS];
+    let mut i = 0;
+    while i < MAX_GPUS {
+        a[i].index = i as u32;
+        i += 1;
+    }
+    a
+};
+
+pub fn handle_of(index: usize) -> nvmlDevice_t {
+    std::ptr::from_ref(&DEVICES[index]).cast_mut().cast()
+}
+
+pub fn index_of(handle: nvmlDevice_t) -> Option<usize> {
+    let base = DEVICES.as_ptr() as usize;
+    let p = handle as usize;
+    let size = std::mem::size_of::<DeviceSlot>();
+    if p < base || p >= base + size * MAX_GPUS || (p - base) % size != 0 {
+        return None;
+    }
+    Some((p - base) / size)
+}
+
+/// Quick mirror of the init reference count, for the default exports.
+pub static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+
+static SIM: Mutex<Option<Sim>> = Mutex::new(None);
+
+pub fn lock() -> MutexGuard<'static, Option<Sim>> {
+    SIM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn now_unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The default state-file path for a scenario.
+pub fn default_state_path(scenario: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(scenario).unwrap_or_else(|_| scenario.to_path_buf());
+    let hash = scenario::stable_hash(canonical.as_os_str().as_encoded_bytes());
+    let dir = std::env::var_os("TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    // SAFETY: getuid never fails.
+    let uid = unsafe { libc::getuid() };
+    dir.join(format!("nvml-sim-{uid}-{hash:016x}.json"))
+}
+
+/// Where the state of `scenario` lives: $NVML_SIM_STATE, else the scenario's `state_file`,
+/// else [`default_state_path`].
+pub fn state_path(scenario: &Scenario) -> PathBuf {
+    if let Some(p) = std::env::var_os(STATE_ENV).filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    scenario
+        .state_file
+        .clone()
+        .unwrap_or_else(|| default_state_path(&scenario.path))
+}
+
+/// A process as reported now on one GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcNow {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+    pub sm_pct: u32,
+    pub mem_pct: u32,
+    pub kind: ProcKind,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct GpuNow {
+    pub procs: Vec<ProcNow>,
+    pub used_mib: u64,
+}
+
+pub struct Sim {
+    pub refcount: u32,
+    path: PathBuf,
+    sig: Option<FileSig>,
+    /// Signature of the last version found invalid (`Some(None)`: missing), so that each
+    /// bad version is reported once.
+    bad: Option<Option<FileSig>>,
+    pub scenario: Arc<Scenario>,
+    pub state: StateStore,
+    live: LiveCache,
+    /// Per GPU: the last computed view and when; reused for at most the liveness TTL.
+    views: Vec<Option<(Instant, GpuNow)>>,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+impl Sim {
+    /// Loads the scenario named by the environment; `Err` is the code nvmlInit returns.
+    pub fn open() -> Result<Sim, nvmlReturn_t> {
+        let Some(path) = std::env::var_os(SCENARIO_ENV).filter(|p| !p.is_empty()) else {
+            eprintln!("nvml-sim: {SCENARIO_ENV} is not set: it must name a scenario file");
+            return Err(NVML_ERROR_UNKNOWN);
+        };
+        let path = PathBuf::from(path);
+        let sig = file_sig(&path);
+        let scenario = scenario::load(&path).map_err(|e| {
+            eprintln!("nvml-sim: {e}");
+            NVML_ERROR_UNKNOWN
+        })?;
+        if let Some(code) = scenario.init_error {
+            return Err(code);
+        }
+        let state = StateStore::new(state_path(&scenario));
+        Ok(Sim {
+            refcount: 1,
+            path,
+            sig,
+            bad: None,
+            scenario: Arc::new(scenario),
+            state,
+            live: LiveCache::default(),
+            views: Vec::new(),
+        })
+    }
+
+    /// Re-reads the scenario if the file changed (stat: dev, inode, size, mtime). An invalid
+    /// new version is reported once on stderr and the last good scenario kept.
+    pub fn refresh(&mut self) {
+        let sig = file_sig(&self.path);
+        if sig == self.sig || self.bad == Some(sig) {
+            return;
+        }
+        let loaded = match sig {
+            None => Err(format!(
+                "{}: the scenario file is gone",
+                self.path.display()
+            )),
+            Some(_) => scenario::load(&self.path),
+        };
+        match loaded {
+            Ok(s) => {
+                let new_state = state_path(&s);
+                if new_state != self.state.path {
+                    self.state = StateStore::new(new_state);
+                }
+                self.scenario = Arc::new(s);
+                self.views.clear();
+                self.sig = sig;
+                self.bad = None;
+            }
+            Err(e) => {
+                eprintln!("nvml-sim: {e} (keeping the last good scenario)");
+                self.bad = Some(sig);
+            }
+        }
+    }
+
+    pub fn gpu(&self, index: usize) -> &Gpu {
+        &self.scenario.gpus[index]
+    }
+
+    pub fn gpu_state(&mut self, index: usize) -> GpuState {
+        let uuid = self.scenario.gpus[index].uuid.clone();
+        self.state
+            .refresh()
+            .gpus
+            .get(&uuid)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn update_gpu_state(
+        &mut self,
+        index: usize,
+        f: impl FnOnce(&mut GpuState),
+    ) -> nvmlReturn_t {
+        let uuid = self.scenario.gpus[index].uuid.clone();
+        match self.state.update(|s| f(s.gpus.entry(uuid).or_default())) {
+            Ok(()) => NVML_SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "nvml-sim: {}: cannot write the state file: {e}",
+                    self.state.path.display()
+                );
+                NVML_ERROR_UNKNOWN
+            }
+        }
+    }
+
+    /// The processes on GPU `index` that hold a context now, and the memory used. The
+    /// answer is reused for at most [`crate::live::TTL`] (the liveness cache's lifetime).
+    pub fn gpu_now(&mut self, index: usize) -> GpuNow {
+        let now = Instant::now();
+        if let Some(Some((at, view))) = self.views.get(index) {
+            if now.duration_since(*at) < crate::live::TTL {
+                return view.clone();
+            }
+        }
+        let view = self.compute_gpu_now(index, now);
+        if self.views.len() < self.scenario.gpus.len() {
+            self.views.resize(self.scenario.gpus.len(), None);
+        }
+        self.views[index] = Some((now, view.clone()));
+        view
+    }
+
+    fn compute_gpu_now(&mut self, index: usize, now: Instant) -> GpuNow {
+        let sc = self.scenario.clone();
+        let gpu = &sc.gpus[index];
+        let mut out = GpuNow {
+            procs: Vec::new(),
+            used_mib: gpu.leaked_mib,
+        };
+        let mut state_fresh = false;
+        let mut stale_records: Vec<u32> = Vec::new();
+        let mut new_records: Vec<u32> = Vec::new();
+        let now_ms = now_unix_ms();
+        for p in sc
+            .processes
+            .iter()
+            .filter(|p| p.gpus.contains(&(index as u32)))
+        {
+            let alive = self.live.is_alive(p.pid, now);
+            if alive {
+                out.used_mib += p.used_mib.unwrap_or(0);
+                out.procs.push(ProcNow {
+                    pid: p.pid,
+                    used_bytes: p.used_mib.map(|m| m * MIB),
+                    sm_pct: p.sm_pct,
+                    mem_pct: p.mem_pct,
+                    kind: p.kind,
+                });
+                if p.teardown_ms.is_some() {
+                    if !state_fresh {
+                        self.state.refresh();
+                        state_fresh = true;
+                    }
+                    if self
+                        .state
+                        .cached()
+                        .teardown
+                        .contains_key(&p.pid.to_string())
+                    {
+                        stale_records.push(p.pid);
+                    }
+                }
+            } else if let Some(ms) = p.teardown_ms {
+                if !state_fresh {
+                    self.state.refresh();
+                    state_fresh = true;
+                }
+                let first = match self.state.cached().teardown.get(&p.pid.to_string()) {
+                    Some(r) => r.first_dead_unix_ms,
+                    None => {
+                        if !new_records.contains(&p.pid) {
+                            new_records.push(p.pid);
+                        }
+                        now_ms
+                    }
+                };
+                if now_ms < first.saturating_add(ms) {
+                    out.used_mib += p.used_mib.unwrap_or(0);
+                }
+            }
+        }
+        if !new_records.is_empty() || !stale_records.is_empty() {
+            let _ = self.state.update(|s| {
+                for pid in &stale_records {
+                    s.teardown.remove(&pid.to_string());
+                }
+                for pid in &new_records {
+                    s.teardown
+                        .entry(pid.to_string())
+                        .or_insert(crate::state::Teardown {
+                            first_dead_unix_ms: now_ms,
+                        });
+                }
+            });
+        }
+        out
+    }
+
+    pub fn memory_bytes(&mut self, index: usize) -> (u64, u64, u64, u64) {
+        let used_mib = self.gpu_now(index).used_mib;
+        let g = self.gpu(index);
+        let total = g.memory_total_mib * MIB;
+        let reserved = g.reserved_mib * MIB;
+        let used = (used_mib * MIB).min(total - reserved);
+        let free = total - reserved - used;
+        (total, reserved, free, used)
+    }
+
+    /// GPU and memory utilization: the scenario's values, else the sum over the reported
+    /// processes (capped at 100).
+    pub fn utilization(&mut self, index: usize) -> (u32, u32) {
+        let g = self.gpu(index);
+        let (gu, mu) = (g.utilization_pct, g.memory_utilization_pct);
+        if let (Some(a), Some(b)) = (gu, mu) {
+            return (a, b);
+        }
+        let now = self.gpu_now(index);
+        let sm: u32 = now.procs.iter().map(|p| p.sm_pct).sum();
+        let mem: u32 = now.procs.iter().map(|p| p.mem_pct).sum();
+        (gu.unwrap_or(sm.min(100)), mu.unwrap_or(mem.min(100)))
+    }
+
+    pub fn is_alive(&mut self, pid: u32) -> bool {
+        self.live.is_alive(pid, Instant::now())
+    }
+
+    /// The checks every setting goes through, in the driver's order.
+    pub fn setting_allowed(&self, index: usize, f: Feature) -> Result<(), nvmlReturn_t> {
+        let g = self.gpu(index);
+        if !g.supports(f) {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        if g.no_permission.contains(&f) {
+            return Err(NVML_ERROR_NO_PERMISSION);
+        }
+        // SAFETY: geteuid never fails.
+        if self.scenario.settings_require_root && unsafe { libc::geteuid() } != 0 {
+            return Err(NVML_ERROR_NO_PERMISSION);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,588 @@
+//! The built cdylib, loaded through nvml-wrapper (and raw dlsym for the ABI conventions).
+
+mod common;
+
+use std::ffi::{CStr, c_char, c_uint};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nvml_wrapper::enum_wrappers::device::{Clock, ComputeMode, TemperatureSensor};
+use nvml_wrapper::enums::device::{GpuLockedClocksSetting, UsedGpuMemory};
+use nvml_wrapper::error::NvmlError;
+
+const MIB: u64 = 1024 * 1024;
+
+#[test]
+fn devices_and_identity() {
+    let sim = Sim::new(
+        r#"
+driver_version = "570.133.20"
+cuda_driver_version = 12080
+[[gpu]]
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+uuid = "GPU-11111111-2222-3333-4444-555555555555"
+pci_bus_id = "00000000:9A:00.0"
+serial = "1650000000042"
+[[gpu]]
+"#,
+    );
+    let nvml = sim.nvml();
+    assert_eq!(nvml.sys_driver_version().unwrap(), "570.133.20");
+    assert_eq!(nvml.sys_nvml_version().unwrap(), "12.570.133.20");
+    assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 12080);
+    assert_eq!(nvml.device_count().unwrap(), 3);
+    let d0 = nvml.device_by_index(0).unwrap();
+    assert_eq!(d0.name().unwrap(), "NVIDIA H200");
+    assert_eq!(d0.memory_info().unwrap().total, 143_771 * MIB);
+    let cc = d0.cuda_compute_capability().unwrap();
+    assert_eq!((cc.major, cc.minor), (9, 0));
+    let u0 = d0.uuid().unwrap();
+    assert!(u0.starts_with("GPU-") && u0.len() == 40, "{u0}");
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(
+        d1.uuid().unwrap(),
+        "GPU-11111111-2222-3333-4444-555555555555"
+    );
+    assert_eq!(d1.serial().unwrap(), "1650000000042");
+    assert_eq!(d1.memory_info().unwrap().total, 81_559 * MIB);
+    let pci = d1.pci_info().unwrap();
+    assert_eq!(pci.bus_id, "00000000:9A:00.0");
+    assert_eq!(pci.bus, 0x9a);
+    let by_uuid = nvml
+        .device_by_uuid("GPU-11111111-2222-3333-4444-555555555555")
+        .unwrap();
+    assert_eq!(by_uuid.index().unwrap(), 1);
+    let by_pci = nvml.device_by_pci_bus_id("0000:9a:00.0").unwrap();
+    assert_eq!(by_pci.index().unwrap(), 1);
+    assert!(matches!(
+        nvml.device_by_uuid("GPU-nope"),
+        Err(NvmlError::NotFound)
+    ));
+    let d2 = nvml.device_by_index(2).unwrap();
+    assert_ne!(d2.uuid().unwrap(), u0);
+    assert_ne!(d2.pci_info().unwrap().bus_id, d0.pci_info().unwrap().bus_id);
+    assert!(matches!(
+        nvml.device_by_index(3),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+#[test]
+fn memory_processes_and_utilization() {
+    let mut a = sleeper();
+    let mut b = sleeper();
+    let sim = Sim::new(&format!(
+        r#"
+[[gpu]]
+reserved_mib = 500
+leaked_mib = 100
+[[gpu]]
+[[process]]
+pid = {a}
+gpu = [0, 1]
+used_mib = 1000
+sm_pct = 40
+mem_pct = 10
+[[process]]
+pid = {b}
+gpu = 0
+sm_pct = 7
+type = "graphics"
+"#,
+        a = a.id(),
+        b = b.id()
+    ));
+    let nvml = sim.nvml();
+    let d0 = nvml.device_by_index(0).unwrap();
+    let m = d0.memory_info().unwrap();
+    assert_eq!(m.total, 143_771 * MIB);
+    assert_eq!(m.reserved, 500 * MIB);
+    assert_eq!(m.used, 1100 * MIB);
+    assert_eq!(m.free, m.total - m.reserved - m.used);
+    let compute = d0.running_compute_processes().unwrap();
+    assert_eq!(compute.len(), 1);
+    assert_eq!(compute[0].pid, a.id());
+    assert_eq!(compute[0].used_gpu_memory, UsedGpuMemory::Used(1000 * MIB));
+    assert_eq!(compute[0].gpu_instance_id, None);
+    let graphics = d0.running_graphics_processes().unwrap();
+    assert_eq!(graphics.len(), 1);
+    assert_eq!(graphics[0].pid, b.id());
+    assert_eq!(graphics[0].used_gpu_memory, UsedGpuMemory::Unavailable);
+    let util = d0.process_utilization_stats(None).unwrap();
+    let mut sm: Vec<(u32, u32)> = util.iter().map(|s| (s.pid, s.sm_util)).collect();
+    sm.sort();
+    let mut want = vec![(a.id(), 40), (b.id(), 7)];
+    want.sort();
+    assert_eq!(sm, want);
+    assert_eq!(d0.utilization_rates().unwrap().gpu, 47);
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d1.running_compute_processes().unwrap().len(), 1);
+    assert_eq!(d1.memory_info().unwrap().used, 1000 * MIB);
+    assert_eq!(d1.running_graphics_processes().unwrap().len(), 0);
+    drop(nvml);
+    kill_and_reap(&mut a);
+    kill_and_reap(&mut b);
+}
+
+#[test]
+fn dead_and_zombie_processes_are_not_reported() {
+    let mut victim = sleeper();
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    assert!(
+        poll(Duration::from_secs(5), || (proc_state(zpid) == Some('Z'))
+            .then_some(()))
+        .is_some(),
+        "the child never became a zombie"
+    );
+    let sim = Sim::new(&format!(
+        r#"
+[[gpu]]
+[[process]]
+pid = {v}
+gpu = 0
+used_mib = 2000
+[[process]]
+pid = {zpid}
+gpu = 0
+used_mib = 3000
+"#,
+        v = victim.id()
+    ));
+    let nvml = sim.nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    let pids: Vec<u32> = d
+        .running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(pids, vec![victim.id()], "a zombie must not be reported");
+    assert_eq!(d.memory_info().unwrap().used, 2000 * MIB);
+    kill_and_reap(&mut victim);
+    let gone = poll(Duration::from_secs(5), || {
+        let procs = d.running_compute_processes().unwrap();
+        let used = d.memory_info().unwrap().used;
+        (procs.is_empty() && used == 0).then_some(())
+    });
+    assert!(gone.is_some(), "a killed process is still reported");
+    let _ = zombie.wait();
+}
+
+#[test]
+fn zombie_leader_with_live_threads_is_reported() {
+    let mut leader = std::process::Command::new(bin_path())
+        .env("NVML_SIM_STANDIN", "1")
+        .env("NVML_SIM_STANDIN_ZOMBIE_LEADER", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = leader.id();
+    assert!(
+        poll(Duration::from_secs(5), || (proc_state(pid) == Some('Z'))
+            .then_some(()))
+        .is_some(),
+        "the leader never became a zombie"
+    );
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[process]]\npid = {pid}\ngpu = 0\nused_mib = 10\n"
+    ));
+    let nvml = sim.nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.running_compute_processes().unwrap().len(), 1);
+    drop(nvml);
+    kill_and_reap(&mut leader);
+}
+
+#[test]
+fn teardown_holds_memory_then_frees_it() {
+    let mut child = sleeper();
+    let pid = child.id();
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[process]]\npid = {pid}\ngpu = 0\nused_mib = 4096\nteardown_ms = 400\n"
+    ));
+    let nvml = sim.nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.memory_info().unwrap().used, 4096 * MIB);
+    kill_and_reap(&mut child);
+    // The first query that sees it dead starts the teardown clock.
+    let seen_dead = poll(Duration::from_secs(5), || {
+        d.running_compute_processes()
+            .unwrap()
+            .is_empty()
+            .then(Instant::now)
+    })
+    .expect("the dead process is still reported");
+    let used_now = d.memory_info().unwrap().used;
+    if seen_dead.elapsed() < Duration::from_millis(300) {
+        assert_eq!(used_now, 4096 * MIB, "memory freed before teardown_ms");
+    }
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sim.state).unwrap()).unwrap();
+    assert!(state["teardown"][pid.to_string()]["first_dead_unix_ms"].is_u64());
+    let freed = poll(Duration::from_secs(5), || {
+        (d.memory_info().unwrap().used == 0).then(Instant::now)
+    })
+    .expect("memory never freed");
+    assert!(freed.duration_since(seen_dead) >= Duration::from_millis(350));
+}
+
+#[test]
+fn scenario_is_reread_when_replaced() {
+    let mut a = sleeper();
+    let mut b = sleeper();
+    let one = format!(
+        "[[gpu]]\n[[process]]\npid = {}\ngpu = 0\nused_mib = 1\n",
+        a.id()
+    );
+    let sim = Sim::new(&one);
+    let nvml = sim.nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.running_compute_processes().unwrap().len(), 1);
+    sim.replace(&format!(
+        "{one}[[process]]\npid = {}\ngpu = 0\nused_mib = 2\n",
+        b.id()
+    ));
+    assert_eq!(d.running_compute_processes().unwrap().len(), 2);
+    assert_eq!(d.memory_info().unwrap().used, 3 * MIB);
+    // A broken file keeps the last good scenario.
+    sim.replace("[[gpu]]\nbogus = 1\n");
+    assert_eq!(d.running_compute_processes().unwrap().len(), 2);
+    sim.replace("[[gpu]]\n[[gpu]]\n");
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    assert_eq!(d.running_compute_processes().unwrap().len(), 0);
+    drop(nvml);
+    kill_and_reap(&mut a);
+    kill_and_reap(&mut b);
+}
+
+#[test]
+fn lost_gpu() {
+    let sim = Sim::new("[[gpu]]\n[[gpu]]\nlost = true\n");
+    let nvml = sim.nvml();
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    assert!(matches!(nvml.device_by_index(1), Err(NvmlError::GpuLost)));
+    let d0 = nvml.device_by_index(0).unwrap();
+    let uuid = d0.uuid().unwrap();
+    sim.replace("[[gpu]]\nlost = true\n[[gpu]]\nlost = true\n");
+    assert!(matches!(d0.memory_info(), Err(NvmlError::GpuLost)));
+    assert!(matches!(d0.name(), Err(NvmlError::GpuLost)));
+    assert!(matches!(
+        nvml.device_by_uuid(uuid.as_str()),
+        Err(NvmlError::GpuLost)
+    ));
+}
+
+#[test]
+fn init_errors() {
+    let sim = Sim::new("init_error = \"DRIVER_NOT_LOADED\"\n[[gpu]]\n");
+    let r = nvml_wrapper::Nvml::builder()
+        .lib_path(lib_path().as_os_str())
+        .init();
+    assert!(matches!(r, Err(NvmlError::DriverNotLoaded)), "{r:?}");
+    sim.replace("[[gpu]]\nfoo = 1\n");
+    let r = nvml_wrapper::Nvml::builder()
+        .lib_path(lib_path().as_os_str())
+        .init();
+    assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
+    std::fs::remove_file(&sim.scenario).unwrap();
+    let r = nvml_wrapper::Nvml::builder()
+        .lib_path(lib_path().as_os_str())
+        .init();
+    assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
+}
+
+#[test]
+fn unsupported_and_no_permission() {
+    let sim = Sim::new(
+        "[[gpu]]\nunsupported = [\"temperature\", \"persistence_mode\"]\nno_permission = [\"compute_mode\"]\n[[gpu]]\nfan_pct = 30\n",
+    );
+    let nvml = sim.nvml();
+    let mut d = nvml.device_by_index(0).unwrap();
+    assert!(matches!(
+        d.temperature(TemperatureSensor::Gpu),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        d.is_in_persistent_mode(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        d.set_persistent(true),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(d.fan_speed(0), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        d.encoder_utilization(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        d.set_compute_mode(ComputeMode::ExclusiveProcess),
+        Err(NvmlError::NoPermission)
+    ));
+    assert!(d.power_usage().unwrap() > 0);
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d1.fan_speed(0).unwrap(), 30);
+    assert!(d1.temperature(TemperatureSensor::Gpu).unwrap() > 0);
+}
+
+const SETTINGS_CHILD: &str = "NVML_SIM_TEST_SETTINGS_CHILD";
+
+#[test]
+fn settings_persist_across_processes() {
+    let mut a = sleeper();
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[gpu]]\n[[process]]\npid = {}\ngpu = 1\n",
+        a.id()
+    ));
+    {
+        let nvml = sim.nvml();
+        let mut d = nvml.device_by_index(1).unwrap();
+        assert!(!d.is_in_persistent_mode().unwrap());
+        d.set_persistent(true).unwrap();
+        d.set_compute_mode(ComputeMode::ExclusiveProcess).unwrap();
+        d.set_applications_clocks(2619, 1755).unwrap();
+        assert!(matches!(
+            d.set_applications_clocks(9999, 1755),
+            Err(NvmlError::InvalidArg)
+        ));
+        d.set_gpu_locked_clocks(GpuLockedClocksSetting::Numeric {
+            min_clock_mhz: 1200,
+            max_clock_mhz: 1500,
+        })
+        .unwrap();
+        d.set_mem_locked_clocks(2000, 2619).unwrap();
+        d.set_accounting(true).unwrap();
+        assert_eq!(d.accounting_pids().unwrap(), vec![a.id()]);
+        assert_eq!(d.applications_clock(Clock::Graphics).unwrap(), 1755);
+    }
+    let uuid = {
+        let nvml = sim.nvml();
+        nvml.device_by_index(1).unwrap().uuid().unwrap()
+    };
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sim.state).unwrap()).unwrap();
+    let g = &state["gpus"][&uuid];
+    assert_eq!(state["version"], 1);
+    assert_eq!(g["persistence_mode"], true);
+    assert_eq!(g["compute_mode"], "exclusive_process");
+    assert_eq!(g["applications_clocks"]["mem_mhz"], 2619);
+    assert_eq!(g["applications_clocks"]["graphics_mhz"], 1755);
+    assert_eq!(g["locked_clocks"]["min_mhz"], 1200);
+    assert_eq!(g["memory_locked_clocks"]["max_mhz"], 2619);
+    assert_eq!(g["accounting_mode"], true);
+    assert_eq!(g["accounting_pids"][0], a.id());
+
+    // A second process reads the settings back and resets them.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "settings_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SETTINGS_CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("SETTINGS-OK"));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sim.state).unwrap()).unwrap();
+    let g = &state["gpus"][&uuid];
+    assert!(g.get("applications_clocks").is_none(), "{g}");
+    assert!(g.get("locked_clocks").is_none(), "{g}");
+    assert!(g.get("accounting_pids").is_none(), "{g}");
+    kill_and_reap(&mut a);
+}
+
+/// Runs only as the second process of `settings_persist_across_processes`.
+#[test]
+fn settings_child() {
+    if std::env::var_os(SETTINGS_CHILD).is_none() {
+        return;
+    }
+    let nvml = open_nvml();
+    let mut d = nvml.device_by_index(1).unwrap();
+    assert!(d.is_in_persistent_mode().unwrap());
+    assert_eq!(d.compute_mode().unwrap(), ComputeMode::ExclusiveProcess);
+    assert_eq!(d.applications_clock(Clock::Memory).unwrap(), 2619);
+    assert_eq!(d.clock_info(Clock::Memory).unwrap(), 2619);
+    assert!(d.is_accounting_enabled().unwrap());
+    assert!(
+        !nvml
+            .device_by_index(0)
+            .unwrap()
+            .is_in_persistent_mode()
+            .unwrap()
+    );
+    d.reset_applications_clocks().unwrap();
+    d.reset_gpu_locked_clocks().unwrap();
+    d.clear_accounting_pids().unwrap();
+    assert_eq!(d.applications_clock(Clock::Graphics).unwrap(), 1980);
+    println!("SETTINGS-OK");
+}
+
+// Raw ABI conventions, through dlsym.
+
+type Dev = *mut std::ffi::c_void;
+
+struct Raw {
+    lib: libloading::Library,
+}
+
+impl Raw {
+    fn open() -> Raw {
+        // SAFETY: loading our own library.
+        Raw {
+            lib: unsafe { libloading::Library::new(lib_path()) }.unwrap(),
+        }
+    }
+    fn f<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: the caller names the symbol with its C signature.
+        unsafe { *self.lib.get::<T>(name.as_bytes()).unwrap() }
+    }
+}
+
+#[test]
+fn size_query_conventions() {
+    let mut a = sleeper();
+    let mut b = sleeper();
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[gpu]]\n[[process]]\npid = {}\ngpu = 0\nused_mib = 5\n[[process]]\npid = {}\ngpu = 0\n",
+        a.id(),
+        b.id()
+    ));
+    let raw = Raw::open();
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(c_uint, *mut Dev) -> u32;
+    type Procs3 = unsafe extern "C" fn(
+        Dev,
+        *mut c_uint,
+        *mut nvml_wrapper_sys::bindings::nvmlProcessInfo_t,
+    ) -> u32;
+    type Procs1 = unsafe extern "C" fn(
+        Dev,
+        *mut c_uint,
+        *mut nvml_wrapper_sys::bindings::nvmlProcessInfo_v1_t,
+    ) -> u32;
+    type PUtil = unsafe extern "C" fn(
+        Dev,
+        *mut nvml_wrapper_sys::bindings::nvmlProcessUtilizationSample_t,
+        *mut c_uint,
+        u64,
+    ) -> u32;
+    type Name = unsafe extern "C" fn(Dev, *mut c_char, c_uint) -> u32;
+    type Mem1 = unsafe extern "C" fn(Dev, *mut nvml_wrapper_sys::bindings::nvmlMemory_t) -> u32;
+    type ErrStr = unsafe extern "C" fn(u32) -> *const c_char;
+    type Stub = unsafe extern "C" fn() -> u32;
+    let init: Init = raw.f("nvmlInit_v2");
+    let shutdown: Init = raw.f("nvmlShutdown");
+    let by_index: ByIndex = raw.f("nvmlDeviceGetHandleByIndex_v2");
+    let procs3: Procs3 = raw.f("nvmlDeviceGetComputeRunningProcesses_v3");
+    let procs1: Procs1 = raw.f("nvmlDeviceGetComputeRunningProcesses");
+    let putil: PUtil = raw.f("nvmlDeviceGetProcessUtilization");
+    let name: Name = raw.f("nvmlDeviceGetName");
+    let mem1: Mem1 = raw.f("nvmlDeviceGetMemoryInfo");
+    let err_str: ErrStr = raw.f("nvmlErrorString");
+    let stub: Stub = raw.f("nvmlDeviceGetEccMode");
+    // SAFETY: calls with the C signatures of nvml.h and valid buffers.
+    unsafe {
+        let mut dev: Dev = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut dev), 1, "before init: UNINITIALIZED");
+        assert_eq!(stub(), 1);
+        assert_eq!(init(), 0);
+        assert_eq!(init(), 0, "init is reference counted");
+        assert_eq!(shutdown(), 0);
+        assert_eq!(by_index(0, &mut dev), 0);
+        let mut count: c_uint = 0;
+        assert_eq!(procs3(dev, &mut count, std::ptr::null_mut()), 7);
+        assert_eq!(count, 2);
+        let mut buf = vec![std::mem::zeroed(); 1];
+        count = 1;
+        assert_eq!(procs3(dev, &mut count, buf.as_mut_ptr()), 7);
+        assert_eq!(count, 2);
+        let mut buf: Vec<nvml_wrapper_sys::bindings::nvmlProcessInfo_t> =
+            vec![std::mem::zeroed(); 5];
+        count = 5;
+        assert_eq!(procs3(dev, &mut count, buf.as_mut_ptr()), 0);
+        assert_eq!(count, 2);
+        assert_eq!(buf[0].usedGpuMemory, 5 * MIB);
+        assert_eq!(buf[1].usedGpuMemory, u64::MAX, "NVML_VALUE_NOT_AVAILABLE");
+        assert_eq!(buf[0].gpuInstanceId, 0xFFFF_FFFF);
+        let mut v1: Vec<nvml_wrapper_sys::bindings::nvmlProcessInfo_v1_t> =
+            vec![std::mem::zeroed(); 2];
+        count = 2;
+        assert_eq!(procs1(dev, &mut count, v1.as_mut_ptr()), 0);
+        assert_eq!(v1[0].pid, a.id());
+        count = 0;
+        assert_eq!(putil(dev, std::ptr::null_mut(), &mut count, 0), 7);
+        assert_eq!(count, 2);
+        let mut m: nvml_wrapper_sys::bindings::nvmlMemory_t = std::mem::zeroed();
+        assert_eq!(mem1(dev, &mut m), 0);
+        assert_eq!(m.used, 5 * MIB);
+        assert_eq!(m.total - m.free, m.used);
+        let mut short = [0 as c_char; 4];
+        assert_eq!(name(dev, short.as_mut_ptr(), 4), 7);
+        let mut bad: Dev = std::ptr::null_mut();
+        assert_eq!(
+            name(bad, short.as_mut_ptr(), 4),
+            2,
+            "bad handle: INVALID_ARGUMENT"
+        );
+        assert_eq!(by_index(1, &mut bad), 0);
+        count = 0;
+        assert_eq!(
+            procs3(bad, &mut count, std::ptr::null_mut()),
+            0,
+            "no processes: SUCCESS"
+        );
+        assert_eq!(count, 0);
+        assert_eq!(
+            putil(bad, std::ptr::null_mut(), &mut count, 0),
+            6,
+            "NOT_FOUND"
+        );
+        assert_eq!(stub(), 3, "unmodelled: NOT_SUPPORTED");
+        assert_eq!(
+            CStr::from_ptr(err_str(9)).to_str().unwrap(),
+            "Driver Not Loaded"
+        );
+        assert_eq!(CStr::from_ptr(err_str(15)).to_str().unwrap(), "GPU is lost");
+        assert_eq!(
+            CStr::from_ptr(err_str(4)).to_str().unwrap(),
+            "Insufficient Permissions"
+        );
+        assert_eq!(shutdown(), 0);
+        assert_eq!(shutdown(), 1, "shut down twice: UNINITIALIZED");
+    }
+    drop(sim);
+    kill_and_reap(&mut a);
+    kill_and_reap(&mut b);
+}
+
+#[test]
+fn every_nvml_wrapper_sys_function_is_exported() {
+    let src = include_str!("../src/stubs.rs");
+    let raw = Raw::open();
+    let mut n = 0;
+    for name in src
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("nvml"))
+        .map(|l| l.split_whitespace().next().unwrap())
+    {
+        // SAFETY: only looking the symbol up.
+        assert!(
+            unsafe { raw.lib.get::<*const ()>(name.as_bytes()) }.is_ok(),
+            "{name}"
+        );
+        n += 1;
+    }
+    assert!(n > 300, "{n}");
+}
