@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use procfs::process::{Process, Stat};
+use procfs::FromRead;
+use procfs::process::{Process, Stat, Status};
 use serde::Serialize;
 
 use crate::owner::{Owner, parse_cgroup};
@@ -66,6 +67,7 @@ impl ProcState {
 pub struct HostProcess {
     pub confirmed: bool,
     pub unconfirmed_reason: Option<String>,
+    /// Effective uid, as `ps` shows it.
     pub uid: Option<u32>,
     pub user: Option<String>,
     pub comm: Option<String>,
@@ -156,6 +158,9 @@ pub struct ProcView {
     root: PathBuf,
     /// Whether PIDs under `root` are host PIDs, i.e. comparable with what NVML reports.
     host_pid_namespace: bool,
+    /// On procfs, /proc/PID is owned by the process's effective uid (root when the process is
+    /// not dumpable): one fstat instead of reading and parsing /proc/PID/status.
+    owner_is_uid: bool,
     uptime_seconds: f64,
     ticks_per_second: u64,
     users: UserNames,
@@ -173,6 +178,7 @@ impl ProcView {
     pub fn at(root: PathBuf, host_pid_namespace: bool, users: UserNames) -> io::Result<ProcView> {
         let uptime_seconds = read_uptime(&root.join("uptime"))?;
         Ok(ProcView {
+            owner_is_uid: is_procfs(&root),
             root,
             host_pid_namespace,
             uptime_seconds,
@@ -191,8 +197,7 @@ impl ProcView {
 
     /// Reads the host facts of each PID. User names are looked up once per distinct uid.
     pub fn processes(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
-        let mut facts: HashMap<u32, HostProcess> =
-            pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        let mut facts = self.read_in_parallel(pids);
         let mut names: HashMap<u32, Option<String>> = HashMap::new();
         for fact in facts.values_mut() {
             if let Some(uid) = fact.uid {
@@ -203,6 +208,37 @@ impl ProcView {
             }
         }
         facts
+    }
+
+    /// Reading /proc is kernel time (tens of microseconds a process on some VMs), so large
+    /// sets are split across cores; small ones are not worth a thread.
+    fn read_in_parallel(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
+        const PIDS_PER_THREAD: usize = 32;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(pids.len() / PIDS_PER_THREAD).max(1);
+        if threads == 1 {
+            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        }
+        let chunk = pids.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = pids
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|&pid| (pid, self.process(pid)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| match worker.join() {
+                    Ok(facts) => facts,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
     }
 
     /// Reads the host facts of one PID; `user` is left for [`ProcView::processes`] to fill.
@@ -220,22 +256,35 @@ impl ProcView {
 
     fn read_process(&self, pid: u32) -> Result<HostProcess, String> {
         let dir = self.root.join(pid.to_string());
+        // Every file is opened through this one directory handle, so all facts are of one
+        // process even if the pid is reused meanwhile.
         let process = Process::new_with_root(dir).map_err(|e| not_visible(pid, e))?;
-        let stat: Stat = process.stat().map_err(|e| not_visible(pid, e))?;
+        let stat = Stat::from_read(read_relative(&process, "stat", pid)?.as_slice())
+            .map_err(|e| not_visible(pid, e))?;
         if u32::try_from(stat.pid).ok() != Some(pid) {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
-        let status = process.status().map_err(|e| not_visible(pid, e))?;
-        let uid = status.ruid;
+        let uid = match process.uid() {
+            Ok(owner) if self.owner_is_uid && owner != 0 => owner,
+            // Root-owned: really root, or a non-dumpable process whose /proc entry the kernel
+            // gives to root. The status file tells them apart.
+            _ => {
+                Status::from_read(read_relative(&process, "status", pid)?.as_slice())
+                    .map_err(|e| not_visible(pid, e))?
+                    .euid
+            }
+        };
         // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
-        let argv = process.cmdline().unwrap_or_default();
+        let argv: Vec<String> = read_relative(&process, "cmdline", pid)
+            .unwrap_or_default()
+            .split(|&byte| byte == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
         let command = (!argv.is_empty()).then(|| argv.join(" "));
-        // Through the same directory handle as the other files, so all facts are of one process.
-        let cgroup = process.open_relative("cgroup").ok().and_then(|mut file| {
-            let mut text = String::new();
-            io::Read::read_to_string(&mut file, &mut text).ok()?;
-            Some(parse_cgroup(&text))
-        });
+        let cgroup = read_relative(&process, "cgroup", pid)
+            .ok()
+            .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
         let started = stat.starttime as f64 / self.ticks_per_second as f64;
         let age_seconds = (self.uptime_seconds - started).max(0.0) as u64;
         Ok(HostProcess {
@@ -257,6 +306,30 @@ impl ProcView {
             cgroup: cgroup.map(|c| c.path),
         })
     }
+}
+
+/// A whole /proc file, read through the process's directory handle, in as few syscalls as the
+/// kernel allows: procfs files report size 0, so `File::read_to_end` asks for the size and
+/// position first and then probes with 32-byte reads. A 4 KiB read takes most files at once.
+fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, String> {
+    let mut file = process
+        .open_relative(name)
+        .map_err(|e| not_visible(pid, e))?;
+    let mut bytes = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match io::Read::read(&mut file, &mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("cannot read /proc/{pid}/{name}: {e}")),
+        }
+    }
+    bytes.truncate(len);
+    Ok(bytes)
 }
 
 fn not_visible(pid: u32, error: procfs::ProcError) -> String {
@@ -282,6 +355,11 @@ fn read_uptime(path: &Path) -> io::Result<f64> {
                 format!("{}: no uptime", path.display()),
             )
         })
+}
+
+fn is_procfs(root: &Path) -> bool {
+    nix::sys::statfs::statfs(root)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
 }
 
 /// True when `root`'s own process is in the initial PID namespace.

@@ -34,20 +34,25 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let mut out = io::stdout().lock();
     let Some(interval) = args.watch else {
         let snapshot = Snapshot::take(&gpus, &options)?;
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &document(&snapshot))?;
-            writeln!(out)?;
+        // Rendered whole, then written once: stdout is line-buffered, and a pretty document
+        // written piecewise costs a syscall per line.
+        let text = if args.json {
+            let mut text = serde_json::to_string_pretty(&document(&snapshot))?;
+            text.push('\n');
+            text
         } else {
-            out.write_all(table(&snapshot, &style).as_bytes())?;
-        }
+            table(&snapshot, &style)
+        };
+        out.write_all(text.as_bytes())?;
         out.flush()?;
         return Ok(failed_gpus(&snapshot));
     };
     loop {
         let snapshot = Snapshot::take(&gpus, &options)?;
         if args.json {
-            serde_json::to_writer(&mut out, &document(&snapshot))?;
-            writeln!(out)?;
+            let mut line = serde_json::to_string(&document(&snapshot))?;
+            line.push('\n');
+            out.write_all(line.as_bytes())?;
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
