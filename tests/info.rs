@@ -341,3 +341,55 @@ fn nix_user() -> String {
         })
         .unwrap_or_else(|| uid.to_string())
 }
+
+#[test]
+fn in_another_pid_namespace_every_process_is_unconfirmed() {
+    // Creating a PID namespace needs privilege; CI runs as root. Elsewhere, say so and stop.
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: cannot create a PID namespace here (needs root and unshare)");
+        return;
+    }
+    let holder = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&format!(
+        "{}{}\n{}",
+        header(),
+        gpus(1),
+        process(holder.pid(), "0", 100)
+    ));
+    // Without --mount-proc, /proc is still the host's: only the namespace differs, so a pid
+    // that exists in /proc must still not be attributed.
+    let command = sim.gpuctl(&["info", "--json"]);
+    let gpuctl = command.get_program().to_owned();
+    let output = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--"])
+        .arg(gpuctl)
+        .args(["info", "--json"])
+        .envs(
+            command
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
+        .output()
+        .unwrap();
+    let run = crate::util::Run::from(output);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["host_pid_namespace"], false);
+    let p = &device(&doc, 0)["processes"][0];
+    assert_eq!(p["pid"], holder.pid());
+    assert_eq!(p["confirmed"], false);
+    assert!(
+        p["user"].is_null() && p["command"].is_null() && p["owner"].is_null(),
+        "{p}"
+    );
+    assert!(
+        p["unconfirmed_reason"]
+            .as_str()
+            .unwrap()
+            .contains("PID namespace"),
+        "{p}"
+    );
+}

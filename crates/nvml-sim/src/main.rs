@@ -198,21 +198,39 @@ fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec) -> Result<Standin, Stri
     Ok(Standin { pid, workers })
 }
 
-/// Stops the stand-ins (and their workers, which share their process group) and reaps them.
+/// Stops the stand-ins and their workers (which share the stand-in's process group) and reaps
+/// the stand-ins. Every signal goes to a group whose leader is our unreaped child: until it is
+/// reaped its pid, and so the group id, cannot be reused, so nothing else can be hit. Worker
+/// pids are never signalled one by one: one that exited may have been reused already.
 fn stop(standins: &[Standin]) {
     for s in standins {
-        // SAFETY: signalling a process group we created.
+        // SAFETY: signalling a process group we created, whose leader we have not reaped.
         unsafe { libc::kill(-s.pid, libc::SIGTERM) };
     }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     for s in standins {
+        while !leader_exited(s.pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Workers that ignored TERM, and a leader that did: the group still exists.
+        // SAFETY: as above; the leader is still unreaped.
+        unsafe { libc::kill(-s.pid, libc::SIGKILL) };
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(s.pid, &mut status, 0) };
-        for w in &s.workers {
-            // SAFETY: the worker is in the group we created; KILL in case it ignored TERM.
-            unsafe { libc::kill(*w, libc::SIGKILL) };
-        }
     }
+}
+
+/// Whether our child `pid` has exited, leaving it unreaped (WNOWAIT).
+fn leader_exited(pid: i32) -> bool {
+    // SAFETY: siginfo_t is plain data that waitid fills in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: waitid on our own child, writing into `info` which we own.
+    let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) };
+    // With WNOHANG, si_pid stays 0 while the child runs; an error means there is nothing to
+    // wait for.
+    r != 0 || unsafe { info.si_pid() } != 0
 }
 
 // -------------------------------------------------------------------------------------------
