@@ -191,10 +191,6 @@ impl ProcView {
         self.host_pid_namespace
     }
 
-    pub fn ticks_per_second(&self) -> u64 {
-        self.ticks_per_second
-    }
-
     /// Reads the host facts of each PID. User names are looked up once per distinct uid.
     pub fn processes(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
         let mut facts = self.read_in_parallel(pids);

@@ -49,10 +49,6 @@ impl Gpus {
         })
     }
 
-    pub fn library(&self) -> &str {
-        &self.library
-    }
-
     pub(crate) fn nvml(&self) -> &Nvml {
         &self.nvml
     }

@@ -137,7 +137,12 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     title.extend(gpu.name.clone());
     title.extend(gpu.pci_bus_id.clone());
     title.extend(gpu.uuid.clone());
-    out.push_str(&style.paint(Color::Bold, &title.join(dot)));
+    let title = title.join(dot);
+    let title = match style.width {
+        Some(width) => render::cut(&title, width.saturating_sub(1), style.unicode),
+        None => title,
+    };
+    out.push_str(&style.paint(Color::Bold, &title));
     match gpu.status {
         GpuStatus::Ok => {}
         GpuStatus::Lost | GpuStatus::Error => {
@@ -191,8 +196,8 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     if let Some(mode) = gpu.compute_mode {
         figures.push(format!("compute {mode}"));
     }
-    if !figures.is_empty() {
-        out.push_str(&format!("  {}\n", figures.join("   ")));
+    for line in pack(&figures, style.width) {
+        out.push_str(&format!("  {line}\n"));
     }
 
     let unattributed = gpu
@@ -204,6 +209,40 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
         return;
     }
     process_table(out, &gpu.processes, unattributed, style);
+}
+
+/// Joins figures with three spaces, starting a new line where the next would pass `width`
+/// (colors do not count: they take no columns).
+fn pack(figures: &[String], width: Option<usize>) -> Vec<String> {
+    let room = width.map_or(usize::MAX, |w| w.saturating_sub(3));
+    let mut lines: Vec<(String, usize)> = Vec::new();
+    for figure in figures {
+        let len = visible_len(figure);
+        match lines.last_mut() {
+            Some((line, used)) if *used + 3 + len <= room => {
+                line.push_str("   ");
+                line.push_str(figure);
+                *used += 3 + len;
+            }
+            _ => lines.push((figure.clone(), len)),
+        }
+    }
+    lines.into_iter().map(|(line, _)| line).collect()
+}
+
+/// Characters a terminal shows: ANSI color sequences skipped.
+fn visible_len(text: &str) -> usize {
+    let mut len = 0;
+    let mut in_escape = false;
+    for c in text.chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => len += 1,
+        }
+    }
+    len
 }
 
 struct Row {
@@ -344,5 +383,28 @@ fn row(process: &GpuProcess) -> Row {
         command,
         state_color,
         dim: !host.confirmed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_pack_into_the_width_ignoring_colors() {
+        let figures: Vec<String> = ["\x1b[32maaaa\x1b[0m", "bbbb", "cccc"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            pack(&figures, None),
+            vec!["\x1b[32maaaa\x1b[0m   bbbb   cccc"]
+        );
+        // 4 + 3 + 4 = 11 columns fit in 14 - 3; the third figure starts a new line.
+        assert_eq!(
+            pack(&figures, Some(14)),
+            vec!["\x1b[32maaaa\x1b[0m   bbbb", "cccc"]
+        );
+        assert_eq!(pack(&figures, Some(1)).len(), 3);
+        assert_eq!(visible_len("\x1b[1mGPU\x1b[0m"), 3);
     }
 }
