@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
     /// The NVML library could not be loaded or initialised.
-    #[error("NVML is unavailable: {reason} (library: {library}). {hint}")]
+    #[error("NVML is unavailable ({library}): {reason}. {hint}")]
     NvmlUnavailable {
         library: String,
         reason: String,

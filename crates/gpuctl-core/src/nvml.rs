@@ -189,8 +189,17 @@ fn present(uuids: &[Option<String>]) -> String {
 
 fn unavailable(library: &str, error: NvmlError) -> CoreError {
     let (reason, hint) = match &error {
-        NvmlError::LibloadingError(_) => (
-            "the NVIDIA management library could not be loaded".to_string(),
+        NvmlError::LibloadingError(cause) => (
+            // The loader says why: not found, wrong architecture, not a shared object.
+            {
+                let detail = std::error::Error::source(cause)
+                    .map_or_else(|| cause.to_string(), |s| s.to_string());
+                let detail = detail
+                    .strip_prefix(&format!("{library}: "))
+                    .unwrap_or(&detail)
+                    .to_string();
+                format!("the NVIDIA management library could not be loaded: {detail}")
+            },
             "Check that the NVIDIA driver is installed (ldconfig -p | grep libnvidia-ml), or set GPUCTL_NVML_LIB to the library's path.",
         ),
         NvmlError::DriverNotLoaded => (
