@@ -2,6 +2,8 @@
 //! require every field and forbid unknown ones, so a field added, renamed or dropped without
 //! a schema change fails here.
 
+use std::os::unix::process::CommandExt;
+
 use serde_json::{Map, Value};
 
 use crate::util::{Proc, Sim};
@@ -174,4 +176,52 @@ fn the_validator_rejects_unknown_and_missing_fields() {
     let mut wrong = doc;
     wrong["schema"] = Value::from(2);
     assert!(validate(&schema, &schema, &wrong, "$").is_err());
+}
+
+#[test]
+fn kill_and_clear_json_match_their_schema() {
+    // A crashed run's two workers: their group leader (a process of its own group) is killed.
+    let mut leader = std::process::Command::new("sh")
+        .args(["-c", "sleep 60 & first=$!; sleep 60 & echo $first $!; wait"])
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(leader.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let workers: Vec<u32> = line
+        .split_whitespace()
+        .map(|pid| pid.parse().unwrap())
+        .collect();
+    let _ = leader.kill();
+    let _ = leader.wait();
+    let alone = Proc::sleeper("python3", &["eval.py"]);
+    let scenario = format!(
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\nleaked_mib = 512\n\
+         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
+         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
+         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n",
+        workers[0],
+        workers[1],
+        alone.pid()
+    );
+    let sim = Sim::new(&scenario);
+    let schema = schema("reclaim-v1.schema.json");
+    for args in [
+        vec!["clear", "--dry-run"],
+        vec!["kill", "--pid", "1", "--dry-run"],
+        vec!["kill", "--pid", &alone.pid().to_string(), "--timeout", "2s"],
+        vec!["clear", "--timeout", "2s", "--wait=1s"],
+    ] {
+        let run = sim.run(&[args.as_slice(), &["--json"]].concat());
+        let doc: Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", run.stdout, run.stderr));
+        validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+    // No cleanup by pid: the workers were reclaimed above, and a pid once freed may already
+    // belong to someone else. A straggler ends by itself within a minute.
 }

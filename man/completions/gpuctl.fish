@@ -30,6 +30,8 @@ never\t''"
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -s h -l help -d 'Print help'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -s V -l version -d 'Print version'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id. Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted' -r
@@ -38,5 +40,35 @@ always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (schema version in its `schema` field; see docs/json.md). With --watch, one document per line at each refresh'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id). Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l user -d 'Processes of this user (name or uid). Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l min-mem -d 'Processes holding at least SIZE of GPU memory in all (512MiB, 40GiB, 1.5GB)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l older-than -d 'Processes running for at least DURATION (90s, 2h, 3d)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l signal -d 'The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l timeout -d 'How long to wait for the process to exit after the first signal before SIGKILL, and for NVML to show its memory released (10s, 500ms, 2m)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l stale -d 'Leftovers of crashed runs, as `gpuctl clear` finds them'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l all -d 'Every GPU process the other selectors allow. Needs --yes, or a confirmation on a terminal'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s y -l yes -d 'Do not ask before signalling several users\' processes, or with --all'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l dry-run -d 'Print what would be signalled and why, and signal nothing'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l gpu -d 'Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l wait -d 'Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l min-free -d 'What --wait waits for: at least this much free memory on each selected GPU, as a size (130GiB) or a percentage of its memory (90%). Default: no process left on the GPU and under 256 MiB in use' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l signal -d 'The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l timeout -d 'How long to wait for the process to exit after the first signal before SIGKILL, and for NVML to show its memory released (10s, 500ms, 2m)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l include-stopped -d 'Also reclaim stopped processes (state T)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l dry-run -d 'Print what would be reclaimed and why, and signal nothing'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

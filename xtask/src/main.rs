@@ -58,7 +58,10 @@ fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
     let mut page = Vec::new();
     clap_mangen::Man::new(command.clone()).render(&mut page)?;
     files.push((PathBuf::from("man/gpuctl.1"), page));
-    for sub in command.get_subcommands() {
+    for sub in command
+        .get_subcommands()
+        .filter(|sub| sub.get_name() != "help")
+    {
         let name = format!("gpuctl-{}", sub.get_name());
         let sub = sub
             .clone()

@@ -118,6 +118,40 @@ impl HostProcess {
     }
 }
 
+/// The state of a process group's leader, seen from a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaderState {
+    /// The process leads its own group.
+    Itself,
+    Alive,
+    /// Exited, not yet reaped.
+    Zombie,
+    /// No such process, or its number now belongs to a process of another group.
+    Gone,
+}
+
+/// A process related to a GPU process (its parent), as /proc shows it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Relative {
+    pub pid: u32,
+    pub pgid: u32,
+    pub sid: u32,
+    pub comm: String,
+    pub state: ProcState,
+}
+
+/// Whether the run a process belongs to is still there: the evidence classification reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lineage {
+    pub leader: LeaderState,
+    /// `None` when the parent cannot be read (pid 0, or it exited just now).
+    pub parent: Option<Relative>,
+    /// Children that are not zombies; `None` where the kernel does not list children
+    /// (CONFIG_PROC_CHILDREN) or they were not asked for.
+    pub live_children: Option<u32>,
+}
+
 /// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
 /// resolve), or from a fixed table (golden tests over fixture trees).
 #[derive(Debug, Clone)]
@@ -248,6 +282,68 @@ impl ProcView {
             Ok(fact) => fact,
             Err(reason) => HostProcess::unconfirmed(reason),
         }
+    }
+
+    /// The lineage of a confirmed process: its group leader and parent, and, when
+    /// `with_children`, how many live children it has. `None` for an unconfirmed process.
+    pub fn lineage(&self, pid: u32, host: &HostProcess, with_children: bool) -> Option<Lineage> {
+        if !host.confirmed {
+            return None;
+        }
+        let (pgid, ppid) = (host.pgid?, host.ppid?);
+        let leader = if pgid == pid {
+            LeaderState::Itself
+        } else {
+            match self.relative(pgid) {
+                None => LeaderState::Gone,
+                // The number was reused by a process that does not lead this group.
+                Some(leader) if leader.pgid != pgid => LeaderState::Gone,
+                Some(leader) if matches!(leader.state, ProcState::Zombie | ProcState::Dead) => {
+                    LeaderState::Zombie
+                }
+                Some(_) => LeaderState::Alive,
+            }
+        };
+        let parent = (ppid != 0).then(|| self.relative(ppid)).flatten();
+        let live_children = with_children.then(|| self.live_children(pid)).flatten();
+        Some(Lineage {
+            leader,
+            parent,
+            live_children,
+        })
+    }
+
+    fn relative(&self, pid: u32) -> Option<Relative> {
+        let process = Process::new_with_root(self.root.join(pid.to_string())).ok()?;
+        let stat = Stat::from_read(read_relative(&process, "stat", pid).ok()?.as_slice()).ok()?;
+        Some(Relative {
+            pid,
+            pgid: u32::try_from(stat.pgrp).ok()?,
+            sid: u32::try_from(stat.session).ok()?,
+            comm: stat.comm,
+            state: ProcState::from_letter(stat.state),
+        })
+    }
+
+    /// Children of every thread (a child belongs to the thread that forked it).
+    fn live_children(&self, pid: u32) -> Option<u32> {
+        let process = Process::new_with_root(self.root.join(pid.to_string())).ok()?;
+        let mut live = 0;
+        let mut listed = false;
+        for task in process.tasks().ok()?.flatten() {
+            let Ok(children) = task.children() else {
+                continue;
+            };
+            listed = true;
+            live += children
+                .into_iter()
+                .filter(|&child| {
+                    self.relative(child)
+                        .is_some_and(|c| !matches!(c.state, ProcState::Zombie | ProcState::Dead))
+                })
+                .count() as u32;
+        }
+        listed.then_some(live)
     }
 
     fn read_process(&self, pid: u32) -> Result<HostProcess, String> {

@@ -4,11 +4,15 @@
 //! later stages classify, select, plan, act and verify on top of it. This crate knows nothing
 //! of terminals, argument parsing or systemd.
 
+pub mod act;
+pub mod classify;
 pub mod error;
 pub mod host;
 pub mod nvml;
 pub mod owner;
+pub mod reclaim;
 pub mod snapshot;
+pub mod units;
 
 pub use error::{CoreError, Result};
 pub use snapshot::{Snapshot, SnapshotOptions};

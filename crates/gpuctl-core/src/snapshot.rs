@@ -13,13 +13,16 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use serde::Serialize;
 
 use crate::error::{CoreError, Result};
-use crate::host::{HostProcess, ProcView};
+use crate::host::{HostProcess, LeaderState, Lineage, ProcView};
 use crate::nvml::{Gpus, describe};
 
 /// What to take. `gpus: None` takes every GPU.
 #[derive(Debug, Clone, Default)]
 pub struct SnapshotOptions {
     pub gpus: Option<Vec<u32>>,
+    /// Per-process utilization is the highest sample in this window before now (activity is
+    /// evidence of life); `None` reads whatever the driver still buffers.
+    pub utilization_window: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,7 +99,8 @@ pub struct GpuProcess {
     pub used_bytes: Option<u64>,
     #[serde(rename = "type")]
     pub kind: ProcessType,
-    /// Latest per-process SM utilization sample, where the driver keeps one.
+    /// Highest per-process SM utilization sampled in the window; 0 when the driver has no
+    /// sample for it, `None` where the driver does not report per-process utilization.
     pub sm_util_pct: Option<u32>,
     #[serde(flatten)]
     pub host: HostProcess,
@@ -118,7 +122,16 @@ impl Snapshot {
             Some(indices) => indices.clone(),
             None => (0..gpus.count()?).collect(),
         };
-        let mut devices: Vec<GpuSnapshot> = indices.iter().map(|&i| read_gpu(gpus, i)).collect();
+        let since_us = options.utilization_window.map(|window| {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            now.saturating_sub(window).as_micros() as u64
+        });
+        let mut devices: Vec<GpuSnapshot> = indices
+            .iter()
+            .map(|&i| read_gpu(gpus, i, since_us))
+            .collect();
 
         let mut pids: Vec<u32> = devices
             .iter()
@@ -151,8 +164,32 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// The lineage of every confirmed process, the evidence classification reads. Children
+    /// are counted only where the group leader is gone: a healthy run costs one read of its
+    /// leader and parent.
+    pub fn lineages(&self, view: &ProcView) -> HashMap<u32, Lineage> {
+        let mut lineages = HashMap::new();
+        for process in self.devices.iter().flat_map(|gpu| &gpu.processes) {
+            if lineages.contains_key(&process.pid) {
+                continue;
+            }
+            let Some(mut lineage) = view.lineage(process.pid, &process.host, false) else {
+                continue;
+            };
+            if matches!(lineage.leader, LeaderState::Gone | LeaderState::Zombie) {
+                lineage = view
+                    .lineage(process.pid, &process.host, true)
+                    .unwrap_or(lineage);
+            }
+            lineages.insert(process.pid, lineage);
+        }
+        lineages
+    }
+}
+
 /// Reads one GPU. Failures stay inside the returned entry so the other GPUs are still shown.
-fn read_gpu(gpus: &Gpus, index: u32) -> GpuSnapshot {
+fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> GpuSnapshot {
     let mut gpu = GpuSnapshot {
         index,
         uuid: None,
@@ -176,14 +213,18 @@ fn read_gpu(gpus: &Gpus, index: u32) -> GpuSnapshot {
             return gpu;
         }
     };
-    if let Err(error) = read_gpu_fields(&device, &mut gpu) {
+    if let Err(error) = read_gpu_fields(&device, &mut gpu, since_us) {
         gpu.fail(&error, "query failed");
     }
     gpu
 }
 
 /// Fields a GPU does not support stay `None`; a lost GPU stops the reading.
-fn read_gpu_fields(device: &Device<'_>, gpu: &mut GpuSnapshot) -> Result<(), NvmlError> {
+fn read_gpu_fields(
+    device: &Device<'_>,
+    gpu: &mut GpuSnapshot,
+    since_us: Option<u64>,
+) -> Result<(), NvmlError> {
     gpu.uuid = optional(device.uuid())?;
     gpu.name = optional(device.name())?;
     gpu.pci_bus_id = optional(device.pci_info())?.map(|pci| pci.bus_id);
@@ -211,7 +252,7 @@ fn read_gpu_fields(device: &Device<'_>, gpu: &mut GpuSnapshot) -> Result<(), Nvm
         }
         (Ok(compute), Ok(graphics)) => (compute, graphics),
     };
-    let utilization = sm_utilization(device);
+    let utilization = sm_utilization(device, since_us);
     gpu.processes = merge_processes(compute, graphics, &utilization);
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
@@ -256,22 +297,26 @@ fn process_list(
     }
 }
 
-fn sm_utilization(device: &Device<'_>) -> HashMap<u32, u32> {
-    // Samples come oldest first; the newest per pid wins. "Not found" means no samples.
-    let mut latest: HashMap<u32, (u64, u32)> = HashMap::new();
-    for sample in device.process_utilization_stats(None).unwrap_or_default() {
-        let entry = latest.entry(sample.pid).or_insert((0, 0));
-        if sample.timestamp >= entry.0 {
-            *entry = (sample.timestamp, sample.sm_util);
-        }
+/// Highest SM sample per pid since `since_us`. `Some(empty map)`: the driver keeps samples and
+/// has none, so every process was idle; `None`: this GPU or driver does not report them.
+fn sm_utilization(device: &Device<'_>, since_us: Option<u64>) -> Option<HashMap<u32, u32>> {
+    let samples = match device.process_utilization_stats(since_us) {
+        Ok(samples) => samples,
+        Err(NvmlError::NotFound) => Vec::new(),
+        Err(_) => return None,
+    };
+    let mut highest: HashMap<u32, u32> = HashMap::new();
+    for sample in samples {
+        let entry = highest.entry(sample.pid).or_insert(0);
+        *entry = (*entry).max(sample.sm_util);
     }
-    latest.into_iter().map(|(pid, (_, sm))| (pid, sm)).collect()
+    Some(highest)
 }
 
 fn merge_processes(
     compute: Vec<ProcessInfo>,
     graphics: Vec<ProcessInfo>,
-    utilization: &HashMap<u32, u32>,
+    utilization: &Option<HashMap<u32, u32>>,
 ) -> Vec<GpuProcess> {
     let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
     let lists = [
@@ -295,7 +340,9 @@ fn merge_processes(
                     pid: info.pid,
                     used_bytes: used,
                     kind,
-                    sm_util_pct: utilization.get(&info.pid).copied(),
+                    sm_util_pct: utilization
+                        .as_ref()
+                        .map(|samples| samples.get(&info.pid).copied().unwrap_or(0)),
                     host: HostProcess::unconfirmed("not read"),
                 });
         }
@@ -337,7 +384,7 @@ mod tests {
 
     #[test]
     fn merges_compute_and_graphics_by_pid() {
-        let utilization = HashMap::from([(7, 55)]);
+        let utilization = Some(HashMap::from([(7, 55)]));
         let merged = merge_processes(
             vec![info(7, Some(100)), info(9, Some(300))],
             vec![info(7, Some(100)), info(11, None)],
@@ -350,23 +397,19 @@ mod tests {
         assert_eq!(
             summary,
             vec![
-                (9, Some(300), ProcessType::Compute, None),
+                (9, Some(300), ProcessType::Compute, Some(0)),
                 (7, Some(100), ProcessType::ComputeAndGraphics, Some(55)),
-                (11, None, ProcessType::Graphics, None),
+                (11, None, ProcessType::Graphics, Some(0)),
             ]
         );
     }
 
     #[test]
     fn unattributed_is_used_minus_processes_and_unknown_when_a_size_is() {
-        let known = merge_processes(
-            vec![info(1, Some(100)), info(2, Some(50))],
-            vec![],
-            &HashMap::new(),
-        );
+        let known = merge_processes(vec![info(1, Some(100)), info(2, Some(50))], vec![], &None);
         assert_eq!(unattributed(1000, &known), Some(850));
         assert_eq!(unattributed(100, &known), Some(0));
-        let unknown = merge_processes(vec![info(1, None)], vec![], &HashMap::new());
+        let unknown = merge_processes(vec![info(1, None)], vec![], &None);
         assert_eq!(unattributed(1000, &unknown), None);
     }
 }

@@ -3,13 +3,18 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use gpuctl_core::act::Signal;
+use gpuctl_core::units::{self, Amount};
 
 pub const EXIT_CODES: &str = "\
 Exit status:
   0  success
-  1  the operation failed (info: a GPU is lost or cannot be read; the others are shown)
-  2  usage error (bad option, bad value, unknown GPU)
+  1  the operation failed (info: a GPU is lost or cannot be read, the others are shown;
+     kill, clear: a selected process was skipped, refused, survived, or its memory is
+     still held)
+  2  usage error (bad option, bad value, unknown GPU or user, a needed --yes missing)
   3  NVML or the NVIDIA driver is unavailable
+  4  clear --wait: the GPUs were not free by the deadline
 
 Environment:
   GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals)
@@ -44,6 +49,142 @@ pub enum Command {
     /// command. A process that cannot be tied to a local process (another PID namespace,
     /// hidden /proc) is shown as unconfirmed, never attributed to another process.
     Info(InfoArgs),
+
+    /// Terminate GPU processes by selector, safely.
+    ///
+    /// Selectors combine as AND (repeat one to widen it); at least one is required, never an
+    /// implicit "everything". Each process is signalled by identity (pid and start time,
+    /// through a pidfd), SIGTERM first, then SIGKILL after --timeout; then NVML is checked
+    /// until it left the GPU and its memory was released. Never signalled: init, gpuctl and
+    /// its ancestors, protected daemons (nvidia-persistenced, nv-hostengine,
+    /// nvidia-fabricmanager, display servers), and, unless root, other users' processes.
+    Kill(KillArgs),
+
+    /// Reclaim GPU memory that crashed runs left behind; with --wait, until it is free.
+    ///
+    /// The pre-run step of a job launcher. Reclaims processes whose run died (orphaned
+    /// workers, idle, with evidence that their run crashed) and zombie holders; with
+    /// --include-stopped, stopped processes too. Only the caller's own processes, or
+    /// everyone's as root. What is only suspicious (a lone idle orphan that may be a
+    /// background job, a process stuck in D state, memory no process accounts for) is
+    /// reported, never acted on.
+    Clear(ClearArgs),
+}
+
+/// How targets are ended.
+#[derive(Debug, Clone, Args)]
+pub struct SignalArgs {
+    /// The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...).
+    #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = parse_signal)]
+    pub signal: Signal,
+
+    /// How long to wait for the process to exit after the first signal before SIGKILL, and
+    /// for NVML to show its memory released (10s, 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KillArgs {
+    /// Processes on this GPU (index, UUID or bus id). Repeat for several.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+
+    /// This process. Repeat for several. A pid that is not using a GPU is refused.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Processes of this user (name or uid). Repeat for several.
+    #[arg(long = "user", value_name = "USER")]
+    pub users: Vec<String>,
+
+    /// Leftovers of crashed runs, as `gpuctl clear` finds them.
+    #[arg(long)]
+    pub stale: bool,
+
+    /// Processes holding at least SIZE of GPU memory in all (512MiB, 40GiB, 1.5GB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_mem: Option<u64>,
+
+    /// Processes running for at least DURATION (90s, 2h, 3d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+
+    /// Every GPU process the other selectors allow. Needs --yes, or a confirmation on a
+    /// terminal.
+    #[arg(long)]
+    pub all: bool,
+
+    #[command(flatten)]
+    pub how: SignalArgs,
+
+    /// Do not ask before signalling several users' processes, or with --all.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+
+    /// Print what would be signalled and why, and signal nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print one JSON document (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ClearArgs {
+    /// Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+
+    /// Also reclaim stopped processes (state T).
+    #[arg(long)]
+    pub include_stopped: bool,
+
+    /// Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT
+    /// (default 60s). Not free by then: exit status 4.
+    #[arg(
+        long,
+        value_name = "TIMEOUT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "60s",
+        value_parser = parse_duration
+    )]
+    pub wait: Option<Duration>,
+
+    /// What --wait waits for: at least this much free memory on each selected GPU, as a size
+    /// (130GiB) or a percentage of its memory (90%). Default: no process left on the GPU and
+    /// under 256 MiB in use.
+    #[arg(long, value_name = "AMOUNT", value_parser = parse_amount, requires = "wait")]
+    pub min_free: Option<Amount>,
+
+    #[command(flatten)]
+    pub how: SignalArgs,
+
+    /// Print what would be reclaimed and why, and signal nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print one JSON document (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_signal(text: &str) -> Result<Signal, String> {
+    Signal::parse(text)
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    units::parse_size(text)
+}
+
+fn parse_amount(text: &str) -> Result<Amount, String> {
+    units::parse_amount(text)
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    units::parse_duration(text)
 }
 
 #[derive(Debug, Clone, Default, Args)]

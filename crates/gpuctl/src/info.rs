@@ -30,6 +30,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         gpus: (!args.gpus.is_empty())
             .then(|| gpus.resolve(&args.gpus))
             .transpose()?,
+        ..SnapshotOptions::default()
     };
     let mut out = io::stdout().lock();
     let Some(interval) = args.watch else {

@@ -1,6 +1,7 @@
 //! gpuctl: see who holds GPU memory on shared NVIDIA servers, and get it back safely.
 
 mod info;
+mod reclaim;
 mod render;
 
 use std::io::{self, Write};
@@ -19,7 +20,21 @@ pub enum Exit {
     Failed = 1,
     Usage = 2,
     NvmlUnavailable = 3,
+    /// `clear --wait`: the GPUs were not free by the deadline.
+    NotClean = 4,
 }
+
+/// A request that cannot be carried out as given (exit status 2).
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -37,6 +52,8 @@ fn main() -> ExitCode {
     let color = render::Style::choose(cli.color);
     let result = match cli.command.unwrap_or(Command::Info(Default::default())) {
         Command::Info(args) => info::run(&args, color),
+        Command::Kill(args) => reclaim::run_kill(&args, color),
+        Command::Clear(args) => reclaim::run_clear(&args, color),
     };
     match result {
         Ok(exit) => ExitCode::from(exit as u8),
@@ -80,6 +97,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
     let exit = match error.downcast_ref::<CoreError>() {
         Some(CoreError::NvmlUnavailable { .. }) => Exit::NvmlUnavailable,
         Some(CoreError::GpuSelector(_)) => Exit::Usage,
+        _ if error.downcast_ref::<Usage>().is_some() => Exit::Usage,
         _ => Exit::Failed,
     };
     let message = format!("{error:#}").replace('\n', " ");

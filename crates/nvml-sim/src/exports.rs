@@ -44,10 +44,10 @@ fn with_dev(
         if index >= s.scenario.gpus.len() || s.gpu(index).lost {
             return NVML_ERROR_GPU_IS_LOST;
         }
-        if let Some(feature) = feature {
-            if !s.gpu(index).supports(feature) {
-                return NVML_ERROR_NOT_SUPPORTED;
-            }
+        if let Some(feature) = feature
+            && !s.gpu(index).supports(feature)
+        {
+            return NVML_ERROR_NOT_SUPPORTED;
         }
         f(s, index)
     })

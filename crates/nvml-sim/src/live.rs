@@ -21,10 +21,10 @@ pub struct LiveCache {
 
 impl LiveCache {
     pub fn is_alive(&mut self, pid: u32, now: Instant) -> bool {
-        if let Some((at, alive)) = self.map.get(&pid) {
-            if now.duration_since(*at) < TTL {
-                return *alive;
-            }
+        if let Some((at, alive)) = self.map.get(&pid)
+            && now.duration_since(*at) < TTL
+        {
+            return *alive;
         }
         let alive = probe(pid);
         if self.map.len() > 16384 {

@@ -632,10 +632,10 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
                 return Err(format!("{at}: gpu {g} is listed twice"));
             }
         }
-        if let Some(pid) = p.pid {
-            if pid == 0 || pid > i32::MAX as u32 {
-                return Err(format!("{at}: pid must be in 1..={}", i32::MAX));
-            }
+        if let Some(pid) = p.pid
+            && (pid == 0 || pid > i32::MAX as u32)
+        {
+            return Err(format!("{at}: pid must be in 1..={}", i32::MAX));
         }
         match (&p.spawn, p.pid) {
             (None, None) => return Err(format!("{at}: needs a pid or a spawn list")),

@@ -41,7 +41,7 @@ pub fn index_of(handle: nvmlDevice_t) -> Option<usize> {
     let base = DEVICES.as_ptr() as usize;
     let p = handle as usize;
     let size = std::mem::size_of::<DeviceSlot>();
-    if p < base || p >= base + size * MAX_GPUS || (p - base) % size != 0 {
+    if p < base || p >= base + size * MAX_GPUS || !(p - base).is_multiple_of(size) {
         return None;
     }
     Some((p - base) / size)
@@ -224,10 +224,10 @@ impl Sim {
     /// answer is reused for at most [`crate::live::TTL`] (the liveness cache's lifetime).
     pub fn gpu_now(&mut self, index: usize) -> GpuNow {
         let now = Instant::now();
-        if let Some(Some((at, view))) = self.views.get(index) {
-            if now.duration_since(*at) < crate::live::TTL {
-                return view.clone();
-            }
+        if let Some(Some((at, view))) = self.views.get(index)
+            && now.duration_since(*at) < crate::live::TTL
+        {
+            return view.clone();
         }
         let view = self.compute_gpu_now(index, now);
         if self.views.len() < self.scenario.gpus.len() {

@@ -1,0 +1,760 @@
+//! Stale-run classification: a pure function from snapshot facts to findings, each with a
+//! reason a person can read. Nothing here reads /proc or NVML or acts.
+//!
+//! Ancestry alone does not prove a run died: `nohup python train.py &` in a launcher script
+//! leaves a process whose parent is init and whose group leader (the script) is gone, yet it
+//! is the run itself. So activity counts as evidence of life (busy on the GPU in the sampling
+//! window, or live children of its own), and an orphan is reclaimed only with positive
+//! evidence that its run died. Without that evidence it is reported, not reclaimed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::act::Identity;
+use crate::host::{LeaderState, Lineage, ProcState};
+use crate::snapshot::{GpuProcess, Snapshot};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Its run died: group leader gone and reparented out of the run.
+    Orphaned,
+    /// A zombie still listed on a GPU.
+    ZombieHolder,
+    /// Stopped (state T).
+    Stopped,
+    /// In uninterruptible sleep (D): signals cannot end it.
+    Uninterruptible,
+    /// GPU memory in use that no process accounts for.
+    Unattributed,
+}
+
+/// What may be done about a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The evidence is strong: `gpuctl clear` (and the watchdog, after its grace) ends it.
+    Reclaim,
+    /// Shown, never acted on automatically; a person may still `gpuctl kill --pid` it.
+    Report,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub kind: Kind,
+    pub verdict: Verdict,
+    /// The process, for process findings; `None` for unattributed memory.
+    pub identity: Option<Identity>,
+    /// GPU indices it concerns.
+    pub gpus: Vec<u32>,
+    /// GPU memory it holds (summed over its GPUs), where known.
+    pub bytes: Option<u64>,
+    pub reason: String,
+}
+
+/// What the watchdog has seen over time; the CLI has none.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Processes whose parent was seen alive and then gone while they stayed on a GPU.
+    pub parent_died: HashSet<Identity>,
+    /// How long each process has been seen stopped.
+    pub stopped_for: HashMap<Identity, Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Stopped processes are reclaimable: `clear --include-stopped`, or the watchdog's
+    /// `reclaim = ["stopped"]`.
+    pub include_stopped: bool,
+    /// With history, a process must have been stopped this long to be reclaimed.
+    pub stopped_after: Duration,
+    /// Unattributed memory below this is noise (driver bookkeeping), not a finding.
+    pub unattributed_min_bytes: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            include_stopped: false,
+            stopped_after: Duration::from_secs(300),
+            unattributed_min_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// One process across the GPUs it is on.
+struct Held<'a> {
+    process: &'a GpuProcess,
+    gpus: Vec<u32>,
+    bytes: Option<u64>,
+    /// Highest SM utilization on any of its GPUs; `None` if some GPU does not report it.
+    busy_pct: Option<u32>,
+}
+
+/// Findings for every process and GPU of `snapshot`. `lineages` holds the lineage of each
+/// confirmed process (children counted for those whose group leader is gone).
+pub fn classify(
+    snapshot: &Snapshot,
+    lineages: &HashMap<u32, Lineage>,
+    history: Option<&History>,
+    policy: &Policy,
+) -> Vec<Finding> {
+    let held = holders(snapshot);
+    let orphans: Vec<(&Held, &Lineage)> = held
+        .values()
+        .filter_map(|h| Some((h, lineages.get(&h.process.pid)?)))
+        .filter(|(h, lineage)| is_reparented_orphan(h.process, lineage))
+        .collect();
+    // Idle orphans per process group: several workers of one dead run look alike.
+    let mut idle_orphans_per_group: HashMap<u32, usize> = HashMap::new();
+    for (h, lineage) in &orphans {
+        if h.busy_pct == Some(0) && lineage.live_children == Some(0) {
+            *idle_orphans_per_group
+                .entry(h.process.host.pgid.unwrap_or(0))
+                .or_default() += 1;
+        }
+    }
+
+    let mut findings = Vec::new();
+    for h in held.values() {
+        let host = &h.process.host;
+        let (Some(state), Some(start_ticks)) = (host.state, host.start_ticks) else {
+            continue; // unconfirmed: nothing is known, so nothing is judged
+        };
+        let identity = Identity {
+            pid: h.process.pid,
+            start_ticks,
+        };
+        let finding = |kind, verdict, reason: String| Finding {
+            kind,
+            verdict,
+            identity: Some(identity),
+            gpus: h.gpus.clone(),
+            bytes: h.bytes,
+            reason,
+        };
+        match state {
+            ProcState::DiskSleep => findings.push(finding(
+                Kind::Uninterruptible,
+                Verdict::Report,
+                "in uninterruptible sleep (D): no signal can end it until the kernel call \
+                 returns; if it never does, reset the GPU once nothing else uses it"
+                    .into(),
+            )),
+            ProcState::Zombie | ProcState::Dead => {
+                let threads = host.threads.unwrap_or(1);
+                if threads > 1 {
+                    findings.push(finding(
+                        Kind::ZombieHolder,
+                        Verdict::Reclaim,
+                        format!(
+                            "zombie holder: its main thread exited but {} other thread{} \
+                             still hold the GPU context",
+                            threads - 1,
+                            if threads == 2 { "" } else { "s" }
+                        ),
+                    ));
+                } else {
+                    let parent = host
+                        .ppid
+                        .map_or("its parent".to_string(), |p| format!("pid {p}"));
+                    findings.push(finding(
+                        Kind::ZombieHolder,
+                        Verdict::Report,
+                        format!(
+                            "zombie: exited but not yet reaped by {parent}; signals cannot \
+                             reach it, the driver frees its memory once it is reaped"
+                        ),
+                    ));
+                }
+            }
+            ProcState::Stopped | ProcState::TracingStop => {
+                let stopped_for = history.and_then(|h| h.stopped_for.get(&identity).copied());
+                let (verdict, reason) = match (policy.include_stopped, history, stopped_for) {
+                    (false, _, _) => (
+                        Verdict::Report,
+                        "stopped (SIGSTOP or job control); stopped processes are reclaimed \
+                         only when asked (clear --include-stopped)"
+                            .to_string(),
+                    ),
+                    (true, Some(_), Some(d)) if d >= policy.stopped_after => {
+                        (Verdict::Reclaim, format!("stopped for {}s", d.as_secs()))
+                    }
+                    (true, Some(_), _) => (
+                        Verdict::Report,
+                        format!(
+                            "stopped for less than {}s so far",
+                            policy.stopped_after.as_secs()
+                        ),
+                    ),
+                    (true, None, _) => (
+                        Verdict::Reclaim,
+                        "stopped, and stopped processes were asked for".to_string(),
+                    ),
+                };
+                findings.push(finding(Kind::Stopped, verdict, reason));
+            }
+            _ => {
+                let Some(lineage) = lineages.get(&h.process.pid) else {
+                    continue;
+                };
+                if !is_reparented_orphan(h.process, lineage) {
+                    continue;
+                }
+                if let Some((verdict, reason)) =
+                    judge_orphan(h, lineage, identity, history, &idle_orphans_per_group)
+                {
+                    findings.push(finding(Kind::Orphaned, verdict, reason));
+                }
+            }
+        }
+    }
+
+    for gpu in &snapshot.devices {
+        let Some(bytes) = gpu.memory.and_then(|m| m.unattributed_bytes) else {
+            continue;
+        };
+        if bytes >= policy.unattributed_min_bytes {
+            findings.push(Finding {
+                kind: Kind::Unattributed,
+                verdict: Verdict::Report,
+                identity: None,
+                gpus: vec![gpu.index],
+                bytes: Some(bytes),
+                reason: "in use but held by no listed process: a context the driver has not \
+                         released yet, or a process in another PID namespace; if it stays \
+                         with no processes on the GPU, reset the GPU"
+                    .into(),
+            });
+        }
+    }
+    findings
+}
+
+fn holders(snapshot: &Snapshot) -> BTreeMap<u32, Held<'_>> {
+    let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+    for gpu in &snapshot.devices {
+        for process in &gpu.processes {
+            let entry = held.entry(process.pid).or_insert(Held {
+                process,
+                gpus: Vec::new(),
+                bytes: Some(0),
+                busy_pct: Some(0),
+            });
+            entry.gpus.push(gpu.index);
+            entry.bytes = entry.bytes.zip(process.used_bytes).map(|(a, b)| a + b);
+            entry.busy_pct = entry
+                .busy_pct
+                .zip(process.sm_util_pct)
+                .map(|(a, b)| a.max(b));
+        }
+    }
+    held
+}
+
+/// The ancestry of a leftover: its group's leader is gone and it was reparented out of its
+/// run, to init or to a process outside its group and session (a subreaper).
+fn is_reparented_orphan(process: &GpuProcess, lineage: &Lineage) -> bool {
+    let leader_gone = matches!(lineage.leader, LeaderState::Gone | LeaderState::Zombie);
+    let (pgid, sid) = (process.host.pgid, process.host.sid);
+    let reparented = process.host.ppid == Some(1)
+        || lineage
+            .parent
+            .as_ref()
+            .is_some_and(|parent| Some(parent.pgid) != pgid && Some(parent.sid) != sid);
+    leader_gone && reparented
+}
+
+/// Evidence of life clears an orphan; positive evidence of a dead run makes it reclaimable.
+fn judge_orphan(
+    h: &Held,
+    lineage: &Lineage,
+    identity: Identity,
+    history: Option<&History>,
+    idle_orphans_per_group: &HashMap<u32, usize>,
+) -> Option<(Verdict, String)> {
+    let host = &h.process.host;
+    let pgid = host.pgid.unwrap_or(0);
+    let parent = match (&lineage.parent, host.ppid) {
+        (Some(parent), _) => format!("pid {} ({})", parent.pid, parent.comm),
+        (None, Some(ppid)) => format!("pid {ppid}"),
+        (None, None) => "another process".into(),
+    };
+    let ancestry = format!(
+        "its process group leader (pid {pgid}) is {} and it was reparented to {parent}",
+        if lineage.leader == LeaderState::Zombie {
+            "a zombie"
+        } else {
+            "gone"
+        }
+    );
+    match h.busy_pct {
+        Some(pct) if pct > 0 => return None, // busy on the GPU: alive
+        _ => {}
+    }
+    if lineage.live_children.is_some_and(|n| n > 0) {
+        return None; // it runs workers of its own: alive
+    }
+    let parent_died = history.is_some_and(|history| history.parent_died.contains(&identity));
+    let siblings = idle_orphans_per_group.get(&pgid).copied().unwrap_or(0);
+    let worker = host
+        .argv
+        .as_deref()
+        .is_some_and(|argv| argv.iter().any(|arg| is_multiprocessing_worker(arg)));
+    if h.busy_pct.is_none() {
+        return Some((
+            Verdict::Report,
+            format!(
+                "looks orphaned ({ancestry}), but the driver does not report per-process \
+                 utilization, so activity cannot be ruled out"
+            ),
+        ));
+    }
+    if lineage.live_children.is_none() {
+        return Some((
+            Verdict::Report,
+            format!("looks orphaned ({ancestry}), but its children cannot be listed"),
+        ));
+    }
+    let evidence = if parent_died {
+        Some("its parent was seen to die while it held the GPU".to_string())
+    } else if siblings >= 2 {
+        Some(format!(
+            "{siblings} idle orphans of the same group: the workers of a run that crashed"
+        ))
+    } else if worker {
+        Some("it is a multiprocessing worker, which lives only for its parent".to_string())
+    } else {
+        None
+    };
+    Some(match evidence {
+        Some(evidence) => (
+            Verdict::Reclaim,
+            format!("orphaned: {ancestry}; idle on the GPU, no children; {evidence}"),
+        ),
+        None => (
+            Verdict::Report,
+            format!(
+                "possibly orphaned: {ancestry}; idle, no children; alone in its group, it \
+                 may be a background job between GPU phases, so it is not reclaimed \
+                 (end it with: gpuctl kill --pid {})",
+                identity.pid
+            ),
+        ),
+    })
+}
+
+/// Command lines of Python multiprocessing children (spawn and forkserver start methods).
+fn is_multiprocessing_worker(arg: &str) -> bool {
+    arg.contains("multiprocessing.spawn")
+        || arg.contains("multiprocessing.forkserver")
+        || arg == "--multiprocessing-fork"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{HostProcess, Relative};
+    use crate::snapshot::{GpuSnapshot, GpuStatus, Memory, ProcessType};
+    use std::time::SystemTime;
+
+    /// A process as a test describes it.
+    #[derive(Clone)]
+    struct P {
+        pid: u32,
+        ppid: u32,
+        pgid: u32,
+        sid: u32,
+        state: ProcState,
+        threads: u32,
+        sm: Option<u32>,
+        argv: &'static [&'static str],
+        leader: LeaderState,
+        parent: Option<(u32, u32, u32)>, // parent's pid, pgid, sid
+        children: Option<u32>,
+        confirmed: bool,
+    }
+
+    impl P {
+        /// A healthy worker: parent and leader alive, idle.
+        fn new(pid: u32) -> P {
+            P {
+                pid,
+                ppid: 100,
+                pgid: 100,
+                sid: 50,
+                state: ProcState::Sleeping,
+                threads: 4,
+                sm: Some(0),
+                argv: &["python3", "train.py"],
+                leader: LeaderState::Alive,
+                parent: Some((100, 100, 50)),
+                children: Some(0),
+                confirmed: true,
+            }
+        }
+
+        /// The worker of a crashed run: leader gone, reparented to init.
+        fn orphan(pid: u32) -> P {
+            P {
+                ppid: 1,
+                leader: LeaderState::Gone,
+                parent: Some((1, 1, 1)),
+                ..P::new(pid)
+            }
+        }
+    }
+
+    fn run(processes: &[P], history: Option<&History>, policy: &Policy) -> Vec<Finding> {
+        let gpu_processes = processes
+            .iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: Some(1 << 30),
+                kind: ProcessType::Compute,
+                sm_util_pct: p.sm,
+                host: if p.confirmed {
+                    HostProcess {
+                        confirmed: true,
+                        unconfirmed_reason: None,
+                        uid: Some(1000),
+                        user: Some("alice".into()),
+                        comm: Some("python3".into()),
+                        argv: Some(p.argv.iter().map(|a| a.to_string()).collect()),
+                        command: Some(p.argv.join(" ")),
+                        state: Some(p.state),
+                        ppid: Some(p.ppid),
+                        pgid: Some(p.pgid),
+                        sid: Some(p.sid),
+                        threads: Some(p.threads),
+                        start_ticks: Some(1000 + p.pid as u64),
+                        age_seconds: Some(60),
+                        owner: None,
+                        cgroup: None,
+                    }
+                } else {
+                    HostProcess::unconfirmed("other namespace")
+                },
+            })
+            .collect();
+        let snapshot = Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices: vec![GpuSnapshot {
+                index: 0,
+                uuid: None,
+                name: None,
+                pci_bus_id: None,
+                status: GpuStatus::Ok,
+                error: None,
+                memory: Some(Memory {
+                    total_bytes: 100 << 30,
+                    used_bytes: 50 << 30,
+                    free_bytes: 50 << 30,
+                    reserved_bytes: 0,
+                    unattributed_bytes: Some(0),
+                }),
+                utilization: None,
+                temperature_c: None,
+                power_mw: None,
+                power_limit_mw: None,
+                persistence_mode: None,
+                compute_mode: None,
+                processes: gpu_processes,
+            }],
+        };
+        let lineages = processes
+            .iter()
+            .filter(|p| p.confirmed)
+            .map(|p| {
+                let lineage = Lineage {
+                    leader: if p.pgid == p.pid {
+                        LeaderState::Itself
+                    } else {
+                        p.leader
+                    },
+                    parent: p.parent.map(|(pid, pgid, sid)| Relative {
+                        pid,
+                        pgid,
+                        sid,
+                        comm: if pid == 1 {
+                            "systemd".into()
+                        } else {
+                            "bash".into()
+                        },
+                        state: ProcState::Sleeping,
+                    }),
+                    live_children: p.children,
+                };
+                (p.pid, lineage)
+            })
+            .collect();
+        classify(&snapshot, &lineages, history, policy)
+    }
+
+    fn verdicts(processes: &[P]) -> Vec<(u32, Kind, Verdict)> {
+        verdicts_with(processes, None, &Policy::default())
+    }
+
+    fn verdicts_with(
+        processes: &[P],
+        history: Option<&History>,
+        policy: &Policy,
+    ) -> Vec<(u32, Kind, Verdict)> {
+        run(processes, history, policy)
+            .into_iter()
+            .map(|f| (f.identity.map_or(0, |i| i.pid), f.kind, f.verdict))
+            .collect()
+    }
+
+    #[test]
+    fn never_flagged() {
+        let cases: Vec<(&str, Vec<P>)> = vec![
+            (
+                "a healthy run: workers whose parent (the group leader) is alive",
+                vec![P::new(101), P::new(102), P::new(103)],
+            ),
+            (
+                "a background job whose launcher script exited, busy on the GPU",
+                vec![P {
+                    sm: Some(87),
+                    ..P::orphan(200)
+                }],
+            ),
+            (
+                "the same background job, idle, but with live DataLoader workers of its own",
+                vec![P {
+                    children: Some(4),
+                    ..P::orphan(200)
+                }],
+            ),
+            (
+                "the same job with its workers (children), all busy or parented",
+                vec![
+                    P {
+                        sm: Some(60),
+                        children: Some(2),
+                        ..P::orphan(200)
+                    },
+                    P {
+                        ppid: 200,
+                        parent: Some((200, 100, 50)),
+                        ..P::orphan(201)
+                    },
+                ],
+            ),
+            (
+                "a daemonised service: parent init, its own group and session leader alive",
+                vec![P {
+                    pid: 300,
+                    ppid: 1,
+                    pgid: 300,
+                    sid: 300,
+                    parent: Some((1, 1, 1)),
+                    leader: LeaderState::Itself,
+                    ..P::new(300)
+                }],
+            ),
+            (
+                "a process in another PID namespace (unconfirmed)",
+                vec![P {
+                    confirmed: false,
+                    ..P::orphan(400)
+                }],
+            ),
+            (
+                "a leader that is gone but the parent (same session) still runs it",
+                vec![P {
+                    ppid: 77,
+                    leader: LeaderState::Gone,
+                    parent: Some((77, 77, 50)),
+                    ..P::new(500)
+                }],
+            ),
+            (
+                "an orphan whose sibling worker is busy: the run is alive",
+                vec![
+                    P {
+                        sm: Some(40),
+                        ..P::orphan(601)
+                    },
+                    P::orphan(602),
+                ],
+            ),
+        ];
+        for (name, processes) in cases {
+            let reclaimable: Vec<_> = verdicts(&processes)
+                .into_iter()
+                .filter(|(_, _, v)| *v == Verdict::Reclaim)
+                .collect();
+            assert!(reclaimable.is_empty(), "{name}: {reclaimable:?}");
+        }
+    }
+
+    #[test]
+    fn the_lone_idle_orphan_is_reported_not_reclaimed() {
+        // An idle background job between GPU phases looks like this; nothing proves its run died.
+        let found = run(&[P::orphan(200)], None, &Policy::default());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].verdict, Verdict::Report);
+        assert!(
+            found[0].reason.contains("gpuctl kill --pid 200"),
+            "{}",
+            found[0].reason
+        );
+    }
+
+    #[test]
+    fn crashed_run_workers_are_reclaimed() {
+        let found = run(
+            &[P::orphan(101), P::orphan(102), P::orphan(103)],
+            None,
+            &Policy::default(),
+        );
+        assert_eq!(found.len(), 3);
+        for f in &found {
+            assert_eq!((f.kind, f.verdict), (Kind::Orphaned, Verdict::Reclaim));
+            assert!(
+                f.reason.contains("3 idle orphans of the same group"),
+                "{}",
+                f.reason
+            );
+            assert!(f.reason.contains("pid 1 (systemd)"), "{}", f.reason);
+        }
+    }
+
+    #[test]
+    fn a_lone_orphan_is_reclaimed_with_positive_evidence() {
+        let worker = P {
+            argv: &[
+                "python3",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+                "--multiprocessing-fork",
+            ],
+            ..P::orphan(200)
+        };
+        assert_eq!(
+            verdicts(&[worker]),
+            vec![(200, Kind::Orphaned, Verdict::Reclaim)]
+        );
+        let history = History {
+            parent_died: HashSet::from([Identity {
+                pid: 200,
+                start_ticks: 1200,
+            }]),
+            ..History::default()
+        };
+        assert_eq!(
+            verdicts_with(&[P::orphan(200)], Some(&history), &Policy::default()),
+            vec![(200, Kind::Orphaned, Verdict::Reclaim)]
+        );
+    }
+
+    #[test]
+    fn reparented_to_a_subreaper_counts_and_a_zombie_leader_counts_as_gone() {
+        // systemd --user or a container's init adopted the workers: a parent outside their
+        // group and session.
+        let adopted = |pid| P {
+            ppid: 900,
+            parent: Some((900, 900, 900)),
+            leader: LeaderState::Zombie,
+            ..P::orphan(pid)
+        };
+        let found = verdicts(&[adopted(101), adopted(102)]);
+        assert_eq!(
+            found,
+            vec![
+                (101, Kind::Orphaned, Verdict::Reclaim),
+                (102, Kind::Orphaned, Verdict::Reclaim)
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_activity_or_children_is_weak_evidence() {
+        let no_utilization = P {
+            sm: None,
+            ..P::orphan(101)
+        };
+        let no_children_list = P {
+            children: None,
+            ..P::orphan(102)
+        };
+        let found = verdicts(&[no_utilization, no_children_list, P::orphan(103)]);
+        assert!(
+            found
+                .iter()
+                .all(|(pid, _, v)| *pid == 103 || *v == Verdict::Report),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn zombies_stopped_and_uninterruptible() {
+        let zombie_leader = P {
+            state: ProcState::Zombie,
+            threads: 3,
+            ..P::new(101)
+        };
+        let zombie = P {
+            state: ProcState::Zombie,
+            threads: 1,
+            ..P::new(102)
+        };
+        let stopped = P {
+            state: ProcState::Stopped,
+            ..P::new(103)
+        };
+        let stuck = P {
+            state: ProcState::DiskSleep,
+            ..P::new(104)
+        };
+        let all = [zombie_leader, zombie, stopped, stuck];
+        assert_eq!(
+            verdicts(&all),
+            vec![
+                (101, Kind::ZombieHolder, Verdict::Reclaim),
+                (102, Kind::ZombieHolder, Verdict::Report),
+                (103, Kind::Stopped, Verdict::Report),
+                (104, Kind::Uninterruptible, Verdict::Report),
+            ]
+        );
+        let asked = Policy {
+            include_stopped: true,
+            ..Policy::default()
+        };
+        assert!(verdicts_with(&all, None, &asked).contains(&(
+            103,
+            Kind::Stopped,
+            Verdict::Reclaim
+        )));
+        // With history, only after the threshold.
+        let mut history = History::default();
+        let identity = Identity {
+            pid: 103,
+            start_ticks: 1103,
+        };
+        history
+            .stopped_for
+            .insert(identity, Duration::from_secs(10));
+        assert!(verdicts_with(&all, Some(&history), &asked).contains(&(
+            103,
+            Kind::Stopped,
+            Verdict::Report
+        )));
+        history
+            .stopped_for
+            .insert(identity, Duration::from_secs(600));
+        assert!(verdicts_with(&all, Some(&history), &asked).contains(&(
+            103,
+            Kind::Stopped,
+            Verdict::Reclaim
+        )));
+    }
+}

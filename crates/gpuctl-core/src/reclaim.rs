@@ -1,0 +1,521 @@
+//! The road every reclaim walks (`gpuctl kill`, `gpuctl clear`, the watchdog): select targets
+//! from a snapshot, guard them, plan, act (skipped for a dry run: the same path, one step
+//! left out), and verify through NVML that each process left its GPUs and its memory was
+//! released.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::act::{self, Ended, Escalation, Identity};
+use crate::classify::{Finding, Verdict};
+use crate::nvml::Gpus;
+use crate::snapshot::{GpuProcess, Snapshot, SnapshotOptions};
+
+/// Processes that keep GPUs and displays working; never signalled. Matched against the
+/// kernel's command name (cut to 15 characters) and the basename of argv[0].
+pub const DEFAULT_PROTECTED: &[&str] = &[
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "nvidia-fabricmanager",
+    "nvidia-powerd",
+    "Xorg",
+    "X",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "kwin_x11",
+    "weston",
+    "sway",
+    "Hyprland",
+    "gdm-x-session",
+    "gdm-wayland-session",
+];
+
+/// One process to act on, as selected from a snapshot.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub pid: u32,
+    pub start_ticks: Option<u64>,
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    pub command: String,
+    /// GPU indices it holds memory on, and how much in all (where known).
+    pub gpus: Vec<u32>,
+    pub used_bytes: Option<u64>,
+    /// Why it was selected: the findings' reasons, or the selectors it matched.
+    pub reasons: Vec<String>,
+    #[serde(skip)]
+    comm: Option<String>,
+    #[serde(skip)]
+    argv0: Option<String>,
+}
+
+impl Target {
+    /// The target for a process on the GPUs of `snapshot`.
+    fn of(snapshot: &Snapshot, pid: u32) -> Option<Target> {
+        let mut target: Option<Target> = None;
+        for gpu in &snapshot.devices {
+            let Some(process) = gpu.processes.iter().find(|p| p.pid == pid) else {
+                continue;
+            };
+            let target = target.get_or_insert_with(|| Target::new(process));
+            target.gpus.push(gpu.index);
+            if let (Some(total), Some(used)) = (target.used_bytes, process.used_bytes) {
+                target.used_bytes = Some(total + used);
+            } else {
+                target.used_bytes = None;
+            }
+        }
+        target
+    }
+
+    fn new(process: &GpuProcess) -> Target {
+        let host = &process.host;
+        Target {
+            pid: process.pid,
+            start_ticks: host.start_ticks,
+            uid: host.uid,
+            user: host.user.clone(),
+            command: host.display_command(),
+            gpus: Vec::new(),
+            used_bytes: Some(0),
+            reasons: Vec::new(),
+            comm: host.comm.clone(),
+            argv0: host
+                .argv
+                .as_ref()
+                .and_then(|argv| argv.first())
+                .map(|a| a.rsplit('/').next().unwrap_or(a).to_string()),
+        }
+    }
+
+    pub fn identity(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: self.pid,
+            start_ticks: self.start_ticks?,
+        })
+    }
+
+    /// "alice" or "uid 1000".
+    pub fn owner_name(&self) -> String {
+        match (&self.user, self.uid) {
+            (Some(user), _) => user.clone(),
+            (None, Some(uid)) => format!("uid {uid}"),
+            (None, None) => "an unknown user".into(),
+        }
+    }
+}
+
+/// `gpuctl kill`'s selectors; they combine as AND, repeated values within one as OR.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// GPU indices; `None`: every GPU.
+    pub gpus: Option<Vec<u32>>,
+    pub pids: Vec<u32>,
+    pub uids: Vec<u32>,
+    /// Only processes with a reclaim finding.
+    pub stale: bool,
+    pub min_bytes: Option<u64>,
+    pub older_than: Option<Duration>,
+}
+
+/// Something asked for that will not be acted on, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub pid: u32,
+    pub reason: String,
+}
+
+/// The processes `selection` matches in `snapshot`, and a refusal for each `--pid` that is not
+/// a confirmed GPU process on the selected GPUs.
+pub fn select(
+    snapshot: &Snapshot,
+    findings: &[Finding],
+    selection: &Selection,
+) -> (Vec<Target>, Vec<Refusal>) {
+    let reclaimable: HashMap<u32, Vec<&Finding>> = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Reclaim)
+        .filter_map(|f| Some((f.identity?.pid, f)))
+        .fold(HashMap::new(), |mut map, (pid, f)| {
+            map.entry(pid).or_default().push(f);
+            map
+        });
+    let on_selected_gpu = |gpus: &[u32]| {
+        selection
+            .gpus
+            .as_ref()
+            .is_none_or(|wanted| gpus.iter().any(|g| wanted.contains(g)))
+    };
+    let mut pids: Vec<u32> = snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| gpu.processes.iter().map(|p| p.pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+
+    let mut refusals = Vec::new();
+    for &pid in &selection.pids {
+        let reason = match Target::of(snapshot, pid) {
+            None => format!("pid {pid} is not using a GPU"),
+            Some(t) if !on_selected_gpu(&t.gpus) => {
+                format!("pid {pid} is not on the selected GPUs")
+            }
+            Some(t) if t.start_ticks.is_none() => format!(
+                "pid {pid} cannot be tied to a local process: {}",
+                unconfirmed_reason(snapshot, pid)
+            ),
+            Some(_) => continue,
+        };
+        refusals.push(Refusal { pid, reason });
+    }
+
+    let mut targets = Vec::new();
+    for pid in pids {
+        let Some(mut target) = Target::of(snapshot, pid) else {
+            continue;
+        };
+        // Nothing is done to a process whose identity is not confirmed.
+        if target.start_ticks.is_none() || !on_selected_gpu(&target.gpus) {
+            continue;
+        }
+        if !selection.pids.is_empty() && !selection.pids.contains(&pid) {
+            continue;
+        }
+        if !selection.uids.is_empty() && !target.uid.is_some_and(|u| selection.uids.contains(&u)) {
+            continue;
+        }
+        if let Some(min) = selection.min_bytes
+            && target.used_bytes.is_none_or(|used| used < min)
+        {
+            continue;
+        }
+        if let Some(older) = selection.older_than
+            && age_of(snapshot, pid).is_none_or(|age| age < older.as_secs())
+        {
+            continue;
+        }
+        if selection.stale {
+            match reclaimable.get(&pid) {
+                Some(found) => target
+                    .reasons
+                    .extend(found.iter().map(|f| f.reason.clone())),
+                None => continue,
+            }
+        }
+        targets.push(target);
+    }
+    (targets, refusals)
+}
+
+/// Targets from the reclaim findings of `clear` (and the watchdog).
+pub fn stale_targets(
+    snapshot: &Snapshot,
+    findings: &[Finding],
+    gpus: Option<&[u32]>,
+) -> Vec<Target> {
+    let mut targets: Vec<Target> = Vec::new();
+    for finding in findings.iter().filter(|f| f.verdict == Verdict::Reclaim) {
+        let Some(identity) = finding.identity else {
+            continue;
+        };
+        if gpus.is_some_and(|wanted| !finding.gpus.iter().any(|g| wanted.contains(g))) {
+            continue;
+        }
+        if let Some(existing) = targets.iter_mut().find(|t| t.pid == identity.pid) {
+            existing.reasons.push(finding.reason.clone());
+        } else if let Some(mut target) = Target::of(snapshot, identity.pid) {
+            target.reasons.push(finding.reason.clone());
+            targets.push(target);
+        }
+    }
+    targets
+}
+
+fn age_of(snapshot: &Snapshot, pid: u32) -> Option<u64> {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| &gpu.processes)
+        .find(|p| p.pid == pid)?
+        .host
+        .age_seconds
+}
+
+fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| &gpu.processes)
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.host.unconfirmed_reason.clone())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Who is acting, and what must never be signalled.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    root: bool,
+    caller_uid: u32,
+    own_pid: u32,
+    ancestors: HashSet<u32>,
+    protected: Vec<String>,
+}
+
+impl Guard {
+    /// The guard for this process: its privileges, its own pid and ancestors.
+    pub fn for_this_process(protected: &[String]) -> Guard {
+        Guard {
+            root: nix::unistd::geteuid().is_root(),
+            caller_uid: nix::unistd::getuid().as_raw(),
+            own_pid: std::process::id(),
+            ancestors: ancestors(),
+            protected: protected.to_vec(),
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.root
+    }
+
+    pub fn caller_uid(&self) -> u32 {
+        self.caller_uid
+    }
+
+    /// Why `target` must not be signalled, if it must not.
+    pub fn check(&self, target: &Target) -> Option<String> {
+        let pid = target.pid;
+        if pid <= 1 {
+            return Some(format!("pid {pid} is the system's init"));
+        }
+        if pid == self.own_pid {
+            return Some("that is gpuctl itself".into());
+        }
+        if self.ancestors.contains(&pid) {
+            return Some(format!(
+                "pid {pid} is an ancestor of gpuctl (the shell or launcher running it)"
+            ));
+        }
+        let names = [target.comm.as_deref(), target.argv0.as_deref()];
+        if let Some(name) = self.protected.iter().find(|protected| {
+            names.iter().flatten().any(|name| {
+                // The kernel keeps 15 characters of a command name.
+                *name == protected.as_str() || (name.len() == 15 && protected.starts_with(name))
+            })
+        }) {
+            return Some(format!("protected: {name}"));
+        }
+        if !self.root && target.uid != Some(self.caller_uid) {
+            return Some(format!(
+                "permission denied: pid {pid} belongs to {}",
+                target.owner_name()
+            ));
+        }
+        None
+    }
+}
+
+/// gpuctl's parent, its parent, ... up to init. They are what runs gpuctl.
+fn ancestors() -> HashSet<u32> {
+    let mut found = HashSet::new();
+    let mut pid = std::os::unix::process::parent_id();
+    while pid > 1 && found.insert(pid) {
+        pid = match procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
+            Ok(stat) => stat.ppid.max(0) as u32,
+            Err(_) => break,
+        };
+    }
+    found
+}
+
+/// What was done with one target, from the plan to the verification.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    #[serde(flatten)]
+    pub target: Target,
+    /// `signal`, `skip`, or `dry_run` (would signal).
+    pub action: Action,
+    /// Why it was skipped.
+    pub skipped: Option<String>,
+    /// How it ended, for a signalled target.
+    pub ended: Option<Ended>,
+    /// Whether NVML stopped listing it on every GPU; `None` when not signalled.
+    pub left_gpu: Option<bool>,
+    /// Whether its GPUs' used memory fell by what it held; `None` when not signalled or unknown.
+    pub memory_released: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Signal,
+    Skip,
+    DryRun,
+}
+
+impl Outcome {
+    /// One word or phrase for a table.
+    pub fn summary(&self) -> String {
+        match (&self.action, &self.ended) {
+            (Action::DryRun, _) => "would signal".into(),
+            (Action::Skip, _) => "skipped".into(),
+            (Action::Signal, Some(Ended::Exited { signal, .. })) => self.after_exit(signal),
+            (Action::Signal, Some(Ended::Killed { .. })) => self.after_exit("SIGKILL"),
+            (Action::Signal, Some(Ended::Gone)) => "already gone".into(),
+            (Action::Signal, Some(Ended::Reused { .. })) => "refused: pid reused".into(),
+            (Action::Signal, Some(Ended::StillAlive { .. })) => "still running".into(),
+            (Action::Signal, Some(Ended::Failed { error })) => format!("failed: {error}"),
+            (Action::Signal, None) => "not signalled".into(),
+        }
+    }
+
+    fn after_exit(&self, signal: &str) -> String {
+        let verb = if signal == "SIGKILL" {
+            "killed"
+        } else {
+            "ended"
+        };
+        match (self.left_gpu, self.memory_released) {
+            (Some(false), _) => format!("{verb}, still listed on the GPU"),
+            (_, Some(false)) => format!("{verb}, memory still held"),
+            _ => format!("{verb} ({signal})"),
+        }
+    }
+
+    /// Whether this target is what the caller asked for: ended and its memory back, or a
+    /// dry run. Skips count as not done.
+    pub fn succeeded(&self) -> bool {
+        match self.action {
+            Action::DryRun => true,
+            Action::Skip => false,
+            Action::Signal => {
+                matches!(
+                    self.ended,
+                    Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone)
+                ) && self.left_gpu != Some(false)
+                    && self.memory_released != Some(false)
+            }
+        }
+    }
+}
+
+/// Runs the plan: guards every target, signals (unless `dry_run`) with `how`, and verifies
+/// through NVML for up to `verify_for`. Outcomes come in target order.
+pub fn execute(
+    gpus: &Gpus,
+    before: &Snapshot,
+    targets: Vec<Target>,
+    guard: &Guard,
+    how: &Escalation,
+    verify_for: Duration,
+    dry_run: bool,
+) -> Vec<Outcome> {
+    let mut outcomes: Vec<Outcome> = targets
+        .into_iter()
+        .map(|target| {
+            let skipped = guard.check(&target);
+            let action = match (&skipped, dry_run) {
+                (Some(_), _) => Action::Skip,
+                (None, true) => Action::DryRun,
+                (None, false) => Action::Signal,
+            };
+            Outcome {
+                target,
+                action,
+                skipped,
+                ended: None,
+                left_gpu: None,
+                memory_released: None,
+            }
+        })
+        .collect();
+    let signalled: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| outcomes[i].action == Action::Signal)
+        .collect();
+    if signalled.is_empty() {
+        return outcomes;
+    }
+    let identities: Vec<Identity> = signalled
+        .iter()
+        .filter_map(|&i| outcomes[i].target.identity())
+        .collect();
+    for (&i, ended) in signalled.iter().zip(act::end_all(&identities, how)) {
+        outcomes[i].ended = Some(ended);
+    }
+    verify(gpus, before, &mut outcomes, verify_for);
+    outcomes
+}
+
+/// Re-reads NVML until every ended target has left its GPUs and their used memory fell by
+/// what it held, or until `limit`.
+fn verify(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit: Duration) {
+    let ended: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| {
+            matches!(
+                outcomes[i].ended,
+                Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone)
+            )
+        })
+        .collect();
+    if ended.is_empty() {
+        return;
+    }
+    // Used memory each GPU should come down to once the ended targets' memory is free; other
+    // processes may allocate meanwhile, so a little slack is allowed.
+    let mut expected: HashMap<u32, u64> = HashMap::new();
+    for gpu in &before.devices {
+        let Some(memory) = gpu.memory else { continue };
+        let freed: u64 = ended
+            .iter()
+            .filter_map(|&i| {
+                gpu.processes
+                    .iter()
+                    .find(|p| p.pid == outcomes[i].target.pid)
+                    .and_then(|p| p.used_bytes)
+            })
+            .sum();
+        if freed > 0 {
+            let slack = (64 << 20).max(memory.total_bytes / 100);
+            expected.insert(gpu.index, memory.used_bytes.saturating_sub(freed) + slack);
+        }
+    }
+    let indices: Vec<u32> = before.devices.iter().map(|g| g.index).collect();
+    let options = SnapshotOptions {
+        gpus: Some(indices),
+        utilization_window: None,
+    };
+    let deadline = Instant::now() + limit;
+    while let Ok(now) = Snapshot::take(gpus, &options) {
+        let listed: HashSet<u32> = now
+            .devices
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let released: HashSet<u32> = now
+            .devices
+            .iter()
+            .filter(|g| {
+                expected
+                    .get(&g.index)
+                    .is_none_or(|&limit| g.memory.is_some_and(|m| m.used_bytes <= limit))
+            })
+            .map(|g| g.index)
+            .collect();
+        let mut all_done = true;
+        for &i in &ended {
+            let outcome = &mut outcomes[i];
+            let left = !listed.contains(&outcome.target.pid);
+            let freed = outcome.target.gpus.iter().all(|g| released.contains(g));
+            outcome.left_gpu = Some(left);
+            outcome.memory_released = Some(left && freed);
+            all_done &= left && freed;
+        }
+        if all_done || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,517 @@
+//! `gpuctl kill` and `gpuctl clear`: the CLI faces of gpuctl-core's reclaim road.
+
+use std::collections::BTreeSet;
+use std::io::{self, IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use gpuctl_core::act::Escalation;
+use gpuctl_core::classify::{self, Finding, Policy, Verdict};
+use gpuctl_core::host::ProcView;
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::reclaim::{self, Guard, Outcome, Refusal, Selection, Target};
+use gpuctl_core::snapshot::GpuSnapshot;
+use gpuctl_core::units::Amount;
+use gpuctl_core::{CoreError, Snapshot, SnapshotOptions};
+use serde::Serialize;
+
+use crate::render::{self, Color, Style};
+use crate::{Exit, Usage};
+use gpuctl::cli::{ClearArgs, KillArgs, SignalArgs};
+
+/// Version of the `kill --json` and `clear --json` documents.
+pub const RECLAIM_SCHEMA: u32 = 1;
+
+/// Per-process utilization is read over this window: activity in it is evidence of life.
+const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
+
+/// With no --min-free, a GPU is free when no process is left and less than this is in use.
+const CLEAN_USED_BYTES: u64 = 256 << 20;
+
+#[derive(Serialize)]
+struct ReclaimDocument<'a> {
+    schema: u32,
+    command: &'static str,
+    dry_run: bool,
+    signal: String,
+    timeout_ms: u64,
+    outcomes: &'a [Outcome],
+    refused: &'a [Refusal],
+    /// Findings shown but not acted on (clear).
+    reported: Vec<&'a Finding>,
+    wait: Option<WaitReport>,
+}
+
+#[derive(Serialize, Clone)]
+struct WaitReport {
+    met: bool,
+    waited_ms: u64,
+    gpus: Vec<GpuState>,
+}
+
+#[derive(Serialize, Clone)]
+struct GpuState {
+    index: u32,
+    free: bool,
+    used_bytes: Option<u64>,
+    free_bytes: Option<u64>,
+    processes: Vec<u32>,
+}
+
+fn escalation(how: &SignalArgs) -> Escalation {
+    Escalation {
+        signal: how.signal,
+        timeout: how.timeout,
+        escalate: true,
+        kill_timeout: Duration::from_secs(5),
+    }
+}
+
+fn protected() -> Vec<String> {
+    reclaim::DEFAULT_PROTECTED
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
+    (!wanted.is_empty())
+        .then(|| gpus.resolve(wanted))
+        .transpose()
+}
+
+/// A snapshot with the evidence classification needs, and its findings.
+fn classified(gpus: &Gpus, policy: &Policy) -> Result<(Snapshot, Vec<Finding>)> {
+    let view = ProcView::system()?;
+    let snapshot = Snapshot::take_with(
+        gpus,
+        &view,
+        &SnapshotOptions {
+            gpus: None,
+            utilization_window: Some(ACTIVITY_WINDOW),
+        },
+    )?;
+    let lineages = snapshot.lineages(&view);
+    let findings = classify::classify(&snapshot, &lineages, None, policy);
+    Ok((snapshot, findings))
+}
+
+pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
+    let any_selector = !args.gpus.is_empty()
+        || !args.pids.is_empty()
+        || !args.users.is_empty()
+        || args.stale
+        || args.min_mem.is_some()
+        || args.older_than.is_some()
+        || args.all;
+    if !any_selector {
+        return Err(usage(
+            "no process selected: give --pid, --gpu, --user, --stale, --min-mem, --older-than \
+             or --all",
+        ));
+    }
+    let uids = args
+        .users
+        .iter()
+        .map(|user| resolve_user(user))
+        .collect::<Result<Vec<u32>>>()?;
+    let gpus = Gpus::open()?;
+    let selection = Selection {
+        gpus: resolve_gpus(&gpus, &args.gpus)?,
+        pids: args.pids.clone(),
+        uids,
+        stale: args.stale,
+        min_bytes: args.min_mem,
+        older_than: args.older_than,
+    };
+    let (snapshot, findings) = classified(&gpus, &Policy::default())?;
+    let (targets, refused) = reclaim::select(&snapshot, &findings, &selection);
+    let guard = Guard::for_this_process(&protected());
+
+    if targets.is_empty() && refused.is_empty() {
+        eprintln!("gpuctl: no GPU process matches the selection");
+        return Ok(Exit::Ok);
+    }
+    if !args.dry_run && !args.yes {
+        confirm(&targets, &guard, args.all, &args.how)?;
+    }
+    let outcomes = reclaim::execute(
+        &gpus,
+        &snapshot,
+        targets,
+        &guard,
+        &escalation(&args.how),
+        args.how.timeout,
+        args.dry_run,
+    );
+    let ok = outcomes.iter().all(Outcome::succeeded) && refused.is_empty();
+    let document = ReclaimDocument {
+        schema: RECLAIM_SCHEMA,
+        command: "kill",
+        dry_run: args.dry_run,
+        signal: args.how.signal.name(),
+        timeout_ms: args.how.timeout.as_millis() as u64,
+        outcomes: &outcomes,
+        refused: &refused,
+        reported: Vec::new(),
+        wait: None,
+    };
+    emit(&document, args.json, &style, args.stale || args.dry_run)?;
+    Ok(if ok { Exit::Ok } else { Exit::Failed })
+}
+
+pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
+    let gpus = Gpus::open()?;
+    let selected = resolve_gpus(&gpus, &args.gpus)?;
+    let policy = Policy {
+        include_stopped: args.include_stopped,
+        ..Policy::default()
+    };
+    let (snapshot, findings) = classified(&gpus, &policy)?;
+    let guard = Guard::for_this_process(&protected());
+    let mut targets = reclaim::stale_targets(&snapshot, &findings, selected.as_deref());
+    // Only root reclaims other users' leftovers; the caller's others are reported.
+    let mut others: Vec<Finding> = Vec::new();
+    if !guard.is_root() {
+        targets.retain(|target| {
+            let own = target.uid == Some(guard.caller_uid());
+            if !own {
+                others.extend(
+                    findings
+                        .iter()
+                        .filter(|f| f.identity.map(|i| i.pid) == Some(target.pid))
+                        .map(|f| Finding {
+                            verdict: Verdict::Report,
+                            reason: format!(
+                                "{} (belongs to {}: only root reclaims other users' processes)",
+                                f.reason,
+                                target.owner_name()
+                            ),
+                            ..f.clone()
+                        }),
+                );
+            }
+            own
+        });
+    }
+    let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
+    let on_selected = |finding: &&Finding| {
+        selected
+            .as_ref()
+            .is_none_or(|wanted| finding.gpus.iter().any(|g| wanted.contains(g)))
+    };
+    let reported: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Report)
+        .chain(others.iter())
+        .filter(on_selected)
+        .filter(|f| !f.identity.is_some_and(|i| targeted.contains(&i.pid)))
+        .collect();
+
+    let outcomes = reclaim::execute(
+        &gpus,
+        &snapshot,
+        targets,
+        &guard,
+        &escalation(&args.how),
+        args.how.timeout,
+        args.dry_run,
+    );
+    let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
+    let wait = match (args.wait, args.dry_run) {
+        (Some(limit), false) => Some(wait_until_free(
+            &gpus,
+            selected.as_deref(),
+            limit,
+            args.min_free,
+        )?),
+        _ => None,
+    };
+    let document = ReclaimDocument {
+        schema: RECLAIM_SCHEMA,
+        command: "clear",
+        dry_run: args.dry_run,
+        signal: args.how.signal.name(),
+        timeout_ms: args.how.timeout.as_millis() as u64,
+        outcomes: &outcomes,
+        refused: &[],
+        reported,
+        wait: wait.clone(),
+    };
+    emit(&document, args.json, &style, true)?;
+    Ok(match wait {
+        Some(wait) if !wait.met => {
+            eprintln!(
+                "gpuctl: {}",
+                not_free_message(&wait, args.wait.unwrap_or_default())
+            );
+            Exit::NotClean
+        }
+        Some(_) => Exit::Ok,
+        None if reclaimed_ok => Exit::Ok,
+        None => Exit::Failed,
+    })
+}
+
+/// Polls NVML until every selected GPU is free, or `limit` passes.
+fn wait_until_free(
+    gpus: &Gpus,
+    selected: Option<&[u32]>,
+    limit: Duration,
+    min_free: Option<Amount>,
+) -> Result<WaitReport> {
+    let start = Instant::now();
+    let options = SnapshotOptions {
+        gpus: selected.map(<[u32]>::to_vec),
+        utilization_window: None,
+    };
+    loop {
+        let snapshot = Snapshot::take(gpus, &options)?;
+        let states: Vec<GpuState> = snapshot
+            .devices
+            .iter()
+            .map(|gpu| gpu_state(gpu, min_free))
+            .collect();
+        let met = states.iter().all(|s| s.free);
+        if met || start.elapsed() >= limit {
+            return Ok(WaitReport {
+                met,
+                waited_ms: start.elapsed().as_millis() as u64,
+                gpus: states,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
+    let processes: Vec<u32> = gpu.processes.iter().map(|p| p.pid).collect();
+    let free = match (gpu.memory, min_free) {
+        (Some(memory), Some(amount)) => memory.free_bytes >= amount.bytes_of(memory.total_bytes),
+        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
+        (None, _) => false,
+    };
+    GpuState {
+        index: gpu.index,
+        free,
+        used_bytes: gpu.memory.map(|m| m.used_bytes),
+        free_bytes: gpu.memory.map(|m| m.free_bytes),
+        processes,
+    }
+}
+
+/// One line naming what still holds memory on each GPU that is not free.
+fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
+    let busy: Vec<String> = wait
+        .gpus
+        .iter()
+        .filter(|g| !g.free)
+        .map(|g| {
+            let used = g.used_bytes.map_or("memory unknown".into(), |b| {
+                format!("{} in use", render::bytes(b))
+            });
+            match g.processes.len() {
+                0 => format!("GPU {}: {used}, held by no process (unattributed)", g.index),
+                n => format!(
+                    "GPU {}: {used} by {n} process{} (pid {})",
+                    g.index,
+                    if n == 1 { "" } else { "es" },
+                    g.processes
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        })
+        .collect();
+    format!(
+        "GPUs not free after {}: {}",
+        humantime::format_duration(limit),
+        busy.join("; ")
+    )
+}
+
+/// Several users' processes, or --all, are signalled only after a yes on a terminal.
+fn confirm(targets: &[Target], guard: &Guard, all: bool, how: &SignalArgs) -> Result<()> {
+    let acting: Vec<&Target> = targets
+        .iter()
+        .filter(|t| guard.check(t).is_none())
+        .collect();
+    let users: BTreeSet<String> = acting.iter().map(|t| t.owner_name()).collect();
+    if acting.is_empty() || (!all && users.len() <= 1) {
+        return Ok(());
+    }
+    let users = users.into_iter().collect::<Vec<_>>().join(", ");
+    let why = if all {
+        "--all".to_string()
+    } else {
+        format!("processes of several users ({users})")
+    };
+    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+        return Err(usage(&format!(
+            "refusing to signal {why} without --yes (no terminal to confirm on)"
+        )));
+    }
+    eprint!(
+        "Send {} to {} process{} of {users}? [y/N] ",
+        how.signal.name(),
+        acting.len(),
+        if acting.len() == 1 { "" } else { "es" }
+    );
+    let mut answer = String::new();
+    io::stdin().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(usage("not confirmed; nothing was signalled"))
+    }
+}
+
+fn usage(message: &str) -> anyhow::Error {
+    anyhow::Error::new(Usage(message.to_string()))
+}
+
+fn resolve_user(user: &str) -> Result<u32> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Ok(found.uid.as_raw()),
+        Ok(None) => Err(usage(&format!("no such user '{user}'"))),
+        Err(error) => bail!("cannot look up user '{user}': {error}"),
+    }
+}
+
+fn emit(document: &ReclaimDocument, json: bool, style: &Style, with_reasons: bool) -> Result<()> {
+    let text = if json {
+        let mut text = serde_json::to_string_pretty(document)?;
+        text.push('\n');
+        text
+    } else {
+        table(document, style, with_reasons)
+    };
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn table(document: &ReclaimDocument, style: &Style, with_reasons: bool) -> String {
+    let mut out = String::new();
+    let outcomes = document.outcomes;
+    if outcomes.is_empty() && document.refused.is_empty() {
+        out.push_str(&format!(
+            "{}\n",
+            style.paint(Color::Dim, "nothing to reclaim")
+        ));
+    } else if !outcomes.is_empty() {
+        let rows: Vec<[String; 6]> = outcomes
+            .iter()
+            .map(|o| {
+                let t = &o.target;
+                [
+                    t.pid.to_string(),
+                    t.owner_name(),
+                    t.gpus
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    t.used_bytes.map_or("n/a".into(), render::bytes),
+                    match &o.skipped {
+                        Some(reason) => format!("skipped: {reason}"),
+                        None => o.summary(),
+                    },
+                    t.command.clone(),
+                ]
+            })
+            .collect();
+        let headers = ["PID", "USER", "GPU", "MEMORY", "RESULT", "COMMAND"];
+        let widths: Vec<usize> = (0..5)
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([headers[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String; 6]| {
+            let fixed = format!(
+                "  {}  {}  {}  {}  {}  ",
+                render::pad_left(&cells[0], widths[0]),
+                render::pad(&cells[1], widths[1]),
+                render::pad(&cells[2], widths[2]),
+                render::pad_left(&cells[3], widths[3]),
+                render::pad(&cells[4], widths[4]),
+            );
+            let room = style
+                .width
+                .map(|w| w.saturating_sub(fixed.chars().count()).max(20));
+            let command = match room {
+                Some(room) => render::cut(&cells[5], room, style.unicode),
+                None => cells[5].clone(),
+            };
+            format!("{fixed}{command}")
+        };
+        out.push_str(&style.paint(Color::Dim, line(&headers.map(String::from)).trim_end()));
+        out.push('\n');
+        for (row, outcome) in rows.iter().zip(outcomes) {
+            let text = line(row);
+            let color = if outcome.succeeded() {
+                None
+            } else {
+                Some(Color::Red)
+            };
+            match color {
+                Some(color) => out.push_str(&style.paint(color, text.trim_end())),
+                None => out.push_str(text.trim_end()),
+            }
+            out.push('\n');
+            if with_reasons {
+                for reason in &outcome.target.reasons {
+                    out.push_str(&format!("         {}\n", style.paint(Color::Dim, reason)));
+                }
+            }
+        }
+    }
+    for refusal in document.refused {
+        out.push_str(&style.paint(Color::Red, &format!("  refused: {}", refusal.reason)));
+        out.push('\n');
+    }
+    if !document.reported.is_empty() {
+        out.push_str(&format!(
+            "\n{}\n",
+            style.paint(Color::Bold, "reported, not acted on:")
+        ));
+        for finding in &document.reported {
+            let gpus = finding
+                .gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let subject = match finding.identity {
+                Some(identity) => format!("pid {} on GPU {gpus}", identity.pid),
+                None => format!(
+                    "GPU {gpus}: {}",
+                    finding.bytes.map_or("memory".into(), render::bytes)
+                ),
+            };
+            out.push_str(&format!("  {subject}: {}\n", finding.reason));
+        }
+    }
+    if let Some(wait) = &document.wait {
+        let verdict = if wait.met {
+            style.paint(Color::Green, "free")
+        } else {
+            style.paint(Color::Red, "not free")
+        };
+        out.push_str(&format!(
+            "\nselected GPUs {verdict} after {:.1}s\n",
+            wait.waited_ms as f64 / 1000.0
+        ));
+    }
+    out
+}
