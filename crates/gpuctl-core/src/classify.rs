@@ -465,6 +465,7 @@ mod tests {
                 power_limit_mw: None,
                 persistence_mode: None,
                 compute_mode: None,
+                peak: None,
                 processes: gpu_processes,
             }],
         };

@@ -5,12 +5,15 @@
 //! of terminals, argument parsing or systemd.
 
 pub mod act;
+pub mod cardset;
 pub mod classify;
 pub mod error;
 pub mod host;
 pub mod nvml;
 pub mod owner;
+pub mod peaks;
 pub mod reclaim;
+pub mod settings;
 pub mod snapshot;
 pub mod units;
 

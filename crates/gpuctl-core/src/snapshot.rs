@@ -63,6 +63,9 @@ pub struct GpuSnapshot {
     pub power_limit_mw: Option<u32>,
     pub persistence_mode: Option<bool>,
     pub compute_mode: Option<&'static str>,
+    /// gpuctl's own "peak since reset" mark for this GPU (see [`crate::peaks`]); filled in by
+    /// callers that keep marks, `None` otherwise.
+    pub peak: Option<crate::peaks::Peak>,
     pub processes: Vec<GpuProcess>,
 }
 
@@ -204,6 +207,7 @@ fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> GpuSnapshot {
         power_limit_mw: None,
         persistence_mode: None,
         compute_mode: None,
+        peak: None,
         processes: Vec::new(),
     };
     let device = match gpus.nvml().device_by_index(index) {

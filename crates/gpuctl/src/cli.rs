@@ -69,6 +69,54 @@ pub enum Command {
     /// background job, a process stuck in D state, memory no process accounts for) is
     /// reported, never acted on.
     Clear(ClearArgs),
+
+    /// Restore what a finished job may have changed on a card, as Slurm epilogs do.
+    ///
+    /// Application clocks to default, locked GPU and memory clocks released, compute mode
+    /// back to DEFAULT, accounting's finished-process records cleared, and gpuctl's "peak
+    /// since reset" memory marks cleared. Give item flags to restore only those. Each GPU
+    /// and item reports done, not supported, not permitted, or failed. The GPU itself is
+    /// never reset.
+    Reset(ResetArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ResetArgs {
+    /// Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+
+    /// Application clocks back to their default.
+    #[arg(long)]
+    pub application_clocks: bool,
+
+    /// Release locked GPU clocks.
+    #[arg(long)]
+    pub locked_clocks: bool,
+
+    /// Release locked memory clocks.
+    #[arg(long)]
+    pub memory_locked_clocks: bool,
+
+    /// Compute mode back to DEFAULT.
+    #[arg(long)]
+    pub compute_mode: bool,
+
+    /// Clear accounting's records of finished processes.
+    #[arg(long)]
+    pub accounting: bool,
+
+    /// Clear gpuctl's peak memory marks.
+    #[arg(long)]
+    pub peaks: bool,
+
+    /// Print what would be reset, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print one JSON document (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// How targets are ended.

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use anyhow::Result;
 use gpuctl_core::nvml::Gpus;
+use gpuctl_core::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
@@ -32,9 +33,20 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
             .transpose()?,
         ..SnapshotOptions::default()
     };
+    let peaks = PeakStore::default_location();
+    let take = || -> Result<Snapshot> {
+        let mut snapshot = Snapshot::take(&gpus, &options)?;
+        if let Some(store) = &peaks {
+            let marks = store.observe(&snapshot);
+            for gpu in &mut snapshot.devices {
+                gpu.peak = gpu.uuid.as_ref().and_then(|uuid| marks.get(uuid).copied());
+            }
+        }
+        Ok(snapshot)
+    };
     let mut out = io::stdout().lock();
     let Some(interval) = args.watch else {
-        let snapshot = Snapshot::take(&gpus, &options)?;
+        let snapshot = take()?;
         // Rendered whole, then written once: stdout is line-buffered, and a pretty document
         // written piecewise costs a syscall per line.
         let text = if args.json {
@@ -49,7 +61,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         return Ok(failed_gpus(&snapshot));
     };
     loop {
-        let snapshot = Snapshot::take(&gpus, &options)?;
+        let snapshot = take()?;
         if args.json {
             let mut line = serde_json::to_string(&document(&snapshot))?;
             line.push('\n');
@@ -174,6 +186,9 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
             render::bytes(memory.total_bytes),
             fraction * 100.0
         ));
+    }
+    if let Some(peak) = gpu.peak {
+        figures.push(format!("peak {}", render::bytes(peak.used_bytes)));
     }
     if let Some(util) = gpu.utilization {
         figures.push(format!("util {:>3}%", util.gpu_pct));

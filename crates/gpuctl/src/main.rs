@@ -3,6 +3,7 @@
 mod info;
 mod reclaim;
 mod render;
+mod reset;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(&args, color),
         Command::Kill(args) => reclaim::run_kill(&args, color),
         Command::Clear(args) => reclaim::run_clear(&args, color),
+        Command::Reset(args) => reset::run(&args, color),
     };
     match result {
         Ok(exit) => ExitCode::from(exit as u8),

@@ -412,6 +412,9 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
         .env("NVML_SIM_SCENARIO", &scenario_file)
         .env("GPUCTL_NVML_LIB", &lib)
         .env("LD_LIBRARY_PATH", &ld)
+        // gpuctl keeps per-GPU state (peak marks) by UUID; simulated GPUs' state must not
+        // land in the machine's real state directory.
+        .env("GPUCTL_STATE_DIR", tmp.0.join("gpuctl-state"))
         .spawn();
     let child = match child {
         Ok(c) => c,

@@ -1,0 +1,191 @@
+//! Card settings: restoring what a finished job may have changed (`gpuctl reset`, as Slurm
+//! epilogs do with nvidia-smi) and turning persistence mode on (`gpuctl enable
+//! --persistence`). Never resets the GPU itself.
+
+use nvml_wrapper::Device;
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
+use nvml_wrapper::error::NvmlError;
+use serde::Serialize;
+
+use crate::nvml::{Gpus, describe};
+use crate::peaks::PeakStore;
+
+/// What `reset` can restore, in the order it restores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetItem {
+    /// Application clocks back to the default (nvidia-smi -rac).
+    ApplicationClocks,
+    /// Locked GPU clocks released (nvidia-smi -rgc).
+    LockedClocks,
+    /// Locked memory clocks released (nvidia-smi -rmc).
+    MemoryLockedClocks,
+    /// Compute mode back to DEFAULT (nvidia-smi -c 0).
+    ComputeMode,
+    /// Accounting's record of finished processes cleared (nvidia-smi -caa).
+    AccountingPids,
+    /// gpuctl's own "peak since reset" memory mark.
+    PeakMarks,
+}
+
+impl ResetItem {
+    pub const ALL: [ResetItem; 6] = [
+        ResetItem::ApplicationClocks,
+        ResetItem::LockedClocks,
+        ResetItem::MemoryLockedClocks,
+        ResetItem::ComputeMode,
+        ResetItem::AccountingPids,
+        ResetItem::PeakMarks,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ResetItem::ApplicationClocks => "application clocks",
+            ResetItem::LockedClocks => "locked GPU clocks",
+            ResetItem::MemoryLockedClocks => "locked memory clocks",
+            ResetItem::ComputeMode => "compute mode",
+            ResetItem::AccountingPids => "accounting pids",
+            ResetItem::PeakMarks => "peak memory mark",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ItemOutcome {
+    Done,
+    /// `--dry-run`: what would be done.
+    WouldDo,
+    NotSupported,
+    NotPermitted,
+    Failed {
+        error: String,
+    },
+}
+
+impl ItemOutcome {
+    pub fn label(&self) -> String {
+        match self {
+            ItemOutcome::Done => "done".into(),
+            ItemOutcome::WouldDo => "would reset".into(),
+            ItemOutcome::NotSupported => "not supported".into(),
+            ItemOutcome::NotPermitted => "not permitted".into(),
+            ItemOutcome::Failed { error } => format!("failed: {error}"),
+        }
+    }
+
+    /// Not supported is not a failure: there was nothing to restore on that card.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, ItemOutcome::NotPermitted | ItemOutcome::Failed { .. })
+    }
+
+    fn of(result: Result<(), NvmlError>) -> ItemOutcome {
+        match result {
+            Ok(()) => ItemOutcome::Done,
+            Err(NvmlError::NotSupported) => ItemOutcome::NotSupported,
+            Err(NvmlError::NoPermission) => ItemOutcome::NotPermitted,
+            Err(error) => ItemOutcome::Failed {
+                error: describe(&error),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuItems {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub items: Vec<ItemResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ItemResult {
+    pub item: ResetItem,
+    #[serde(flatten)]
+    pub outcome: ItemOutcome,
+}
+
+/// Restores `items` on each GPU of `indices`; with `dry_run`, reports what would be reset.
+pub fn reset(
+    gpus: &Gpus,
+    indices: &[u32],
+    items: &[ResetItem],
+    dry_run: bool,
+    peaks: Option<&PeakStore>,
+) -> Vec<GpuItems> {
+    indices
+        .iter()
+        .map(|&index| {
+            let device = gpus.nvml().device_by_index(index);
+            let uuid = device.as_ref().ok().and_then(|d| d.uuid().ok());
+            let results = items
+                .iter()
+                .map(|&item| ItemResult {
+                    item,
+                    outcome: match (&device, dry_run) {
+                        (Err(error), _) => ItemOutcome::Failed {
+                            error: describe(error),
+                        },
+                        (Ok(_), true) => ItemOutcome::WouldDo,
+                        (Ok(_), false) => reset_item(gpus, index, uuid.as_deref(), item, peaks),
+                    },
+                })
+                .collect();
+            GpuItems {
+                index,
+                uuid,
+                items: results,
+            }
+        })
+        .collect()
+}
+
+fn reset_item(
+    gpus: &Gpus,
+    index: u32,
+    uuid: Option<&str>,
+    item: ResetItem,
+    peaks: Option<&PeakStore>,
+) -> ItemOutcome {
+    // Setters take the device mutably; a fresh handle per item keeps each one independent.
+    let card = |reset: fn(&mut Device<'_>) -> Result<(), NvmlError>| {
+        ItemOutcome::of(
+            gpus.nvml()
+                .device_by_index(index)
+                .and_then(|mut device| reset(&mut device)),
+        )
+    };
+    match item {
+        ResetItem::ApplicationClocks => card(|d| d.reset_applications_clocks()),
+        ResetItem::LockedClocks => card(|d| d.reset_gpu_locked_clocks()),
+        ResetItem::MemoryLockedClocks => card(|d| d.reset_mem_locked_clocks()),
+        ResetItem::ComputeMode => card(|d| d.set_compute_mode(ComputeMode::Default)),
+        ResetItem::AccountingPids => card(|d| d.clear_accounting_pids()),
+        ResetItem::PeakMarks => match (peaks, uuid) {
+            (Some(store), Some(uuid)) => match store.reset(uuid) {
+                Ok(()) => ItemOutcome::Done,
+                Err(error) => ItemOutcome::Failed { error },
+            },
+            (None, _) => ItemOutcome::Failed {
+                error: "no state directory for peak marks".into(),
+            },
+            (_, None) => ItemOutcome::Failed {
+                error: "the GPU's UUID cannot be read".into(),
+            },
+        },
+    }
+}
+
+/// Turns persistence mode on for each GPU of `indices`.
+pub fn enable_persistence(gpus: &Gpus, indices: &[u32]) -> Vec<(u32, ItemOutcome)> {
+    indices
+        .iter()
+        .map(|&index| {
+            let outcome = match gpus.nvml().device_by_index(index) {
+                Ok(mut device) => ItemOutcome::of(device.set_persistent(true)),
+                Err(error) => ItemOutcome::of(Err(error)),
+            };
+            (index, outcome)
+        })
+        .collect()
+}

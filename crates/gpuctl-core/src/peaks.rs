@@ -1,0 +1,128 @@
+//! gpuctl's "peak since reset" memory marks. NVML keeps no device-wide peak, so this is the
+//! highest used memory gpuctl itself has seen on each GPU (each `gpuctl info`, each watchdog
+//! loop) since `gpuctl reset` cleared it. Kept per GPU UUID in the state directory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::Snapshot;
+
+/// Where gpuctl keeps state: `GPUCTL_STATE_DIR`, else /var/lib/gpuctl for root, else
+/// `$XDG_STATE_HOME/gpuctl` (default ~/.local/state/gpuctl).
+pub fn state_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("GPUCTL_STATE_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/gpuctl"));
+    }
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        })?;
+    Some(base.join("gpuctl"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peak {
+    pub used_bytes: u64,
+    /// When the mark was last cleared (or first recorded), seconds since the epoch.
+    pub since_unix: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct PeakFile {
+    gpus: BTreeMap<String, Peak>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PeakStore {
+    path: PathBuf,
+}
+
+impl PeakStore {
+    pub fn in_dir(dir: &Path) -> PeakStore {
+        PeakStore {
+            path: dir.join("peaks.json"),
+        }
+    }
+
+    /// The store in [`state_dir`].
+    pub fn default_location() -> Option<PeakStore> {
+        state_dir().map(|dir| PeakStore::in_dir(&dir))
+    }
+
+    fn read(&self) -> PeakFile {
+        std::fs::read(&self.path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    /// Written whole to a temporary file and renamed, so a reader never sees half a file.
+    /// Two writers at once may lose one's update: a peak is then recorded at the next look.
+    fn write(&self, file: &PeakFile) -> Result<(), String> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let tmp = self
+            .path
+            .with_extension(format!("json.{}", std::process::id()));
+        let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &self.path))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                format!("{}: {e}", self.path.display())
+            })
+    }
+
+    /// Raises each GPU's mark to what `snapshot` shows and returns the marks in force.
+    /// Writing is best effort: an unwritable state directory leaves the marks unrecorded.
+    pub fn observe(&self, snapshot: &Snapshot) -> BTreeMap<String, Peak> {
+        let mut file = self.read();
+        let now = now_unix();
+        let mut changed = false;
+        for gpu in &snapshot.devices {
+            let (Some(uuid), Some(memory)) = (&gpu.uuid, gpu.memory) else {
+                continue;
+            };
+            let peak = file.gpus.entry(uuid.clone()).or_insert_with(|| {
+                changed = true;
+                Peak {
+                    used_bytes: memory.used_bytes,
+                    since_unix: now,
+                }
+            });
+            if memory.used_bytes > peak.used_bytes {
+                peak.used_bytes = memory.used_bytes;
+                changed = true;
+            }
+        }
+        if changed {
+            let _ = self.write(&file);
+        }
+        file.gpus
+    }
+
+    /// Clears one GPU's mark: the next look starts it again.
+    pub fn reset(&self, uuid: &str) -> Result<(), String> {
+        let mut file = self.read();
+        if file.gpus.remove(uuid).is_some() {
+            self.write(&file)?;
+        }
+        Ok(())
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

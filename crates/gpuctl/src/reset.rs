@@ -1,0 +1,97 @@
+//! `gpuctl reset`: restore card settings a job changed, and clear peak marks.
+
+use std::io::{self, Write};
+
+use anyhow::Result;
+use gpuctl_core::cardset::{self, GpuItems, ResetItem};
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::peaks::PeakStore;
+use serde::Serialize;
+
+use crate::Exit;
+use crate::render::{Color, Style};
+use gpuctl::cli::ResetArgs;
+
+/// Version of the `reset --json` document.
+pub const RESET_SCHEMA: u32 = 1;
+
+#[derive(Serialize)]
+struct ResetDocument<'a> {
+    schema: u32,
+    dry_run: bool,
+    gpus: &'a [GpuItems],
+}
+
+pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
+    let chosen: Vec<ResetItem> = [
+        (args.application_clocks, ResetItem::ApplicationClocks),
+        (args.locked_clocks, ResetItem::LockedClocks),
+        (args.memory_locked_clocks, ResetItem::MemoryLockedClocks),
+        (args.compute_mode, ResetItem::ComputeMode),
+        (args.accounting, ResetItem::AccountingPids),
+        (args.peaks, ResetItem::PeakMarks),
+    ]
+    .into_iter()
+    .filter_map(|(wanted, item)| wanted.then_some(item))
+    .collect();
+    let items = if chosen.is_empty() {
+        ResetItem::ALL.to_vec()
+    } else {
+        chosen
+    };
+    let gpus = Gpus::open()?;
+    let indices = gpus.resolve(&args.gpus)?;
+    let peaks = PeakStore::default_location();
+    let results = cardset::reset(&gpus, &indices, &items, args.dry_run, peaks.as_ref());
+    let failed = results
+        .iter()
+        .flat_map(|gpu| &gpu.items)
+        .any(|item| item.outcome.is_failure());
+
+    let text = if args.json {
+        let mut text = serde_json::to_string_pretty(&ResetDocument {
+            schema: RESET_SCHEMA,
+            dry_run: args.dry_run,
+            gpus: &results,
+        })?;
+        text.push('\n');
+        text
+    } else {
+        table(&results, &style)
+    };
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(if failed { Exit::Failed } else { Exit::Ok })
+}
+
+fn table(results: &[GpuItems], style: &Style) -> String {
+    let mut out = String::new();
+    let width = ResetItem::ALL
+        .iter()
+        .map(|item| item.label().len())
+        .max()
+        .unwrap_or(0);
+    for gpu in results {
+        let title = match &gpu.uuid {
+            Some(uuid) => format!("GPU {} · {uuid}", gpu.index),
+            None => format!("GPU {}", gpu.index),
+        };
+        out.push_str(&style.paint(Color::Bold, &title));
+        out.push('\n');
+        for result in &gpu.items {
+            let label = result.outcome.label();
+            let label = if result.outcome.is_failure() {
+                style.paint(Color::Red, &label)
+            } else {
+                label
+            };
+            out.push_str(&format!(
+                "  {:width$}  {label}\n",
+                result.item.label(),
+                width = width
+            ));
+        }
+    }
+    out
+}
