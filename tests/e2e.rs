@@ -3,4 +3,6 @@
 mod util;
 
 mod info;
+mod kill_clear;
 mod schema;
+mod settings;

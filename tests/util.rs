@@ -75,6 +75,8 @@ impl Sim {
             .env("GPUCTL_NVML_LIB", sim_lib())
             .env("NVML_SIM_SCENARIO", self.scenario_path())
             .env("NVML_SIM_STATE", self.state_path())
+            // gpuctl's own state (peak marks) stays in the scratch directory too.
+            .env("GPUCTL_STATE_DIR", self.dir.path().join("gpuctl-state"))
             .env_remove("NO_COLOR")
             .env_remove("COLUMNS")
             .stdin(Stdio::null());
@@ -194,4 +196,407 @@ pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+// ---- Helpers for `kill` and `clear`: runs with workers, processes that are not our children,
+// ---- other users.
+
+impl Proc {
+    /// Like [`Proc::spawn`], with `configure` applied to the command before it starts.
+    pub fn spawn_with(
+        mode: &str,
+        argv0: &str,
+        args: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(testproc_bin());
+        command
+            .arg0(argv0)
+            .args(args)
+            .env("GPUCTL_TESTPROC_MODE", mode)
+            .stdin(Stdio::null());
+        configure(&mut command);
+        Proc {
+            child: command.spawn().expect("spawn test process"),
+        }
+    }
+
+    /// A test process in `mode` (sleep, ignore-term) that has finished setting itself up
+    /// (signal dispositions, comm) when this returns.
+    pub fn spawn_ready(mode: &str, argv0: &str, args: &[&str]) -> Proc {
+        let mut proc = Proc::spawn_with(mode, argv0, args, |command| {
+            command
+                .env("GPUCTL_TESTPROC_READY", "1")
+                .stdout(Stdio::piped());
+        });
+        proc.expect_ready();
+        proc
+    }
+
+    /// The test process in `mode` as user and group `uid` (through setpriv, which execs it:
+    /// the pid is the test process's), once it runs as that user.
+    pub fn spawn_as(uid: u32, mode: &str, args: &[&str]) -> Proc {
+        let id = uid.to_string();
+        let mut child = Command::new("setpriv")
+            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+            .arg(testproc_bin())
+            .args(args)
+            .env("GPUCTL_TESTPROC_MODE", mode)
+            .env("GPUCTL_TESTPROC_READY", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn setpriv");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut proc = Proc { child };
+        proc.child.stdout = Some(stdout);
+        proc.expect_ready();
+        proc
+    }
+
+    fn expect_ready(&mut self) {
+        use std::io::{BufRead, BufReader};
+        let stdout = self.child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read ready line");
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "test process {} not ready",
+            self.pid()
+        );
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child, which is not reaped before drop.
+        let rc = unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({}, {signal})", self.pid());
+    }
+}
+
+/// A run with workers (testproc mode run-with-workers): the parent leads its own process
+/// group, the workers are its children in that group. `crash` SIGKILLs the parent, as a
+/// crash or an OOM kill would; the workers live on, reparented to init.
+pub struct TrainingRun {
+    pub parent: Proc,
+    pub workers: Strays,
+}
+
+impl TrainingRun {
+    /// `count` workers in `worker_mode` (sleep, ignore-term), all with the command line
+    /// `argv0 args`.
+    pub fn start(count: usize, worker_mode: &str, argv0: &str, args: &[&str]) -> TrainingRun {
+        let mut parent = Proc::spawn_with("run-with-workers", argv0, args, |command| {
+            use std::os::unix::process::CommandExt;
+            command
+                .env("GPUCTL_TESTPROC_WORKERS", count.to_string())
+                .env("GPUCTL_TESTPROC_WORKER_MODE", worker_mode)
+                .stdout(Stdio::piped())
+                .process_group(0);
+        });
+        let stdout = parent.child.stdout.take().expect("piped stdout");
+        let workers = Strays::read(stdout, count);
+        TrainingRun { parent, workers }
+    }
+
+    /// SIGKILLs the parent and reaps it.
+    pub fn crash(&mut self) {
+        self.parent.kill();
+    }
+
+    pub fn pgid(&self) -> u32 {
+        self.parent.pid()
+    }
+}
+
+/// A background job: a launcher (testproc mode launch-and-exit, in its own process group)
+/// starts it and exits; it lives on alone in the launcher's group, reparented to init.
+pub fn background_job(argv0: &str, args: &[&str]) -> Strays {
+    let mut launcher = Proc::spawn_with("launch-and-exit", argv0, args, |command| {
+        use std::os::unix::process::CommandExt;
+        command
+            .env("GPUCTL_TESTPROC_WORKERS", "1")
+            .stdout(Stdio::piped())
+            .process_group(0);
+    });
+    let stdout = launcher.child.stdout.take().expect("piped stdout");
+    let job = Strays::read(stdout, 1);
+    let status = launcher.child.wait().expect("wait for launcher");
+    assert!(status.success(), "launcher failed: {status}");
+    job
+}
+
+/// Processes that are not our children (workers of a run), by identity: SIGKILLed on drop
+/// through a pidfd opened on the process with the recorded start time, so a pid reused
+/// meanwhile is never hit.
+pub struct Strays {
+    pub pids: Vec<u32>,
+    start_ticks: Vec<u64>,
+}
+
+impl Strays {
+    fn read(stdout: impl std::io::Read, count: usize) -> Strays {
+        use std::io::{BufRead, BufReader};
+        let mut pids = Vec::with_capacity(count);
+        for line in BufReader::new(stdout).lines().take(count) {
+            let line = line.expect("read worker pid");
+            pids.push(line.trim().parse::<u32>().expect("a worker pid"));
+        }
+        assert_eq!(
+            pids.len(),
+            count,
+            "the run printed {} of {count} pids",
+            pids.len()
+        );
+        let start_ticks = pids
+            .iter()
+            .map(|&pid| start_ticks(pid).expect("worker start time"))
+            .collect();
+        Strays { pids, start_ticks }
+    }
+
+    pub fn pid(&self, i: usize) -> u32 {
+        self.pids[i]
+    }
+
+    /// Sends `signal` to every one still alive with its recorded start time.
+    pub fn signal_all(&self, signal: i32) {
+        for (&pid, &ticks) in self.pids.iter().zip(&self.start_ticks) {
+            signal_identity(pid, ticks, signal);
+        }
+    }
+}
+
+impl Drop for Strays {
+    fn drop(&mut self) {
+        self.signal_all(libc::SIGKILL);
+    }
+}
+
+/// Signals pid only if it still names the process started at `ticks` (through a pidfd).
+fn signal_identity(pid: u32, ticks: u64, signal: i32) {
+    // SAFETY: pidfd_open takes a pid and flags; a negative result is an error.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    if fd < 0 {
+        return;
+    }
+    if start_ticks(pid) == Some(ticks) {
+        // SAFETY: a pidfd we own, no siginfo, no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd as libc::c_long,
+                signal as libc::c_long,
+                std::ptr::null::<libc::siginfo_t>(),
+                0 as libc::c_long,
+            )
+        };
+    }
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd as libc::c_int) };
+}
+
+/// Field 22 of /proc/PID/stat.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Whether pid names a process that has not exited (not a zombie, not gone).
+pub fn alive(pid: u32) -> bool {
+    proc_state(pid).is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
+}
+
+/// Waits (10 s at most) until pid has exited: gone from /proc or a zombie (orphans of a
+/// crashed run are reparented to init, which may reap them late or, in a container, never).
+pub fn wait_exited(pid: u32) {
+    wait_until(Duration::from_secs(10), || !alive(pid));
+}
+
+impl Sim {
+    /// Lets other users read the scenario (and create the sim's state file next to it).
+    pub fn share(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        std::fs::set_permissions(self.dir.path(), mode(0o777)).expect("chmod sim dir");
+        std::fs::set_permissions(self.scenario_path(), mode(0o644)).expect("chmod scenario");
+    }
+
+    /// `gpuctl ARGS` as user and group `uid` (through setpriv), against this scenario.
+    pub fn gpuctl_as(&self, uid: u32, args: &[&str]) -> Command {
+        let id = uid.to_string();
+        let inner = self.gpuctl(args);
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (key, value) in inner.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        command.stdin(Stdio::null());
+        command
+    }
+}
+
+/// A process started with a chosen pid (clone3 with set_tid, as CRIU does): how a test makes a
+/// pid name another process, the way pid reuse does. Killed and reaped on drop.
+pub struct PidReuser {
+    pub pid: u32,
+}
+
+impl PidReuser {
+    /// The test process in `mode` with `argv0`, as pid `pid` (which must be free). `None`
+    /// where the kernel refuses (no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, old kernel).
+    pub fn spawn(pid: u32, mode: &str, argv0: &str) -> Option<PidReuser> {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        #[repr(C)]
+        struct CloneArgs {
+            flags: u64,
+            pidfd: u64,
+            child_tid: u64,
+            parent_tid: u64,
+            exit_signal: u64,
+            stack: u64,
+            stack_size: u64,
+            tls: u64,
+            set_tid: u64,
+            set_tid_size: u64,
+            cgroup: u64,
+        }
+        // Everything the child needs is prepared before the clone: after it, in a
+        // multi-threaded process, the child may only call async-signal-safe functions.
+        let path = CString::new(testproc_bin().as_os_str().as_bytes()).ok()?;
+        let arg0 = CString::new(argv0).ok()?;
+        let env = CString::new(format!("GPUCTL_TESTPROC_MODE={mode}")).ok()?;
+        let argv = [arg0.as_ptr(), std::ptr::null()];
+        let envp = [env.as_ptr(), std::ptr::null()];
+        let tid: libc::pid_t = pid as libc::pid_t;
+        let args = CloneArgs {
+            flags: 0,
+            pidfd: 0,
+            child_tid: 0,
+            parent_tid: 0,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: 0,
+            stack_size: 0,
+            tls: 0,
+            set_tid: &tid as *const libc::pid_t as u64,
+            set_tid_size: 1,
+            cgroup: 0,
+        };
+        // SAFETY: clone3 with a valid, fully initialised clone_args of the size given; the
+        // child only calls execve and _exit.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if rc == 0 {
+            // SAFETY: the pointers are valid NUL-terminated arrays prepared above.
+            unsafe {
+                libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                libc::_exit(127);
+            }
+        }
+        if rc < 0 {
+            return None;
+        }
+        assert_eq!(rc as u32, pid, "clone3 gave another pid");
+        let reuser = PidReuser { pid };
+        // Exec'd when argv[0] shows.
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(argv0.as_bytes()))
+        });
+        Some(reuser)
+    }
+}
+
+impl Drop for PidReuser {
+    fn drop(&mut self) {
+        // SAFETY: our own child, reaped here.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+            libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// A pseudo-terminal pair: the terminal a person would answer a confirmation on.
+pub struct Pty {
+    pub master: std::fs::File,
+    pub slave: std::os::fd::OwnedFd,
+}
+
+impl Pty {
+    pub fn open() -> Pty {
+        use std::os::fd::FromRawFd;
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two descriptors; no name, termios or winsize.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors were just returned to us and are owned by nothing else.
+        unsafe {
+            Pty {
+                master: std::fs::File::from_raw_fd(master),
+                slave: std::os::fd::OwnedFd::from_raw_fd(slave),
+            }
+        }
+    }
+
+    /// What the other side writes, line or not, as it comes (read on a thread until EOF/EIO).
+    pub fn reader(&self) -> std::sync::mpsc::Receiver<Vec<u8>> {
+        use std::io::Read;
+        let mut master = self.master.try_clone().expect("dup pty master");
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = master.read(&mut buffer) {
+                if n == 0 || send.send(buffer[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        receive
+    }
+}
+
+/// Collects from `received` until the text contains `needle`, or fails after 10 s.
+pub fn expect_text(received: &std::sync::mpsc::Receiver<Vec<u8>>, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut text = Vec::new();
+    while !String::from_utf8_lossy(&text).contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match received.recv_timeout(left) {
+            Ok(bytes) => text.extend(bytes),
+            Err(_) => panic!(
+                "{needle:?} not seen within 10 s; got {:?}",
+                String::from_utf8_lossy(&text)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
 }

@@ -206,9 +206,49 @@ pub fn select(
                 None => continue,
             }
         }
+        target
+            .reasons
+            .extend(matched_selectors(selection, &target, age_of(snapshot, pid)));
         targets.push(target);
     }
     (targets, refusals)
+}
+
+/// Why a target was selected, in the selectors' own terms (a dry run prints them).
+fn matched_selectors(selection: &Selection, target: &Target, age: Option<u64>) -> Vec<String> {
+    let mut matched = Vec::new();
+    if selection.pids.contains(&target.pid) {
+        matched.push(format!("selected: --pid {}", target.pid));
+    }
+    if let Some(gpus) = &selection.gpus {
+        let on: Vec<String> = target
+            .gpus
+            .iter()
+            .filter(|g| gpus.contains(g))
+            .map(u32::to_string)
+            .collect();
+        matched.push(format!("selected: on GPU {}", on.join(", ")));
+    }
+    if !selection.uids.is_empty() {
+        matched.push(format!("selected: --user {}", target.owner_name()));
+    }
+    if let (Some(min), Some(used)) = (selection.min_bytes, target.used_bytes) {
+        matched.push(format!(
+            "selected: holds {} MiB, at least --min-mem {} MiB",
+            used >> 20,
+            min >> 20
+        ));
+    }
+    if let (Some(older), Some(age)) = (selection.older_than, age) {
+        matched.push(format!(
+            "selected: running {age}s, at least --older-than {}s",
+            older.as_secs()
+        ));
+    }
+    if matched.is_empty() && !selection.stale {
+        matched.push("selected: --all".into());
+    }
+    matched
 }
 
 /// Targets from the reclaim findings of `clear` (and the watchdog).

@@ -156,7 +156,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         reported: Vec::new(),
         wait: None,
     };
-    emit(&document, args.json, &style, args.stale || args.dry_run)?;
+    emit(&document, args.json, &style, args.dry_run || args.stale)?;
     Ok(if ok { Exit::Ok } else { Exit::Failed })
 }
 
