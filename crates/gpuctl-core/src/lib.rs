@@ -7,6 +7,8 @@
 pub mod act;
 pub mod cardset;
 pub mod classify;
+pub mod config;
+pub mod cuda;
 pub mod error;
 pub mod host;
 pub mod nvml;
