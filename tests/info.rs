@@ -258,6 +258,7 @@ fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
         .env("NVML_SIM_SCENARIO", sim.scenario_path())
         .env("NVML_SIM_STATE", sim.state_path())
         .env("GPUCTL_STATE_DIR", sim.dir.path().join("gpuctl-state"))
+        .env("GPUCTL_CONFIG", sim.config_path())
         .stderr(Stdio::piped())
         .output()
         .unwrap();

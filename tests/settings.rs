@@ -121,3 +121,219 @@ fn peak_marks_rise_with_use_and_clear_on_reset() {
         "after reset the mark starts again"
     );
 }
+
+#[test]
+fn fraction_is_stored_with_comments_kept_and_shown_with_its_source() {
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n[[gpu]]\n");
+    let original = "# site policy, reviewed 2026-11\n[fraction]\n# most jobs\ndefault = 0.9 # keep\n\n[protect]\nusers = [\"slurm\"]\n";
+    std::fs::write(sim.config_path(), original).unwrap();
+    let run = sim.run(&["fraction", "0.75"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("fraction.default = 0.75"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(sim.config_path()).unwrap(),
+        original.replace("default = 0.9 # keep", "default = 0.75 # keep")
+    );
+    assert_eq!(sim.run(&["fraction", "50%", "--gpu", "1"]).code, 0);
+    let doc = sim.json(&["fraction"]);
+    let shares: Vec<(f64, String)> = doc["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["fraction"].as_f64().unwrap(),
+                g["source"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(shares[0].0, 0.75);
+    assert!(shares[0].1.ends_with("fraction.default"), "{shares:?}");
+    assert_eq!(shares[1].0, 0.5);
+    assert!(shares[1].1.ends_with("fraction.gpu.\"1\""), "{shares:?}");
+}
+
+#[test]
+fn bad_fractions_and_bad_configs_are_one_line_usage_errors() {
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
+    for bad in ["0", "-0.5", "1.5", "NaN", "inf", "garbage", "150%"] {
+        sim.run(&["fraction", bad]).assert_one_line_error(2, bad);
+    }
+    assert!(
+        !sim.config_path().exists(),
+        "a bad value must not create the file"
+    );
+    std::fs::write(
+        sim.config_path(),
+        "[fraction]\ndefault = 0.5\nfractoin = 1\n",
+    )
+    .unwrap();
+    for command in [&["fraction"][..], &["enable"], &["clear", "--dry-run"]] {
+        let run = sim.run(command);
+        run.assert_one_line_error(2, "line 3: unknown key 'fraction.fractoin'");
+        assert!(
+            run.stderr
+                .contains(&sim.config_path().display().to_string())
+        );
+    }
+}
+
+#[test]
+fn a_config_writable_by_others_is_refused_when_it_steers_root() {
+    if !nix_is_root() {
+        eprintln!("skipped: the trust check for root needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
+    std::fs::write(sim.config_path(), "[fraction]\ndefault = 0.5\n").unwrap();
+    std::fs::set_permissions(sim.config_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    sim.run(&["clear", "--dry-run"])
+        .assert_one_line_error(2, "is writable by everyone: refusing it");
+    std::fs::set_permissions(sim.config_path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(sim.run(&["clear", "--dry-run"]).code, 0);
+}
+
+fn nix_is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn enable_prints_merges_and_execs() {
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
+    std::fs::write(sim.config_path(), "[fraction]\ndefault = 0.6\n").unwrap();
+    let run = crate::util::Run::from(
+        sim.gpuctl(&["enable"])
+            .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+            .env("TF_FORCE_GPU_ALLOW_GROWTH", "false")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    assert!(
+        out.contains(
+            "export PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb:128,expandable_segments:True';"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("export PYTORCH_ALLOC_CONF='expandable_segments:True';"),
+        "{out}"
+    );
+    assert!(
+        out.contains("export XLA_PYTHON_CLIENT_MEM_FRACTION='0.6';"),
+        "{out}"
+    );
+    assert!(
+        out.contains("export TF_FORCE_GPU_ALLOW_GROWTH='false';"),
+        "the user's value is kept: {out}"
+    );
+    // What is printed is valid for sh: eval it and read a variable back.
+    let evaluated = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{out}\nprintf %s \"$PYTORCH_CUDA_ALLOC_CONF\""))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&evaluated.stdout),
+        "max_split_size_mb:128,expandable_segments:True"
+    );
+    let fish = sim.run(&["enable", "--shell", "fish"]);
+    assert!(
+        fish.stdout.contains("set -gx CUDA_MODULE_LOADING 'LAZY';"),
+        "{}",
+        fish.stdout
+    );
+
+    // With a command: exec'd with the settings, no shell between, its status is ours.
+    let run = sim.run(&[
+        "enable",
+        "--",
+        "sh",
+        "-c",
+        "printf '%s|%s' \"$PYTORCH_ALLOC_CONF\" \"$XLA_PYTHON_CLIENT_PREALLOCATE\"; exit 7",
+    ]);
+    assert_eq!(run.code, 7);
+    assert_eq!(run.stdout, "expandable_segments:True|false");
+    sim.run(&["enable", "--", "/nonexistent/train"])
+        .assert_one_line_error(127, "cannot run /nonexistent/train");
+    let not_executable = sim.dir.path().join("notes.txt");
+    std::fs::write(&not_executable, "not a program\n").unwrap();
+    let path = not_executable.to_str().unwrap();
+    sim.run(&["enable", "--", path])
+        .assert_one_line_error(126, &format!("cannot run {path}"));
+}
+
+#[test]
+fn enable_persistence_reaches_the_sim_and_a_refusal_stops_the_command() {
+    let sim = Sim::new(
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n[[gpu]]\nno_permission = [\"persistence_mode\"]\n",
+    );
+    let run = sim.run(&["enable", "--persistence", "--gpu", "0", "--", "true"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("GPU 0: persistence mode: done"),
+        "{}",
+        run.stderr
+    );
+    let info = sim.json(&["info"]);
+    assert_eq!(info["devices"][0]["persistence_mode"], true);
+    assert_eq!(info["devices"][1]["persistence_mode"], false);
+
+    let marker = sim.dir.path().join("ran");
+    let run = sim.run(&[
+        "enable",
+        "--persistence",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("GPU 1: persistence mode: not permitted"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !marker.exists(),
+        "the command must not run when persistence was refused"
+    );
+}
+
+#[test]
+fn protect_lists_from_the_config_spare_processes() {
+    let monitor = Proc::sleeper("my-monitor", &["--interval", "5"]);
+    let sim = Sim::new(&format!(
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n\
+         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n",
+        monitor.pid()
+    ));
+    std::fs::write(
+        sim.config_path(),
+        "[protect]\ncommands = [\"my-monitor\"]\n",
+    )
+    .unwrap();
+    let run = sim.run(&[
+        "kill",
+        "--pid",
+        &monitor.pid().to_string(),
+        "--timeout",
+        "1s",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("protected: my-monitor"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        crate::util::proc_state(monitor.pid()).is_some(),
+        "the protected process was signalled"
+    );
+}

@@ -56,6 +56,11 @@ impl Sim {
         self.dir.path().join("scenario.toml")
     }
 
+    /// The configuration file gpuctl reads (absent unless a test writes it).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gpuctl.toml")
+    }
+
     pub fn state_path(&self) -> PathBuf {
         self.dir.path().join("state.json")
     }
@@ -77,6 +82,8 @@ impl Sim {
             .env("NVML_SIM_STATE", self.state_path())
             // gpuctl's own state (peak marks) stays in the scratch directory too.
             .env("GPUCTL_STATE_DIR", self.dir.path().join("gpuctl-state"))
+            // Nothing of this machine's own configuration: a file the test may write, or none.
+            .env("GPUCTL_CONFIG", self.config_path())
             .env_remove("NO_COLOR")
             .env_remove("COLUMNS")
             .stdin(Stdio::null());

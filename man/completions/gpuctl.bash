@@ -19,6 +19,12 @@ _gpuctl() {
             gpuctl,clear)
                 cmd="gpuctl__subcmd__clear"
                 ;;
+            gpuctl,enable)
+                cmd="gpuctl__subcmd__enable"
+                ;;
+            gpuctl,fraction)
+                cmd="gpuctl__subcmd__fraction"
+                ;;
             gpuctl,help)
                 cmd="gpuctl__subcmd__help"
                 ;;
@@ -28,8 +34,17 @@ _gpuctl() {
             gpuctl,kill)
                 cmd="gpuctl__subcmd__kill"
                 ;;
+            gpuctl,reset)
+                cmd="gpuctl__subcmd__reset"
+                ;;
             gpuctl__subcmd__help,clear)
                 cmd="gpuctl__subcmd__help__subcmd__clear"
+                ;;
+            gpuctl__subcmd__help,enable)
+                cmd="gpuctl__subcmd__help__subcmd__enable"
+                ;;
+            gpuctl__subcmd__help,fraction)
+                cmd="gpuctl__subcmd__help__subcmd__fraction"
                 ;;
             gpuctl__subcmd__help,help)
                 cmd="gpuctl__subcmd__help__subcmd__help"
@@ -40,6 +55,9 @@ _gpuctl() {
             gpuctl__subcmd__help,kill)
                 cmd="gpuctl__subcmd__help__subcmd__kill"
                 ;;
+            gpuctl__subcmd__help,reset)
+                cmd="gpuctl__subcmd__help__subcmd__reset"
+                ;;
             *)
                 ;;
         esac
@@ -47,7 +65,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear help"
+            opts="-h -V --color --help --version info kill clear reset fraction enable help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -102,8 +120,60 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__enable)
+            opts="-h --shell --json --persistence --gpu --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --shell)
+                    COMPREPLY=($(compgen -W "sh bash zsh fish" -- "${cur}"))
+                    return 0
+                    ;;
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__fraction)
+            opts="-h --gpu --user --json --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__help)
-            opts="info kill clear help"
+            opts="info kill clear reset fraction enable help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -117,6 +187,34 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__clear)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__enable)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__fraction)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -159,6 +257,20 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__kill)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__reset)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -230,6 +342,28 @@ _gpuctl() {
                     return 0
                     ;;
                 --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__reset)
+            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --dry-run --json --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -32,6 +32,9 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -s V -l version -d 'Print ve
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id. Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted' -r
@@ -68,7 +71,41 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l include-stopped 
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l dry-run -d 'Print what would be reclaimed and why, and signal nothing'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l json -d 'Print one JSON document (see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l gpu -d 'Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l application-clocks -d 'Application clocks back to their default'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l locked-clocks -d 'Release locked GPU clocks'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l memory-locked-clocks -d 'Release locked memory clocks'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l compute-mode -d 'Compute mode back to DEFAULT'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l accounting -d 'Clear accounting\'s records of finished processes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l peaks -d 'Clear gpuctl\'s peak memory marks'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l dry-run -d 'Print what would be reset, and change nothing'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l gpu -d 'A per-GPU entry (index or UUID); when showing, only this GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l user -d 'A per-user entry; when showing, the share this user\'s processes get' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l shell -d 'Print the settings for this shell' -r -f -a "sh\t''
+bash\t''
+zsh\t''
+fish\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l gpu -d 'The GPUs for --persistence and for the share policy (index, UUID or bus id). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l json -d 'Print one JSON document instead (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l persistence -d 'Also turn persistence mode on for the selected GPUs (root): the driver stays loaded between jobs, so the next one starts without the initialisation delay'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -303,17 +303,21 @@ pub struct Guard {
     own_pid: u32,
     ancestors: HashSet<u32>,
     protected: Vec<String>,
+    protected_users: Vec<String>,
 }
 
 impl Guard {
-    /// The guard for this process: its privileges, its own pid and ancestors.
-    pub fn for_this_process(protected: &[String]) -> Guard {
+    /// The guard for this process: its privileges, its own pid and ancestors. `protected`
+    /// names commands never signalled; `protected_users` names users whose processes are
+    /// never signalled (automatic reclaim: clear and the watchdog).
+    pub fn for_this_process(protected: &[String], protected_users: &[String]) -> Guard {
         Guard {
             root: nix::unistd::geteuid().is_root(),
             caller_uid: nix::unistd::getuid().as_raw(),
             own_pid: std::process::id(),
             ancestors: ancestors(),
             protected: protected.to_vec(),
+            protected_users: protected_users.to_vec(),
         }
     }
 
@@ -347,6 +351,13 @@ impl Guard {
             })
         }) {
             return Some(format!("protected: {name}"));
+        }
+        if let Some(user) = target
+            .user
+            .as_ref()
+            .filter(|user| self.protected_users.contains(user))
+        {
+            return Some(format!("protected user: {user}"));
         }
         if !self.root && target.uid != Some(self.caller_uid) {
             return Some(format!(

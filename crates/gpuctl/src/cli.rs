@@ -12,13 +12,20 @@ Exit status:
   1  the operation failed (info: a GPU is lost or cannot be read, the others are shown;
      kill, clear: a selected process was skipped, refused, survived, or its memory is
      still held)
-  2  usage error (bad option, bad value, unknown GPU or user, a needed --yes missing)
+  2  usage error (bad option, bad value, unknown GPU or user, a needed --yes missing,
+     an invalid or untrusted configuration file)
   3  NVML or the NVIDIA driver is unavailable
   4  clear --wait: the GPUs were not free by the deadline
+  126, 127  enable -- COMMAND: the command could not be executed, or was not found
+            (otherwise enable -- COMMAND exits with the command's own status)
 
 Environment:
   GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals)
-  NO_COLOR         when set and not empty, --color auto does not color";
+  NO_COLOR         when set and not empty, --color auto does not color
+  GPUCTL_CONFIG    the one configuration file to read (default /etc/gpuctl/gpuctl.toml and
+                   $XDG_CONFIG_HOME/gpuctl/gpuctl.toml)
+  GPUCTL_STATE_DIR where peak marks are kept (default /var/lib/gpuctl as root,
+                   $XDG_STATE_HOME/gpuctl otherwise)";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
@@ -78,6 +85,79 @@ pub enum Command {
     /// and item reports done, not supported, not permitted, or failed. The GPU itself is
     /// never reset.
     Reset(ResetArgs),
+
+    /// Show or set the per-process memory-share policy: the share of one GPU's memory a
+    /// single process may hold.
+    ///
+    /// With no VALUE, show the share in force on each GPU (for --user, or the caller) and the
+    /// file and key it comes from. With a VALUE in (0, 1] (or a percentage), store it: in the
+    /// system file as root, in the caller's own file otherwise (which may only lower the
+    /// system's share). --gpu or --user store a per-GPU or per-user entry. Comments and layout
+    /// of the file are kept. Programs using gpuctl-core apply the share in-process, `gpuctl
+    /// enable` exports it to JAX, and the watchdog enforces it.
+    Fraction(FractionArgs),
+
+    /// Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow.
+    ///
+    /// PyTorch: expandable_segments:True added to PYTORCH_ALLOC_CONF and
+    /// PYTORCH_CUDA_ALLOC_CONF (keeping the keys already there); CUDA_MODULE_LOADING=LAZY; JAX:
+    /// no preallocation, and the memory share policy as XLA_PYTHON_CLIENT_MEM_FRACTION;
+    /// TensorFlow: memory growth. Variables already set are kept. Without a command, print
+    /// them for eval: eval "$(gpuctl enable)". With one, run it with them set (no shell in
+    /// between; its exit status is gpuctl's).
+    Enable(EnableArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FractionArgs {
+    /// The share to store, in (0, 1], or a percentage ("0.8", "80%").
+    #[arg(value_name = "VALUE", allow_negative_numbers = true)]
+    pub value: Option<String>,
+
+    /// A per-GPU entry (index or UUID); when showing, only this GPU.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpu: Option<String>,
+
+    /// A per-user entry; when showing, the share this user's processes get.
+    #[arg(long, value_name = "USER", conflicts_with = "gpu")]
+    pub user: Option<String>,
+
+    /// Print one JSON document (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellKind {
+    Sh,
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EnableArgs {
+    /// Print the settings for this shell.
+    #[arg(long, value_enum, value_name = "SHELL", default_value_t = ShellKind::Sh)]
+    pub shell: ShellKind,
+
+    /// Print one JSON document instead (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Also turn persistence mode on for the selected GPUs (root): the driver stays loaded
+    /// between jobs, so the next one starts without the initialisation delay.
+    #[arg(long)]
+    pub persistence: bool,
+
+    /// The GPUs for --persistence and for the share policy (index, UUID or bus id).
+    /// Repeat for several. Default: every GPU.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+
+    /// The command to run with the settings, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -1,6 +1,7 @@
 //! gpuctl: see who holds GPU memory on shared NVIDIA servers, and get it back safely.
 
 mod info;
+mod policy;
 mod reclaim;
 mod render;
 mod reset;
@@ -23,6 +24,10 @@ pub enum Exit {
     NvmlUnavailable = 3,
     /// `clear --wait`: the GPUs were not free by the deadline.
     NotClean = 4,
+    /// `enable -- COMMAND`: found but could not be executed (as shells report it).
+    CommandNotExecutable = 126,
+    /// `enable -- COMMAND`: not found.
+    CommandNotFound = 127,
 }
 
 /// A request that cannot be carried out as given (exit status 2).
@@ -56,6 +61,8 @@ fn main() -> ExitCode {
         Command::Kill(args) => reclaim::run_kill(&args, color),
         Command::Clear(args) => reclaim::run_clear(&args, color),
         Command::Reset(args) => reset::run(&args, color),
+        Command::Fraction(args) => policy::run_fraction(&args, color),
+        Command::Enable(args) => policy::run_enable(&args),
     };
     match result {
         Ok(exit) => ExitCode::from(exit as u8),
@@ -100,6 +107,13 @@ fn report(error: &anyhow::Error) -> ExitCode {
         Some(CoreError::NvmlUnavailable { .. }) => Exit::NvmlUnavailable,
         Some(CoreError::GpuSelector(_)) => Exit::Usage,
         _ if error.downcast_ref::<Usage>().is_some() => Exit::Usage,
+        // A configuration file that is invalid or not trusted is bad input, like a bad option.
+        _ if error
+            .downcast_ref::<gpuctl_core::config::ConfigError>()
+            .is_some() =>
+        {
+            Exit::Usage
+        }
         _ => Exit::Failed,
     };
     let message = format!("{error:#}").replace('\n', " ");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use gpuctl_core::act::Escalation;
 use gpuctl_core::classify::{self, Finding, Policy, Verdict};
+use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::reclaim::{self, Guard, Outcome, Refusal, Selection, Target};
@@ -67,11 +68,15 @@ fn escalation(how: &SignalArgs) -> Escalation {
     }
 }
 
-fn protected() -> Vec<String> {
-    reclaim::DEFAULT_PROTECTED
+/// The built-in protected commands and the configuration's `[protect]` lists.
+fn protected() -> Result<(Vec<String>, Vec<String>)> {
+    let protect = config::load()?.protect();
+    let mut commands: Vec<String> = reclaim::DEFAULT_PROTECTED
         .iter()
         .map(|s| s.to_string())
-        .collect()
+        .collect();
+    commands.extend(protect.commands);
+    Ok((commands, protect.users))
 }
 
 fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
@@ -126,7 +131,9 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     };
     let (snapshot, findings) = classified(&gpus, &Policy::default())?;
     let (targets, refused) = reclaim::select(&snapshot, &findings, &selection);
-    let guard = Guard::for_this_process(&protected());
+    // An explicit kill is the admin's call: only protected commands are spared, not users.
+    let (commands, _) = protected()?;
+    let guard = Guard::for_this_process(&commands, &[]);
 
     if targets.is_empty() && refused.is_empty() {
         eprintln!("gpuctl: no GPU process matches the selection");
@@ -168,7 +175,8 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         ..Policy::default()
     };
     let (snapshot, findings) = classified(&gpus, &policy)?;
-    let guard = Guard::for_this_process(&protected());
+    let (commands, users) = protected()?;
+    let guard = Guard::for_this_process(&commands, &users);
     let mut targets = reclaim::stale_targets(&snapshot, &findings, selected.as_deref());
     // Only root reclaims other users' leftovers; the caller's others are reported.
     let mut others: Vec<Finding> = Vec::new();

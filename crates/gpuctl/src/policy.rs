@@ -1,0 +1,310 @@
+//! `gpuctl fraction` (the memory-share policy) and `gpuctl enable` (allocator settings).
+
+use std::io::{self, Write};
+use std::os::unix::process::CommandExt;
+
+use anyhow::Result;
+use gpuctl_core::CoreError;
+use gpuctl_core::cardset;
+use gpuctl_core::config::{self, FractionInForce, FractionScope, Loaded, Origin};
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::settings::{self, EnvSetting, Shell};
+use serde::Serialize;
+
+use crate::render::{Color, Style};
+use crate::{Exit, Usage};
+use gpuctl::cli::{EnableArgs, FractionArgs, ShellKind};
+
+/// Version of the `fraction --json` and `enable --json` documents.
+pub const POLICY_SCHEMA: u32 = 1;
+
+fn current_user() -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|user| user.name)
+}
+
+/// The share for `user`'s processes on one GPU, or with no GPU: the user or default entry.
+fn share(
+    loaded: &Loaded,
+    gpu: Option<(u32, Option<&str>)>,
+    user: Option<&str>,
+) -> Option<FractionInForce> {
+    match gpu {
+        Some((index, uuid)) => config::fraction_for(loaded, index, uuid, user),
+        // No GPU index matches u32::MAX, so only user and default entries apply.
+        None => config::fraction_for(loaded, u32::MAX, None, user),
+    }
+}
+
+pub fn run_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
+    match &args.value {
+        Some(value) => set_fraction(args, value),
+        None => show_fraction(args, style),
+    }
+}
+
+fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
+    let value = config::parse_fraction(text).map_err(Usage)?;
+    let (system, user_file) = config::paths();
+    let root = nix::unistd::geteuid().is_root();
+    // Root sets policy; anyone else keeps their own defaults (which may only lower it).
+    let target = match user_file {
+        Some(user_file) if !root => user_file,
+        _ => system,
+    };
+    let scope = match (&args.gpu, &args.user) {
+        (Some(gpu), _) => FractionScope::Gpu(gpu.clone()),
+        (None, Some(user)) => FractionScope::User(user.clone()),
+        (None, None) => FractionScope::Default,
+    };
+    let key = scope.key();
+    config::set_fraction(&target, scope, value)?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "{key} = {value} in {target}")?;
+    if target.origin == Origin::User {
+        let loaded = config::load()?;
+        if let Some(note) = share(&loaded, None, current_user().as_deref()).and_then(|s| s.note) {
+            writeln!(out, "note: {note}")?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+#[derive(Serialize)]
+struct FractionDocument {
+    schema: u32,
+    user: Option<String>,
+    files: Vec<FileEntry>,
+    gpus: Vec<ShareEntry>,
+}
+
+#[derive(Serialize)]
+struct FileEntry {
+    origin: String,
+    path: String,
+    present: bool,
+}
+
+#[derive(Serialize)]
+struct ShareEntry {
+    /// `None`: no GPU (NVML unavailable): the user and default entries.
+    index: Option<u32>,
+    uuid: Option<String>,
+    /// `None`: no limit.
+    fraction: Option<f64>,
+    source: Option<String>,
+    note: Option<String>,
+}
+
+fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
+    let loaded = config::load()?;
+    let user = args.user.clone().or_else(current_user);
+    let (system, user_file) = config::paths();
+    let files: Vec<FileEntry> = std::iter::once((system, loaded.system.is_some()))
+        .chain(user_file.map(|s| (s, loaded.user.is_some())))
+        .map(|(source, present)| FileEntry {
+            origin: source.origin.to_string(),
+            path: source.path.display().to_string(),
+            present,
+        })
+        .collect();
+    // Per GPU where NVML answers; without it, the entries that apply to every GPU.
+    let gpus: Vec<(u32, Option<String>)> = match Gpus::open() {
+        Ok(gpus) => {
+            let wanted: Vec<String> = args.gpu.iter().cloned().collect();
+            let uuids = gpus.uuids()?;
+            gpus.resolve(&wanted)?
+                .into_iter()
+                .map(|index| (index, uuids.get(index as usize).cloned().flatten()))
+                .collect()
+        }
+        Err(CoreError::NvmlUnavailable { .. }) if args.gpu.is_none() => Vec::new(),
+        Err(error) => return Err(error.into()),
+    };
+    let entry = |gpu: Option<(u32, Option<String>)>| {
+        let found = share(
+            &loaded,
+            gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
+            user.as_deref(),
+        );
+        ShareEntry {
+            index: gpu.as_ref().map(|(i, _)| *i),
+            uuid: gpu.and_then(|(_, u)| u),
+            fraction: found.as_ref().map(|f| f.value),
+            source: found.as_ref().map(FractionInForce::describe),
+            note: found.and_then(|f| f.note),
+        }
+    };
+    let shares: Vec<ShareEntry> = if gpus.is_empty() {
+        vec![entry(None)]
+    } else {
+        gpus.into_iter().map(|gpu| entry(Some(gpu))).collect()
+    };
+    let document = FractionDocument {
+        schema: POLICY_SCHEMA,
+        user,
+        files,
+        gpus: shares,
+    };
+    let text = if args.json {
+        let mut text = serde_json::to_string_pretty(&document)?;
+        text.push('\n');
+        text
+    } else {
+        fraction_table(&document, &style)
+    };
+    io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(Exit::Ok)
+}
+
+fn fraction_table(document: &FractionDocument, style: &Style) -> String {
+    let mut out = format!(
+        "{}\n",
+        style.paint(
+            Color::Bold,
+            &format!(
+                "memory share per process, for {}",
+                document.user.as_deref().unwrap_or("this user")
+            )
+        )
+    );
+    for share in &document.gpus {
+        let gpu = match (share.index, &share.uuid) {
+            (Some(index), Some(uuid)) => format!("GPU {index} ({uuid})"),
+            (Some(index), None) => format!("GPU {index}"),
+            (None, _) => "every GPU".to_string(),
+        };
+        let value = match (share.fraction, &share.source) {
+            (Some(value), Some(source)) => format!("{value}  from {source}"),
+            _ => "no limit".to_string(),
+        };
+        out.push_str(&format!("  {gpu}: {value}\n"));
+        if let Some(note) = &share.note {
+            out.push_str(&format!("    {}\n", style.paint(Color::Yellow, note)));
+        }
+    }
+    for file in &document.files {
+        out.push_str(&style.paint(
+            Color::Dim,
+            &format!(
+                "  {} file {}{}\n",
+                file.origin,
+                file.path,
+                if file.present { "" } else { " (absent)" }
+            ),
+        ));
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct EnableDocument<'a> {
+    schema: u32,
+    env: &'a [EnvSetting],
+    fraction: Option<f64>,
+    fraction_source: Option<String>,
+    persistence: Option<Vec<PersistenceEntry>>,
+}
+
+#[derive(Serialize)]
+struct PersistenceEntry {
+    index: u32,
+    #[serde(flatten)]
+    outcome: cardset::ItemOutcome,
+}
+
+pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
+    let loaded = config::load()?;
+    let user = current_user();
+    let nvml = (args.persistence || !args.gpus.is_empty())
+        .then(Gpus::open)
+        .transpose()?;
+    let indices = match &nvml {
+        Some(gpus) => gpus.resolve(&args.gpus)?,
+        None => Vec::new(),
+    };
+    // The share of the first selected GPU, or, with no GPU named, the user or default one.
+    let gpu = (!args.gpus.is_empty())
+        .then(|| indices.first().copied())
+        .flatten()
+        .map(|index| {
+            let uuid = nvml
+                .as_ref()
+                .and_then(|g| g.uuids().ok())
+                .and_then(|u| u.get(index as usize).cloned().flatten());
+            (index, uuid)
+        });
+    let fraction = share(
+        &loaded,
+        gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
+        user.as_deref(),
+    );
+    let env = settings::enable_env(
+        &|name| std::env::var(name).ok(),
+        fraction.as_ref().map(|f| f.value),
+    );
+
+    let persistence = match (&nvml, args.persistence) {
+        (Some(gpus), true) => Some(cardset::enable_persistence(gpus, &indices)),
+        _ => None,
+    };
+    let mut failed = false;
+    if let Some(results) = &persistence {
+        let mut err = io::stderr().lock();
+        for (index, outcome) in results {
+            failed |= outcome.is_failure() || *outcome == cardset::ItemOutcome::NotSupported;
+            let _ = writeln!(
+                err,
+                "gpuctl: GPU {index}: persistence mode: {}",
+                outcome.label()
+            );
+        }
+    }
+    if failed {
+        // Asked for and not done: the command is not run on a card in an unexpected state.
+        return Ok(Exit::Failed);
+    }
+
+    if !args.command.is_empty() {
+        let program = &args.command[0];
+        let error = std::process::Command::new(program)
+            .args(&args.command[1..])
+            .envs(env.iter().filter(|s| !s.kept).map(|s| (s.name, &s.value)))
+            .exec();
+        let code = if error.kind() == io::ErrorKind::NotFound {
+            Exit::CommandNotFound
+        } else {
+            Exit::CommandNotExecutable
+        };
+        eprintln!("gpuctl: cannot run {}: {error}", program.to_string_lossy());
+        return Ok(code);
+    }
+
+    let text = if args.json {
+        let document = EnableDocument {
+            schema: POLICY_SCHEMA,
+            env: &env,
+            fraction: fraction.as_ref().map(|f| f.value),
+            fraction_source: fraction.as_ref().map(FractionInForce::describe),
+            persistence: persistence.map(|results| {
+                results
+                    .into_iter()
+                    .map(|(index, outcome)| PersistenceEntry { index, outcome })
+                    .collect()
+            }),
+        };
+        let mut text = serde_json::to_string_pretty(&document)?;
+        text.push('\n');
+        text
+    } else {
+        let shell = match args.shell {
+            ShellKind::Fish => Shell::Fish,
+            ShellKind::Sh | ShellKind::Bash | ShellKind::Zsh => Shell::Posix,
+        };
+        settings::shell_exports(&env, shell)
+    };
+    io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(Exit::Ok)
+}
