@@ -44,22 +44,12 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         }
         Ok(snapshot)
     };
-    let mut out = io::stdout().lock();
     let Some(interval) = args.watch else {
         let snapshot = take()?;
-        // Rendered whole, then written once: stdout is line-buffered, and a pretty document
-        // written piecewise costs a syscall per line.
-        let text = if args.json {
-            let mut text = serde_json::to_string_pretty(&document(&snapshot))?;
-            text.push('\n');
-            text
-        } else {
-            table(&snapshot, &style)
-        };
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
+        render::emit(args.json, &document(&snapshot), || table(&snapshot, &style))?;
         return Ok(failed_gpus(&snapshot));
     };
+    let mut out = io::stdout().lock();
     loop {
         let snapshot = take()?;
         if args.json {

@@ -11,7 +11,7 @@ use gpuctl_core::nvml::Gpus;
 use gpuctl_core::settings::{self, EnvSetting, Shell};
 use serde::Serialize;
 
-use crate::render::{Color, Style};
+use crate::render::{self, Color, Style};
 use crate::{Exit, Usage};
 use gpuctl::cli::{EnableArgs, FractionArgs, ShellKind};
 
@@ -148,14 +148,7 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         files,
         gpus: shares,
     };
-    let text = if args.json {
-        let mut text = serde_json::to_string_pretty(&document)?;
-        text.push('\n');
-        text
-    } else {
-        fraction_table(&document, &style)
-    };
-    io::stdout().lock().write_all(text.as_bytes())?;
+    render::emit(args.json, &document, || fraction_table(&document, &style))?;
     Ok(Exit::Ok)
 }
 
@@ -282,29 +275,24 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
         return Ok(code);
     }
 
-    let text = if args.json {
-        let document = EnableDocument {
-            schema: POLICY_SCHEMA,
-            env: &env,
-            fraction: fraction.as_ref().map(|f| f.value),
-            fraction_source: fraction.as_ref().map(FractionInForce::describe),
-            persistence: persistence.map(|results| {
-                results
-                    .into_iter()
-                    .map(|(index, outcome)| PersistenceEntry { index, outcome })
-                    .collect()
-            }),
-        };
-        let mut text = serde_json::to_string_pretty(&document)?;
-        text.push('\n');
-        text
-    } else {
-        let shell = match args.shell {
-            ShellKind::Fish => Shell::Fish,
-            ShellKind::Sh | ShellKind::Bash | ShellKind::Zsh => Shell::Posix,
-        };
-        settings::shell_exports(&env, shell)
+    let document = EnableDocument {
+        schema: POLICY_SCHEMA,
+        env: &env,
+        fraction: fraction.as_ref().map(|f| f.value),
+        fraction_source: fraction.as_ref().map(FractionInForce::describe),
+        persistence: persistence.map(|results| {
+            results
+                .into_iter()
+                .map(|(index, outcome)| PersistenceEntry { index, outcome })
+                .collect()
+        }),
     };
-    io::stdout().lock().write_all(text.as_bytes())?;
+    let shell = match args.shell {
+        ShellKind::Fish => Shell::Fish,
+        ShellKind::Sh | ShellKind::Bash | ShellKind::Zsh => Shell::Posix,
+    };
+    render::emit(args.json, &document, || {
+        settings::shell_exports(&env, shell)
+    })?;
     Ok(Exit::Ok)
 }

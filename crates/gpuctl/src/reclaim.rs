@@ -1,7 +1,7 @@
 //! `gpuctl kill` and `gpuctl clear`: the CLI faces of gpuctl-core's reclaim road.
 
 use std::collections::BTreeSet;
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, IsTerminal};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -163,7 +163,9 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         reported: Vec::new(),
         wait: None,
     };
-    emit(&document, args.json, &style, args.dry_run || args.stale)?;
+    render::emit(args.json, &document, || {
+        table(&document, &style, args.dry_run || args.stale)
+    })?;
     Ok(if ok { Exit::Ok } else { Exit::Failed })
 }
 
@@ -246,7 +248,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         reported,
         wait: wait.clone(),
     };
-    emit(&document, args.json, &style, true)?;
+    render::emit(args.json, &document, || table(&document, &style, true))?;
     Ok(match wait {
         Some(wait) if !wait.met => {
             eprintln!(
@@ -389,20 +391,6 @@ fn resolve_user(user: &str) -> Result<u32> {
         Ok(None) => Err(usage(&format!("no such user '{user}'"))),
         Err(error) => bail!("cannot look up user '{user}': {error}"),
     }
-}
-
-fn emit(document: &ReclaimDocument, json: bool, style: &Style, with_reasons: bool) -> Result<()> {
-    let text = if json {
-        let mut text = serde_json::to_string_pretty(document)?;
-        text.push('\n');
-        text
-    } else {
-        table(document, style, with_reasons)
-    };
-    let mut out = io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
 }
 
 fn table(document: &ReclaimDocument, style: &Style, with_reasons: bool) -> String {

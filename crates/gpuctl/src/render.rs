@@ -93,6 +93,27 @@ fn terminal_width() -> Option<usize> {
     std::env::var("COLUMNS").ok()?.parse().ok()
 }
 
+/// Writes a command's result: `document` as pretty JSON, or the text `table` renders. The
+/// whole output is rendered first and written once: stdout is line-buffered, and a document
+/// written piecewise would cost a syscall per line.
+pub fn emit<T: serde::Serialize>(
+    json: bool,
+    document: &T,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let text = if json {
+        let mut text = serde_json::to_string_pretty(document)?;
+        text.push('\n');
+        text
+    } else {
+        table()
+    };
+    let mut out = std::io::stdout().lock();
+    std::io::Write::write_all(&mut out, text.as_bytes())?;
+    std::io::Write::flush(&mut out)?;
+    Ok(())
+}
+
 /// Binary units as nvidia-smi and free(1) use them: "512 MiB", "40.0 GiB".
 pub fn bytes(value: u64) -> String {
     const MIB: f64 = 1024.0 * 1024.0;

@@ -1,7 +1,5 @@
 //! `gpuctl reset`: restore card settings a job changed, and clear peak marks.
 
-use std::io::{self, Write};
-
 use anyhow::Result;
 use gpuctl_core::cardset::{self, GpuItems, ResetItem};
 use gpuctl_core::nvml::Gpus;
@@ -9,7 +7,7 @@ use gpuctl_core::peaks::PeakStore;
 use serde::Serialize;
 
 use crate::Exit;
-use crate::render::{Color, Style};
+use crate::render::{self, Color, Style};
 use gpuctl::cli::ResetArgs;
 
 /// Version of the `reset --json` document.
@@ -48,20 +46,12 @@ pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
         .flat_map(|gpu| &gpu.items)
         .any(|item| item.outcome.is_failure());
 
-    let text = if args.json {
-        let mut text = serde_json::to_string_pretty(&ResetDocument {
-            schema: RESET_SCHEMA,
-            dry_run: args.dry_run,
-            gpus: &results,
-        })?;
-        text.push('\n');
-        text
-    } else {
-        table(&results, &style)
+    let document = ResetDocument {
+        schema: RESET_SCHEMA,
+        dry_run: args.dry_run,
+        gpus: &results,
     };
-    let mut out = io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
+    render::emit(args.json, &document, || table(&results, &style))?;
     Ok(if failed { Exit::Failed } else { Exit::Ok })
 }
 
