@@ -615,6 +615,13 @@ fn a_pid_reused_after_the_snapshot_is_refused() {
     drop(slave);
     expect_text(&received, "[y/N]");
 
+    // Identity is (pid, start time in 10 ms ticks): a process placed at the same pid within
+    // the same tick would be indistinguishable. In the wild that takes the whole pid space
+    // wrapping within one tick; here it would take only a fast machine, so wait a tick out.
+    let started = crate::util::start_ticks(pid).expect("target start time");
+    crate::util::wait_until(std::time::Duration::from_secs(5), || {
+        boot_ticks() > started + 1
+    });
     target.kill();
     let Some(reuser) = PidReuser::spawn(pid, "sleep", "python3") else {
         master.write_all(b"n\n").unwrap();
@@ -637,4 +644,11 @@ fn a_pid_reused_after_the_snapshot_is_refused() {
         alive(reuser.pid),
         "the new process at pid {pid} was signalled"
     );
+}
+
+/// Clock ticks since boot now, in the unit of /proc/PID/stat's start time (USER_HZ = 100).
+fn boot_ticks() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
+    (seconds * 100.0) as u64
 }

@@ -225,3 +225,29 @@ fn kill_and_clear_json_match_their_schema() {
     // No cleanup by pid: the workers were reclaimed above, and a pid once freed may already
     // belong to someone else. A straggler ends by itself within a minute.
 }
+
+#[test]
+fn reset_fraction_and_enable_json_match_their_schemas() {
+    let sim = Sim::new(
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n\
+         [[gpu]]\n[[gpu]]\nunsupported = [\"locked_clocks\"]\nno_permission = [\"compute_mode\", \"persistence_mode\"]\n",
+    );
+    std::fs::write(sim.config_path(), "[fraction]\ndefault = 0.5\n").unwrap();
+    for (schema_file, args) in [
+        ("reset-v1.schema.json", vec!["reset", "--dry-run"]),
+        ("reset-v1.schema.json", vec!["reset"]),
+        ("fraction-v1.schema.json", vec!["fraction"]),
+        (
+            "fraction-v1.schema.json",
+            vec!["fraction", "--user", "nobody"],
+        ),
+        ("enable-v1.schema.json", vec!["enable"]),
+        ("enable-v1.schema.json", vec!["enable", "--persistence"]),
+    ] {
+        let run = sim.run(&[args.as_slice(), &["--json"]].concat());
+        let doc: Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", run.stdout, run.stderr));
+        let schema = schema(schema_file);
+        validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+}

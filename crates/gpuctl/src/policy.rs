@@ -255,7 +255,7 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
             );
         }
     }
-    if failed {
+    if failed && !args.command.is_empty() {
         // Asked for and not done: the command is not run on a card in an unexpected state.
         return Ok(Exit::Failed);
     }
@@ -294,5 +294,6 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
     render::emit(args.json, &document, || {
         settings::shell_exports(&env, shell)
     })?;
-    Ok(Exit::Ok)
+    // The settings are printed either way; the status says persistence was not done.
+    Ok(if failed { Exit::Failed } else { Exit::Ok })
 }
