@@ -467,7 +467,11 @@ pub fn execute(
     let mut outcomes: Vec<Outcome> = targets
         .into_iter()
         .map(|target| {
-            let skipped = guard.check(&target);
+            // Nothing is signalled on a pid alone.
+            let skipped = match target.identity() {
+                None => Some(format!("pid {}: its start time is unknown", target.pid)),
+                Some(_) => guard.check(&target),
+            };
             let action = match (&skipped, dry_run) {
                 (Some(_), _) => Action::Skip,
                 (None, true) => Action::DryRun,
@@ -489,10 +493,12 @@ pub fn execute(
     if signalled.is_empty() {
         return outcomes;
     }
+    // Every signalled target has an identity (checked above), so the results line up.
     let identities: Vec<Identity> = signalled
         .iter()
         .filter_map(|&i| outcomes[i].target.identity())
         .collect();
+    debug_assert_eq!(identities.len(), signalled.len());
     for (&i, ended) in signalled.iter().zip(act::end_all(&identities, how)) {
         outcomes[i].ended = Some(ended);
     }
