@@ -6,3 +6,4 @@ mod info;
 mod kill_clear;
 mod schema;
 mod settings;
+mod slurm;

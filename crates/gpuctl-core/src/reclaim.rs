@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::act::{self, Ended, Escalation, Identity};
 use crate::classify::{Finding, Verdict};
 use crate::nvml::Gpus;
+use crate::owner::Owner;
 use crate::snapshot::{GpuProcess, Snapshot, SnapshotOptions};
 
 /// Processes that keep GPUs and displays working; never signalled. Matched against the
@@ -47,6 +48,8 @@ pub struct Target {
     /// Why it was selected: the findings' reasons, or the selectors it matched.
     pub reasons: Vec<String>,
     #[serde(skip)]
+    owner: Option<Owner>,
+    #[serde(skip)]
     comm: Option<String>,
     #[serde(skip)]
     argv0: Option<String>,
@@ -82,6 +85,7 @@ impl Target {
             gpus: Vec::new(),
             used_bytes: Some(0),
             reasons: Vec::new(),
+            owner: host.owner.clone(),
             comm: host.comm.clone(),
             argv0: host
                 .argv
@@ -119,6 +123,79 @@ pub struct Selection {
     pub stale: bool,
     pub min_bytes: Option<u64>,
     pub older_than: Option<Duration>,
+    /// Processes of these owners (from their cgroup): a Slurm job, a pod, a container, a unit.
+    pub owners: Vec<OwnerMatch>,
+}
+
+/// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
+/// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
+/// least 8 characters, as `docker ps` shows 12.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerMatch {
+    SlurmJob(u64),
+    Pod(String),
+    Container(String),
+    Unit(String),
+    Scope(String),
+}
+
+impl std::str::FromStr for OwnerMatch {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<OwnerMatch, String> {
+        let usage = || {
+            format!(
+                "'{text}' is not an owner: give slurm:JOBID, pod:UID, container:ID, unit:NAME or \
+                 scope:NAME"
+            )
+        };
+        let (kind, id) = text.split_once(':').ok_or_else(usage)?;
+        let id = id.trim();
+        if id.is_empty() {
+            return Err(usage());
+        }
+        let prefix = |id: &str| {
+            if id.len() >= 8 {
+                Ok(id.to_ascii_lowercase())
+            } else {
+                Err(format!("'{text}': give at least 8 characters of the id"))
+            }
+        };
+        match kind {
+            "slurm" | "slurm-job" => id
+                .parse()
+                .map(OwnerMatch::SlurmJob)
+                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
+            "pod" => prefix(id).map(OwnerMatch::Pod),
+            "container" => prefix(id).map(OwnerMatch::Container),
+            "unit" => Ok(OwnerMatch::Unit(id.to_string())),
+            "scope" => Ok(OwnerMatch::Scope(id.to_string())),
+            _ => Err(usage()),
+        }
+    }
+}
+
+impl OwnerMatch {
+    pub fn matches(&self, owner: &Owner) -> bool {
+        match (self, owner) {
+            (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
+                pod_uid.to_ascii_lowercase().starts_with(wanted)
+            }
+            (OwnerMatch::Container(wanted), Owner::Container { id, .. })
+            | (
+                OwnerMatch::Container(wanted),
+                Owner::KubernetesPod {
+                    container_id: Some(id),
+                    ..
+                },
+            ) => id.to_ascii_lowercase().starts_with(wanted),
+            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit })
+            | (OwnerMatch::Unit(wanted), Owner::SystemdUserUnit { unit, .. }) => wanted == unit,
+            (OwnerMatch::Scope(wanted), Owner::SystemdScope { scope, .. }) => wanted == scope,
+            _ => false,
+        }
+    }
 }
 
 /// Something asked for that will not be acted on, and why.
@@ -188,6 +265,14 @@ pub fn select(
         if !selection.uids.is_empty() && !target.uid.is_some_and(|u| selection.uids.contains(&u)) {
             continue;
         }
+        if !selection.owners.is_empty()
+            && !target
+                .owner
+                .as_ref()
+                .is_some_and(|owner| selection.owners.iter().any(|m| m.matches(owner)))
+        {
+            continue;
+        }
         if let Some(min) = selection.min_bytes
             && target.used_bytes.is_none_or(|used| used < min)
         {
@@ -244,6 +329,9 @@ fn matched_selectors(selection: &Selection, target: &Target, age: Option<u64>) -
             "selected: running {age}s, at least --older-than {}s",
             older.as_secs()
         ));
+    }
+    if let (false, Some(owner)) = (selection.owners.is_empty(), &target.owner) {
+        matched.push(format!("selected: owner {}", owner.label()));
     }
     if matched.is_empty() && !selection.stale {
         matched.push("selected: --all".into());
@@ -574,5 +662,54 @@ fn verify(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit: Durat
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::owner::ContainerRuntime;
+
+    #[test]
+    fn owner_selectors_parse_and_match() {
+        let job: OwnerMatch = "slurm:42".parse().unwrap();
+        let slurm = Owner::SlurmJob {
+            job_id: 42,
+            step: Some("0".into()),
+            uid: Some(1000),
+        };
+        assert!(job.matches(&slurm));
+        assert!(!"slurm:43".parse::<OwnerMatch>().unwrap().matches(&slurm));
+        let container = Owner::Container {
+            runtime: ContainerRuntime::Docker,
+            id: "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d".into(),
+        };
+        assert!(
+            "container:9EC39B91F3D7"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&container)
+        );
+        assert!(!job.matches(&container));
+        let unit = Owner::SystemdUnit {
+            unit: "jupyter.service".into(),
+        };
+        assert!(
+            "unit:jupyter.service"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&unit)
+        );
+        for bad in [
+            "",
+            "slurm",
+            "slurm:",
+            "slurm:abc",
+            "pod:1234",
+            "vm:x",
+            ":42",
+        ] {
+            assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
+        }
     }
 }

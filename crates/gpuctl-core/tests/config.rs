@@ -52,7 +52,26 @@ fn parsed(text: &str) -> Config {
 
 #[test]
 fn the_example_file_is_valid() {
-    let text = fs::read_to_string(EXAMPLE).unwrap();
+    let shipped = fs::read_to_string(EXAMPLE).unwrap();
+    // As shipped (the package's conffile), every setting is commented out: no policy.
+    assert_eq!(
+        config::parse(&shipped, Path::new(EXAMPLE)).unwrap(),
+        Config::default()
+    );
+    // Every documented setting is valid once enabled ("#key" and "#[table]" lines).
+    let text: String = shipped
+        .lines()
+        .map(|line| match line.strip_prefix('#') {
+            Some(rest)
+                if rest
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '[' || c == '"') =>
+            {
+                rest
+            }
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let config = config::parse(&text, Path::new(EXAMPLE)).unwrap();
     assert_eq!(
         config,

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpuctl_core::act::Signal;
+use gpuctl_core::reclaim::OwnerMatch;
 use gpuctl_core::units::{self, Amount};
 
 pub const EXIT_CODES: &str = "\
@@ -225,6 +226,12 @@ pub struct KillArgs {
     /// Processes of this user (name or uid). Repeat for several.
     #[arg(long = "user", value_name = "USER")]
     pub users: Vec<String>,
+
+    /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
+    /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several.
+    /// A Slurm epilog ends a finished job's leftovers with --owner slurm:$SLURM_JOB_ID.
+    #[arg(long = "owner", value_name = "KIND:ID")]
+    pub owners: Vec<OwnerMatch>,
 
     /// Leftovers of crashed runs, as `gpuctl clear` finds them.
     #[arg(long)]

@@ -105,14 +105,15 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let any_selector = !args.gpus.is_empty()
         || !args.pids.is_empty()
         || !args.users.is_empty()
+        || !args.owners.is_empty()
         || args.stale
         || args.min_mem.is_some()
         || args.older_than.is_some()
         || args.all;
     if !any_selector {
         return Err(usage(
-            "no process selected: give --pid, --gpu, --user, --stale, --min-mem, --older-than \
-             or --all",
+            "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
+             --older-than or --all",
         ));
     }
     let uids = args
@@ -128,6 +129,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         stale: args.stale,
         min_bytes: args.min_mem,
         older_than: args.older_than,
+        owners: args.owners.clone(),
     };
     let (snapshot, findings) = classified(&gpus, &Policy::default())?;
     let (targets, refused) = reclaim::select(&snapshot, &findings, &selection);

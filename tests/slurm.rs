@@ -1,0 +1,184 @@
+//! The Slurm prolog and epilog shipped in packaging/slurm/, run as slurmd would run them,
+//! against nvml-sim with real processes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::util::{Proc, Run, Sim, TrainingRun, alive, wait_exited};
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../packaging/slurm")
+        .join(name)
+}
+
+/// The script with the environment slurmd gives it, and gpuctl against `sim`.
+fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
+    let gpuctl = sim.gpuctl(&[]);
+    let mut command = Command::new("sh");
+    command
+        .arg(script(name))
+        .env("GPUCTL", gpuctl.get_program())
+        .env_remove("SLURM_JOB_GPUS")
+        .env_remove("SLURM_JOB_ID")
+        .envs(
+            gpuctl
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
+        .envs(env.iter().copied());
+    Run::from(command.output().expect("run the script"))
+}
+
+fn scenario(processes: &[(u32, u32, u32)]) -> String {
+    let mut text = String::from(
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n\
+         [[gpu]]\ncompute_mode = \"exclusive_process\"\n\
+         [[gpu]]\ncompute_mode = \"exclusive_process\"\n",
+    );
+    for (pid, gpu, sm) in processes {
+        text.push_str(&format!(
+            "[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = 2048\nsm_pct = {sm}\n"
+        ));
+    }
+    text
+}
+
+#[test]
+fn prolog_frees_only_the_jobs_gpus_and_passes_jobs_without_gpus() {
+    let mut crashed = TrainingRun::start(2, "sleep", "python3", &["train.py"]);
+    crashed.crash();
+    let busy = Proc::sleeper("python3", &["serve.py"]);
+    let mut processes: Vec<(u32, u32, u32)> = crashed
+        .workers
+        .pids
+        .iter()
+        .map(|&pid| (pid, 0, 0))
+        .collect();
+    processes.push((busy.pid(), 1, 80));
+    let sim = Sim::new(&scenario(&processes));
+
+    // A job without GPUs: nothing is touched, nothing waited for.
+    let run = run_script(&sim, "prolog.sh", &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(crashed.workers.pids.iter().all(|&pid| alive(pid)));
+
+    // The job gets GPU 0: the crashed run's workers are reclaimed, GPU 1 is none of its
+    // business.
+    let run = run_script(&sim, "prolog.sh", &[("SLURM_JOB_GPUS", "0")]);
+    assert_eq!(run.code, 0, "{run:?}");
+    for &pid in &crashed.workers.pids {
+        wait_exited(pid);
+    }
+    assert!(alive(busy.pid()));
+
+    // A job given GPU 1, held by a live job: not free by the deadline, so Slurm would
+    // drain the node rather than start a job on a full GPU.
+    let run = run_script(
+        &sim,
+        "prolog.sh",
+        &[("SLURM_JOB_GPUS", "1"), ("GPUCTL_PROLOG_WAIT", "1s")],
+    );
+    assert_eq!(run.code, 4, "{run:?}");
+    assert!(run.stderr.contains("GPU 1"), "{}", run.stderr);
+    assert!(alive(busy.pid()));
+}
+
+/// A cgroup v1 freezer directory laid out as Slurm's cgroup plugin lays out a job step.
+struct SlurmCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl SlurmCgroup {
+    /// `None` where the freezer hierarchy cannot be written (no root, cgroup v2 only).
+    fn create(job: u64) -> Option<SlurmCgroup> {
+        let base = Path::new("/sys/fs/cgroup/freezer");
+        let uid = base.join("slurm").join("uid_0");
+        let job_dir = uid.join(format!("job_{job}"));
+        let step = job_dir.join("step_0");
+        std::fs::create_dir_all(&step).ok()?;
+        // Removed innermost first; rmdir leaves a directory that is not empty (another
+        // test's job, a real Slurm) alone.
+        Some(SlurmCgroup {
+            dirs: vec![step, job_dir, uid, base.join("slurm")],
+        })
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dirs[0].join("cgroup.procs"), pid.to_string()).expect("join cgroup");
+    }
+}
+
+impl Drop for SlurmCgroup {
+    fn drop(&mut self) {
+        // Back to the root cgroup, then remove the (now empty) directories.
+        let root = Path::new("/sys/fs/cgroup/freezer/cgroup.procs");
+        if let Ok(pids) = std::fs::read_to_string(self.dirs[0].join("cgroup.procs")) {
+            for pid in pids.lines() {
+                let _ = std::fs::write(root, pid);
+            }
+        }
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[test]
+fn epilog_ends_the_jobs_leftovers_and_restores_its_gpus() {
+    let job = 4_000_000 + u64::from(std::process::id());
+    let Some(cgroup) = SlurmCgroup::create(job) else {
+        eprintln!("skipped: cannot create a cgroup v1 freezer hierarchy here (needs root)");
+        return;
+    };
+    let leftover = Proc::sleeper("python3", &["train.py", "--job", "leftover"]);
+    cgroup.add(leftover.pid());
+    let neighbour = Proc::sleeper("python3", &["serve.py"]);
+    let sim = Sim::new(&scenario(&[
+        (leftover.pid(), 1, 0),
+        (neighbour.pid(), 0, 50),
+    ]));
+    let info = sim.json(&["info"]);
+    assert_eq!(
+        info["devices"][1]["processes"][0]["owner"]["job_id"].as_u64(),
+        Some(job),
+        "the leftover must show as the job's: {}",
+        info["devices"][1]["processes"][0]
+    );
+
+    let run = run_script(
+        &sim,
+        "epilog.sh",
+        &[
+            ("SLURM_JOB_ID", &job.to_string()),
+            ("SLURM_JOB_GPUS", "1"),
+            ("GPUCTL_EPILOG_TIMEOUT", "2s"),
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    wait_exited(leftover.pid());
+    assert!(
+        alive(neighbour.pid()),
+        "another job's process was signalled"
+    );
+    let info: Value = sim.json(&["info"]);
+    assert_eq!(
+        info["devices"][1]["compute_mode"], "default",
+        "the job's GPU is reset"
+    );
+    assert_eq!(
+        info["devices"][0]["compute_mode"], "exclusive_process",
+        "a GPU the job did not have is left alone"
+    );
+
+    // Without a job id the epilog refuses rather than guess.
+    let run = run_script(&sim, "epilog.sh", &[]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("SLURM_JOB_ID is not set"),
+        "{}",
+        run.stderr
+    );
+}
