@@ -7,3 +7,4 @@ mod kill_clear;
 mod schema;
 mod settings;
 mod slurm;
+mod watchdog;

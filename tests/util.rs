@@ -30,6 +30,10 @@ pub fn gpuctl_bin() -> PathBuf {
     built("gpuctl")
 }
 
+pub fn watchdog_bin() -> PathBuf {
+    built("gpuctl-watchdog")
+}
+
 pub fn sim_lib() -> PathBuf {
     built("libnvml_sim.so")
 }

@@ -16,7 +16,7 @@ use crate::act::Identity;
 use crate::host::{LeaderState, Lineage, ProcState};
 use crate::snapshot::{GpuProcess, Snapshot};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// Its run died: group leader gone and reparented out of the run.
@@ -32,7 +32,7 @@ pub enum Kind {
 }
 
 /// What may be done about a finding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The evidence is strong: `gpuctl clear` (and the watchdog, after its grace) ends it.

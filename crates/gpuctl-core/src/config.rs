@@ -43,6 +43,7 @@ const MAX_SIZE: u64 = 1 << 20;
 pub struct Config {
     pub fraction: FractionPolicy,
     pub protect: Protect,
+    pub watchdog: Watchdog,
 }
 
 /// `[fraction]`: the share of one GPU's memory a single process may hold, in (0, 1].
@@ -74,6 +75,105 @@ pub struct Protect {
     /// User names.
     #[serde(deserialize_with = "de::names")]
     pub users: Vec<String>,
+}
+
+/// `[watchdog]`: the reclaim daemon's settings (`gpuctl-watchdog`). Durations are written as
+/// people write them (`"60s"`, `"500ms"`, `"2m"`) or as a number of seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Watchdog {
+    /// Time between two loops (snapshot, classify, act).
+    #[serde(with = "de::duration_positive")]
+    pub interval: std::time::Duration,
+    /// How long a process must stay stale (or above its share) before anything is done.
+    #[serde(with = "de::duration")]
+    pub grace: std::time::Duration,
+    /// Time between SIGTERM and SIGKILL, and the bound on verifying the memory came back.
+    #[serde(with = "de::duration_positive")]
+    pub term_timeout: std::time::Duration,
+    /// `report` (log only, the default: shared servers opt in) or `reclaim`.
+    pub mode: WatchdogMode,
+    /// Which kinds of stale process are reclaimed; other findings are only reported.
+    pub reclaim: Vec<ReclaimKind>,
+    /// Terminate a process that stays above its share (`[fraction]`) for `grace`; without
+    /// it such a process is only warned about.
+    pub enforce_fraction: bool,
+    /// Users whose processes the watchdog never signals, added to `protect.users`.
+    #[serde(deserialize_with = "de::names")]
+    pub protect_users: Vec<String>,
+    /// Commands the watchdog never signals, added to `protect.commands`.
+    #[serde(deserialize_with = "de::names")]
+    pub protect_commands: Vec<String>,
+    /// The Prometheus textfile written each loop; empty disables it.
+    pub metrics_file: PathBuf,
+    /// Where the daemon keeps state (peak marks); empty disables it.
+    pub state_dir: PathBuf,
+}
+
+/// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
+pub const WATCHDOG_METRICS_FILE: &str = "/var/lib/prometheus/node-exporter/gpuctl.prom";
+/// Default of `watchdog.state_dir`.
+pub const WATCHDOG_STATE_DIR: &str = "/var/lib/gpuctl";
+
+impl Default for Watchdog {
+    fn default() -> Watchdog {
+        Watchdog {
+            interval: std::time::Duration::from_secs(5),
+            grace: std::time::Duration::from_secs(60),
+            term_timeout: std::time::Duration::from_secs(10),
+            mode: WatchdogMode::Report,
+            reclaim: vec![ReclaimKind::Orphaned, ReclaimKind::Zombie],
+            enforce_fraction: false,
+            protect_users: Vec::new(),
+            protect_commands: Vec::new(),
+            metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
+            state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+        }
+    }
+}
+
+impl Watchdog {
+    /// The metrics file, `None` when disabled (`metrics_file = ""`).
+    pub fn metrics_path(&self) -> Option<&Path> {
+        (!self.metrics_file.as_os_str().is_empty()).then_some(self.metrics_file.as_path())
+    }
+
+    /// The state directory, `None` when disabled (`state_dir = ""`).
+    pub fn state_path(&self) -> Option<&Path> {
+        (!self.state_dir.as_os_str().is_empty()).then_some(self.state_dir.as_path())
+    }
+}
+
+/// `watchdog.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchdogMode {
+    /// Log what would be done; signal nothing.
+    #[default]
+    Report,
+    /// Reclaim stale processes (and, with `enforce_fraction`, processes above their share).
+    Reclaim,
+}
+
+impl WatchdogMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchdogMode::Report => "report",
+            WatchdogMode::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// An entry of `watchdog.reclaim`: a kind of stale process the watchdog ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimKind {
+    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]).
+    Orphaned,
+    /// A zombie leader whose threads still hold the context.
+    Zombie,
+    /// Stopped (state T) for longer than the grace.
+    Stopped,
 }
 
 /// Where a file comes from, for messages.
@@ -726,6 +826,77 @@ mod de {
             .into_iter()
             .map(|(key, share)| (key.0, share.0))
             .collect())
+    }
+
+    /// Durations: `"60s"`, `"500ms"`, `"1h 30m"`, or a number of seconds.
+    pub(super) mod duration {
+        use std::fmt;
+        use std::time::Duration;
+
+        use serde::de::{self, Deserializer, Visitor};
+        use serde::ser::Serializer;
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            value: &Duration,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&humantime::format_duration(*value).to_string())
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Duration, D::Error> {
+            struct DurationVisitor;
+            impl Visitor<'_> for DurationVisitor {
+                type Value = Duration;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a duration, like \"60s\" or \"500ms\"")
+                }
+                fn visit_str<E: de::Error>(self, value: &str) -> Result<Duration, E> {
+                    crate::units::parse_duration(value).map_err(E::custom)
+                }
+                fn visit_f64<E: de::Error>(self, value: f64) -> Result<Duration, E> {
+                    Duration::try_from_secs_f64(value).map_err(|_| {
+                        E::custom(format!("{value} is not a duration (like 10s, 500ms, 2m)"))
+                    })
+                }
+                fn visit_i64<E: de::Error>(self, value: i64) -> Result<Duration, E> {
+                    self.visit_f64(value as f64)
+                }
+                fn visit_u64<E: de::Error>(self, value: u64) -> Result<Duration, E> {
+                    Ok(Duration::from_secs(value))
+                }
+            }
+            d.deserialize_any(DurationVisitor)
+        }
+    }
+
+    /// A duration that must be above zero (an interval, a timeout).
+    pub(super) mod duration_positive {
+        use std::time::Duration;
+
+        use serde::de::{self, Deserializer};
+        use serde::ser::Serializer;
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            value: &Duration,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            super::duration::serialize(value, s)
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Duration, D::Error> {
+            let value = super::duration::deserialize(d)?;
+            if value < Duration::from_millis(10) {
+                return Err(de::Error::custom(format!(
+                    "{} is too short: give at least 10ms",
+                    humantime::format_duration(value)
+                )));
+            }
+            Ok(value)
+        }
     }
 
     pub(super) fn names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

@@ -88,6 +88,10 @@ fn the_example_file_is_valid() {
                 commands: vec!["my-monitor".to_string()],
                 users: vec!["slurm".to_string()],
             },
+            // The example documents the defaults: enabled, they change nothing.
+            watchdog: config::parse("[watchdog]\n", Path::new("defaults"))
+                .unwrap()
+                .watchdog,
         }
     );
     // And through the file-reading path, with its checks.
@@ -115,7 +119,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: fraction, protect)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: fraction, protect, watchdog)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -131,7 +135,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: fraction, protect)"
+        "FILE: line 1: unknown key 'fractions' (known keys: fraction, protect, watchdog)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.
@@ -751,5 +755,64 @@ fn a_user_file_writable_by_others_is_refused() {
             "{path} is writable by everyone: refusing it, as ssh refuses such an authorized_keys \
              (others could steer what gpuctl does as you); fix with: chmod 644 {path}"
         )
+    );
+}
+
+#[test]
+fn watchdog_table() {
+    use gpuctl_core::config::{ReclaimKind, Watchdog, WatchdogMode};
+    use std::time::Duration;
+    let defaults = config::parse("", Path::new("FILE")).unwrap().watchdog;
+    assert_eq!(defaults, Watchdog::default());
+    assert_eq!(defaults.interval, Duration::from_secs(5));
+    assert_eq!(defaults.grace, Duration::from_secs(60));
+    assert_eq!(defaults.term_timeout, Duration::from_secs(10));
+    assert_eq!(defaults.mode, WatchdogMode::Report);
+    assert_eq!(
+        defaults.reclaim,
+        vec![ReclaimKind::Orphaned, ReclaimKind::Zombie]
+    );
+    assert!(!defaults.enforce_fraction);
+    assert_eq!(
+        defaults.metrics_path(),
+        Some(Path::new("/var/lib/prometheus/node-exporter/gpuctl.prom"))
+    );
+    assert_eq!(defaults.state_path(), Some(Path::new("/var/lib/gpuctl")));
+
+    let text = "[watchdog]\ninterval = \"500ms\"\ngrace = 90\nterm_timeout = \"1m\"\nmode = \"reclaim\"\nreclaim = [\"stopped\"]\nenforce_fraction = true\nprotect_users = [\"bob\"]\nprotect_commands = [\"dcgm\"]\nmetrics_file = \"\"\nstate_dir = \"/tmp/x\"\n";
+    let w = config::parse(text, Path::new("FILE")).unwrap().watchdog;
+    assert_eq!(w.interval, Duration::from_millis(500));
+    assert_eq!(w.grace, Duration::from_secs(90));
+    assert_eq!(w.term_timeout, Duration::from_secs(60));
+    assert_eq!(w.mode, WatchdogMode::Reclaim);
+    assert_eq!(w.reclaim, vec![ReclaimKind::Stopped]);
+    assert!(w.enforce_fraction);
+    assert_eq!(w.protect_users, vec!["bob".to_string()]);
+    assert_eq!(w.protect_commands, vec!["dcgm".to_string()]);
+    assert_eq!(w.metrics_path(), None);
+    assert_eq!(w.state_path(), Some(Path::new("/tmp/x")));
+
+    let error = |text: &str| {
+        config::parse(text, Path::new("FILE"))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        error("[watchdog]\nintervall = \"5s\""),
+        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir)"
+    );
+    let bad = error("[watchdog]\ngrace = \"soon\"");
+    assert!(
+        bad.starts_with("FILE: line 2: watchdog.grace: 'soon' is not a duration"),
+        "{bad}"
+    );
+    let bad = error("[watchdog]\ninterval = \"0s\"");
+    assert!(bad.contains("watchdog.interval: 0s is too short"), "{bad}");
+    let bad = error("[watchdog]\nmode = \"always\"");
+    assert!(bad.starts_with("FILE: line 2: watchdog.mode: "), "{bad}");
+    let bad = error("[watchdog]\nreclaim = [\"orphaned\", \"all\"]");
+    assert!(
+        bad.starts_with("FILE: line 2: watchdog.reclaim[1]: "),
+        "{bad}"
     );
 }

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Benchmark: gpuctl-watchdog's memory and CPU per loop on 8 simulated GPUs.
+
+N stand-in processes (tests/testproc.rs, mode sleep, owned by uid 65534 as GPU jobs are on a
+shared server) are each registered on all 8 GPUs of an nvml-sim scenario (so every GPU lists
+N processes: 8 x N entries), 1 GiB each, busy (so they are healthy, as most jobs are). The
+daemon runs in report mode with interval 100ms for --seconds. While it runs, VmRSS is sampled
+from /proc/PID/status every 100 ms; at the end VmHWM (peak RSS) is read, and the CPU time
+(utime + stime of /proc/PID/stat) over the loops after the first second, divided by the
+loops counted in the metrics file (gpuctl_watchdog_loops_total), is the CPU per loop.
+
+The same run with no processes is the reference: the fixed cost of 8 GPUs through NVML,
+the metrics file and the peak marks.
+
+Usage: bench/watchdog.py [--processes 256] [--seconds 10]
+Needs release builds: cargo build --release -p gpuctl-watchdog -p nvml-sim -p gpuctl-e2e
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.path.join(ROOT, "target", "release")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def built(name):
+    path = os.path.join(TARGET, name)
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: cargo build --release -p gpuctl-watchdog -p nvml-sim -p gpuctl-e2e")
+    return path
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 (1-based); fields[0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def loops(metrics_file):
+    try:
+        with open(metrics_file) as f:
+            m = re.search(r"^gpuctl_watchdog_loops_total (\d+)$", f.read(), re.M)
+            return int(m.group(1)) if m else 0
+    except FileNotFoundError:
+        return 0
+
+
+def measure(processes, seconds, gpus=8):
+    testproc = built("gpuctl-testproc")
+    stand_ins = []
+    for i in range(processes):
+        kwargs = {"user": 65534, "group": 65534} if os.geteuid() == 0 else {}
+        stand_ins.append(
+            subprocess.Popen(
+                ["python3", "train.py", "--rank", str(i)],
+                executable=testproc,
+                env={"GPUCTL_TESTPROC_MODE": "sleep"},
+                stdin=subprocess.DEVNULL,
+                **kwargs,
+            )
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario = os.path.join(tmp, "scenario.toml")
+        gpu_list = ", ".join(str(g) for g in range(gpus))
+        with open(scenario, "w") as f:
+            f.write('driver_version = "570.133.20"\n')
+            for _ in range(gpus):
+                f.write('\n[[gpu]]\nname = "NVIDIA H200"\n')
+            for p in stand_ins:
+                f.write(f"\n[[process]]\npid = {p.pid}\ngpu = [{gpu_list}]\nused_mib = 1024\nsm_pct = 10\n")
+        metrics_file = os.path.join(tmp, "gpuctl.prom")
+        config = os.path.join(tmp, "gpuctl.toml")
+        with open(config, "w") as f:
+            f.write(
+                f'[watchdog]\ninterval = "100ms"\nmode = "report"\n'
+                f'metrics_file = "{metrics_file}"\nstate_dir = "{tmp}/state"\n'
+            )
+        os.chmod(config, 0o644)
+        env = dict(os.environ)
+        for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM"):
+            env.pop(key, None)
+        env.update(
+            GPUCTL_NVML_LIB=built("libnvml_sim.so"),
+            NVML_SIM_SCENARIO=scenario,
+            NVML_SIM_STATE=os.path.join(tmp, "state.json"),
+        )
+        daemon = subprocess.Popen(
+            [built("gpuctl-watchdog"), "--config", config],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            start = time.monotonic()
+            while loops(metrics_file) < 1:
+                if time.monotonic() - start > 10:
+                    raise RuntimeError("the daemon wrote no metrics")
+                time.sleep(0.01)
+            time.sleep(1.0)
+            cpu0, loops0 = cpu_seconds(daemon.pid), loops(metrics_file)
+            rss = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                rss.append(status_kib(daemon.pid, "VmRSS"))
+                time.sleep(0.1)
+            cpu1, loops1 = cpu_seconds(daemon.pid), loops(metrics_file)
+            hwm = status_kib(daemon.pid, "VmHWM")
+        finally:
+            daemon.terminate()
+            daemon.wait()
+            for p in stand_ins:
+                p.kill()
+                p.wait()
+    n = loops1 - loops0
+    return {
+        "median_rss_mib": statistics.median(rss) / 1024,
+        "peak_rss_mib": hwm / 1024,
+        "loops": n,
+        "cpu_ms_per_loop": (cpu1 - cpu0) * 1000 / n if n else float("nan"),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=10)
+    args = parser.parse_args()
+    print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
+    for processes in (0, args.processes):
+        r = measure(processes, args.seconds)
+        print(
+            f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
+            f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1125 @@
+//! The loop: snapshot, classify (with the history only a daemon has), wait out the grace,
+//! act through the same road as `gpuctl clear`, verify, report (journal, STATUS, metrics).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gpuctl_core::act::{Escalation, Identity, Signal};
+use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Verdict};
+use gpuctl_core::config::{self, ConfigError, Loaded, ReclaimKind, Watchdog, WatchdogMode};
+use gpuctl_core::host::{ProcState, ProcView};
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::peaks::PeakStore;
+use gpuctl_core::reclaim::{self, Action, Guard, Outcome, Selection, Target};
+use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
+
+use crate::log::{Logger, Priority, bytes};
+use crate::metrics::{self, GpuMetrics, Metrics};
+use crate::notify::Notifier;
+use crate::signals;
+use gpuctl_watchdog::cli::{Cli, Mode};
+
+/// Per-process utilization is read over this window, as `gpuctl clear` does.
+const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
+/// The longest wait between two attempts to reach NVML.
+const BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// SIGKILL's own wait, as `gpuctl clear` uses.
+const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Exit statuses of `--once` (and 2 for bad usage or configuration at start).
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILED: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const NVML: i32 = 3;
+    pub const STALE_LEFT: i32 = 4;
+}
+
+/// The configuration in force, with the command line's overrides applied.
+pub struct Settings {
+    pub loaded: Loaded,
+    pub watchdog: Watchdog,
+    pub dry_run: bool,
+    pub guard: Guard,
+    pub policy: Policy,
+    /// The file the settings came from, for messages.
+    pub source: String,
+}
+
+impl Settings {
+    pub fn load(cli: &Cli) -> Result<Settings, ConfigError> {
+        let loaded = match &cli.config {
+            Some(path) => config::load_explicit(path)?,
+            None => config::load()?,
+        };
+        // The daemon's own table comes from the system file (or the one file --config or
+        // GPUCTL_CONFIG names); a user file does not steer a root daemon.
+        let (source, mut watchdog) = match &loaded.system {
+            Some((source, config)) => (source.to_string(), config.watchdog.clone()),
+            None => {
+                let (system, _) = config::paths();
+                let path = cli.config.clone().unwrap_or(system.path);
+                (
+                    format!("{} (absent: defaults)", path.display()),
+                    Watchdog::default(),
+                )
+            }
+        };
+        if let Some(mode) = cli.mode {
+            watchdog.mode = match mode {
+                Mode::Report => WatchdogMode::Report,
+                Mode::Reclaim => WatchdogMode::Reclaim,
+            };
+        }
+        let protect = loaded.protect();
+        let mut commands: Vec<String> = reclaim::DEFAULT_PROTECTED
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        commands.extend(protect.commands);
+        commands.extend(watchdog.protect_commands.iter().cloned());
+        let mut users = protect.users;
+        users.extend(watchdog.protect_users.iter().cloned());
+        let guard = Guard::for_this_process(&commands, &users);
+        let policy = Policy {
+            include_stopped: watchdog.reclaim.contains(&ReclaimKind::Stopped),
+            // A stopped process becomes a finding once stopped for the grace; the grace is
+            // then counted from when it stopped (see `Daemon::stale_since`).
+            stopped_after: watchdog.grace,
+            ..Policy::default()
+        };
+        Ok(Settings {
+            loaded,
+            watchdog,
+            dry_run: cli.dry_run,
+            guard,
+            policy,
+            source,
+        })
+    }
+
+    fn acts(&self) -> bool {
+        self.watchdog.mode == WatchdogMode::Reclaim
+    }
+
+    fn escalation(&self) -> Escalation {
+        Escalation {
+            signal: Signal::TERM,
+            timeout: self.watchdog.term_timeout,
+            escalate: true,
+            kill_timeout: KILL_TIMEOUT.min(self.watchdog.term_timeout.max(Duration::from_secs(1))),
+        }
+    }
+
+    fn summary(&self) -> String {
+        let w = &self.watchdog;
+        format!(
+            "mode {}{}, interval {}, grace {}, term_timeout {}, reclaim [{}], enforce_fraction {}",
+            w.mode.as_str(),
+            if self.dry_run { " (dry run)" } else { "" },
+            humantime::format_duration(w.interval),
+            humantime::format_duration(w.grace),
+            humantime::format_duration(w.term_timeout),
+            w.reclaim
+                .iter()
+                .map(|k| kind_name(*k))
+                .collect::<Vec<_>>()
+                .join(", "),
+            w.enforce_fraction
+        )
+    }
+}
+
+fn kind_name(kind: ReclaimKind) -> &'static str {
+    match kind {
+        ReclaimKind::Orphaned => "orphaned",
+        ReclaimKind::Zombie => "zombie",
+        ReclaimKind::Stopped => "stopped",
+    }
+}
+
+/// The `watchdog.reclaim` entry that covers a finding's kind, if any.
+fn reclaim_kind(kind: Kind) -> Option<ReclaimKind> {
+    match kind {
+        Kind::Orphaned => Some(ReclaimKind::Orphaned),
+        Kind::ZombieHolder => Some(ReclaimKind::Zombie),
+        Kind::Stopped => Some(ReclaimKind::Stopped),
+        Kind::Uninterruptible | Kind::Unattributed => None,
+    }
+}
+
+/// Whether NVML can be reached, and when to try again.
+enum Nvml {
+    Up(Box<Gpus>),
+    Down { retry_at: Instant },
+}
+
+/// What was last done about a process that is due, so that each is logged once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handled {
+    /// Logged as left (report mode, incomplete snapshot): acted on once that changes.
+    Left,
+    /// Logged as would-reclaim (dry run) or skipped by the guard: not tried again.
+    Logged,
+    /// A reclaim failed; tried again at this time.
+    RetryAt(Instant),
+}
+
+/// Why a process is to be ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Cause {
+    Stale,
+    Fraction,
+}
+
+/// The result of one pass, for `--once`.
+#[derive(Debug, Default)]
+pub struct Pass {
+    pub nvml_down: bool,
+    pub left: usize,
+    pub failed: usize,
+}
+
+pub struct Daemon {
+    pub settings: Settings,
+    log: Logger,
+    notify: Notifier,
+    nvml: Nvml,
+    /// Doubles with each failed attempt to reach NVML (or to re-open it after an incomplete
+    /// snapshot), up to BACKOFF_CAP; reset by a complete snapshot.
+    backoff: Duration,
+    /// When NVML is re-opened next while snapshots stay incomplete (driver reload).
+    reopen_at: Option<Instant>,
+    last_incomplete: Option<String>,
+    last_nvml_down: Option<String>,
+    // History.
+    parents: HashMap<Identity, Identity>,
+    parent_died: HashSet<Identity>,
+    stopped_since: HashMap<Identity, Instant>,
+    stale_since: HashMap<Identity, Instant>,
+    over_since: HashMap<Identity, Instant>,
+    warned: HashSet<Identity>,
+    handled: HashMap<(Identity, Cause), Handled>,
+    logged_findings: HashSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
+    // Reporting.
+    metrics: Metrics,
+    metrics_error: Option<String>,
+    last_reclaim: Option<String>,
+    status: String,
+    ready_sent: bool,
+    peaks: Option<PeakStore>,
+}
+
+impl Daemon {
+    pub fn new(settings: Settings, log: Logger, notify: Notifier) -> Daemon {
+        let peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
+        let backoff = settings.watchdog.interval;
+        Daemon {
+            settings,
+            log,
+            notify,
+            nvml: Nvml::Down {
+                retry_at: Instant::now(),
+            },
+            backoff,
+            reopen_at: None,
+            last_incomplete: None,
+            last_nvml_down: None,
+            parents: HashMap::new(),
+            parent_died: HashSet::new(),
+            stopped_since: HashMap::new(),
+            stale_since: HashMap::new(),
+            over_since: HashMap::new(),
+            warned: HashSet::new(),
+            handled: HashMap::new(),
+            logged_findings: HashSet::new(),
+            metrics: Metrics::default(),
+            metrics_error: None,
+            last_reclaim: None,
+            status: String::new(),
+            ready_sent: false,
+            peaks,
+        }
+    }
+
+    fn event(&self, priority: Priority, message: &str, fields: &[(&str, String)]) {
+        self.log.log(priority, message, fields);
+    }
+
+    /// `--once`: one pass with no grace and no history, like `gpuctl clear`.
+    pub fn run_once(&mut self) -> i32 {
+        let pass = self.pass(true);
+        if pass.nvml_down {
+            exit::NVML
+        } else if pass.failed > 0 {
+            exit::FAILED
+        } else if pass.left > 0 {
+            exit::STALE_LEFT
+        } else {
+            exit::OK
+        }
+    }
+
+    /// The daemon: loops until SIGTERM or SIGINT; always exits 0.
+    pub fn run(&mut self) -> i32 {
+        self.event(
+            Priority::Info,
+            &format!(
+                "started: {}; configuration {}",
+                self.settings.summary(),
+                self.settings.source
+            ),
+            &[("ACTION", "start".into())],
+        );
+        if self.settings.acts() && !self.settings.guard.is_root() {
+            self.event(
+                Priority::Warning,
+                "not running as root: only this user's own processes can be reclaimed",
+                &[("ACTION", "start".into())],
+            );
+        }
+        let mut next_loop = Instant::now();
+        let mut last_ping = Instant::now();
+        loop {
+            if signals::stop_requested() {
+                break;
+            }
+            if signals::take_reload() {
+                self.reload();
+            }
+            let now = Instant::now();
+            if now >= next_loop {
+                self.pass(false);
+                self.ping();
+                last_ping = Instant::now();
+                let interval = self.settings.watchdog.interval;
+                next_loop += interval;
+                // After a long pass (a reclaim), start again from now, not in a burst.
+                if next_loop < Instant::now() {
+                    next_loop = Instant::now() + interval;
+                }
+                continue;
+            }
+            let mut wake = next_loop;
+            if let Some(every) = self.notify.ping_every() {
+                if now >= last_ping + every {
+                    self.ping();
+                    last_ping = now;
+                }
+                wake = wake.min(last_ping + every);
+            }
+            signals::sleep(wake.saturating_duration_since(Instant::now()));
+        }
+        self.notify.send("STOPPING=1");
+        self.event(Priority::Info, "stopping", &[("ACTION", "stop".into())]);
+        exit::OK
+    }
+
+    fn ping(&self) {
+        if self.notify.watchdog.is_some() {
+            self.notify.send("WATCHDOG=1");
+        }
+    }
+
+    fn reload(&mut self) {
+        let monotonic = {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime writes one timespec.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+        };
+        self.notify
+            .send(&format!("RELOADING=1\nMONOTONIC_USEC={monotonic}"));
+        match Settings::load(&crate::cli_args()) {
+            Ok(settings) => {
+                self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
+                self.settings = settings;
+                self.event(
+                    Priority::Notice,
+                    &format!(
+                        "configuration reloaded: {}; {}",
+                        self.settings.summary(),
+                        self.settings.source
+                    ),
+                    &[("ACTION", "reload".into())],
+                );
+            }
+            Err(error) => self.event(
+                Priority::Err,
+                &format!("configuration not reloaded, the old one is kept: {error}"),
+                &[
+                    ("ACTION", "reload-failed".into()),
+                    ("REASON", error.to_string()),
+                ],
+            ),
+        }
+        self.notify.send("READY=1");
+    }
+
+    /// Reaches NVML if it is down and the retry time has come.
+    fn ensure_nvml(&mut self, once: bool) {
+        let Nvml::Down { retry_at, .. } = &self.nvml else {
+            return;
+        };
+        if Instant::now() < *retry_at && !once {
+            return;
+        }
+        match Gpus::open() {
+            Ok(gpus) => {
+                if let Some(reason) = self.last_nvml_down.take() {
+                    self.event(
+                        Priority::Notice,
+                        &format!("NVML is available again (it was not: {reason})"),
+                        &[("ACTION", "nvml-up".into())],
+                    );
+                }
+                self.nvml = Nvml::Up(Box::new(gpus));
+            }
+            Err(error) => self.nvml_down(error.to_string()),
+        }
+    }
+
+    fn nvml_down(&mut self, reason: String) {
+        let retry_at = Instant::now() + self.backoff;
+        if self.last_nvml_down.as_deref() != Some(reason.as_str()) {
+            self.event(
+                Priority::Err,
+                &format!(
+                    "NVML is unavailable, nothing is reclaimed; retrying with backoff (up to {}): {reason}",
+                    humantime::format_duration(BACKOFF_CAP)
+                ),
+                &[("ACTION", "nvml-down".into()), ("REASON", reason.clone())],
+            );
+            self.last_nvml_down = Some(reason.clone());
+        }
+        self.status = format!(
+            "NVML unavailable: {}; retrying in {}",
+            first_sentence(&reason),
+            humantime::format_duration(Duration::from_millis(self.backoff.as_millis() as u64))
+        );
+        self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
+        self.nvml = Nvml::Down { retry_at };
+    }
+
+    /// One loop. `once`: no grace, no history.
+    pub fn pass(&mut self, once: bool) -> Pass {
+        let mut pass = Pass::default();
+        self.metrics.loops_total += 1;
+        self.ensure_nvml(once);
+        let snapshot = match &self.nvml {
+            Nvml::Up(gpus) => {
+                let view = ProcView::system();
+                let taken = view.map_err(|e| e.to_string()).and_then(|view| {
+                    Snapshot::take_with(
+                        gpus,
+                        &view,
+                        &SnapshotOptions {
+                            gpus: None,
+                            utilization_window: Some(ACTIVITY_WINDOW),
+                        },
+                    )
+                    .map(|snapshot| {
+                        let lineages = snapshot.lineages(&view);
+                        (snapshot, lineages)
+                    })
+                    .map_err(|e| e.to_string())
+                });
+                Some(taken)
+            }
+            Nvml::Down { .. } => None,
+        };
+        let (snapshot, lineages) = match snapshot {
+            Some(Ok(taken)) => taken,
+            Some(Err(reason)) => {
+                // The session is broken (driver reload, library error): close it and reopen.
+                self.nvml = Nvml::Down {
+                    retry_at: Instant::now(),
+                };
+                self.nvml_down(format!("snapshot failed: {reason}"));
+                self.finish_down();
+                pass.nvml_down = true;
+                return pass;
+            }
+            None => {
+                self.finish_down();
+                pass.nvml_down = true;
+                return pass;
+            }
+        };
+        let now = Instant::now();
+
+        // A snapshot with a GPU missing is never acted on.
+        let broken: Vec<String> = snapshot
+            .devices
+            .iter()
+            .filter(|g| g.status != GpuStatus::Ok)
+            .map(|g| {
+                format!(
+                    "GPU {} {}",
+                    g.index,
+                    match g.status {
+                        GpuStatus::Lost => "lost".to_string(),
+                        _ => g.error.clone().unwrap_or_else(|| "failing".into()),
+                    }
+                )
+            })
+            .collect();
+        let incomplete = (!broken.is_empty()).then(|| broken.join(", "));
+        if incomplete != self.last_incomplete {
+            match &incomplete {
+                Some(what) => self.event(
+                    Priority::Err,
+                    &format!(
+                        "incomplete snapshot ({what}): findings are reported, nothing is reclaimed until every GPU answers"
+                    ),
+                    &[("ACTION", "suspended".into()), ("REASON", what.clone())],
+                ),
+                None => self.event(
+                    Priority::Notice,
+                    "every GPU answers again: reclaim resumed",
+                    &[("ACTION", "resumed".into())],
+                ),
+            }
+            self.last_incomplete = incomplete.clone();
+        }
+        match &incomplete {
+            None => {
+                self.backoff = self.settings.watchdog.interval;
+                self.reopen_at = None;
+            }
+            Some(_) if !once => {
+                let at = *self.reopen_at.get_or_insert(now + self.backoff);
+                if now >= at {
+                    // Re-open NVML after this pass: a driver reload leaves the old session
+                    // unable to see the GPUs again.
+                    self.reopen_at = None;
+                }
+            }
+            Some(_) => {}
+        }
+        let reopen = incomplete.is_some() && !once && self.reopen_at.is_none();
+        if !self.ready_sent {
+            self.notify.send("READY=1");
+            self.ready_sent = true;
+        }
+        if let Some(peaks) = &self.peaks {
+            peaks.observe(&snapshot);
+        }
+
+        let history = if once {
+            None
+        } else {
+            Some(self.update_history(&snapshot, now))
+        };
+        let findings = classify::classify(
+            &snapshot,
+            &lineages,
+            history.as_ref(),
+            &self.settings.policy,
+        );
+        self.log_findings(&snapshot, &findings);
+
+        // Stale: a reclaim verdict of a kind the watchdog reclaims.
+        let reclaimable: Vec<&Finding> = findings
+            .iter()
+            .filter(|f| f.verdict == Verdict::Reclaim)
+            .filter(|f| {
+                reclaim_kind(f.kind).is_some_and(|k| self.settings.watchdog.reclaim.contains(&k))
+            })
+            .collect();
+        let stale_ids: HashSet<Identity> = reclaimable.iter().filter_map(|f| f.identity).collect();
+        self.stale_since.retain(|id, _| stale_ids.contains(id));
+        for f in &reclaimable {
+            let Some(id) = f.identity else { continue };
+            let since = match f.kind {
+                Kind::Stopped => self.stopped_since.get(&id).copied().unwrap_or(now),
+                _ => now,
+            };
+            self.stale_since.entry(id).or_insert(since);
+        }
+        let grace = self.settings.watchdog.grace;
+        let due_stale: Vec<Finding> = reclaimable
+            .iter()
+            .filter(|f| {
+                once || f.identity.is_some_and(|id| {
+                    self.stale_since
+                        .get(&id)
+                        .is_some_and(|&since| now.saturating_duration_since(since) >= grace)
+                })
+            })
+            .map(|f| (*f).clone())
+            .collect();
+
+        // Above its share.
+        let over = self.over_share(&snapshot);
+        let over_ids: HashSet<Identity> = over.iter().map(|o| o.0).collect();
+        self.over_since.retain(|id, _| over_ids.contains(id));
+        self.warned.retain(|id| over_ids.contains(id));
+        let mut due_over: Vec<(Identity, String)> = Vec::new();
+        for (id, text) in &over {
+            let since = *self.over_since.entry(*id).or_insert(now);
+            if once || now.saturating_duration_since(since) >= grace {
+                if self.warned.insert(*id) {
+                    self.event(
+                        Priority::Warning,
+                        &format!("pid {} {text}", id.pid),
+                        &fields_of(
+                            &snapshot,
+                            *id,
+                            &[("ACTION", "warn".into()), ("REASON", text.clone())],
+                        ),
+                    );
+                }
+                due_over.push((*id, text.clone()));
+            }
+        }
+        let all_due: HashSet<(Identity, Cause)> = due_stale
+            .iter()
+            .filter_map(|f| f.identity.map(|id| (id, Cause::Stale)))
+            .chain(due_over.iter().map(|(id, _)| (*id, Cause::Fraction)))
+            .collect();
+        self.handled.retain(|key, _| all_due.contains(key));
+
+        // Targets: stale ones through clear's road; those above their share by identity.
+        let mut targets: Vec<(Target, Cause)> = reclaim::stale_targets(&snapshot, &due_stale, None)
+            .into_iter()
+            .map(|t| (t, Cause::Stale))
+            .collect();
+        if self.settings.watchdog.enforce_fraction && !due_over.is_empty() {
+            let selection = Selection {
+                pids: due_over.iter().map(|(id, _)| id.pid).collect(),
+                ..Selection::default()
+            };
+            let (selected, _) = reclaim::select(&snapshot, &findings, &selection);
+            for mut target in selected {
+                if targets.iter().any(|(t, _)| t.pid == target.pid) {
+                    continue;
+                }
+                if let Some((_, text)) = due_over.iter().find(|(id, _)| id.pid == target.pid) {
+                    target.reasons = vec![text.clone()];
+                }
+                targets.push((target, Cause::Fraction));
+            }
+        }
+        // Same identity as observed, or nothing.
+        targets.retain(|(t, cause)| {
+            t.identity().is_some_and(|id| match cause {
+                Cause::Stale => stale_ids.contains(&id),
+                Cause::Fraction => over_ids.contains(&id),
+            })
+        });
+        let mut to_run: Vec<(Target, Cause)> = Vec::new();
+        for (target, cause) in targets {
+            let Some(id) = target.identity() else {
+                continue;
+            };
+            let why_left = if !self.settings.acts() {
+                Some("report mode".to_string())
+            } else {
+                incomplete
+                    .as_ref()
+                    .map(|what| format!("incomplete snapshot: {what}"))
+            };
+            if let Some(why) = why_left {
+                pass.left += 1;
+                if self.handled.insert((id, cause), Handled::Left) != Some(Handled::Left) {
+                    self.event(
+                        Priority::Notice,
+                        &format!(
+                            "pid {} ({}) is {}, left alone ({why}): {}",
+                            target.pid,
+                            target.owner_name(),
+                            match cause {
+                                Cause::Stale => "stale",
+                                Cause::Fraction => "above its share",
+                            },
+                            target.reasons.join("; ")
+                        ),
+                        &target_fields(&snapshot, &target, "left", cause),
+                    );
+                }
+                continue;
+            }
+            match self.handled.get(&(id, cause)) {
+                Some(Handled::Logged) => {
+                    if self.settings.dry_run {
+                        pass.left += 1;
+                    } else {
+                        pass.failed += 1;
+                    }
+                    continue;
+                }
+                Some(Handled::RetryAt(at)) if now < *at && !once => continue,
+                _ => {}
+            }
+            to_run.push((target, cause));
+        }
+        if !to_run.is_empty() {
+            let outcomes = self.execute(&snapshot, &to_run);
+            for (outcome, (_, cause)) in outcomes.iter().zip(&to_run) {
+                self.report_outcome(&snapshot, outcome, *cause, &mut pass, now);
+            }
+        }
+
+        // Reporting.
+        let stale_per_gpu = |index: u32| {
+            reclaimable
+                .iter()
+                .filter(|f| f.gpus.contains(&index))
+                .count()
+        };
+        self.metrics.nvml_up = true;
+        self.metrics.gpus = snapshot
+            .devices
+            .iter()
+            .map(|g| GpuMetrics {
+                index: g.index,
+                uuid: g.uuid.clone().unwrap_or_default(),
+                ok: g.status == GpuStatus::Ok,
+                used_bytes: g.memory.map(|m| m.used_bytes),
+                total_bytes: g.memory.map(|m| m.total_bytes),
+                processes: g.processes.len(),
+                stale: stale_per_gpu(g.index),
+            })
+            .collect();
+        if incomplete.is_none() {
+            self.metrics.last_good_poll = Some(unix_now());
+        }
+        let processes: HashSet<u32> = snapshot
+            .devices
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let mut status = format!(
+            "{} GPU{}, {} process{}, {} stale",
+            snapshot.devices.len(),
+            if snapshot.devices.len() == 1 { "" } else { "s" },
+            processes.len(),
+            if processes.len() == 1 { "" } else { "es" },
+            stale_ids.len()
+        );
+        if let Some(what) = &incomplete {
+            status.push_str(&format!("; reclaim suspended: {what}"));
+        } else if !self.settings.acts() {
+            status.push_str("; report mode");
+        } else if self.settings.dry_run {
+            status.push_str("; dry run");
+        }
+        if let Some(last) = &self.last_reclaim {
+            status.push_str(&format!("; last reclaim {last}"));
+        }
+        self.status = status;
+        self.publish();
+        if reopen {
+            self.event(
+                Priority::Notice,
+                "re-opening NVML while a GPU does not answer",
+                &[("ACTION", "nvml-reopen".into())],
+            );
+            self.nvml = Nvml::Down {
+                retry_at: Instant::now(),
+            };
+            self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
+        }
+        pass
+    }
+
+    fn finish_down(&mut self) {
+        // Up and retrying is a started service: systemd must not fail the unit (and restart
+        // it in a loop) because the driver is not there yet. STATUS says what is missing.
+        if !self.ready_sent {
+            self.notify.send("READY=1");
+            self.ready_sent = true;
+        }
+        self.metrics.nvml_up = false;
+        self.metrics.gpus.clear();
+        self.publish();
+    }
+
+    /// STATUS= and the metrics file.
+    fn publish(&mut self) {
+        self.notify.send(&format!("STATUS={}", self.status));
+        let Some(path) = self.settings.watchdog.metrics_path().map(PathBuf::from) else {
+            return;
+        };
+        let result = metrics::write_atomic(&path, &metrics::render(&self.metrics));
+        let error = result.err().map(|e| format!("{}: {e}", path.display()));
+        if error != self.metrics_error {
+            match &error {
+                Some(error) => self.event(
+                    Priority::Warning,
+                    &format!("cannot write the metrics file: {error}"),
+                    &[("ACTION", "metrics".into()), ("REASON", error.clone())],
+                ),
+                None => self.event(
+                    Priority::Info,
+                    &format!("metrics file written again: {}", path.display()),
+                    &[("ACTION", "metrics".into())],
+                ),
+            }
+            self.metrics_error = error;
+        }
+    }
+
+    /// Signals (or, in a dry run, plans) through `reclaim::execute`, pinging systemd's
+    /// watchdog from a helper thread while the escalation waits.
+    fn execute(&self, snapshot: &Snapshot, to_run: &[(Target, Cause)]) -> Vec<Outcome> {
+        let Nvml::Up(gpus) = &self.nvml else {
+            return Vec::new();
+        };
+        let targets: Vec<Target> = to_run.iter().map(|(t, _)| t.clone()).collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            if let Some(every) = self.notify.ping_every() {
+                let done = &done;
+                let notify = &self.notify;
+                scope.spawn(move || {
+                    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                        notify.send("WATCHDOG=1");
+                        std::thread::park_timeout(every);
+                    }
+                });
+            }
+            let outcomes = reclaim::execute(
+                gpus,
+                snapshot,
+                targets,
+                &self.settings.guard,
+                &self.settings.escalation(),
+                self.settings.watchdog.term_timeout,
+                self.settings.dry_run,
+            );
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            outcomes
+        })
+    }
+
+    fn report_outcome(
+        &mut self,
+        snapshot: &Snapshot,
+        outcome: &Outcome,
+        cause: Cause,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
+        let target = &outcome.target;
+        let Some(id) = target.identity() else { return };
+        let who = format!("pid {} ({})", target.pid, target.owner_name());
+        let held = target.used_bytes.map_or("memory unknown".into(), bytes);
+        let reasons = target.reasons.join("; ");
+        match outcome.action {
+            Action::DryRun => {
+                pass.left += 1;
+                self.handled.insert((id, cause), Handled::Logged);
+                self.event(
+                    Priority::Notice,
+                    &format!("dry run: would reclaim {who}, {held}: {reasons}"),
+                    &target_fields(snapshot, target, "would-reclaim", cause),
+                );
+            }
+            Action::Skip => {
+                pass.failed += 1;
+                self.handled.insert((id, cause), Handled::Logged);
+                let why = outcome.skipped.clone().unwrap_or_default();
+                let mut fields = target_fields(snapshot, target, "skipped", cause);
+                fields.push(("SKIPPED", why.clone()));
+                self.event(
+                    Priority::Warning,
+                    &format!("not reclaiming {who}: {why}"),
+                    &fields,
+                );
+            }
+            Action::Signal if outcome.succeeded() => {
+                let freed = target.used_bytes.unwrap_or(0);
+                self.metrics.reclaims_total += 1;
+                self.metrics.reclaimed_bytes_total += freed;
+                self.last_reclaim = Some(format!("{}: {who} {held}", clock_time()));
+                let action = match cause {
+                    Cause::Stale => "reclaimed",
+                    Cause::Fraction => "terminated",
+                };
+                let mut fields = target_fields(snapshot, target, action, cause);
+                fields.push(("RECLAIMED_BYTES", freed.to_string()));
+                self.event(
+                    Priority::Warning,
+                    &format!(
+                        "{action} {who}: {}, {held} released; {reasons}",
+                        outcome.summary()
+                    ),
+                    &fields,
+                );
+                self.stale_since.remove(&id);
+                self.over_since.remove(&id);
+            }
+            Action::Signal => {
+                pass.failed += 1;
+                self.metrics.reclaim_failures_total += 1;
+                self.handled.insert(
+                    (id, cause),
+                    Handled::RetryAt(
+                        now + self
+                            .settings
+                            .watchdog
+                            .grace
+                            .max(self.settings.watchdog.interval),
+                    ),
+                );
+                self.event(
+                    Priority::Err,
+                    &format!("reclaim of {who} failed: {}; {reasons}", outcome.summary()),
+                    &target_fields(snapshot, target, "failed", cause),
+                );
+            }
+        }
+    }
+
+    /// What the daemon has seen over time: parents that died under a GPU process, and how
+    /// long processes have been stopped.
+    fn update_history(&mut self, snapshot: &Snapshot, now: Instant) -> History {
+        let mut seen: HashSet<Identity> = HashSet::new();
+        for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
+            let host = &process.host;
+            let (Some(ticks), Some(ppid)) = (host.start_ticks, host.ppid) else {
+                continue;
+            };
+            let id = Identity::new(process.pid, ticks);
+            if !seen.insert(id) {
+                continue;
+            }
+            match self.parents.get(&id).copied() {
+                // Its parent changed: the one seen before is gone (a process is reparented
+                // only when its parent exits), unless it is still there with that identity.
+                Some(parent) if parent.pid != ppid => {
+                    let alive = Identity::observe(parent.pid).is_ok_and(|now| now == parent);
+                    if !alive {
+                        self.parent_died.insert(id);
+                    }
+                    self.parents.remove(&id);
+                }
+                Some(_) => {}
+                None if ppid > 1 => {
+                    if let Ok(parent) = Identity::observe(ppid) {
+                        self.parents.insert(id, parent);
+                    }
+                }
+                None => {}
+            }
+            if matches!(
+                host.state,
+                Some(ProcState::Stopped | ProcState::TracingStop)
+            ) {
+                self.stopped_since.entry(id).or_insert(now);
+            } else {
+                self.stopped_since.remove(&id);
+            }
+        }
+        self.parents.retain(|id, _| seen.contains(id));
+        self.parent_died.retain(|id| seen.contains(id));
+        self.stopped_since.retain(|id, _| seen.contains(id));
+        History {
+            parent_died: self.parent_died.clone(),
+            stopped_for: self
+                .stopped_since
+                .iter()
+                .map(|(id, since)| (*id, now.saturating_duration_since(*since)))
+                .collect(),
+        }
+    }
+
+    /// Processes holding more of a GPU than their share, with a sentence saying so.
+    fn over_share(&self, snapshot: &Snapshot) -> Vec<(Identity, String)> {
+        let mut over: Vec<(Identity, String)> = Vec::new();
+        for gpu in &snapshot.devices {
+            let Some(memory) = gpu.memory else { continue };
+            for process in &gpu.processes {
+                let (Some(used), Some(ticks)) = (process.used_bytes, process.host.start_ticks)
+                else {
+                    continue;
+                };
+                let Some(share) = config::fraction_for(
+                    &self.settings.loaded,
+                    gpu.index,
+                    gpu.uuid.as_deref(),
+                    process.host.user.as_deref(),
+                ) else {
+                    continue;
+                };
+                let limit = (memory.total_bytes as f64 * share.value) as u64;
+                if used > limit {
+                    let id = Identity::new(process.pid, ticks);
+                    if over.iter().any(|(o, _)| *o == id) {
+                        continue;
+                    }
+                    over.push((
+                        id,
+                        format!(
+                            "holds {} on GPU {}, above its share {} ({}, set by {})",
+                            bytes(used),
+                            gpu.index,
+                            share.value,
+                            bytes(limit),
+                            share.describe()
+                        ),
+                    ));
+                }
+            }
+        }
+        over
+    }
+
+    /// Each finding once, when it appears (and again if it goes away and comes back).
+    fn log_findings(&mut self, snapshot: &Snapshot, findings: &[Finding]) {
+        let keys: HashSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = findings
+            .iter()
+            .map(|f| (f.identity, f.gpus.clone(), f.kind, f.verdict))
+            .collect();
+        for f in findings {
+            let key = (f.identity, f.gpus.clone(), f.kind, f.verdict);
+            if self.logged_findings.contains(&key) {
+                continue;
+            }
+            let covered =
+                reclaim_kind(f.kind).is_some_and(|k| self.settings.watchdog.reclaim.contains(&k));
+            let (priority, action, note) = match (f.verdict, covered) {
+                (Verdict::Reclaim, true) => (
+                    Priority::Warning,
+                    "stale",
+                    format!(
+                        "; reclaimed if it stays so for {}",
+                        humantime::format_duration(self.settings.watchdog.grace)
+                    ),
+                ),
+                (Verdict::Reclaim, false) => (
+                    Priority::Notice,
+                    "report",
+                    " (its kind is not in watchdog.reclaim)".to_string(),
+                ),
+                (Verdict::Report, _) => (Priority::Notice, "report", String::new()),
+            };
+            let gpus = f
+                .gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let (message, mut fields) = match f.identity {
+                Some(id) => {
+                    let fields = fields_of(snapshot, id, &[]);
+                    let user = fields
+                        .iter()
+                        .find(|(k, _)| *k == "USER")
+                        .map_or("?".to_string(), |(_, v)| v.clone());
+                    (
+                        format!("pid {} ({user}) on GPU {gpus}: {}{note}", id.pid, f.reason),
+                        fields,
+                    )
+                }
+                None => (
+                    format!(
+                        "GPU {gpus}: {} {}",
+                        f.bytes.map_or("memory".into(), bytes),
+                        f.reason
+                    ),
+                    gpu_uuid_fields(snapshot, &f.gpus),
+                ),
+            };
+            fields.push(("REASON", f.reason.clone()));
+            fields.push(("ACTION", action.into()));
+            self.event(priority, &message, &fields);
+        }
+        self.logged_findings = keys;
+    }
+}
+
+/// GPU_UUID (comma-separated for several), PID, USER of a process in the snapshot, then
+/// `extra`.
+fn fields_of(
+    snapshot: &Snapshot,
+    id: Identity,
+    extra: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    let gpus: Vec<u32> = snapshot
+        .devices
+        .iter()
+        .filter(|g| g.processes.iter().any(|p| p.pid == id.pid))
+        .map(|g| g.index)
+        .collect();
+    let mut fields = gpu_uuid_fields(snapshot, &gpus);
+    fields.push(("PID", id.pid.to_string()));
+    let host = snapshot
+        .devices
+        .iter()
+        .flat_map(|g| &g.processes)
+        .find(|p| p.pid == id.pid)
+        .map(|p| &p.host);
+    let user = host
+        .and_then(|h| h.user.clone().or_else(|| h.uid.map(|u| format!("uid {u}"))))
+        .unwrap_or_else(|| "?".into());
+    fields.push(("USER", user));
+    fields.extend(extra.iter().cloned());
+    fields
+}
+
+fn gpu_uuid_fields(snapshot: &Snapshot, gpus: &[u32]) -> Vec<(&'static str, String)> {
+    let uuids: Vec<String> = gpus
+        .iter()
+        .filter_map(|i| snapshot.devices.iter().find(|g| g.index == *i))
+        .map(|g| {
+            g.uuid
+                .clone()
+                .unwrap_or_else(|| format!("index {}", g.index))
+        })
+        .collect();
+    vec![("GPU_UUID", uuids.join(","))]
+}
+
+fn target_fields(
+    snapshot: &Snapshot,
+    target: &Target,
+    action: &str,
+    cause: Cause,
+) -> Vec<(&'static str, String)> {
+    let mut fields = gpu_uuid_fields(snapshot, &target.gpus);
+    fields.push(("PID", target.pid.to_string()));
+    fields.push(("USER", target.owner_name()));
+    fields.push(("REASON", target.reasons.join("; ")));
+    fields.push(("ACTION", action.to_string()));
+    fields.push((
+        "CAUSE",
+        match cause {
+            Cause::Stale => "stale",
+            Cause::Fraction => "fraction",
+        }
+        .into(),
+    ));
+    if let Some(used) = target.used_bytes {
+        fields.push(("GPU_MEMORY_BYTES", used.to_string()));
+    }
+    fields
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The local time of day, "12:03:04".
+fn clock_time() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    // SAFETY: localtime_r fills the zeroed tm from a valid time_t.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&now, &mut tm) };
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+/// The first sentence of an error, for a one-line status.
+fn first_sentence(text: &str) -> &str {
+    text.split(". ").next().unwrap_or(text)
+}

@@ -1,0 +1,44 @@
+//! gpuctl-watchdog: the reclaim daemon. The command line is in the library (`cli`), so that
+//! xtask can generate the man page from it; the loop and its reporting live here.
+
+mod daemon;
+mod log;
+mod metrics;
+mod notify;
+mod signals;
+
+use clap::Parser;
+use gpuctl_watchdog::cli::Cli;
+
+use daemon::{Daemon, Settings, exit};
+
+/// The command line as given (SIGHUP re-reads the configuration it names).
+pub(crate) fn cli_args() -> Cli {
+    Cli::parse()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let settings = match Settings::load(&cli) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("gpuctl-watchdog: {error}");
+            std::process::exit(exit::USAGE);
+        }
+    };
+    if let Err(error) = signals::install() {
+        eprintln!("gpuctl-watchdog: cannot install signal handlers: {error}");
+        std::process::exit(exit::FAILED);
+    }
+    let mut daemon = Daemon::new(
+        settings,
+        log::Logger::from_env(),
+        notify::Notifier::from_env(),
+    );
+    let code = if cli.once {
+        daemon.run_once()
+    } else {
+        daemon.run()
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,228 @@
+//! The Prometheus textfile (node-exporter's textfile collector): written whole to a temporary
+//! file in the same directory and renamed over the old one, so a scrape never reads half.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+/// One GPU's series; only GPUs read in the last loop are written.
+pub struct GpuMetrics {
+    pub index: u32,
+    pub uuid: String,
+    /// The GPU answered every query (not lost, no failed query).
+    pub ok: bool,
+    pub used_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    pub processes: usize,
+    pub stale: usize,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub nvml_up: bool,
+    pub gpus: Vec<GpuMetrics>,
+    pub reclaims_total: u64,
+    pub reclaimed_bytes_total: u64,
+    pub reclaim_failures_total: u64,
+    pub loops_total: u64,
+    /// Unix time of the last snapshot in which every GPU answered.
+    pub last_good_poll: Option<f64>,
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+pub fn render(m: &Metrics) -> String {
+    let mut out = String::with_capacity(2048);
+    let mut family = |name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        name.to_string()
+    };
+    let mut lines: Vec<String> = Vec::new();
+    let header = family(
+        "gpuctl_nvml_up",
+        "gauge",
+        "Whether NVML answered the last loop (1) or is unavailable (0).",
+    );
+    lines.push(format!("{header} {}", u8::from(m.nvml_up)));
+    let mut per_gpu = |name: &str, help: &str, value: &dyn Fn(&GpuMetrics) -> Option<u64>| {
+        let name = family(name, "gauge", help);
+        let mut block = Vec::new();
+        for gpu in &m.gpus {
+            if let Some(v) = value(gpu) {
+                block.push(format!(
+                    "{name}{{gpu=\"{}\",uuid=\"{}\"}} {v}",
+                    gpu.index,
+                    escape(&gpu.uuid)
+                ));
+            }
+        }
+        block
+    };
+    let mut blocks = vec![lines];
+    blocks.push(per_gpu(
+        "gpuctl_gpu_up",
+        "Whether the GPU answered every query in the last loop (0: lost or failing).",
+        &|g| Some(u64::from(g.ok)),
+    ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_memory_used_bytes",
+        "GPU memory in use.",
+        &|g| g.used_bytes,
+    ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_memory_total_bytes",
+        "GPU memory in all.",
+        &|g| g.total_bytes,
+    ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_processes",
+        "Processes holding memory on the GPU.",
+        &|g| Some(g.processes as u64),
+    ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_stale_processes",
+        "Processes on the GPU classified as stale (leftovers of crashed runs).",
+        &|g| Some(g.stale as u64),
+    ));
+    let counters = [
+        (
+            "gpuctl_reclaims_total",
+            "Processes the watchdog ended whose memory came back.",
+            m.reclaims_total,
+        ),
+        (
+            "gpuctl_reclaimed_bytes_total",
+            "GPU memory the watchdog got back by ending processes.",
+            m.reclaimed_bytes_total,
+        ),
+        (
+            "gpuctl_reclaim_failures_total",
+            "Reclaims that failed: the process survived, was refused, or its memory stayed held.",
+            m.reclaim_failures_total,
+        ),
+        (
+            "gpuctl_watchdog_loops_total",
+            "Loops the watchdog has run.",
+            m.loops_total,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let name = family(name, "counter", help);
+        blocks.push(vec![format!("{name} {value}")]);
+    }
+    if let Some(at) = m.last_good_poll {
+        let name = family(
+            "gpuctl_last_good_poll_timestamp_seconds",
+            "gauge",
+            "Unix time of the last loop in which every GPU answered.",
+        );
+        blocks.push(vec![format!("{name} {at:.3}")]);
+    }
+    // The HELP/TYPE lines were written in order; interleave each with its samples.
+    let headers: Vec<&str> = out.lines().collect();
+    let mut text = String::with_capacity(out.len() * 2);
+    for (pair, samples) in headers.chunks(2).zip(&blocks) {
+        for line in pair {
+            text.push_str(line);
+            text.push('\n');
+        }
+        for sample in samples {
+            text.push_str(sample);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file path"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+use std::os::unix::fs::OpenOptionsExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_have_help_and_type_before_their_samples() {
+        let text = render(&Metrics {
+            nvml_up: true,
+            gpus: vec![GpuMetrics {
+                index: 0,
+                uuid: "GPU-1".into(),
+                ok: true,
+                used_bytes: Some(5),
+                total_bytes: Some(10),
+                processes: 2,
+                stale: 1,
+            }],
+            reclaims_total: 3,
+            reclaimed_bytes_total: 7,
+            last_good_poll: Some(12.5),
+            ..Metrics::default()
+        });
+        assert!(text.contains(
+            "# HELP gpuctl_nvml_up Whether NVML answered the last loop (1) or is unavailable (0).\n# TYPE gpuctl_nvml_up gauge\ngpuctl_nvml_up 1\n"
+        ), "{text}");
+        assert!(text.contains("# TYPE gpuctl_gpu_memory_used_bytes gauge\ngpuctl_gpu_memory_used_bytes{gpu=\"0\",uuid=\"GPU-1\"} 5\n"), "{text}");
+        assert!(
+            text.contains("gpuctl_gpu_stale_processes{gpu=\"0\",uuid=\"GPU-1\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gpuctl_reclaims_total counter\ngpuctl_reclaims_total 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("gpuctl_reclaimed_bytes_total 7\n"), "{text}");
+        assert!(
+            text.contains("gpuctl_last_good_poll_timestamp_seconds 12.500\n"),
+            "{text}"
+        );
+        // Every sample line's family was declared.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
+        }
+    }
+
+    #[test]
+    fn written_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpuctl.prom");
+        write_atomic(&path, "a 1\n").unwrap();
+        write_atomic(&path, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,657 @@
+//! gpuctl-watchdog against nvml-sim, with real processes and real signals: crashed runs
+//! reclaimed after the grace, healthy jobs never touched, the share policy, sd_notify,
+//! SIGHUP, NVML faults mid-run, the stderr log fields, `--once` and `--dry-run`.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::util::{Proc, Run, Sim, TrainingRun, alive, sim_lib, wait_until, watchdog_bin};
+
+const MIB: u64 = 1024 * 1024;
+
+/// A scenario of `gpus` H200s (those in `lost` fallen off the bus) and `processes`, with
+/// `top` lines first (`init_error = ...`).
+fn scenario(gpus: usize, lost: &[usize], top: &str, processes: &[String]) -> String {
+    let mut text = format!("driver_version = \"570.133.20\"\n{top}\n");
+    for index in 0..gpus {
+        text.push_str("\n[[gpu]]\nname = \"NVIDIA H200\"\n");
+        if lost.contains(&index) {
+            text.push_str("lost = true\n");
+        }
+    }
+    for process in processes {
+        text.push('\n');
+        text.push_str(process);
+    }
+    text
+}
+
+fn process(pid: u32, gpu: u32, used_mib: u64, sm_pct: u32) -> String {
+    format!("[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {used_mib}\nsm_pct = {sm_pct}\n")
+}
+
+/// The workers of a crashed run (parent SIGKILLed, workers idle on GPU 0, 4096 MiB each).
+fn crashed_run(workers: usize) -> (TrainingRun, Vec<String>) {
+    let mut run = TrainingRun::start(workers, "sleep", "python3", &["train.py", "--lr", "3e-4"]);
+    run.crash();
+    let entries = run
+        .workers
+        .pids
+        .iter()
+        .map(|&pid| process(pid, 0, 4096, 0))
+        .collect();
+    (run, entries)
+}
+
+/// Writes the configuration: fast timings, metrics and state in the scratch directory, then
+/// `extra` lines in [watchdog], then `tables` (other tables).
+fn configure(sim: &Sim, extra: &str, tables: &str) {
+    let dir = sim.dir.path();
+    let text = format!(
+        "[watchdog]\ninterval = \"200ms\"\ngrace = \"1s\"\nterm_timeout = \"1s\"\nmetrics_file = \"{}\"\nstate_dir = \"{}\"\n{extra}\n{tables}\n",
+        dir.join("gpuctl.prom").display(),
+        dir.join("state").display()
+    );
+    write_config(&sim.config_path(), &text);
+}
+
+fn write_config(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn metrics(sim: &Sim) -> String {
+    std::fs::read_to_string(sim.dir.path().join("gpuctl.prom")).unwrap_or_default()
+}
+
+/// `gpuctl-watchdog ARGS` against the scenario, with nothing of systemd in its environment.
+fn command(sim: &Sim, args: &[&str]) -> Command {
+    let mut command = Command::new(watchdog_bin());
+    command
+        .args(args)
+        .env("GPUCTL_NVML_LIB", sim_lib())
+        .env("NVML_SIM_SCENARIO", sim.scenario_path())
+        .env("NVML_SIM_STATE", sim.state_path())
+        .env("GPUCTL_CONFIG", sim.config_path())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null());
+    command
+}
+
+fn once(sim: &Sim, args: &[&str]) -> Run {
+    let mut all = vec!["--once"];
+    all.extend_from_slice(args);
+    Run::from(command(sim, &all).output().expect("run gpuctl-watchdog"))
+}
+
+/// A running daemon; its stderr lines are collected as they come. Killed on drop.
+struct Daemon {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    started: Instant,
+}
+
+impl Daemon {
+    fn start(sim: &Sim, args: &[&str]) -> Daemon {
+        Daemon::start_with(command(sim, args))
+    }
+
+    fn start_with(mut command: Command) -> Daemon {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuctl-watchdog");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Daemon {
+            child,
+            lines,
+            started: Instant::now(),
+        }
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// The first line containing every needle, waiting up to `limit`.
+    fn expect(&self, needles: &[&str], limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(line) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|line| needles.iter().all(|n| line.contains(n)))
+            {
+                return line.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needles:?} within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn count(&self, needles: &[&str]) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .count()
+    }
+
+    fn assert_running(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the daemon exited; log:\n{}",
+            self.log()
+        );
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+    }
+
+    /// SIGTERM, and the exit status within 10 s.
+    fn stop(&mut self) -> i32 {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn used_bytes(sim: &Sim, gpu: usize) -> u64 {
+    let info = sim.json(&["info"]);
+    info["devices"][gpu]["memory"]["used_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_crashed_run_is_reclaimed_after_the_grace_and_its_memory_shows_free() {
+    let (run, entries) = crashed_run(2);
+    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    let stale = daemon.expect(&["ACTION=stale"], Duration::from_secs(5));
+    assert!(stale.contains("idle orphans of the same group"), "{stale}");
+    let stale_at = Instant::now();
+    // grace + interval + term_timeout + 1 s.
+    let bound = Duration::from_millis(1000 + 200 + 1000 + 1000);
+    wait_until(bound, || run.workers.pids.iter().all(|&pid| !alive(pid)));
+    let took = daemon.started.elapsed();
+    assert!(took <= bound + Duration::from_millis(500), "took {took:?}");
+    // Not before the grace.
+    assert!(
+        stale_at.elapsed() >= Duration::from_millis(700),
+        "reclaimed {:?} after it was seen stale",
+        stale_at.elapsed()
+    );
+    for &pid in &run.workers.pids {
+        let line = daemon.expect(
+            &["ACTION=reclaimed", &format!("PID={pid} ")],
+            Duration::from_secs(5),
+        );
+        // The structured fields, as key=value on stderr.
+        for field in [
+            "PRIORITY=4 ",
+            "MESSAGE=\"reclaimed pid",
+            "GPU_UUID=GPU-",
+            "USER=",
+            "REASON=\"orphaned:",
+            &format!("RECLAIMED_BYTES={}", 4096 * MIB),
+        ] {
+            assert!(line.contains(field), "{field} missing from {line}");
+        }
+    }
+    assert_eq!(used_bytes(&sim, 0), 0);
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains("gpuctl_reclaims_total 2\n")
+    });
+    let text = metrics(&sim);
+    assert!(
+        text.contains(&format!("gpuctl_reclaimed_bytes_total {}\n", 8192 * MIB)),
+        "{text}"
+    );
+    assert!(text.contains("gpuctl_nvml_up 1\n"), "{text}");
+    // Peak marks are kept in the configured state directory.
+    assert!(sim.dir.path().join("state/peaks.json").exists());
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+#[test]
+fn a_soak_with_healthy_jobs_coming_and_going_kills_nothing() {
+    let busy = crate::util::background_job("python3", &["serve.py", "--port", "8000"]);
+    let sim = Sim::new(&scenario(2, &[], "", &[process(busy.pid(0), 1, 16384, 50)]));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    let mut runs: Vec<TrainingRun> = Vec::new();
+    let soak = Instant::now();
+    let mut round = 0;
+    while soak.elapsed() < Duration::from_secs(6) {
+        round += 1;
+        runs.push(TrainingRun::start(2, "sleep", "python3", &["train.py"]));
+        if runs.len() > 2 {
+            // Stop the oldest as a job ends: out of the scenario first, then workers, parent.
+            let oldest = runs.remove(0);
+            write_scenario(&sim, &busy, &runs);
+            let TrainingRun { parent, workers } = oldest;
+            drop(workers);
+            drop(parent);
+        } else {
+            write_scenario(&sim, &busy, &runs);
+        }
+        // Everything still registered is alive.
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(
+            alive(busy.pid(0)),
+            "the busy job was killed:\n{}",
+            daemon.log()
+        );
+        for run in &runs {
+            assert!(alive(run.parent.pid()), "round {round}:\n{}", daemon.log());
+            for &pid in &run.workers.pids {
+                assert!(
+                    alive(pid),
+                    "worker {pid} killed (round {round}):\n{}",
+                    daemon.log()
+                );
+            }
+        }
+    }
+    for action in [
+        "ACTION=reclaimed",
+        "ACTION=failed",
+        "ACTION=terminated",
+        "ACTION=stale",
+    ] {
+        assert_eq!(daemon.count(&[action]), 0, "{action}:\n{}", daemon.log());
+    }
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+fn write_scenario(sim: &Sim, busy: &crate::util::Strays, runs: &[TrainingRun]) {
+    let mut entries = vec![process(busy.pid(0), 1, 16384, 50)];
+    for run in runs {
+        entries.push(process(run.parent.pid(), 0, 8192, 40));
+        for &pid in &run.workers.pids {
+            entries.push(process(pid, 0, 512, 0));
+        }
+    }
+    sim.write(&scenario(2, &[], "", &entries));
+}
+
+#[test]
+fn a_process_above_its_share_is_warned_then_terminated_or_only_warned_in_report_mode() {
+    for (mode, enforced) in [("reclaim", true), ("report", false)] {
+        // 20000 MiB of 143771: above a 10% share. Busy, so not stale.
+        let hog = Proc::spawn_ready("sleep", "python3", &["big_model.py"]);
+        let sim = Sim::new(&scenario(1, &[], "", &[process(hog.pid(), 0, 20000, 80)]));
+        configure(
+            &sim,
+            &format!("mode = \"{mode}\"\nenforce_fraction = true"),
+            "[fraction]\ndefault = 0.1",
+        );
+        let mut daemon = Daemon::start(&sim, &[]);
+        let pid = format!("PID={} ", hog.pid());
+        let warned = daemon.expect(&["ACTION=warn", &pid], Duration::from_secs(5));
+        assert!(warned.contains("above its share 0.1"), "{warned}");
+        assert!(warned.contains("fraction.default"), "{warned}");
+        if enforced {
+            daemon.expect(&["ACTION=terminated", &pid], Duration::from_secs(5));
+            wait_until(Duration::from_secs(5), || !alive(hog.pid()));
+        } else {
+            daemon.expect(
+                &["ACTION=left", &pid, "report mode"],
+                Duration::from_secs(5),
+            );
+            // A few more loops: still alive, warned once.
+            std::thread::sleep(Duration::from_millis(600));
+            assert!(alive(hog.pid()), "{}", daemon.log());
+            assert_eq!(daemon.count(&["ACTION=warn", &pid]), 1, "{}", daemon.log());
+            assert_eq!(daemon.count(&["ACTION=terminated"]), 0, "{}", daemon.log());
+        }
+        daemon.assert_running();
+        assert_eq!(daemon.stop(), 0);
+    }
+}
+
+#[test]
+fn sd_notify_ready_watchdog_status_and_stopping() {
+    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    configure(&sim, "interval = \"5s\"", "");
+    // The [watchdog] table above sets interval twice otherwise: write it whole.
+    let dir = sim.dir.path();
+    write_config(
+        &sim.config_path(),
+        &format!(
+            "[watchdog]\ninterval = \"5s\"\nmetrics_file = \"\"\nstate_dir = \"{}\"\n",
+            dir.join("state").display()
+        ),
+    );
+    let socket_path: PathBuf = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut command = command(&sim, &[]);
+    command
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1000000");
+    let mut daemon = Daemon::start_with(command);
+    let mut messages: Vec<(Instant, String)> = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let listen = |messages: &mut Vec<(Instant, String)>, buffer: &mut [u8], until: Instant| {
+        while Instant::now() < until {
+            if let Ok(n) = socket.recv(buffer) {
+                messages.push((
+                    Instant::now(),
+                    String::from_utf8_lossy(&buffer[..n]).into_owned(),
+                ));
+            }
+        }
+    };
+    listen(
+        &mut messages,
+        &mut buffer,
+        Instant::now() + Duration::from_millis(2500),
+    );
+    let texts: Vec<&str> = messages.iter().map(|(_, m)| m.as_str()).collect();
+    assert!(texts.contains(&"READY=1"), "{texts:?}");
+    let status = texts
+        .iter()
+        .find(|m| m.starts_with("STATUS="))
+        .unwrap_or_else(|| panic!("no STATUS: {texts:?}"));
+    assert!(status.contains("2 GPUs, 0 processes, 0 stale"), "{status}");
+    let pings: Vec<Instant> = messages
+        .iter()
+        .filter(|(_, m)| m == "WATCHDOG=1")
+        .map(|(at, _)| *at)
+        .collect();
+    assert!(pings.len() >= 4, "{texts:?}");
+    for pair in pings.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap <= Duration::from_millis(500), "WATCHDOG=1 gap {gap:?}");
+    }
+    // Interval 5 s: only the first loop has run, yet pings came all along.
+    assert_eq!(daemon.count(&["ACTION=start"]), 1);
+    daemon.signal(libc::SIGTERM);
+    listen(
+        &mut messages,
+        &mut buffer,
+        Instant::now() + Duration::from_millis(500),
+    );
+    assert!(
+        messages.iter().any(|(_, m)| m == "STOPPING=1"),
+        "{:?}",
+        messages.iter().map(|(_, m)| m).collect::<Vec<_>>()
+    );
+    assert_eq!(daemon.stop(), 0);
+}
+
+#[test]
+fn sighup_with_a_bad_config_keeps_the_old_one() {
+    let sim = Sim::new(&scenario(1, &[], "", &[]));
+    configure(&sim, "", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    daemon.expect(&["ACTION=start", "mode report"], Duration::from_secs(5));
+    let good = std::fs::read_to_string(sim.config_path()).unwrap();
+    write_config(&sim.config_path(), &good.replace("grace", "graec"));
+    daemon.signal(libc::SIGHUP);
+    let failed = daemon.expect(&["ACTION=reload-failed"], Duration::from_secs(5));
+    let file = sim.config_path().display().to_string();
+    assert!(failed.contains(&file), "{failed}");
+    assert!(failed.contains("line 3"), "{failed}");
+    assert!(failed.contains("unknown key 'watchdog.graec'"), "{failed}");
+    assert!(failed.contains("old one is kept"), "{failed}");
+    daemon.assert_running();
+    write_config(
+        &sim.config_path(),
+        &good.replace("[watchdog]", "[watchdog]\nmode = \"reclaim\""),
+    );
+    daemon.signal(libc::SIGHUP);
+    let reloaded = daemon.expect(
+        &["ACTION=reload", "configuration reloaded"],
+        Duration::from_secs(5),
+    );
+    assert!(reloaded.contains("mode reclaim"), "{reloaded}");
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+#[test]
+fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
+    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    daemon.expect(&["ACTION=start"], Duration::from_secs(5));
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains("gpuctl_nvml_up 1")
+    });
+    let (run, entries) = crashed_run(2);
+    sim.write(&scenario(2, &[1], "", &entries));
+    daemon.expect(&["ACTION=suspended", "GPU 1 lost"], Duration::from_secs(5));
+    daemon.expect(
+        &["ACTION=left", "incomplete snapshot"],
+        Duration::from_secs(5),
+    );
+    // Well past grace + interval: nothing reclaimed from the incomplete snapshot.
+    std::thread::sleep(Duration::from_millis(1500));
+    for &pid in &run.workers.pids {
+        assert!(alive(pid), "{}", daemon.log());
+    }
+    assert_eq!(daemon.count(&["ACTION=reclaimed"]), 0, "{}", daemon.log());
+    assert!(
+        metrics(&sim).contains("gpuctl_gpu_up{gpu=\"1\""),
+        "{}",
+        metrics(&sim)
+    );
+    sim.write(&scenario(2, &[], "", &entries));
+    daemon.expect(&["ACTION=resumed"], Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), || {
+        run.workers.pids.iter().all(|&pid| !alive(pid))
+    });
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+#[test]
+fn nvml_failing_mid_run_and_a_missing_library_keep_the_daemon_alive() {
+    // NVML fails mid-run: a GPU is lost and re-opening NVML fails (driver unloaded).
+    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains("gpuctl_nvml_up 1")
+    });
+    let (run, entries) = crashed_run(2);
+    sim.write(&scenario(
+        2,
+        &[1],
+        "init_error = \"DRIVER_NOT_LOADED\"",
+        &entries,
+    ));
+    let down = daemon.expect(&["ACTION=nvml-down"], Duration::from_secs(10));
+    assert!(down.contains("driver is not loaded"), "{down}");
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains("gpuctl_nvml_up 0")
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    daemon.assert_running();
+    for &pid in &run.workers.pids {
+        assert!(alive(pid), "{}", daemon.log());
+    }
+    // Logged once per change, not every retry.
+    assert_eq!(daemon.count(&["ACTION=nvml-down"]), 1, "{}", daemon.log());
+    sim.write(&scenario(2, &[], "", &entries));
+    daemon.expect(&["ACTION=nvml-up"], Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), || {
+        run.workers.pids.iter().all(|&pid| !alive(pid))
+    });
+    assert_eq!(daemon.stop(), 0);
+
+    // The library is missing at start, and appears later.
+    let lib_dir = tempfile::tempdir().unwrap();
+    let lib = lib_dir.path().join("libnvidia-ml.so.1");
+    let mut command = command(&sim, &[]);
+    command.env("GPUCTL_NVML_LIB", &lib);
+    let mut daemon = Daemon::start_with(command);
+    let down = daemon.expect(&["ACTION=nvml-down"], Duration::from_secs(5));
+    assert!(down.contains("could not be loaded"), "{down}");
+    std::fs::copy(sim_lib(), &lib).unwrap();
+    daemon.expect(&["ACTION=nvml-up"], Duration::from_secs(10));
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+#[test]
+fn once_exit_statuses_and_dry_run() {
+    // Nothing stale: 0.
+    let healthy = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
+    let sim = Sim::new(&scenario(
+        1,
+        &[],
+        "",
+        &[process(healthy.pid(), 0, 1024, 30)],
+    ));
+    configure(&sim, "", "");
+    let run = once(&sim, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+
+    // Stale in report mode: 4, left alone.
+    let (crashed, entries) = crashed_run(2);
+    sim.write(&scenario(1, &[], "", &entries));
+    let run = once(&sim, &[]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert!(run.stderr.contains("ACTION=left"), "{}", run.stderr);
+    // --dry-run: 4, nothing signalled, logged as would-reclaim.
+    let run = once(&sim, &["--mode", "reclaim", "--dry-run"]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("ACTION=would-reclaim"),
+        "{}",
+        run.stderr
+    );
+    for &pid in &crashed.workers.pids {
+        assert!(alive(pid));
+    }
+    // A reclaim the guard refuses (a protected command): 1.
+    configure(&sim, "protect_commands = [\"python3\"]", "");
+    let run = once(&sim, &["--mode", "reclaim"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("ACTION=skipped"), "{}", run.stderr);
+    assert!(run.stderr.contains("protected: python3"), "{}", run.stderr);
+    // Reclaimed: 0, with no grace.
+    configure(&sim, "", "");
+    let run = once(&sim, &["--mode", "reclaim"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("ACTION=reclaimed").count(),
+        2,
+        "{}",
+        run.stderr
+    );
+    for &pid in &crashed.workers.pids {
+        assert!(!alive(pid));
+    }
+
+    // NVML unavailable: 3.
+    sim.write(&scenario(1, &[], "init_error = \"DRIVER_NOT_LOADED\"", &[]));
+    let run = once(&sim, &[]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("ACTION=nvml-down"), "{}", run.stderr);
+
+    // Bad configuration and bad usage: 2, one line naming the file, line and key.
+    write_config(
+        &sim.config_path(),
+        "[watchdog]\nmode = \"reclaim\"\nintervall = \"5s\"\n",
+    );
+    let run = once(&sim, &[]);
+    run.assert_one_line_error(2, "line 3: unknown key 'watchdog.intervall'");
+    assert!(
+        run.stderr
+            .contains(&sim.config_path().display().to_string())
+    );
+    write_config(&sim.config_path(), "[watchdog]\nmode = \"always\"\n");
+    once(&sim, &[]).assert_one_line_error(2, "watchdog.mode");
+    write_config(&sim.config_path(), "[watchdog]\ngrace = \"soon\"\n");
+    once(&sim, &[]).assert_one_line_error(2, "watchdog.grace");
+    let explicit = sim.dir.path().join("other.toml");
+    write_config(&explicit, "[watchdog]\nreclaim = [\"everything\"]\n");
+    let run = Run::from(
+        command(&sim, &["--once", "--config", explicit.to_str().unwrap()])
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(2, "watchdog.reclaim");
+    let run = Run::from(command(&sim, &["--mode", "sometimes"]).output().unwrap());
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = Run::from(command(&sim, &["--version"]).output().unwrap());
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.starts_with("gpuctl-watchdog "), "{}", run.stdout);
+}
+
+#[test]
+fn the_daemon_in_dry_run_reclaims_nothing() {
+    let (run, entries) = crashed_run(2);
+    let sim = Sim::new(&scenario(1, &[], "", &entries));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &["--dry-run"]);
+    for &pid in &run.workers.pids {
+        daemon.expect(
+            &["ACTION=would-reclaim", &format!("PID={pid} ")],
+            Duration::from_secs(5),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    for &pid in &run.workers.pids {
+        assert!(alive(pid), "{}", daemon.log());
+    }
+    // Once per process, not every loop.
+    assert_eq!(
+        daemon.count(&["ACTION=would-reclaim"]),
+        2,
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.stop(), 0);
+}
