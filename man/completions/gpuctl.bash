@@ -311,7 +311,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__kill)
-            opts="-y -h --gpu --pid --user --stale --min-mem --older-than --all --signal --timeout --yes --dry-run --json --color --help"
+            opts="-y -h --gpu --pid --user --owner --stale --min-mem --older-than --all --signal --timeout --yes --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -326,6 +326,10 @@ _gpuctl() {
                     return 0
                     ;;
                 --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --owner)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -46,6 +46,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Pri
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l user -d 'Processes of this user (name or uid). Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l owner -d 'Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID, unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several. A Slurm epilog ends a finished job\'s leftovers with --owner slurm:$SLURM_JOB_ID' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l min-mem -d 'Processes holding at least SIZE of GPU memory in all (512MiB, 40GiB, 1.5GB)' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l older-than -d 'Processes running for at least DURATION (90s, 2h, 3d)' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l signal -d 'The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...)' -r

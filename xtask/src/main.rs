@@ -49,7 +49,8 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Every generated file: gpuctl(1), gpuctl-SUBCOMMAND(1) and bash/zsh/fish completions.
+/// Every generated file: gpuctl(1), gpuctl-SUBCOMMAND(1), gpuctl-watchdog(8), gpuctl.toml(5)
+/// and bash/zsh/fish completions.
 fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
     let mut command = gpuctl::cli::Cli::command();
     // Building propagates global options (--color) into each subcommand's page.
@@ -71,6 +72,19 @@ fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
         clap_mangen::Man::new(sub).render(&mut page)?;
         files.push((PathBuf::from(format!("man/{name}.1")), page));
     }
+    let mut watchdog = gpuctl_watchdog::cli::Cli::command();
+    watchdog.build();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(watchdog)
+        .section("8")
+        .render(&mut page)?;
+    files.push((PathBuf::from("man/gpuctl-watchdog.8"), page));
+    // The configuration file has no clap definition: its page is written by hand, kept
+    // beside this generator so the check covers it too.
+    files.push((
+        PathBuf::from("man/gpuctl.toml.5"),
+        include_bytes!("gpuctl_toml.5").to_vec(),
+    ));
     for (shell, file) in [
         (Shell::Bash, "gpuctl.bash"),
         (Shell::Zsh, "_gpuctl"),
