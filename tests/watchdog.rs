@@ -655,3 +655,50 @@ fn the_daemon_in_dry_run_reclaims_nothing() {
     );
     assert_eq!(daemon.stop(), 0);
 }
+
+/// The policy in packaging/k8s/gpuctl-watchdog.yaml's ConfigMap: every key must be one the
+/// daemon accepts, so the example cannot drift from the code.
+#[test]
+fn the_kubernetes_configmap_policy_is_accepted() {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/k8s/gpuctl-watchdog.yaml"),
+    )
+    .unwrap();
+    // The block scalar under `gpuctl.toml: |`, de-indented.
+    let mut lines = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "gpuctl.toml: |");
+    lines.next().expect("the ConfigMap holds gpuctl.toml");
+    let block: Vec<&str> = lines
+        .take_while(|l| l.starts_with("    ") || l.trim().is_empty())
+        .collect();
+    let indent = block
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap();
+    let policy: String = block
+        .iter()
+        .map(|l| l.get(indent..).unwrap_or("").to_string() + "\n")
+        .collect();
+    assert!(policy.contains("[watchdog]"), "{policy}");
+    let sim = Sim::new(&scenario(1, &[], "", &[]));
+    // The paths it names are the pod's; here they point into the scratch directory.
+    let policy = policy
+        .replace(
+            "/var/lib/node-exporter/textfile",
+            &sim.dir.path().display().to_string(),
+        )
+        .replace(
+            "/var/lib/gpuctl",
+            &sim.dir.path().join("state").display().to_string(),
+        );
+    write_config(&sim.config_path(), &policy);
+    let run = once(&sim, &["--dry-run"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        sim.dir.path().join("gpuctl.prom").exists(),
+        "metrics_file was honoured"
+    );
+}
