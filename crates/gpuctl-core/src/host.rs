@@ -152,6 +152,19 @@ pub struct Lineage {
     pub live_children: Option<u32>,
 }
 
+/// Stats of related processes read during one pass, so each is read once.
+#[derive(Debug, Default)]
+pub struct Relatives(HashMap<u32, Option<Relative>>);
+
+/// Host facts kept across passes by a long-running reader (the watchdog): for a process
+/// seen before with the same start time, only /proc/PID/stat is read again; its command
+/// line, user and cgroup owner are kept (they rarely change, and a change is picked up when
+/// the process is read anew).
+#[derive(Debug, Default)]
+pub struct FactCache {
+    known: HashMap<u32, HostProcess>,
+}
+
 /// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
 /// resolve), or from a fixed table (golden tests over fixture trees).
 #[derive(Debug, Clone)]
@@ -240,6 +253,59 @@ impl ProcView {
         facts
     }
 
+    /// [`ProcView::processes`], reusing what `cache` knows of processes seen before; the
+    /// cache keeps only the PIDs of this call.
+    pub fn processes_cached(
+        &self,
+        pids: &[u32],
+        cache: &mut FactCache,
+    ) -> HashMap<u32, HostProcess> {
+        let mut facts = HashMap::with_capacity(pids.len());
+        let mut unknown = Vec::new();
+        for &pid in pids {
+            match cache
+                .known
+                .get(&pid)
+                .and_then(|known| self.refresh(pid, known))
+            {
+                Some(fact) => {
+                    facts.insert(pid, fact);
+                }
+                None => unknown.push(pid),
+            }
+        }
+        facts.extend(self.processes(&unknown));
+        cache.known = facts.clone();
+        facts
+    }
+
+    /// A known process's facts with its stat read again; `None` when it is not the same
+    /// process any more (another start time), or was not confirmed.
+    fn refresh(&self, pid: u32, known: &HostProcess) -> Option<HostProcess> {
+        if !known.confirmed || !self.host_pid_namespace {
+            return None;
+        }
+        let file = std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
+        let stat = Stat::from_read(read_all(file).ok()?.as_slice()).ok()?;
+        if Some(stat.starttime) != known.start_ticks || u32::try_from(stat.pid).ok() != Some(pid) {
+            return None;
+        }
+        let mut fact = known.clone();
+        fact.state = Some(ProcState::from_letter(stat.state));
+        fact.ppid = u32::try_from(stat.ppid).ok();
+        fact.pgid = u32::try_from(stat.pgrp).ok();
+        fact.sid = u32::try_from(stat.session).ok();
+        fact.threads = u32::try_from(stat.num_threads).ok();
+        fact.comm = Some(stat.comm);
+        fact.age_seconds = Some(self.age_of(stat.starttime));
+        Some(fact)
+    }
+
+    fn age_of(&self, start_ticks: u64) -> u64 {
+        let started = start_ticks as f64 / self.ticks_per_second as f64;
+        (self.uptime_seconds - started).max(0.0) as u64
+    }
+
     /// Reading /proc is kernel time (tens of microseconds a process on some VMs), so large
     /// sets are split across cores; small ones are not worth a thread.
     fn read_in_parallel(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
@@ -286,7 +352,13 @@ impl ProcView {
 
     /// The lineage of a confirmed process: its group leader and parent, and, when
     /// `with_children`, how many live children it has. `None` for an unconfirmed process.
-    pub fn lineage(&self, pid: u32, host: &HostProcess, with_children: bool) -> Option<Lineage> {
+    pub fn lineage(
+        &self,
+        pid: u32,
+        host: &HostProcess,
+        with_children: bool,
+        seen: &mut Relatives,
+    ) -> Option<Lineage> {
         if !host.confirmed {
             return None;
         }
@@ -294,7 +366,7 @@ impl ProcView {
         let leader = if pgid == pid {
             LeaderState::Itself
         } else {
-            match self.relative(pgid) {
+            match self.relative(pgid, seen) {
                 None => LeaderState::Gone,
                 // The number was reused by a process that does not lead this group.
                 Some(leader) if leader.pgid != pgid => LeaderState::Gone,
@@ -304,8 +376,10 @@ impl ProcView {
                 Some(_) => LeaderState::Alive,
             }
         };
-        let parent = (ppid != 0).then(|| self.relative(ppid)).flatten();
-        let live_children = with_children.then(|| self.live_children(pid)).flatten();
+        let parent = (ppid != 0).then(|| self.relative(ppid, seen)).flatten();
+        let live_children = with_children
+            .then(|| self.live_children(pid, seen))
+            .flatten();
         Some(Lineage {
             leader,
             parent,
@@ -313,7 +387,18 @@ impl ProcView {
         })
     }
 
-    fn relative(&self, pid: u32) -> Option<Relative> {
+    /// A relative's stat, read once per pass however many GPU processes share it (the
+    /// workers of one run share their leader and parent).
+    fn relative(&self, pid: u32, seen: &mut Relatives) -> Option<Relative> {
+        if let Some(known) = seen.0.get(&pid) {
+            return known.clone();
+        }
+        let found = self.read_relative_stat(pid);
+        seen.0.insert(pid, found.clone());
+        found
+    }
+
+    fn read_relative_stat(&self, pid: u32) -> Option<Relative> {
         let process = Process::new_with_root(self.root.join(pid.to_string())).ok()?;
         let stat = Stat::from_read(read_relative(&process, "stat", pid).ok()?.as_slice()).ok()?;
         Some(Relative {
@@ -326,7 +411,7 @@ impl ProcView {
     }
 
     /// Children of every thread (a child belongs to the thread that forked it).
-    fn live_children(&self, pid: u32) -> Option<u32> {
+    fn live_children(&self, pid: u32, seen: &mut Relatives) -> Option<u32> {
         let process = Process::new_with_root(self.root.join(pid.to_string())).ok()?;
         let mut live = 0;
         let mut listed = false;
@@ -338,7 +423,7 @@ impl ProcView {
             live += children
                 .into_iter()
                 .filter(|&child| {
-                    self.relative(child)
+                    self.relative(child, seen)
                         .is_some_and(|c| !matches!(c.state, ProcState::Zombie | ProcState::Dead))
                 })
                 .count() as u32;
@@ -377,8 +462,7 @@ impl ProcView {
         let cgroup = read_relative(&process, "cgroup", pid)
             .ok()
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
-        let started = stat.starttime as f64 / self.ticks_per_second as f64;
-        let age_seconds = (self.uptime_seconds - started).max(0.0) as u64;
+        let age_seconds = self.age_of(stat.starttime);
         Ok(HostProcess {
             confirmed: true,
             unconfirmed_reason: None,
@@ -400,13 +484,18 @@ impl ProcView {
     }
 }
 
-/// A whole /proc file, read through the process's directory handle, in as few syscalls as the
-/// kernel allows: procfs files report size 0, so `File::read_to_end` asks for the size and
-/// position first and then probes with 32-byte reads. A 4 KiB read takes most files at once.
+/// A whole /proc file, read through the process's directory handle.
 fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, String> {
-    let mut file = process
+    let file = process
         .open_relative(name)
         .map_err(|e| not_visible(pid, e))?;
+    read_all(file).map_err(|e| format!("cannot read /proc/{pid}/{name}: {e}"))
+}
+
+/// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
+/// so `File::read_to_end` asks for the size and position first and then probes with
+/// 32-byte reads. A 4 KiB read takes most files at once.
+fn read_all(mut file: std::fs::File) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; 4096];
     let mut len = 0;
     loop {
@@ -417,7 +506,7 @@ fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, Str
             Ok(0) => break,
             Ok(n) => len += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("cannot read /proc/{pid}/{name}: {e}")),
+            Err(e) => return Err(e),
         }
     }
     bytes.truncate(len);

@@ -13,7 +13,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use serde::Serialize;
 
 use crate::error::{CoreError, Result};
-use crate::host::{HostProcess, LeaderState, Lineage, ProcView};
+use crate::host::{FactCache, HostProcess, LeaderState, Lineage, ProcView, Relatives};
 use crate::nvml::{Gpus, describe};
 
 /// What to take. `gpus: None` takes every GPU.
@@ -120,6 +120,26 @@ impl Snapshot {
     }
 
     pub fn take_with(gpus: &Gpus, view: &ProcView, options: &SnapshotOptions) -> Result<Snapshot> {
+        Snapshot::take_inner(gpus, view, options, None)
+    }
+
+    /// [`Snapshot::take_with`] for a long-running reader that keeps host facts across
+    /// snapshots (see [`FactCache`]).
+    pub fn take_cached(
+        gpus: &Gpus,
+        view: &ProcView,
+        options: &SnapshotOptions,
+        cache: &mut FactCache,
+    ) -> Result<Snapshot> {
+        Snapshot::take_inner(gpus, view, options, Some(cache))
+    }
+
+    fn take_inner(
+        gpus: &Gpus,
+        view: &ProcView,
+        options: &SnapshotOptions,
+        cache: Option<&mut FactCache>,
+    ) -> Result<Snapshot> {
         let nvml = gpus.nvml();
         let indices = match &options.gpus {
             Some(indices) => indices.clone(),
@@ -142,7 +162,10 @@ impl Snapshot {
             .collect();
         pids.sort_unstable();
         pids.dedup();
-        let mut facts = view.processes(&pids);
+        let mut facts = match cache {
+            Some(cache) => view.processes_cached(&pids, cache),
+            None => view.processes(&pids),
+        };
         for process in devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut()) {
             if let Some(fact) = facts.get(&process.pid) {
                 process.host = fact.clone();
@@ -173,16 +196,18 @@ impl Snapshot {
     /// leader and parent.
     pub fn lineages(&self, view: &ProcView) -> HashMap<u32, Lineage> {
         let mut lineages = HashMap::new();
+        let mut seen = Relatives::default();
         for process in self.devices.iter().flat_map(|gpu| &gpu.processes) {
             if lineages.contains_key(&process.pid) {
                 continue;
             }
-            let Some(mut lineage) = view.lineage(process.pid, &process.host, false) else {
+            let Some(mut lineage) = view.lineage(process.pid, &process.host, false, &mut seen)
+            else {
                 continue;
             };
             if matches!(lineage.leader, LeaderState::Gone | LeaderState::Zombie) {
                 lineage = view
-                    .lineage(process.pid, &process.host, true)
+                    .lineage(process.pid, &process.host, true, &mut seen)
                     .unwrap_or(lineage);
             }
             lineages.insert(process.pid, lineage);

@@ -57,3 +57,51 @@ fn proc_trees_match_expected_facts() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// The watchdog's cache: a known identity costs one stat read per pass, so its state is
+/// fresh while its command line is kept; a new start time at the same pid is a new process,
+/// read in full.
+#[test]
+fn cached_facts_follow_state_and_notice_a_reused_pid() {
+    use gpuctl_core::host::{FactCache, ProcState};
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/proc/01-command-with-spaces-and-parens");
+    let scratch = tempfile::tempdir().unwrap();
+    let root = scratch.path();
+    copy_tree(&source, root);
+    let proc_dir = root.join("proc");
+    let users = UserNames::from_passwd(&std::fs::read_to_string(root.join("etc/passwd")).unwrap());
+    let view = ProcView::at(proc_dir.clone(), true, users).unwrap();
+    let mut cache = FactCache::default();
+    let first = view.processes_cached(&[4242], &mut cache)[&4242].clone();
+    assert_eq!(first.state, Some(ProcState::Sleeping));
+    assert_eq!(first.user.as_deref(), Some("alice"));
+
+    let stat_path = proc_dir.join("4242/stat");
+    let stat = std::fs::read_to_string(&stat_path).unwrap();
+    std::fs::write(&stat_path, stat.replacen(") S ", ") T ", 1)).unwrap();
+    std::fs::write(proc_dir.join("4242/cmdline"), "renamed\0").unwrap();
+    let second = view.processes_cached(&[4242], &mut cache)[&4242].clone();
+    assert_eq!(second.state, Some(ProcState::Stopped), "state is read every pass");
+    assert_eq!(second.command, first.command, "the command line is kept");
+
+    // Another process at the same pid: another start time, so everything is read again.
+    let stopped = std::fs::read_to_string(&stat_path).unwrap();
+    std::fs::write(&stat_path, stopped.replace(" 8000000 ", " 9000000 ")).unwrap();
+    let third = view.processes_cached(&[4242], &mut cache)[&4242].clone();
+    assert_eq!(third.start_ticks, Some(9_000_000));
+    assert_eq!(third.command.as_deref(), Some("renamed"));
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gpuctl_core::act::{Escalation, Identity, Signal};
 use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Verdict};
 use gpuctl_core::config::{self, ConfigError, Loaded, ReclaimKind, Watchdog, WatchdogMode};
-use gpuctl_core::host::{ProcState, ProcView};
+use gpuctl_core::host::{FactCache, ProcState, ProcView};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::peaks::PeakStore;
 use gpuctl_core::reclaim::{self, Action, Guard, Outcome, Selection, Target};
@@ -193,6 +193,8 @@ pub struct Daemon {
     reopen_at: Option<Instant>,
     last_incomplete: Option<String>,
     last_nvml_down: Option<String>,
+    /// Host facts kept across loops: a known process costs one read of its stat.
+    facts: FactCache,
     // History.
     parents: HashMap<Identity, Identity>,
     parent_died: HashSet<Identity>,
@@ -226,6 +228,7 @@ impl Daemon {
             reopen_at: None,
             last_incomplete: None,
             last_nvml_down: None,
+            facts: FactCache::default(),
             parents: HashMap::new(),
             parent_died: HashSet::new(),
             stopped_since: HashMap::new(),
@@ -414,13 +417,14 @@ impl Daemon {
             Nvml::Up(gpus) => {
                 let view = ProcView::system();
                 let taken = view.map_err(|e| e.to_string()).and_then(|view| {
-                    Snapshot::take_with(
+                    Snapshot::take_cached(
                         gpus,
                         &view,
                         &SnapshotOptions {
                             gpus: None,
                             utilization_window: Some(ACTIVITY_WINDOW),
                         },
+                        &mut self.facts,
                     )
                     .map(|snapshot| {
                         let lineages = snapshot.lineages(&view);
