@@ -415,7 +415,7 @@ mod tests {
                 used_bytes: Some(1 << 30),
                 kind: ProcessType::Compute,
                 sm_util_pct: p.sm,
-                host: if p.confirmed {
+                host: std::sync::Arc::new(if p.confirmed {
                     HostProcess {
                         confirmed: true,
                         unconfirmed_reason: None,
@@ -436,7 +436,7 @@ mod tests {
                     }
                 } else {
                     HostProcess::unconfirmed("other namespace")
-                },
+                }),
             })
             .collect();
         let snapshot = Snapshot {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use procfs::FromRead;
 use procfs::process::{Process, Stat, Status};
@@ -162,7 +163,23 @@ pub struct Relatives(HashMap<u32, Option<Relative>>);
 /// the process is read anew).
 #[derive(Debug, Default)]
 pub struct FactCache {
-    known: HashMap<u32, HostProcess>,
+    /// Facts by pid, and when its stat was last read.
+    known: HashMap<u32, (Arc<HostProcess>, std::time::Instant)>,
+    /// A known process's stat is read again only this long after the last read; until then
+    /// its facts are reused whole, age included. Zero: every pass.
+    refresh_every: std::time::Duration,
+}
+
+impl FactCache {
+    /// A cache that re-reads a known process's stat at most every `refresh_every`. A reader
+    /// acting on facts only after they have held for a grace period can afford facts that
+    /// much older; signals are still bound to the identity the kernel reports at the time.
+    pub fn refreshing_every(refresh_every: std::time::Duration) -> FactCache {
+        FactCache {
+            known: HashMap::new(),
+            refresh_every,
+        }
+    }
 }
 
 /// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
@@ -259,23 +276,37 @@ impl ProcView {
         &self,
         pids: &[u32],
         cache: &mut FactCache,
-    ) -> HashMap<u32, HostProcess> {
-        let mut facts = HashMap::with_capacity(pids.len());
+    ) -> HashMap<u32, Arc<HostProcess>> {
+        let now = std::time::Instant::now();
+        let mut known = std::mem::take(&mut cache.known);
         let mut unknown = Vec::new();
         for &pid in pids {
-            match cache
-                .known
-                .get(&pid)
-                .and_then(|known| self.refresh(pid, known))
-            {
-                Some(fact) => {
-                    facts.insert(pid, fact);
+            let Some((fact, at)) = known.get_mut(&pid) else {
+                unknown.push(pid);
+                continue;
+            };
+            if now.duration_since(*at) < cache.refresh_every {
+                continue;
+            }
+            match self.refresh(pid, fact) {
+                Some(fresh) => {
+                    *fact = Arc::new(fresh);
+                    *at = now;
                 }
                 None => unknown.push(pid),
             }
         }
-        facts.extend(self.processes(&unknown));
-        cache.known = facts.clone();
+        for (pid, fact) in self.processes(&unknown) {
+            known.insert(pid, (Arc::new(fact), now));
+        }
+        // Only the processes of this pass are kept.
+        let listed: std::collections::HashSet<u32> = pids.iter().copied().collect();
+        known.retain(|pid, _| listed.contains(pid));
+        let facts = known
+            .iter()
+            .map(|(&pid, (fact, _))| (pid, Arc::clone(fact)))
+            .collect();
+        cache.known = known;
         facts
     }
 

@@ -3,6 +3,7 @@
 //! a snapshot; none queries NVML or /proc on its own.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use nvml_wrapper::Device;
@@ -105,8 +106,9 @@ pub struct GpuProcess {
     /// Highest per-process SM utilization sampled in the window; 0 when the driver has no
     /// sample for it, `None` where the driver does not report per-process utilization.
     pub sm_util_pct: Option<u32>,
+    /// Shared by the process's entries on each of its GPUs.
     #[serde(flatten)]
-    pub host: HostProcess,
+    pub host: Arc<HostProcess>,
 }
 
 impl Snapshot {
@@ -162,16 +164,19 @@ impl Snapshot {
             .collect();
         pids.sort_unstable();
         pids.dedup();
-        let mut facts = match cache {
+        let facts: HashMap<u32, Arc<HostProcess>> = match cache {
             Some(cache) => view.processes_cached(&pids, cache),
-            None => view.processes(&pids),
+            None => view
+                .processes(&pids)
+                .into_iter()
+                .map(|(pid, fact)| (pid, Arc::new(fact)))
+                .collect(),
         };
         for process in devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut()) {
             if let Some(fact) = facts.get(&process.pid) {
-                process.host = fact.clone();
+                process.host = Arc::clone(fact);
             }
         }
-        facts.clear();
 
         Ok(Snapshot {
             taken_at: SystemTime::now(),
@@ -372,7 +377,7 @@ fn merge_processes(
                     sm_util_pct: utilization
                         .as_ref()
                         .map(|samples| samples.get(&info.pid).copied().unwrap_or(0)),
-                    host: HostProcess::unconfirmed("not read"),
+                    host: Arc::new(HostProcess::unconfirmed("not read")),
                 });
         }
     }

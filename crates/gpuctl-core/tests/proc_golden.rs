@@ -82,7 +82,11 @@ fn cached_facts_follow_state_and_notice_a_reused_pid() {
     std::fs::write(&stat_path, stat.replacen(") S ", ") T ", 1)).unwrap();
     std::fs::write(proc_dir.join("4242/cmdline"), "renamed\0").unwrap();
     let second = view.processes_cached(&[4242], &mut cache)[&4242].clone();
-    assert_eq!(second.state, Some(ProcState::Stopped), "state is read every pass");
+    assert_eq!(
+        second.state,
+        Some(ProcState::Stopped),
+        "state is read every pass"
+    );
     assert_eq!(second.command, first.command, "the command line is kept");
 
     // Another process at the same pid: another start time, so everything is read again.

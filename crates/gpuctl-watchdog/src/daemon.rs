@@ -217,6 +217,9 @@ impl Daemon {
     pub fn new(settings: Settings, log: Logger, notify: Notifier) -> Daemon {
         let peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
         let backoff = settings.watchdog.interval;
+        // Findings act only after `grace`, so facts a quarter of it old (a second at most)
+        // are fresh enough; each signal still checks the process's start time.
+        let refresh = (settings.watchdog.grace / 4).min(Duration::from_secs(1));
         Daemon {
             settings,
             log,
@@ -228,7 +231,7 @@ impl Daemon {
             reopen_at: None,
             last_incomplete: None,
             last_nvml_down: None,
-            facts: FactCache::default(),
+            facts: FactCache::refreshing_every(refresh),
             parents: HashMap::new(),
             parent_died: HashSet::new(),
             stopped_since: HashMap::new(),

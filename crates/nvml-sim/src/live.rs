@@ -1,22 +1,30 @@
 //! Process liveness, as the driver sees it: a process that no longer exists, or a zombie
 //! whose threads have all exited, holds no GPU context.
 //!
-//! A pidfd answers exactly the driver's question in three cheap syscalls: it becomes readable
-//! when the whole thread group has exited (a zombie leader with live threads is not). Where
+//! A pidfd answers exactly the driver's question: it becomes readable when the whole thread
+//! group has exited (a zombie leader with live threads is not). One is kept per live process,
+//! so a repeated check is a single poll. Where
 //! pidfds are refused (old kernel, seccomp, a thread id, a client in a child PID namespace
 //! that still sees the host's /proc), `/proc/PID/stat` is read instead, and for a zombie
 //! leader `/proc/PID/task/*/stat` (any task not a zombie keeps the context).
 //! Each answer is cached for at most [`TTL`] within one process.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// How long one liveness answer is reused within one process.
 pub const TTL: Duration = Duration::from_millis(20);
 
+/// At most this many pidfds are kept open (one per live listed process).
+const MAX_HELD: usize = 4096;
+
 #[derive(Debug, Default)]
 pub struct LiveCache {
     map: HashMap<u32, (Instant, bool)>,
+    /// A pidfd per live process seen, kept so that the next check is one poll, not
+    /// open + poll + close. Pidfds are close-on-exec, so none leak into exec'd programs.
+    held: HashMap<u32, OwnedFd>,
 }
 
 impl LiveCache {
@@ -26,7 +34,7 @@ impl LiveCache {
         {
             return *alive;
         }
-        let alive = probe(pid);
+        let alive = self.check(pid);
         if self.map.len() > 16384 {
             self.map.retain(|_, (at, _)| now.duration_since(*at) < TTL);
         }
@@ -37,6 +45,51 @@ impl LiveCache {
     pub fn clear(&mut self) {
         self.map.clear();
     }
+
+    fn check(&mut self, pid: u32) -> bool {
+        if let Some(fd) = self.held.get(&pid) {
+            if readable(fd.as_raw_fd()) == Some(false) {
+                return true;
+            }
+            // That process exited; the pid may belong to a new one now: look afresh.
+            self.held.remove(&pid);
+        }
+        if pid == 0 || pid > i32::MAX as u32 {
+            return false;
+        }
+        match open_pidfd(pid) {
+            Some(fd) => match readable(fd.as_raw_fd()) {
+                Some(false) => {
+                    if self.held.len() < MAX_HELD {
+                        self.held.insert(pid, fd);
+                    }
+                    true
+                }
+                Some(true) => false,
+                None => probe(pid),
+            },
+            None => probe(pid),
+        }
+    }
+}
+
+fn open_pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; nothing is borrowed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a new descriptor that we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Whether a pidfd is readable (its thread group has exited); `None` if poll fails.
+fn readable(fd: libc::c_int) -> Option<bool> {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that we own, zero timeout.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    (ready >= 0).then_some(ready > 0 && poll.revents & libc::POLLIN != 0)
 }
 
 /// The state letter of `/proc/<path>/stat` (the field after the command name).
@@ -67,21 +120,8 @@ pub fn probe(pid: u32) -> bool {
 
 /// `Some(true)` when the thread group has exited; `None` when no pidfd could be had.
 fn pidfd_exited(pid: u32) -> Option<bool> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; nothing is borrowed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return None;
-    }
-    let fd = fd as libc::c_int;
-    let mut poll = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd that we own, zero timeout; the fd is ours and closed right after.
-    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-    unsafe { libc::close(fd) };
-    (ready >= 0).then_some(ready > 0 && poll.revents & libc::POLLIN != 0)
+    let fd = open_pidfd(pid)?;
+    readable(fd.as_raw_fd())
 }
 
 fn any_live_task(pid: u32) -> bool {
