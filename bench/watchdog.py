@@ -61,7 +61,7 @@ def loops(metrics_file):
         return 0
 
 
-def measure(processes, seconds, gpus=8):
+def measure(processes, seconds, gpus=8, spread=False):
     testproc = built("gpuctl-testproc")
     stand_ins = []
     for i in range(processes):
@@ -82,8 +82,11 @@ def measure(processes, seconds, gpus=8):
             f.write('driver_version = "570.133.20"\n')
             for _ in range(gpus):
                 f.write('\n[[gpu]]\nname = "NVIDIA H200"\n')
-            for p in stand_ins:
-                f.write(f"\n[[process]]\npid = {p.pid}\ngpu = [{gpu_list}]\nused_mib = 1024\nsm_pct = 10\n")
+            for i, p in enumerate(stand_ins):
+                # Every process on every GPU (the heaviest reading of "8 GPUs x N"), or,
+                # with --spread, each on one GPU in turn.
+                on = str(i % gpus) if spread else f"[{gpu_list}]"
+                f.write(f"\n[[process]]\npid = {p.pid}\ngpu = {on}\nused_mib = 1024\nsm_pct = 10\n")
         metrics_file = os.path.join(tmp, "gpuctl.prom")
         config = os.path.join(tmp, "gpuctl.toml")
         with open(config, "w") as f:
@@ -140,10 +143,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--spread", action="store_true",
+                        help="each process on one GPU (round robin) instead of on all 8")
     args = parser.parse_args()
     print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
     for processes in (0, args.processes):
-        r = measure(processes, args.seconds)
+        r = measure(processes, args.seconds, spread=args.spread)
         print(
             f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
             f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"

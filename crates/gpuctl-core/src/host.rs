@@ -341,6 +341,10 @@ impl ProcView {
     /// sets are split across cores; small ones are not worth a thread.
     fn read_in_parallel(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
         const PIDS_PER_THREAD: usize = 32;
+        if pids.len() < 2 * PIDS_PER_THREAD {
+            // Not worth a thread; nor asking how many cores (that reads cgroup files).
+            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(pids.len() / PIDS_PER_THREAD).max(1);
         if threads == 1 {

@@ -123,7 +123,12 @@ pub struct Sim {
     live: LiveCache,
     /// Per GPU: the last computed view and when; reused for at most the liveness TTL.
     views: Vec<Option<(Instant, GpuNow)>>,
+    /// When the scenario file was last checked for a change.
+    checked_at: Option<Instant>,
 }
+
+/// How often a long-running client re-checks the scenario file for a change.
+pub const RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 const MIB: u64 = 1024 * 1024;
 
@@ -153,12 +158,23 @@ impl Sim {
             state,
             live: LiveCache::default(),
             views: Vec::new(),
+            checked_at: None,
         })
     }
 
     /// Re-reads the scenario if the file changed (stat: dev, inode, size, mtime). An invalid
     /// new version is reported once on stderr and the last good scenario kept.
     pub fn refresh(&mut self) {
+        // A stat of the file per NVML call is most of a quiet client's cost; a change is
+        // seen within RECHECK instead.
+        let now = Instant::now();
+        if self
+            .checked_at
+            .is_some_and(|at| now.duration_since(at) < RECHECK)
+        {
+            return;
+        }
+        self.checked_at = Some(now);
         let sig = file_sig(&self.path);
         if sig == self.sig || self.bad == Some(sig) {
             return;

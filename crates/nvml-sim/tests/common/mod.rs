@@ -64,6 +64,8 @@ impl Sim {
         let tmp = self.dir.path().join("scenario.toml.new");
         std::fs::write(&tmp, scenario).expect("write scenario");
         std::fs::rename(&tmp, &self.scenario).expect("rename scenario");
+        // The contract under test: a loaded library sees a change within RECHECK.
+        std::thread::sleep(nvml_sim::sim::RECHECK + std::time::Duration::from_millis(5));
     }
 
     pub fn nvml(&self) -> nvml_wrapper::Nvml {
