@@ -16,8 +16,21 @@ use std::time::{Duration, Instant};
 /// How long one liveness answer is reused within one process.
 pub const TTL: Duration = Duration::from_millis(20);
 
-/// At most this many pidfds are kept open (one per live listed process).
-const MAX_HELD: usize = 4096;
+/// At most this many pidfds are kept open (one per live listed process): a quarter of the
+/// process's open-file limit, so that the program the library is loaded into keeps plenty.
+fn max_held() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur as usize
+    } else {
+        1024
+    };
+    (soft / 4).min(4096)
+}
 
 #[derive(Debug, Default)]
 pub struct LiveCache {
@@ -25,6 +38,7 @@ pub struct LiveCache {
     /// A pidfd per live process seen, kept so that the next check is one poll, not
     /// open + poll + close. Pidfds are close-on-exec, so none leak into exec'd programs.
     held: HashMap<u32, OwnedFd>,
+    max_held: Option<usize>,
 }
 
 impl LiveCache {
@@ -60,7 +74,7 @@ impl LiveCache {
         match open_pidfd(pid) {
             Some(fd) => match readable(fd.as_raw_fd()) {
                 Some(false) => {
-                    if self.held.len() < MAX_HELD {
+                    if self.held.len() < *self.max_held.get_or_insert_with(max_held) {
                         self.held.insert(pid, fd);
                     }
                     true
