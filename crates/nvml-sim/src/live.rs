@@ -80,9 +80,9 @@ impl LiveCache {
                     true
                 }
                 Some(true) => false,
-                None => probe(pid),
+                None => alive_in_proc(pid),
             },
-            None => probe(pid),
+            None => alive_in_proc(pid),
         }
     }
 }
@@ -117,25 +117,13 @@ fn is_dead_state(s: u8) -> bool {
     matches!(s, b'Z' | b'X' | b'x')
 }
 
-/// Whether `pid` holds a GPU context now (uncached).
-pub fn probe(pid: u32) -> bool {
-    if pid == 0 || pid > i32::MAX as u32 {
-        return false;
-    }
-    if let Some(exited) = pidfd_exited(pid) {
-        return !exited;
-    }
+/// Whether `pid` holds a GPU context, from /proc: where no pidfd can be had.
+fn alive_in_proc(pid: u32) -> bool {
     match stat_state(&format!("/proc/{pid}/stat")) {
         None => false,
         Some(s) if is_dead_state(s) => any_live_task(pid),
         Some(_) => true,
     }
-}
-
-/// `Some(true)` when the thread group has exited; `None` when no pidfd could be had.
-fn pidfd_exited(pid: u32) -> Option<bool> {
-    let fd = open_pidfd(pid)?;
-    readable(fd.as_raw_fd())
 }
 
 fn any_live_task(pid: u32) -> bool {
