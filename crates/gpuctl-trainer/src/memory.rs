@@ -1,0 +1,283 @@
+//! Memory monitoring: the caching allocator's figures (allocated, reserved, peak) on CUDA,
+//! this process's resident memory on the host, and at milestones what NVML says this
+//! process holds. A per-micro-step trace of the cheap figures becomes the CSV and the plot.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
+
+use crate::alloc::{self, AllocatorStats};
+
+/// One reading. The allocator's figures are there on CUDA only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reading {
+    pub allocator: Option<AllocatorStats>,
+    /// Bytes the host's malloc has handed out and not had back (libtorch's CPU tensors live
+    /// there): the host's counterpart of the caching allocator's "allocated".
+    pub host_allocated_bytes: u64,
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+/// Reads memory for one device.
+pub struct Monitor {
+    /// CUDA device index, when training on CUDA.
+    cuda: Option<usize>,
+    /// Opened at the first milestone that asks; `None` inside when NVML is unavailable.
+    nvml: Option<Option<Gpus>>,
+    /// The allocator's peak before the last reset of its peak marks.
+    earlier_peak: u64,
+}
+
+impl Monitor {
+    pub fn new(cuda: Option<usize>) -> Monitor {
+        Monitor {
+            cuda,
+            nvml: None,
+            earlier_peak: 0,
+        }
+    }
+
+    /// The cheap figures (no system calls to the driver): what each micro-step records.
+    pub fn read(&self) -> Reading {
+        let (rss_bytes, peak_rss_bytes) = rss();
+        Reading {
+            allocator: self.cuda.and_then(|d| alloc::device_stats(d).ok()),
+            host_allocated_bytes: host_allocated(),
+            rss_bytes,
+            peak_rss_bytes,
+        }
+    }
+
+    /// What NVML reports this process holds, over all GPUs; `None` without NVML or when this
+    /// process is not listed (no CUDA context yet).
+    pub fn nvml_used(&mut self) -> Option<u64> {
+        let gpus = self
+            .nvml
+            .get_or_insert_with(|| Gpus::open().ok())
+            .as_ref()?;
+        let options = SnapshotOptions {
+            gpus: None,
+            utilization_window: None,
+        };
+        let snapshot = Snapshot::take(gpus, &options).ok()?;
+        let pid = std::process::id();
+        let used: Vec<u64> = snapshot
+            .devices
+            .iter()
+            .flat_map(|gpu| &gpu.processes)
+            .filter(|p| p.pid == pid)
+            .filter_map(|p| p.used_bytes)
+            .collect();
+        (!used.is_empty()).then(|| used.iter().sum())
+    }
+
+    /// A log line's figures for a milestone.
+    pub fn milestone(&mut self) -> String {
+        let reading = self.read();
+        let mut text = String::new();
+        match reading.allocator {
+            Some(stats) => {
+                let _ = write!(
+                    text,
+                    "allocated {}, reserved {}, peak {} (reserved peak {})",
+                    bytes(stats.allocated_bytes),
+                    bytes(stats.reserved_bytes),
+                    bytes(stats.allocated_peak_bytes),
+                    bytes(stats.reserved_peak_bytes)
+                );
+            }
+            None => {
+                let _ = write!(
+                    text,
+                    "allocated {} (host), resident {}, peak resident {}",
+                    bytes(reading.host_allocated_bytes as i64),
+                    bytes(reading.rss_bytes as i64),
+                    bytes(reading.peak_rss_bytes as i64)
+                );
+            }
+        }
+        if self.cuda.is_some() {
+            match self.nvml_used() {
+                Some(used) => {
+                    let _ = write!(text, "; NVML: this process holds {}", bytes(used as i64));
+                }
+                None => text.push_str("; NVML: no figure for this process"),
+            }
+        }
+        text
+    }
+
+    /// Resets the allocator's peak marks (the next milestone shows the peak since), keeping
+    /// the run's peak for the summary.
+    pub fn reset_peak(&mut self) {
+        let Some(device) = self.cuda else { return };
+        if let Ok(stats) = alloc::device_stats(device) {
+            self.earlier_peak = self
+                .earlier_peak
+                .max(stats.allocated_peak_bytes.max(0) as u64);
+        }
+        let _ = alloc::reset_peak_stats(device);
+    }
+
+    /// The peak for the summary: the allocator's on CUDA, resident memory on the host.
+    pub fn peak(&self) -> (u64, &'static str) {
+        let reading = self.read();
+        match reading.allocator {
+            Some(stats) => (
+                (stats.allocated_peak_bytes.max(0) as u64).max(self.earlier_peak),
+                "cuda_allocated",
+            ),
+            None => (reading.peak_rss_bytes, "host_resident"),
+        }
+    }
+}
+
+/// This process's resident set and its high-water mark, in bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Bytes in use from glibc's malloc: small chunks plus mmapped large ones.
+fn host_allocated() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
+/// "1.5 GiB", "320 MiB", "12 KiB".
+pub fn bytes(value: i64) -> String {
+    let value = value.max(0) as f64;
+    const KIB: f64 = 1024.0;
+    if value >= KIB * KIB * KIB {
+        format!("{:.2} GiB", value / (KIB * KIB * KIB))
+    } else if value >= KIB * KIB {
+        format!("{:.0} MiB", value / (KIB * KIB))
+    } else {
+        format!("{:.0} KiB", value / KIB)
+    }
+}
+
+/// Host memory available for new allocations (MemAvailable), in bytes.
+pub fn host_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+}
+
+/// When in a step a trace row was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Forward,
+    Backward,
+    OptimizerStep,
+    OutOfMemory,
+}
+
+impl Event {
+    fn as_str(self) -> &'static str {
+        match self {
+            Event::Forward => "forward",
+            Event::Backward => "backward",
+            Event::OptimizerStep => "optimizer_step",
+            Event::OutOfMemory => "oom",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct TraceRow {
+    pub step: u64,
+    pub micro_step: u32,
+    pub grad_accum: u32,
+    pub micro_batch: u32,
+    pub event: Event,
+    pub reading: Reading,
+}
+
+impl TraceRow {
+    /// The figure the plot draws as "allocated": the caching allocator's on CUDA, malloc's
+    /// on the host.
+    pub fn in_use(&self) -> u64 {
+        self.reading
+            .allocator
+            .map_or(self.reading.host_allocated_bytes, |s| {
+                s.allocated_bytes.max(0) as u64
+            })
+    }
+}
+
+/// The per-micro-step memory trace: rows in memory, written as CSV.
+#[derive(Debug, Default)]
+pub struct Trace {
+    pub rows: Vec<TraceRow>,
+}
+
+impl Trace {
+    pub fn write_csv(&self, path: &Path) -> io::Result<()> {
+        let mut text = String::from(
+            "step,micro_step,grad_accum,micro_batch,event,allocated_bytes,reserved_bytes,\
+             allocated_peak_bytes,host_allocated_bytes,rss_bytes\n",
+        );
+        for row in &self.rows {
+            let stats = row.reading.allocator;
+            let field = |f: fn(&AllocatorStats) -> i64| {
+                stats.as_ref().map_or(String::new(), |s| f(s).to_string())
+            };
+            let _ = writeln!(
+                text,
+                "{},{},{},{},{},{},{},{},{},{}",
+                row.step,
+                row.micro_step,
+                row.grad_accum,
+                row.micro_batch,
+                row.event.as_str(),
+                field(|s| s.allocated_bytes),
+                field(|s| s.reserved_bytes),
+                field(|s| s.allocated_peak_bytes),
+                row.reading.host_allocated_bytes,
+                row.reading.rss_bytes
+            );
+        }
+        crate::checkpoint::write_atomically(path, text.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(bytes(3 << 30), "3.00 GiB");
+        assert_eq!(bytes(320 << 20), "320 MiB");
+        assert_eq!(bytes(12 << 10), "12 KiB");
+        assert_eq!(bytes(-5), "0 KiB");
+    }
+}

@@ -1,0 +1,130 @@
+//! The memory plot: memory in use over steps, drawn from the trace, so the sawtooth of
+//! gradient accumulation (activations building up over a micro-step's forward, released by
+//! its backward) and each OOM recovery can be seen.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::memory::{Event, Trace};
+
+/// DejaVu Sans Mono (Bitstream Vera license, assets/DejaVuSansMono.LICENSE), embedded so the
+/// plot has its labels on machines without fonts.
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
+
+pub fn write_png(trace: &Trace, title: &str, path: &Path) -> Result<(), String> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| "the embedded font could not be read".to_string())?;
+    if trace.rows.is_empty() {
+        return Err("the trace is empty: no step ran".into());
+    }
+    let cuda = trace.rows[0].reading.allocator.is_some();
+    // Rows in recording order, spread evenly over their step (a redone step's attempts
+    // follow one another within it).
+    let mut xs = Vec::with_capacity(trace.rows.len());
+    let mut first = 0;
+    while first < trace.rows.len() {
+        let step = trace.rows[first].step;
+        let count = trace.rows[first..]
+            .iter()
+            .take_while(|r| r.step == step)
+            .count();
+        for i in 0..count {
+            xs.push(step as f64 + (i as f64 + 1.0) / count as f64);
+        }
+        first += count;
+    }
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let in_use: Vec<(f64, f64)> = trace
+        .rows
+        .iter()
+        .zip(&xs)
+        .map(|(r, &x)| (x, mib(r.in_use())))
+        .collect();
+    // The memory held from the system: the allocator's reserve on CUDA, resident on the host.
+    let reserved: Vec<(f64, f64)> = trace
+        .rows
+        .iter()
+        .zip(&xs)
+        .map(|(r, &x)| {
+            let held = r
+                .reading
+                .allocator
+                .map_or(r.reading.rss_bytes, |s| s.reserved_bytes.max(0) as u64);
+            (x, mib(held))
+        })
+        .collect();
+    let ooms: Vec<f64> = trace
+        .rows
+        .iter()
+        .zip(&xs)
+        .filter(|(r, _)| r.event == Event::OutOfMemory)
+        .map(|(_, &x)| x)
+        .collect();
+    let x_end = trace.rows.last().map_or(1.0, |r| r.step as f64 + 1.0);
+    let x_start = trace.rows[0].step as f64;
+    let y_max = in_use
+        .iter()
+        .chain(&reserved)
+        .map(|&(_, y)| y)
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let y_min = 0.0;
+
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let root = BitMapBackend::new(path, (1200, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_start..x_end, y_min..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("optimizer step")
+            .y_desc("MiB")
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        let (label, held_label) = if cuda {
+            (
+                "allocated (caching allocator)",
+                "reserved (caching allocator)",
+            )
+        } else {
+            ("allocated (host malloc)", "resident (host)")
+        };
+        chart
+            .draw_series(LineSeries::new(
+                in_use.iter().copied(),
+                BLUE.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+        chart
+            .draw_series(LineSeries::new(
+                reserved.iter().copied(),
+                GREEN.stroke_width(2),
+            ))?
+            .label(held_label)
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN.stroke_width(2)));
+        if !ooms.is_empty() {
+            chart
+                .draw_series(ooms.iter().map(|&x| {
+                    PathElement::new([(x, y_min), (x, y_max)], RED.mix(0.6).stroke_width(2))
+                }))?
+                .label("out of memory: micro-batch halved, step redone")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| e.to_string())
+}

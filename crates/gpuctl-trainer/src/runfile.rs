@@ -1,0 +1,363 @@
+//! The run file and startup cleanup. A run records its process tree (pid and start time of
+//! the trainer and each data-loader worker) in a run file, and holds a lock next to it for
+//! its whole life. A new run of the same name takes the lock (so two live runs of one name
+//! cannot both start) and reads what the previous run left: a run file still there means
+//! that run did not finish cleanly. Its processes that are still alive, by pid *and* start
+//! time, are its leftovers; those holding GPU memory are reclaimed through gpuctl-core's
+//! reclaim road (the one `gpuctl clear` walks), and NVML must show their memory released.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuctl_core::act::{self, Ended, Escalation, Identity, Signal};
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::reclaim::{self, DEFAULT_PROTECTED, Guard, Selection};
+use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::write_atomically;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    pub pid: u32,
+    pub start_ticks: u64,
+    /// `trainer` or `worker`.
+    pub role: String,
+}
+
+/// The run file's content (documented in the trainer's README section).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub version: u32,
+    pub name: String,
+    pub device: String,
+    pub processes: Vec<Recorded>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("run name {0:?}: use letters, digits, '.', '_' and '-' only")]
+    BadName(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Unsafe(String),
+    #[error(
+        "run {name:?} is already running{holder} (its lock {lock} is held): wait for it, \
+         or give this run another --run-name"
+    )]
+    Busy {
+        name: String,
+        holder: String,
+        lock: PathBuf,
+    },
+}
+
+/// A run's claim on its name: the lock, held until this process exits.
+pub struct RunFile {
+    path: PathBuf,
+    _lock: File,
+}
+
+/// Where the run file of run `name` lives: in the checkpoint directory when there is one
+/// (a resumed run finds it there), else in `$XDG_RUNTIME_DIR/gpuctl-trainer/`, else in a
+/// private directory under /tmp.
+pub fn location(name: &str, checkpoint: Option<&Path>) -> Result<PathBuf, RunError> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && !name.starts_with('.');
+    if !valid {
+        return Err(RunError::BadName(name.to_string()));
+    }
+    if let Some(dir) = checkpoint {
+        fs::create_dir_all(dir).map_err(|source| RunError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        return Ok(dir.join(format!("{name}.run.json")));
+    }
+    let base = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(runtime) => PathBuf::from(runtime).join("gpuctl-trainer"),
+        None => PathBuf::from(format!("/tmp/gpuctl-trainer-{}", nix::unistd::getuid())),
+    };
+    private_dir(&base)?;
+    Ok(base.join(format!("{name}.run.json")))
+}
+
+/// Creates `dir` with mode 0700, or checks that the existing one is ours and private (under
+/// /tmp another user could have made it first).
+fn private_dir(dir: &Path) -> Result<(), RunError> {
+    let io = |source| RunError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    let meta = fs::symlink_metadata(dir).map_err(io)?;
+    let uid = nix::unistd::getuid().as_raw();
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(RunError::Unsafe(format!(
+            "{} is not a private directory of uid {uid}: refusing to keep the run file there",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Takes run `name`'s lock and reads what its previous run left, if anything.
+pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), RunError> {
+    let lock_path = path.with_extension("lock");
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|source| RunError::Io {
+            path: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let holder = read_record(path)
+                .ok()
+                .flatten()
+                .and_then(|r| r.processes.into_iter().find(|p| p.role == "trainer"))
+                .map_or(String::new(), |p| format!(" as pid {}", p.pid));
+            return Err(RunError::Busy {
+                name: name.to_string(),
+                holder,
+                lock: lock_path,
+            });
+        }
+        return Err(RunError::Io {
+            path: lock_path,
+            source: error,
+        });
+    }
+    let previous = read_record(path).map_err(|source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok((
+        RunFile {
+            path: path.to_path_buf(),
+            _lock: lock,
+        },
+        previous,
+    ))
+}
+
+fn read_record(path: &Path) -> io::Result<Option<Record>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl RunFile {
+    /// Records this run's processes (replacing the file atomically).
+    pub fn record(&self, record: &Record) -> Result<(), RunError> {
+        let json = serde_json::to_vec_pretty(record).expect("the record serializes");
+        write_atomically(&self.path, &json).map_err(|source| RunError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// A clean end: nothing is left for the next run to clean up.
+    pub fn finish(self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// This process and the given children, as the run file records them.
+pub fn processes(workers: &[u32]) -> Vec<Recorded> {
+    let observe = |pid: u32, role: &str| {
+        Identity::observe(pid).ok().map(|id| Recorded {
+            pid,
+            start_ticks: id.start_ticks,
+            role: role.to_string(),
+        })
+    };
+    std::iter::once(observe(std::process::id(), "trainer"))
+        .chain(workers.iter().map(|&pid| observe(pid, "worker")))
+        .flatten()
+        .collect()
+}
+
+/// What startup cleanup did.
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    /// Leftovers found alive.
+    pub leftovers: usize,
+    /// GPU memory the reclaimed leftovers held, as NVML reported it.
+    pub freed_bytes: u64,
+    /// Leftovers that could not be ended or whose memory was not released.
+    pub failures: Vec<String>,
+}
+
+/// Ends the previous run's processes that are still alive: through the reclaim road for
+/// those NVML lists on a GPU (signal, then verify the memory came back), with a plain
+/// TERM-then-KILL for the rest. `log` gets one line per thing done.
+pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
+    let mut cleanup = Cleanup::default();
+    let own = std::process::id();
+    let alive: Vec<&Recorded> = previous
+        .processes
+        .iter()
+        .filter(|p| p.pid != own)
+        .filter(|p| Identity::observe(p.pid).is_ok_and(|id| id.start_ticks == p.start_ticks))
+        .collect();
+    cleanup.leftovers = alive.len();
+    if alive.is_empty() {
+        log(format!(
+            "the previous run of {:?} did not finish cleanly; none of its {} processes is left",
+            previous.name,
+            previous.processes.len()
+        ));
+        return cleanup;
+    }
+    log(format!(
+        "the previous run of {:?} crashed and left {} process{} alive: {}",
+        previous.name,
+        alive.len(),
+        if alive.len() == 1 { "" } else { "es" },
+        alive
+            .iter()
+            .map(|p| format!("pid {} ({})", p.pid, p.role))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let how = Escalation {
+        signal: Signal::parse("TERM").expect("TERM is a signal"),
+        timeout: Duration::from_secs(5),
+        escalate: true,
+        kill_timeout: Duration::from_secs(5),
+    };
+    let protected: Vec<String> = DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect();
+    let guard = Guard::for_this_process(&protected, &[]);
+
+    let mut on_gpu: Vec<u32> = Vec::new();
+    match Gpus::open() {
+        Ok(gpus) => {
+            let options = SnapshotOptions {
+                gpus: None,
+                utilization_window: None,
+            };
+            match Snapshot::take(&gpus, &options) {
+                Ok(snapshot) => {
+                    let selection = Selection {
+                        pids: alive.iter().map(|p| p.pid).collect(),
+                        ..Selection::default()
+                    };
+                    let (mut targets, _not_on_gpu) = reclaim::select(&snapshot, &[], &selection);
+                    // The same process, not a new one that reused the pid.
+                    targets.retain(|t| {
+                        alive
+                            .iter()
+                            .any(|p| p.pid == t.pid && Some(p.start_ticks) == t.start_ticks)
+                    });
+                    for target in &mut targets {
+                        target.reasons = vec![format!("leftover of run {:?}", previous.name)];
+                    }
+                    on_gpu = targets.iter().map(|t| t.pid).collect();
+                    let outcomes = reclaim::execute(
+                        &gpus,
+                        &snapshot,
+                        targets,
+                        &guard,
+                        &how,
+                        Duration::from_secs(10),
+                        false,
+                    );
+                    for outcome in outcomes {
+                        let held = outcome.target.used_bytes.unwrap_or(0);
+                        let line = format!(
+                            "pid {} held {} on GPU {}: {}",
+                            outcome.target.pid,
+                            crate::memory::bytes(held as i64),
+                            outcome
+                                .target
+                                .gpus
+                                .iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            outcome.skipped.clone().unwrap_or_else(|| outcome.summary())
+                        );
+                        if outcome.succeeded() {
+                            cleanup.freed_bytes += held;
+                        } else {
+                            cleanup.failures.push(line.clone());
+                        }
+                        log(line);
+                    }
+                }
+                Err(e) => log(format!(
+                    "NVML could not list GPU processes ({e}); the leftovers are ended without \
+                     checking their GPU memory"
+                )),
+            }
+        }
+        Err(e) => log(format!(
+            "NVML is unavailable ({e}); the leftovers are ended without checking their GPU memory"
+        )),
+    }
+
+    // The rest hold no GPU memory (or NVML could not tell): ended all the same, as they are
+    // this run name's own processes, identified by pid and start time.
+    let rest: Vec<&Recorded> = alive
+        .iter()
+        .copied()
+        .filter(|p| !on_gpu.contains(&p.pid))
+        .collect();
+    let identities: Vec<Identity> = rest
+        .iter()
+        .map(|p| Identity::new(p.pid, p.start_ticks))
+        .collect();
+    for (recorded, ended) in rest.iter().zip(act::end_all(&identities, &how)) {
+        let done = matches!(
+            ended,
+            Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone | Ended::Reused { .. }
+        );
+        let line = format!(
+            "pid {} ({}), not on a GPU: {}",
+            recorded.pid,
+            recorded.role,
+            describe(&ended)
+        );
+        if !done {
+            cleanup.failures.push(line.clone());
+        }
+        log(line);
+    }
+    cleanup
+}
+
+fn describe(ended: &Ended) -> String {
+    match ended {
+        Ended::Exited { signal, after_ms } => format!("ended by {signal} after {after_ms} ms"),
+        Ended::Killed { after_ms } => format!("killed (SIGKILL) after {after_ms} ms"),
+        Ended::Gone => "already gone".into(),
+        Ended::Reused { .. } => "its pid now names another process: not signalled".into(),
+        Ended::StillAlive { signals } => format!("still running after {}", signals.join(", ")),
+        Ended::Failed { error } => format!("failed: {error}"),
+    }
+}
