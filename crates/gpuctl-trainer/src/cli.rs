@@ -8,6 +8,8 @@ use clap::{Parser, ValueEnum};
 #[command(
     name = "gpuctl-trainer",
     version,
+    // A launcher's defaults, then the job's own choices: the last one given wins.
+    args_override_self = true,
     about = "Reference trainer on libtorch: startup cleanup of a crashed previous run, memory \
              monitoring, and OOM recovery that keeps the effective batch",
     after_help = "Exit status: 0 done; 1 failed (a worker died, I/O, the run name is in use); \
@@ -127,8 +129,9 @@ pub struct Args {
     pub cleanup_wait: u64,
 
     /// For testing without a GPU: every micro-batch above N samples fails with an
-    /// out-of-memory error, through the same recovery path as a real one.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    /// out-of-memory error, through the same recovery path as a real one (0: every one
+    /// fails, down to micro-batch 1).
+    #[arg(long, value_name = "N")]
     pub inject_oom_above: Option<u32>,
 }
 

@@ -47,6 +47,8 @@ struct Worker {
 /// Where batches come from: worker processes, or this process when there are none.
 pub struct Loader {
     spec: DataSpec,
+    /// Worker `w` prepares steps `first_step + w`, `first_step + w + n`, ...
+    first_step: u64,
     workers: Vec<Worker>,
     /// Used when there are no workers (`--workers 0`).
     order: EpochOrder,
@@ -103,6 +105,7 @@ impl Loader {
         }
         Ok(Loader {
             spec,
+            first_step,
             workers: started,
             order: EpochOrder::default(),
         })
@@ -118,7 +121,7 @@ impl Loader {
         if self.workers.is_empty() {
             return Ok(self.spec.batch(step, &mut self.order));
         }
-        let index = (step % self.workers.len() as u64) as usize;
+        let index = ((step - self.first_step) % self.workers.len() as u64) as usize;
         let worker = &mut self.workers[index];
         let died = |worker: &mut Worker, reason: String| {
             let status = worker.child.try_wait().ok().flatten();

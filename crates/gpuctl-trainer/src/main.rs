@@ -80,11 +80,17 @@ fn main() {
             std::process::exit(0);
         }
         Err(e) => {
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("invalid arguments");
+            // Clap's message without its usage block and tip, on one line.
+            let text = e.render().to_string();
+            let message: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|line| !line.is_empty() && !line.starts_with("Usage:"))
+                .collect();
+            let message = message.join(" ");
             eprintln!(
                 "gpuctl-trainer: {} (see --help)",
-                line.trim_start_matches("error: ")
+                message.trim_start_matches("error: ")
             );
             std::process::exit(2);
         }

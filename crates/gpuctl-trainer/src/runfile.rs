@@ -224,6 +224,7 @@ pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
         .iter()
         .filter(|p| p.pid != own)
         .filter(|p| Identity::observe(p.pid).is_ok_and(|id| id.start_ticks == p.start_ticks))
+        .filter(|p| !finished(p.pid))
         .collect();
     cleanup.leftovers = alive.len();
     if alive.is_empty() {
@@ -317,7 +318,7 @@ pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
             }
         }
         Err(e) => log(format!(
-            "NVML is unavailable ({e}); the leftovers are ended without checking their GPU memory"
+            "{e}; the leftovers are ended without checking their GPU memory"
         )),
     }
 
@@ -349,6 +350,23 @@ pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
         log(line);
     }
     cleanup
+}
+
+/// A zombie whose threads have all exited: it holds nothing, and only its parent can reap
+/// it. A zombie leader with live threads (which can still hold a CUDA context) is not.
+fn finished(pid: u32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_string()
+    };
+    field("State:").starts_with('Z') && field("Threads:").parse::<u32>().unwrap_or(0) <= 1
 }
 
 fn describe(ended: &Ended) -> String {
