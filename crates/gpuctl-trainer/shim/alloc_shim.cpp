@@ -1,16 +1,20 @@
 // The allocator bridge: what tch does not expose of libtorch's caching device allocator
 // (empty the cache, device statistics, reset peak marks, free/total memory, the per-process
-// memory fraction) and the autocast dtype. Every function is noexcept at the C boundary:
+// memory fraction) and the autocast dtype; and a counting CPU allocator, so host tensors have
+// "allocated" and "peak" figures as cheap to read as the CUDA allocator's. Every function is noexcept at the C boundary:
 // a C++ exception is caught here and returned as a message, never unwound into Rust.
 
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #ifdef GPUCTL_SHIM_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -56,6 +60,50 @@ int guarded(char* error, size_t error_size, F body) noexcept {
   }
   return -1;
 }
+
+// Bytes of CPU tensor storage alive now, and the most alive at once since the last reset.
+std::atomic<int64_t> host_current{0};
+std::atomic<int64_t> host_peak{0};
+
+// The allocation's size sits in a header before the data; 64 bytes keep c10's alignment.
+// The data pointer is also the deleter's context, as raw_allocate() requires.
+constexpr size_t kHeader = 64;
+
+void counted_free(void* data) {
+  if (data == nullptr) {
+    return;
+  }
+  void* base = static_cast<char*>(data) - kHeader;
+  const auto size = static_cast<int64_t>(*static_cast<size_t*>(base));
+  host_current.fetch_sub(size, std::memory_order_relaxed);
+  c10::free_cpu(base);
+}
+
+// libtorch's default CPU allocation (c10::alloc_cpu), counted. Installed with a priority
+// above the default's, before the first tensor exists.
+struct CountingCPUAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* base = c10::alloc_cpu(n + kHeader);
+    *static_cast<size_t*>(base) = n;
+    const auto now =
+        host_current.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
+        static_cast<int64_t>(n);
+    auto peak = host_peak.load(std::memory_order_relaxed);
+    while (now > peak &&
+           !host_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &counted_free, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_free; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+CountingCPUAllocator counting_cpu_allocator;
 
 c10::DeviceAllocator* accelerator_allocator() {
   const auto device_type = at::accelerator::getAccelerator(true).value();
@@ -125,6 +173,20 @@ int gpuctl_set_memory_fraction(double fraction, int device, char* error,
             "gpuctl-trainer was built against a libtorch without CUDA");
   return -1;
 #endif
+}
+
+int gpuctl_count_host_allocations(char* error, size_t error_size) noexcept {
+  return guarded(error, error_size,
+                 [] { c10::SetCPUAllocator(&counting_cpu_allocator, /*priority=*/100); });
+}
+
+void gpuctl_host_stats(int64_t* current, int64_t* peak) noexcept {
+  *current = host_current.load(std::memory_order_relaxed);
+  *peak = host_peak.load(std::memory_order_relaxed);
+}
+
+void gpuctl_host_reset_peak() noexcept {
+  host_peak.store(host_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 int gpuctl_autocast_dtype_bf16(char* error, size_t error_size) noexcept {

@@ -43,6 +43,9 @@ unsafe extern "C" {
         error_size: usize,
     ) -> c_int;
     fn gpuctl_autocast_dtype_bf16(error: *mut c_char, error_size: usize) -> c_int;
+    fn gpuctl_count_host_allocations(error: *mut c_char, error_size: usize) -> c_int;
+    fn gpuctl_host_stats(current: *mut i64, peak: *mut i64);
+    fn gpuctl_host_reset_peak();
 }
 
 /// A libtorch error, as its message's first part (without the C++ backtrace).
@@ -111,6 +114,28 @@ pub fn set_memory_fraction(fraction: f64, device: usize) -> Result<(), AllocErro
 pub fn autocast_bf16() -> Result<(), AllocError> {
     // SAFETY: as in `empty_cache`.
     call(|error, size| unsafe { gpuctl_autocast_dtype_bf16(error, size) })
+}
+
+/// Routes libtorch's CPU tensor allocations through a counting allocator, so that
+/// `host_stats` has figures. Call before the first tensor is made: earlier ones are not
+/// counted (each storage keeps the deleter it was allocated with, so none is uncounted twice).
+pub fn count_host_allocations() -> Result<(), AllocError> {
+    // SAFETY: as in `empty_cache`.
+    call(|error, size| unsafe { gpuctl_count_host_allocations(error, size) })
+}
+
+/// Bytes of CPU tensor storage alive now, and the peak since the last reset.
+pub fn host_stats() -> (i64, i64) {
+    let (mut current, mut peak) = (0i64, 0i64);
+    // SAFETY: two valid outputs; the shim only loads two atomics.
+    unsafe { gpuctl_host_stats(&mut current, &mut peak) };
+    (current, peak)
+}
+
+/// Starts the host peak over from what is alive now.
+pub fn host_reset_peak() {
+    // SAFETY: no arguments; stores to an atomic.
+    unsafe { gpuctl_host_reset_peak() }
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ struct Summary {
     oom_recoveries: u64,
     param_checksum: f64,
     peak_memory_bytes: u64,
-    /// `cuda_allocated` (the caching allocator's peak) or `host_resident` (VmHWM).
+    /// `cuda_allocated` (the caching allocator's peak) or `host_allocated` (CPU tensors').
     peak_memory_source: &'static str,
     device: String,
     precision: &'static str,
@@ -129,16 +129,23 @@ struct Summary {
     samples_per_second: f64,
     /// Set when a signal stopped the run early (after a checkpoint).
     stopped_by: Option<String>,
+    /// Seconds spent in the per-micro-step memory readings (`--memory-trace`/`--memory-plot`).
+    memory_hook_seconds: f64,
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
     validate(args)?;
+    // Before the first tensor: host tensors get "allocated" and "peak" figures too.
+    alloc::count_host_allocations()
+        .map_err(|e| Failure::Failed(format!("installing the counting CPU allocator: {e}")))?;
     // Before anything can initialise CUDA or start a thread: the allocator settings of
     // `gpuctl enable`, kept where the user set their own.
     let settings = gpuctl_core::settings::enable_env(&|name| std::env::var(name).ok(), None);
+    let mut applied = Vec::new();
     for setting in settings.iter().filter(|s| !s.kept) {
         // SAFETY: single-threaded here: no worker, libtorch thread or CUDA context exists yet.
         unsafe { std::env::set_var(setting.name, &setting.value) };
+        applied.push(format!("{}={}", setting.name, setting.value));
     }
 
     // Startup cleanup: take the run's name, end what a crashed previous run left.
@@ -195,6 +202,12 @@ fn run(args: &Args) -> Result<(), Failure> {
         DeviceArg::Cpu => (Device::Cpu, None),
         DeviceArg::Cuda(n) => (Device::Cuda(n), Some(n)),
     };
+    if !applied.is_empty() && cuda_index.is_some() {
+        log(format!(
+            "allocator settings (gpuctl enable): {}",
+            applied.join(" ")
+        ));
+    }
     let mut monitor = Monitor::new(cuda_index);
     log(format!("memory [start]: {}", monitor.milestone()));
 
@@ -494,6 +507,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         seconds,
         samples_per_second: steps_this_run as f64 * f64::from(args.batch_size) / seconds.max(1e-9),
         stopped_by: stopped_by.clone(),
+        memory_hook_seconds: trainer.monitor.spent().as_secs_f64(),
     };
     println!(
         "{}",

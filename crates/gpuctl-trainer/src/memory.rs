@@ -1,25 +1,26 @@
 //! Memory monitoring: the caching allocator's figures (allocated, reserved, peak) on CUDA,
-//! this process's resident memory on the host, and at milestones what NVML says this
-//! process holds. A per-micro-step trace of the cheap figures becomes the CSV and the plot.
+//! the host tensors' (the bridge's counting CPU allocator) on the host, and at milestones
+//! this process's resident memory and what NVML says it holds. A per-micro-step trace of the
+//! cheap figures becomes the CSV and the plot.
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 
 use crate::alloc::{self, AllocatorStats};
 
-/// One reading. The allocator's figures are there on CUDA only.
+/// One reading. The caching allocator's figures are there on CUDA only.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Reading {
     pub allocator: Option<AllocatorStats>,
-    /// Bytes the host's malloc has handed out and not had back (libtorch's CPU tensors live
-    /// there): the host's counterpart of the caching allocator's "allocated".
+    /// Bytes of libtorch's CPU tensors alive (the counting CPU allocator of the bridge): the
+    /// host's counterpart of the caching allocator's "allocated".
     pub host_allocated_bytes: u64,
-    pub rss_bytes: u64,
-    pub peak_rss_bytes: u64,
 }
 
 /// Reads memory for one device.
@@ -30,6 +31,8 @@ pub struct Monitor {
     nvml: Option<Option<Gpus>>,
     /// The allocator's peak before the last reset of its peak marks.
     earlier_peak: u64,
+    /// Time spent in `read`: what the per-micro-step hooks cost, for the summary.
+    spent: Cell<Duration>,
 }
 
 impl Monitor {
@@ -38,18 +41,26 @@ impl Monitor {
             cuda,
             nvml: None,
             earlier_peak: 0,
+            spent: Cell::new(Duration::ZERO),
         }
     }
 
-    /// The cheap figures (no system calls to the driver): what each micro-step records.
+    /// The cheap figures, counters kept in this process (no system call: reading
+    /// /proc/self/statm costs 50-70 us once libtorch is mapped): what each micro-step
+    /// records.
     pub fn read(&self) -> Reading {
-        let (rss_bytes, peak_rss_bytes) = rss();
-        Reading {
+        let started = Instant::now();
+        let reading = Reading {
             allocator: self.cuda.and_then(|d| alloc::device_stats(d).ok()),
-            host_allocated_bytes: host_allocated(),
-            rss_bytes,
-            peak_rss_bytes,
-        }
+            host_allocated_bytes: alloc::host_stats().0.max(0) as u64,
+        };
+        self.spent.set(self.spent.get() + started.elapsed());
+        reading
+    }
+
+    /// Time spent taking readings so far.
+    pub fn spent(&self) -> Duration {
+        self.spent.get()
     }
 
     /// What NVML reports this process holds, over all GPUs; `None` without NVML or when this
@@ -93,10 +104,11 @@ impl Monitor {
             None => {
                 let _ = write!(
                     text,
-                    "allocated {} (host), resident {}, peak resident {}",
+                    "allocated {} (host tensors), peak {}; resident {}, peak resident {}",
                     bytes(reading.host_allocated_bytes as i64),
-                    bytes(reading.rss_bytes as i64),
-                    bytes(reading.peak_rss_bytes as i64)
+                    bytes(alloc::host_stats().1),
+                    bytes(rss() as i64),
+                    bytes(peak_rss() as i64)
                 );
             }
         }
@@ -114,7 +126,11 @@ impl Monitor {
     /// Resets the allocator's peak marks (the next milestone shows the peak since), keeping
     /// the run's peak for the summary.
     pub fn reset_peak(&mut self) {
-        let Some(device) = self.cuda else { return };
+        let Some(device) = self.cuda else {
+            self.earlier_peak = self.earlier_peak.max(alloc::host_stats().1.max(0) as u64);
+            alloc::host_reset_peak();
+            return;
+        };
         if let Ok(stats) = alloc::device_stats(device) {
             self.earlier_peak = self
                 .earlier_peak
@@ -123,43 +139,48 @@ impl Monitor {
         let _ = alloc::reset_peak_stats(device);
     }
 
-    /// The peak for the summary: the allocator's on CUDA, resident memory on the host.
+    /// The peak for the summary: the caching allocator's on CUDA, the host tensors' on cpu.
     pub fn peak(&self) -> (u64, &'static str) {
-        let reading = self.read();
-        match reading.allocator {
+        match self.read().allocator {
             Some(stats) => (
                 (stats.allocated_peak_bytes.max(0) as u64).max(self.earlier_peak),
                 "cuda_allocated",
             ),
-            None => (reading.peak_rss_bytes, "host_resident"),
+            None => (
+                (alloc::host_stats().1.max(0) as u64).max(self.earlier_peak),
+                "host_allocated",
+            ),
         }
     }
 }
 
-/// This process's resident set and its high-water mark, in bytes.
-fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+/// This process's resident set in bytes (/proc/self/statm: short, cheap to read).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    pages * page
 }
 
-/// Bytes in use from glibc's malloc: small chunks plus mmapped large ones.
-fn host_allocated() -> u64 {
-    // SAFETY: mallinfo2 only reads the allocator's counters.
-    let info = unsafe { libc::mallinfo2() };
-    (info.uordblks + info.hblkhd) as u64
+/// The resident set's high-water mark (VmHWM) in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// "1.5 GiB", "320 MiB", "12 KiB".
@@ -222,8 +243,8 @@ pub struct TraceRow {
 }
 
 impl TraceRow {
-    /// The figure the plot draws as "allocated": the caching allocator's on CUDA, malloc's
-    /// on the host.
+    /// The figure the plot draws as "allocated": the caching allocator's on CUDA, the
+    /// counting CPU allocator's on the host.
     pub fn in_use(&self) -> u64 {
         self.reading
             .allocator
@@ -243,7 +264,7 @@ impl Trace {
     pub fn write_csv(&self, path: &Path) -> io::Result<()> {
         let mut text = String::from(
             "step,micro_step,grad_accum,micro_batch,event,allocated_bytes,reserved_bytes,\
-             allocated_peak_bytes,host_allocated_bytes,rss_bytes\n",
+             allocated_peak_bytes,host_allocated_bytes\n",
         );
         for row in &self.rows {
             let stats = row.reading.allocator;
@@ -252,7 +273,7 @@ impl Trace {
             };
             let _ = writeln!(
                 text,
-                "{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{}",
                 row.step,
                 row.micro_step,
                 row.grad_accum,
@@ -261,8 +282,7 @@ impl Trace {
                 field(|s| s.allocated_bytes),
                 field(|s| s.reserved_bytes),
                 field(|s| s.allocated_peak_bytes),
-                row.reading.host_allocated_bytes,
-                row.reading.rss_bytes
+                row.reading.host_allocated_bytes
             );
         }
         crate::checkpoint::write_atomically(path, text.as_bytes())

@@ -42,18 +42,12 @@ pub fn write_png(trace: &Trace, title: &str, path: &Path) -> Result<(), String> 
         .zip(&xs)
         .map(|(r, &x)| (x, mib(r.in_use())))
         .collect();
-    // The memory held from the system: the allocator's reserve on CUDA, resident on the host.
+    // What the caching allocator holds from the driver (CUDA only).
     let reserved: Vec<(f64, f64)> = trace
         .rows
         .iter()
         .zip(&xs)
-        .map(|(r, &x)| {
-            let held = r
-                .reading
-                .allocator
-                .map_or(r.reading.rss_bytes, |s| s.reserved_bytes.max(0) as u64);
-            (x, mib(held))
-        })
+        .filter_map(|(r, &x)| Some((x, mib(r.reading.allocator?.reserved_bytes.max(0) as u64))))
         .collect();
     let ooms: Vec<f64> = trace
         .rows
@@ -87,13 +81,10 @@ pub fn write_png(trace: &Trace, title: &str, path: &Path) -> Result<(), String> 
             .y_desc("MiB")
             .label_style(("sans-serif", 14))
             .draw()?;
-        let (label, held_label) = if cuda {
-            (
-                "allocated (caching allocator)",
-                "reserved (caching allocator)",
-            )
+        let label = if cuda {
+            "allocated (caching allocator)"
         } else {
-            ("allocated (host malloc)", "resident (host)")
+            "allocated (host tensors)"
         };
         chart
             .draw_series(LineSeries::new(
@@ -102,13 +93,15 @@ pub fn write_png(trace: &Trace, title: &str, path: &Path) -> Result<(), String> 
             ))?
             .label(label)
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
-        chart
-            .draw_series(LineSeries::new(
-                reserved.iter().copied(),
-                GREEN.stroke_width(2),
-            ))?
-            .label(held_label)
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN.stroke_width(2)));
+        if !reserved.is_empty() {
+            chart
+                .draw_series(LineSeries::new(
+                    reserved.iter().copied(),
+                    GREEN.stroke_width(2),
+                ))?
+                .label("reserved (caching allocator)")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN.stroke_width(2)));
+        }
         if !ooms.is_empty() {
             chart
                 .draw_series(ooms.iter().map(|&x| {

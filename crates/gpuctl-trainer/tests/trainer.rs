@@ -243,6 +243,24 @@ fn injected_oom_recovery_learns_what_an_unconstrained_run_learns() {
         csv.lines().filter(|l| l.contains(",backward,")).count(),
         6 * 4
     );
+    // The sawtooth of accumulation: each micro-step's activations are alive after its forward
+    // and gone after its backward.
+    let column = header
+        .split(',')
+        .position(|c| c == "host_allocated_bytes")
+        .expect("column");
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    for pair in rows.windows(2) {
+        if pair[0][4] == "forward" && pair[1][4] == "backward" {
+            let bytes = |row: &Vec<&str>| row[column].parse::<u64>().unwrap();
+            assert!(bytes(&pair[0]) > bytes(&pair[1]), "{pair:?}");
+        }
+    }
+    assert_eq!(summary["peak_memory_source"], "host_allocated");
     let png = std::fs::read(&plot).expect("plot");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }
