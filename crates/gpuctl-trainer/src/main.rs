@@ -487,6 +487,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    log(format!("memory [end]: {}", trainer.monitor.milestone()));
     drop(loader);
     write_memory_outputs(args, &trainer, &device_arg);
     let (peak, source) = trainer.monitor.peak();
