@@ -7,7 +7,9 @@ N processes: 8 x N entries), 1 GiB each, busy (so they are healthy, as most jobs
 daemon runs in report mode with interval 100ms for --seconds. While it runs, VmRSS is sampled
 from /proc/PID/status every 100 ms; at the end VmHWM (peak RSS) is read, and the CPU time
 (utime + stime of /proc/PID/stat) over the loops after the first second, divided by the
-loops counted in the metrics file (gpuctl_watchdog_loops_total), is the CPU per loop.
+loops counted in the metrics file (gpuctl_watchdog_loops_total), is the CPU per loop. The
+daemon rewrites the file at least once a second (each loop where anything else changed), so
+both readings are taken the moment the file changes.
 
 The same run with no processes is the reference: the fixed cost of 8 GPUs through NVML,
 the metrics file and the peak marks.
@@ -59,6 +61,17 @@ def loops(metrics_file):
             return int(m.group(1)) if m else 0
     except FileNotFoundError:
         return 0
+
+
+def next_loops(metrics_file, pid):
+    """Waits for the metrics file to be rewritten (at least once a second), then returns its
+    loop count and the daemon's CPU time at that moment: both readings of one instant."""
+    before = loops(metrics_file)
+    while True:
+        now = loops(metrics_file)
+        if now != before:
+            return now, cpu_seconds(pid)
+        time.sleep(0.002)
 
 
 def measure(processes, seconds, gpus=8, spread=False):
@@ -116,13 +129,13 @@ def measure(processes, seconds, gpus=8, spread=False):
                     raise RuntimeError("the daemon wrote no metrics")
                 time.sleep(0.01)
             time.sleep(1.0)
-            cpu0, loops0 = cpu_seconds(daemon.pid), loops(metrics_file)
+            loops0, cpu0 = next_loops(metrics_file, daemon.pid)
             rss = []
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 rss.append(status_kib(daemon.pid, "VmRSS"))
                 time.sleep(0.1)
-            cpu1, loops1 = cpu_seconds(daemon.pid), loops(metrics_file)
+            loops1, cpu1 = next_loops(metrics_file, daemon.pid)
             hwm = status_kib(daemon.pid, "VmHWM")
         finally:
             daemon.terminate()

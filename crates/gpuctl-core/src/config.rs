@@ -104,7 +104,8 @@ pub struct Watchdog {
     /// Commands the watchdog never signals, added to `protect.commands`.
     #[serde(deserialize_with = "de::names")]
     pub protect_commands: Vec<String>,
-    /// The Prometheus textfile written each loop; empty disables it.
+    /// The Prometheus textfile written each loop (at least once a second when loops are
+    /// closer and nothing but the loop counter and poll time changed); empty disables it.
     pub metrics_file: PathBuf,
     /// Where the daemon keeps state (peak marks); empty disables it.
     pub state_dir: PathBuf,

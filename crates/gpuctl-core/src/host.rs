@@ -255,6 +255,13 @@ impl ProcView {
         self.host_pid_namespace
     }
 
+    /// Reads the uptime again (the clock ages are computed against), keeping what does not
+    /// change while a program runs: a long-running reader's view for its next pass.
+    pub fn refresh_uptime(&mut self) -> io::Result<()> {
+        self.uptime_seconds = read_uptime(&self.root.join("uptime"))?;
+        Ok(())
+    }
+
     /// Reads the host facts of each PID. User names are looked up once per distinct uid.
     pub fn processes(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
         let mut facts = self.read_in_parallel(pids);

@@ -2,7 +2,7 @@
 //! the host knows about each process. Every later stage (classify, select, act, verify) reads
 //! a snapshot; none queries NVML or /proc on its own.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -153,9 +153,10 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
+        let unread = Arc::new(HostProcess::unconfirmed("not read"));
         let mut devices: Vec<GpuSnapshot> = indices
             .iter()
-            .map(|&i| read_gpu(gpus, i, since_us))
+            .map(|&i| read_gpu(gpus, i, since_us, &unread))
             .collect();
 
         let mut pids: Vec<u32> = devices
@@ -222,7 +223,12 @@ impl Snapshot {
 }
 
 /// Reads one GPU. Failures stay inside the returned entry so the other GPUs are still shown.
-fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> GpuSnapshot {
+fn read_gpu(
+    gpus: &Gpus,
+    index: u32,
+    since_us: Option<u64>,
+    unread: &Arc<HostProcess>,
+) -> GpuSnapshot {
     let mut gpu = GpuSnapshot {
         index,
         uuid: None,
@@ -247,7 +253,7 @@ fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> GpuSnapshot {
             return gpu;
         }
     };
-    if let Err(error) = read_gpu_fields(&device, &mut gpu, since_us) {
+    if let Err(error) = read_gpu_fields(&device, &mut gpu, since_us, unread) {
         gpu.fail(&error, "query failed");
     }
     gpu
@@ -258,6 +264,7 @@ fn read_gpu_fields(
     device: &Device<'_>,
     gpu: &mut GpuSnapshot,
     since_us: Option<u64>,
+    unread: &Arc<HostProcess>,
 ) -> Result<(), NvmlError> {
     gpu.uuid = optional(device.uuid())?;
     gpu.name = optional(device.name())?;
@@ -287,7 +294,7 @@ fn read_gpu_fields(
         (Ok(compute), Ok(graphics)) => (compute, graphics),
     };
     let utilization = sm_utilization(device, since_us);
-    gpu.processes = merge_processes(compute, graphics, &utilization);
+    gpu.processes = merge_processes(compute, graphics, &utilization, unread);
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
         used_bytes: m.used,
@@ -331,57 +338,62 @@ fn process_list(
     }
 }
 
-/// Highest SM sample per pid since `since_us`. `Some(empty map)`: the driver keeps samples and
-/// has none, so every process was idle; `None`: this GPU or driver does not report them.
-fn sm_utilization(device: &Device<'_>, since_us: Option<u64>) -> Option<HashMap<u32, u32>> {
+/// Highest SM sample per pid since `since_us`, sorted by pid. `Some(empty)`: the driver keeps
+/// samples and has none, so every process was idle; `None`: this GPU or driver does not
+/// report them.
+fn sm_utilization(device: &Device<'_>, since_us: Option<u64>) -> Option<Vec<(u32, u32)>> {
     let samples = match device.process_utilization_stats(since_us) {
         Ok(samples) => samples,
         Err(NvmlError::NotFound) => Vec::new(),
         Err(_) => return None,
     };
-    let mut highest: HashMap<u32, u32> = HashMap::new();
-    for sample in samples {
-        let entry = highest.entry(sample.pid).or_insert(0);
-        *entry = (*entry).max(sample.sm_util);
-    }
+    let mut highest: Vec<(u32, u32)> = samples.iter().map(|s| (s.pid, s.sm_util)).collect();
+    // Sorted by pid, highest sample first, then one entry per pid.
+    highest.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    highest.dedup_by_key(|sample| sample.0);
     Some(highest)
 }
 
+/// One entry per pid from the compute and graphics lists (a process with both contexts is
+/// listed in each, with the same memory), largest first. Every entry shares `unread` as its
+/// host facts until the snapshot reads them: one allocation per snapshot, not per entry.
 fn merge_processes(
     compute: Vec<ProcessInfo>,
     graphics: Vec<ProcessInfo>,
-    utilization: &Option<HashMap<u32, u32>>,
+    utilization: &Option<Vec<(u32, u32)>>,
+    unread: &Arc<HostProcess>,
 ) -> Vec<GpuProcess> {
-    let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
-    let lists = [
-        (ProcessType::Compute, compute),
-        (ProcessType::Graphics, graphics),
-    ];
-    for (kind, list) in lists {
-        for info in list {
-            let used = match info.used_gpu_memory {
-                UsedGpuMemory::Used(bytes) => Some(bytes),
-                UsedGpuMemory::Unavailable => None,
-            };
-            by_pid
-                .entry(info.pid)
-                .and_modify(|existing| {
-                    // A process with both contexts is listed twice with the same memory.
-                    existing.kind = ProcessType::ComputeAndGraphics;
-                    existing.used_bytes = existing.used_bytes.max(used);
-                })
-                .or_insert_with(|| GpuProcess {
-                    pid: info.pid,
-                    used_bytes: used,
-                    kind,
-                    sm_util_pct: utilization
-                        .as_ref()
-                        .map(|samples| samples.get(&info.pid).copied().unwrap_or(0)),
-                    host: Arc::new(HostProcess::unconfirmed("not read")),
-                });
+    let used_of = |info: &ProcessInfo| match info.used_gpu_memory {
+        UsedGpuMemory::Used(bytes) => Some(bytes),
+        UsedGpuMemory::Unavailable => None,
+    };
+    let mut listed: Vec<(ProcessType, &ProcessInfo)> = compute
+        .iter()
+        .map(|info| (ProcessType::Compute, info))
+        .chain(graphics.iter().map(|info| (ProcessType::Graphics, info)))
+        .collect();
+    // Stable: a pid's compute entry stays ahead of its graphics entry.
+    listed.sort_by_key(|(_, info)| info.pid);
+    let mut processes: Vec<GpuProcess> = Vec::with_capacity(listed.len());
+    for (kind, info) in listed {
+        let used = used_of(info);
+        if let Some(existing) = processes.last_mut().filter(|p| p.pid == info.pid) {
+            existing.kind = ProcessType::ComputeAndGraphics;
+            existing.used_bytes = existing.used_bytes.max(used);
+            continue;
         }
+        processes.push(GpuProcess {
+            pid: info.pid,
+            used_bytes: used,
+            kind,
+            sm_util_pct: utilization.as_ref().map(|samples| {
+                samples
+                    .binary_search_by_key(&info.pid, |sample| sample.0)
+                    .map_or(0, |at| samples[at].1)
+            }),
+            host: Arc::clone(unread),
+        });
     }
-    let mut processes: Vec<GpuProcess> = by_pid.into_values().collect();
     processes.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
     processes
 }
@@ -418,11 +430,13 @@ mod tests {
 
     #[test]
     fn merges_compute_and_graphics_by_pid() {
-        let utilization = Some(HashMap::from([(7, 55)]));
+        let utilization = Some(vec![(7, 55)]);
+        let unread = Arc::new(HostProcess::unconfirmed("not read"));
         let merged = merge_processes(
             vec![info(7, Some(100)), info(9, Some(300))],
             vec![info(7, Some(100)), info(11, None)],
             &utilization,
+            &unread,
         );
         let summary: Vec<_> = merged
             .iter()
@@ -440,10 +454,16 @@ mod tests {
 
     #[test]
     fn unattributed_is_used_minus_processes_and_unknown_when_a_size_is() {
-        let known = merge_processes(vec![info(1, Some(100)), info(2, Some(50))], vec![], &None);
+        let unread = Arc::new(HostProcess::unconfirmed("not read"));
+        let known = merge_processes(
+            vec![info(1, Some(100)), info(2, Some(50))],
+            vec![],
+            &None,
+            &unread,
+        );
         assert_eq!(unattributed(1000, &known), Some(850));
         assert_eq!(unattributed(100, &known), Some(0));
-        let unknown = merge_processes(vec![info(1, None)], vec![], &None);
+        let unknown = merge_processes(vec![info(1, None)], vec![], &None, &unread);
         assert_eq!(unattributed(1000, &unknown), None);
     }
 }

@@ -2,6 +2,7 @@
 //! act through the same road as `gpuctl clear`, verify, report (journal, STATUS, metrics).
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -195,6 +196,9 @@ pub struct Daemon {
     last_nvml_down: Option<String>,
     /// Host facts kept across loops: a known process costs one read of its stat.
     facts: FactCache,
+    /// The /proc view, kept across passes (its namespace and filesystem checks do not
+    /// change); its uptime is read again each pass.
+    proc_view: Option<ProcView>,
     // History.
     parents: HashMap<Identity, Identity>,
     parent_died: HashSet<Identity>,
@@ -207,6 +211,9 @@ pub struct Daemon {
     // Reporting.
     metrics: Metrics,
     metrics_error: Option<String>,
+    /// When the metrics file was last written, and a hash of what it said apart from the
+    /// loop counter and the poll time.
+    metrics_written: Option<(Instant, u64)>,
     last_reclaim: Option<String>,
     status: String,
     ready_sent: bool,
@@ -232,6 +239,7 @@ impl Daemon {
             last_incomplete: None,
             last_nvml_down: None,
             facts: FactCache::refreshing_every(refresh),
+            proc_view: None,
             parents: HashMap::new(),
             parent_died: HashSet::new(),
             stopped_since: HashMap::new(),
@@ -242,6 +250,7 @@ impl Daemon {
             logged_findings: HashSet::new(),
             metrics: Metrics::default(),
             metrics_error: None,
+            metrics_written: None,
             last_reclaim: None,
             status: String::new(),
             ready_sent: false,
@@ -418,7 +427,10 @@ impl Daemon {
         self.ensure_nvml(once);
         let snapshot = match &self.nvml {
             Nvml::Up(gpus) => {
-                let view = ProcView::system();
+                let view = match self.proc_view.take() {
+                    Some(mut view) => view.refresh_uptime().map(|()| view),
+                    None => ProcView::system(),
+                };
                 let taken = view.map_err(|e| e.to_string()).and_then(|view| {
                     Snapshot::take_cached(
                         gpus,
@@ -431,6 +443,7 @@ impl Daemon {
                     )
                     .map(|snapshot| {
                         let lineages = snapshot.lineages(&view);
+                        self.proc_view = Some(view);
                         (snapshot, lineages)
                     })
                     .map_err(|e| e.to_string())
@@ -747,13 +760,35 @@ impl Daemon {
         self.publish();
     }
 
-    /// STATUS= and the metrics file.
+    /// STATUS= and the metrics file. The file is replaced each loop, except that loops less
+    /// than a second apart in which nothing but the loop counter and the poll time changed
+    /// are written together: with a sub-second `interval`, rewriting a file on disk ten
+    /// times a second (each rename starts a writeback on ext4) costs more than the loop.
     fn publish(&mut self) {
         self.notify.send(&format!("STATUS={}", self.status));
         let Some(path) = self.settings.watchdog.metrics_path().map(PathBuf::from) else {
             return;
         };
-        let result = metrics::write_atomic(&path, &metrics::render(&self.metrics));
+        let text = metrics::render(&self.metrics);
+        let state = {
+            let mut hasher = std::hash::DefaultHasher::new();
+            for line in text.lines().filter(|line| {
+                !line.starts_with("gpuctl_watchdog_loops_total ")
+                    && !line.starts_with("gpuctl_last_good_poll_timestamp_seconds ")
+            }) {
+                line.hash(&mut hasher);
+            }
+            hasher.finish()
+        };
+        let now = Instant::now();
+        if let Some((at, written)) = self.metrics_written
+            && written == state
+            && now.saturating_duration_since(at) < Duration::from_secs(1)
+        {
+            return;
+        }
+        let result = metrics::write_atomic(&path, &text);
+        self.metrics_written = result.is_ok().then_some((now, state));
         let error = result.err().map(|e| format!("{}: {e}", path.display()));
         if error != self.metrics_error {
             match &error {

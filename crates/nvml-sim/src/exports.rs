@@ -789,8 +789,9 @@ fn procs_of(
 ) -> Vec<sim::ProcNow> {
     s.gpu_now(i)
         .procs
-        .into_iter()
+        .iter()
         .filter(|p| want(p.kind))
+        .cloned()
         .collect()
 }
 
@@ -899,7 +900,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         } else {
             s.gpu_now(i)
                 .procs
-                .into_iter()
+                .iter()
                 .map(|p| nvmlProcessUtilizationSample_t {
                     pid: p.pid,
                     timeStamp: now,
@@ -938,7 +939,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
         } else {
             s.gpu_now(i)
                 .procs
-                .into_iter()
+                .iter()
                 .map(|p| nvmlProcessUtilizationInfo_v1_t {
                     timeStamp: now,
                     pid: p.pid,
@@ -1249,7 +1250,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
             return NVML_ERROR_NOT_SUPPORTED;
         }
         let mut list = st.accounting_pids.clone();
-        for p in s.gpu_now(i).procs {
+        for p in &s.gpu_now(i).procs {
             if !list.contains(&p.pid) {
                 list.push(p.pid);
             }

@@ -56,6 +56,44 @@ impl LiveCache {
         alive
     }
 
+    /// Brings the answers for `pids` up to date with one poll over their held pidfds (a GPU
+    /// lists hundreds of processes: one system call instead of one each). Pids without a
+    /// held pidfd are left to `is_alive`.
+    pub fn refresh(&mut self, pids: impl Iterator<Item = u32>, now: Instant) {
+        let due: Vec<u32> = pids
+            .filter(|pid| {
+                self.held.contains_key(pid)
+                    && self
+                        .map
+                        .get(pid)
+                        .is_none_or(|(at, _)| now.duration_since(*at) >= TTL)
+            })
+            .collect();
+        if due.len() < 2 {
+            return;
+        }
+        let mut polls: Vec<libc::pollfd> = due
+            .iter()
+            .map(|pid| libc::pollfd {
+                fd: self.held[pid].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `polls` is a live array of pollfds that we own; zero timeout.
+        let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
+        if ready < 0 {
+            return;
+        }
+        for (pid, poll) in due.iter().zip(&polls) {
+            // An exited process (readable) is left for `is_alive` to look at afresh: its
+            // pid may name a new process by now.
+            if poll.revents & libc::POLLIN == 0 {
+                self.map.insert(*pid, (now, true));
+            }
+        }
+    }
+
     pub fn clear(&mut self) {
         self.map.clear();
     }

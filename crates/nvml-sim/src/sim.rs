@@ -122,7 +122,8 @@ pub struct Sim {
     pub state: StateStore,
     live: LiveCache,
     /// Per GPU: the last computed view and when; reused for at most the liveness TTL.
-    views: Vec<Option<(Instant, GpuNow)>>,
+    /// Shared with callers: several queries per GPU per poll read the same answer.
+    views: Vec<Option<(Instant, Arc<GpuNow>)>>,
     /// When the scenario file was last checked for a change.
     checked_at: Option<Instant>,
 }
@@ -238,18 +239,18 @@ impl Sim {
 
     /// The processes on GPU `index` that hold a context now, and the memory used. The
     /// answer is reused for at most [`crate::live::TTL`] (the liveness cache's lifetime).
-    pub fn gpu_now(&mut self, index: usize) -> GpuNow {
+    pub fn gpu_now(&mut self, index: usize) -> Arc<GpuNow> {
         let now = Instant::now();
         if let Some(Some((at, view))) = self.views.get(index)
             && now.duration_since(*at) < crate::live::TTL
         {
-            return view.clone();
+            return Arc::clone(view);
         }
-        let view = self.compute_gpu_now(index, now);
+        let view = Arc::new(self.compute_gpu_now(index, now));
         if self.views.len() < self.scenario.gpus.len() {
             self.views.resize(self.scenario.gpus.len(), None);
         }
-        self.views[index] = Some((now, view.clone()));
+        self.views[index] = Some((now, Arc::clone(&view)));
         view
     }
 
@@ -264,11 +265,9 @@ impl Sim {
         let mut stale_records: Vec<u32> = Vec::new();
         let mut new_records: Vec<u32> = Vec::new();
         let now_ms = now_unix_ms();
-        for p in sc
-            .processes
-            .iter()
-            .filter(|p| p.gpus.contains(&(index as u32)))
-        {
+        let on_gpu = || sc.by_gpu[index].iter().map(|&i| &sc.processes[i]);
+        self.live.refresh(on_gpu().map(|p| p.pid), now);
+        for p in on_gpu() {
             let alive = self.live.is_alive(p.pid, now);
             if alive {
                 out.used_mib += p.used_mib.unwrap_or(0);
