@@ -168,6 +168,12 @@ pub struct FactCache {
     /// A known process's stat is read again only this long after the last read; until then
     /// its facts are reused whole, age included. Zero: every pass.
     refresh_every: std::time::Duration,
+    /// Each known process's /proc/PID/stat, kept open: reading it again is one `pread`
+    /// (2 µs) instead of open, read and close (10 µs on a VM). An open stat file stays
+    /// bound to its process: once that process has exited it fails (ESRCH), so a reused pid
+    /// is never read through it. At most `max_open` are kept.
+    stat_files: HashMap<u32, std::fs::File>,
+    max_open: usize,
 }
 
 impl FactCache {
@@ -178,6 +184,8 @@ impl FactCache {
         FactCache {
             known: HashMap::new(),
             refresh_every,
+            stat_files: HashMap::new(),
+            max_open: open_file_budget(),
         }
     }
 }
@@ -295,12 +303,15 @@ impl ProcView {
             if now.duration_since(*at) < cache.refresh_every {
                 continue;
             }
-            match self.refresh(pid, fact) {
+            match self.refresh(pid, fact, &mut cache.stat_files, cache.max_open) {
                 Some(fresh) => {
                     *fact = Arc::new(fresh);
                     *at = now;
                 }
-                None => unknown.push(pid),
+                None => {
+                    cache.stat_files.remove(&pid);
+                    unknown.push(pid);
+                }
             }
         }
         for (pid, fact) in self.processes(&unknown) {
@@ -309,6 +320,7 @@ impl ProcView {
         // Only the processes of this pass are kept.
         let listed: std::collections::HashSet<u32> = pids.iter().copied().collect();
         known.retain(|pid, _| listed.contains(pid));
+        cache.stat_files.retain(|pid, _| listed.contains(pid));
         let facts = known
             .iter()
             .map(|(&pid, (fact, _))| (pid, Arc::clone(fact)))
@@ -319,12 +331,30 @@ impl ProcView {
 
     /// A known process's facts with its stat read again; `None` when it is not the same
     /// process any more (another start time), or was not confirmed.
-    fn refresh(&self, pid: u32, known: &HostProcess) -> Option<HostProcess> {
+    fn refresh(
+        &self,
+        pid: u32,
+        known: &HostProcess,
+        files: &mut HashMap<u32, std::fs::File>,
+        max_open: usize,
+    ) -> Option<HostProcess> {
         if !known.confirmed || !self.host_pid_namespace {
             return None;
         }
-        let file = std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
-        let stat = Stat::from_read(read_all(file).ok()?.as_slice()).ok()?;
+        let bytes = match files.get(&pid) {
+            Some(file) => pread_all(file).ok()?,
+            None => {
+                let file =
+                    std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
+                let bytes = pread_all(&file).ok()?;
+                if files.len() < max_open {
+                    files.insert(pid, file);
+                }
+                bytes
+            }
+        };
+        // The start time is checked on every read, held file or not.
+        let stat = Stat::from_read(bytes.as_slice()).ok()?;
         if Some(stat.starttime) != known.start_ticks || u32::try_from(stat.pid).ok() != Some(pid) {
             return None;
         }
@@ -537,6 +567,42 @@ fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, Str
 /// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
 /// so `File::read_to_end` asks for the size and position first and then probes with
 /// 32-byte reads. A 4 KiB read takes most files at once.
+/// A /proc file read whole from offset 0, through a file that may be read again later.
+fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0; 1024];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match file.read_at(&mut bytes[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(len);
+    Ok(bytes)
+}
+
+/// How many stat files a fact cache may keep open: a quarter of the soft open-file limit,
+/// so the program keeps plenty for everything else.
+fn open_file_budget() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur as usize
+    } else {
+        1024
+    };
+    (soft / 4).min(16384)
+}
+
 fn read_all(mut file: std::fs::File) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; 4096];
     let mut len = 0;
@@ -615,6 +681,36 @@ mod tests {
         assert_eq!(names.lookup(0).as_deref(), Some("root"));
         assert_eq!(names.lookup(1000).as_deref(), Some("alice"));
         assert_eq!(names.lookup(1), None);
+    }
+
+    #[test]
+    fn a_held_stat_file_follows_its_process_and_dies_with_it() {
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return;
+        }
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id();
+        let mut cache = FactCache::refreshing_every(std::time::Duration::ZERO);
+        let first = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        // The second pass refreshes through a stat file it then keeps open; the third reads
+        // through that file.
+        let second = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        assert!(cache.stat_files.contains_key(&pid));
+        let third = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        assert_eq!(first.start_ticks, third.start_ticks);
+        assert_eq!(second.command, third.command);
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Exited and reaped: the held file fails, and nothing is read in its name.
+        let gone = view.processes_cached(&[pid], &mut cache);
+        assert!(
+            gone.get(&pid).is_none_or(|fact| fact.start_ticks != first.start_ticks),
+            "{gone:?}"
+        );
+        assert!(!cache.stat_files.contains_key(&pid));
     }
 
     #[test]
