@@ -690,7 +690,10 @@ mod tests {
             eprintln!("skipped: not in the host PID namespace");
             return;
         }
-        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let mut cache = FactCache::refreshing_every(std::time::Duration::ZERO);
         let first = view.processes_cached(&[pid], &mut cache)[&pid].clone();
@@ -707,7 +710,8 @@ mod tests {
         // Exited and reaped: the held file fails, and nothing is read in its name.
         let gone = view.processes_cached(&[pid], &mut cache);
         assert!(
-            gone.get(&pid).is_none_or(|fact| fact.start_ticks != first.start_ticks),
+            gone.get(&pid)
+                .is_none_or(|fact| fact.start_ticks != first.start_ticks),
             "{gone:?}"
         );
         assert!(!cache.stat_files.contains_key(&pid));

@@ -85,12 +85,18 @@ impl Loader {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
-            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            // SAFETY: prctl and sigaction (signal) are async-signal-safe; nothing else runs
+            // between fork and exec.
             unsafe {
                 command.pre_exec(|| {
                     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
                         return Err(io::Error::last_os_error());
                     }
+                    // Ctrl-C reaches the whole foreground process group: the trainer stops
+                    // after its step, then ends the workers; a worker dying first would only
+                    // turn that into an error. An ignored signal stays ignored across exec,
+                    // so this holds from the worker's first instruction.
+                    libc::signal(libc::SIGINT, libc::SIG_IGN);
                     Ok(())
                 });
             }

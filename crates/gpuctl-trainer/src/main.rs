@@ -135,9 +135,6 @@ struct Summary {
 
 fn run(args: &Args) -> Result<(), Failure> {
     validate(args)?;
-    // Before the first tensor: host tensors get "allocated" and "peak" figures too.
-    alloc::count_host_allocations()
-        .map_err(|e| Failure::Failed(format!("installing the counting CPU allocator: {e}")))?;
     // Before anything can initialise CUDA or start a thread: the allocator settings of
     // `gpuctl enable`, kept where the user set their own.
     let settings = gpuctl_core::settings::enable_env(&|name| std::env::var(name).ok(), None);
@@ -147,6 +144,9 @@ fn run(args: &Args) -> Result<(), Failure> {
         unsafe { std::env::set_var(setting.name, &setting.value) };
         applied.push(format!("{}={}", setting.name, setting.value));
     }
+    // Before the first tensor: host tensors get "allocated" and "peak" figures too.
+    alloc::count_host_allocations()
+        .map_err(|e| Failure::Failed(format!("installing the counting CPU allocator: {e}")))?;
 
     // Startup cleanup: take the run's name, end what a crashed previous run left.
     let run_path =
@@ -157,6 +157,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     let (run_file, previous) =
         runfile::acquire(&args.run_name, &run_path).map_err(|e| Failure::Failed(e.to_string()))?;
     let device_arg = resolve_device(args.device)?;
+    if device_arg == DeviceArg::Cpu {
+        cuda_only(args, "no CUDA device is available, so this run is on cpu")?;
+    }
     let freed = match &previous {
         Some(previous) => {
             let cleanup = runfile::clean_up(previous, &mut |line| log(line));
@@ -401,10 +404,26 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut stopped_by = None;
     let steps_per_epoch = spec.steps_per_epoch();
     let mut window = (Instant::now(), 0u64);
+    let mut saved_at = None;
     while step < total_steps {
-        let tokens = loader
-            .batch(step)
-            .map_err(|e| Failure::Failed(e.to_string()))?;
+        let tokens = match loader.batch(step) {
+            Ok(tokens) => tokens,
+            // A stop sent to the whole process group (Slurm's scancel, systemd's stop) ends
+            // the workers too: stop after the last completed step, as asked.
+            Err(_) if STOP_SIGNAL.load(Ordering::SeqCst) != 0 => {
+                let stop = STOP_SIGNAL.load(Ordering::SeqCst);
+                if let Some(dir) = &args.checkpoint
+                    && saved_at != Some(step)
+                    && step > start_step
+                {
+                    save_checkpoint(dir, &trainer, step, samples_seen, last_loss, fingerprint)?;
+                }
+                stopped_by = Some(stop_name(stop));
+                log(format!("{}: stopping after step {step}", stop_name(stop)));
+                break;
+            }
+            Err(e) => return Err(Failure::Failed(e.to_string())),
+        };
         let samples = Tensor::from_slice(&tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
             .view([i64::from(args.batch_size), i64::from(args.max_length) + 1]);
         let result = trainer.step(step, &samples, &mut |line| log(line));
@@ -457,32 +476,12 @@ fn run(args: &Args) -> Result<(), Failure> {
         if let Some(dir) = &args.checkpoint
             && (save_now || stop != 0 || step == total_steps)
         {
-            let state = checkpoint::State {
-                version: 1,
-                step,
-                samples_seen,
-                micro_batch: trainer.micro_batch,
-                oom_recoveries: trainer.oom_recoveries,
-                loss: last_loss,
-                fingerprint,
-            };
-            let saved = checkpoint::save(
-                dir,
-                &trainer.params,
-                &trainer.optimizer.state(&trainer.params),
-                &state,
-            )
-            .map_err(|e| Failure::Failed(format!("checkpoint: {e}")))?;
-            log(format!("checkpoint {}", saved.display()));
+            save_checkpoint(dir, &trainer, step, samples_seen, last_loss, fingerprint)?;
+            saved_at = Some(step);
         }
         if stop != 0 {
-            let name = if stop == libc::SIGINT {
-                "SIGINT"
-            } else {
-                "SIGTERM"
-            };
-            log(format!("{name}: stopping after step {step}"));
-            stopped_by = Some(name.to_string());
+            log(format!("{}: stopping after step {step}", stop_name(stop)));
+            stopped_by = Some(stop_name(stop));
             break;
         }
     }
@@ -522,6 +521,43 @@ fn run(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
+fn stop_name(signal: i32) -> String {
+    if signal == libc::SIGINT {
+        "SIGINT".into()
+    } else {
+        "SIGTERM".into()
+    }
+}
+
+/// Writes the checkpoint of the state after `step` steps.
+fn save_checkpoint(
+    dir: &Path,
+    trainer: &Trainer,
+    step: u64,
+    samples_seen: u64,
+    loss: Option<f64>,
+    fingerprint: checkpoint::Fingerprint,
+) -> Result<(), Failure> {
+    let state = checkpoint::State {
+        version: 1,
+        step,
+        samples_seen,
+        micro_batch: trainer.micro_batch,
+        oom_recoveries: trainer.oom_recoveries,
+        loss,
+        fingerprint,
+    };
+    let saved = checkpoint::save(
+        dir,
+        &trainer.params,
+        &trainer.optimizer.state(&trainer.params),
+        &state,
+    )
+    .map_err(|e| Failure::Failed(format!("checkpoint: {e}")))?;
+    log(format!("checkpoint {}", saved.display()));
+    Ok(())
+}
+
 fn validate(args: &Args) -> Result<(), Failure> {
     if !args.width.is_multiple_of(args.heads) {
         return Err(Failure::Usage(format!(
@@ -536,16 +572,22 @@ fn validate(args: &Args) -> Result<(), Failure> {
         )));
     }
     if args.device == Some(DeviceArg::Cpu) {
-        if args.precision == Precision::Bf16 {
-            return Err(Failure::Usage(
-                "--precision bf16 is autocast on CUDA: use --device cuda, or fp32 on cpu".into(),
-            ));
-        }
-        if args.memory_fraction.is_some() {
-            return Err(Failure::Usage(
-                "--memory-fraction caps the CUDA caching allocator: it needs --device cuda".into(),
-            ));
-        }
+        cuda_only(args, "--device cpu")?;
+    }
+    Ok(())
+}
+
+/// The options that need CUDA, refused for a run on the CPU (`why` says why it is on the CPU).
+fn cuda_only(args: &Args, why: &str) -> Result<(), Failure> {
+    if args.precision == Precision::Bf16 {
+        return Err(Failure::Usage(format!(
+            "--precision bf16 is autocast on CUDA, and {why}: use fp32 on cpu"
+        )));
+    }
+    if args.memory_fraction.is_some() {
+        return Err(Failure::Usage(format!(
+            "--memory-fraction caps the CUDA caching allocator, and {why}"
+        )));
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! leftovers registered in nvml-sim, and the run's life with real signals.
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -580,14 +581,18 @@ fn start_long_run(scratch: &Scratch, name: &str, extra: &[&str]) -> (Child, Vec<
             ]
             .concat(),
         )
+        // In its own process group, as a job started from a shell or by Slurm is.
+        .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start trainer");
-    let run_file = scratch
-        .path("runtime")
-        .join("gpuctl-trainer")
-        .join(format!("{name}.run.json"));
+    // With --checkpoint DIR the run file is in DIR.
+    let dir = match extra.iter().position(|a| *a == "--checkpoint") {
+        Some(at) => PathBuf::from(extra[at + 1]),
+        None => scratch.path("runtime").join("gpuctl-trainer"),
+    };
+    let run_file = dir.join(format!("{name}.run.json"));
     let mut workers = Vec::new();
     assert!(
         wait_until(Duration::from_secs(30), || {
@@ -686,7 +691,11 @@ fn bad_input_gets_one_line_and_a_documented_status() {
             2,
             "--precision bf16 is autocast on CUDA",
         ),
-        (&["--memory-fraction", "0.5"][..], 2, "needs --device cuda"),
+        (
+            &["--memory-fraction", "0.5"][..],
+            2,
+            "caps the CUDA caching allocator, and --device cpu",
+        ),
         (&["--memory-fraction", "2"][..], 2, "--memory-fraction"),
         (&["--device", "tpu"][..], 2, "expected cpu, cuda or cuda:N"),
         (&["--run-name", "../x"][..], 2, "run name \"../x\""),
@@ -722,4 +731,53 @@ fn cuda_on_a_machine_without_it_is_status_3() {
     }
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert!(run.stderr.contains("--device cuda:0: "), "{}", run.stderr);
+}
+
+#[test]
+fn a_stop_sent_to_the_whole_job_ends_it_after_a_checkpoint() {
+    // Ctrl-C reaches the foreground group; scancel and systemd's stop send SIGTERM to every
+    // process of the job. Either way the workers get it too.
+    for (signal, code, name) in [
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGTERM, 143, "SIGTERM"),
+    ] {
+        let scratch = Scratch::new();
+        let checkpoint = scratch.path("ck");
+        let (child, workers) = start_long_run(
+            &scratch,
+            "group",
+            &[
+                "--checkpoint",
+                checkpoint.to_str().unwrap(),
+                "--checkpoint-every",
+                "5",
+            ],
+        );
+        // Some steps done (a checkpoint written), then the stop.
+        assert!(wait_until(Duration::from_secs(30), || checkpoint
+            .join("latest")
+            .exists()));
+        unsafe { libc::killpg(child.id() as i32, signal) };
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{name}: {stderr}");
+        assert!(
+            !stderr.contains("stopped sending batches"),
+            "{name}: {stderr}"
+        );
+        let summary: Value =
+            serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
+        assert_eq!(summary["stopped_by"], name);
+        let steps = summary["steps"].as_u64().unwrap();
+        let latest = std::fs::read_to_string(checkpoint.join("latest"))
+            .unwrap_or_else(|e| panic!("{name}: no checkpoint ({e}): {stderr}"));
+        assert_eq!(
+            latest.trim(),
+            format!("step-{steps:08}"),
+            "{name}: {stderr}"
+        );
+        assert!(wait_until(Duration::from_secs(5), || workers
+            .iter()
+            .all(|&w| !alive(w))));
+    }
 }
