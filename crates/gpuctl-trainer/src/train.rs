@@ -170,7 +170,12 @@ impl Trainer<'_> {
             let mut after_backward = None;
             let result = guarded(|| {
                 let chunk = samples.narrow(0, start, size).to_device(device);
-                let loss = tch::autocast(bf16, || model.loss(&chunk));
+                // Caught inside autocast's closure so that autocast restores its state on an
+                // error too, then raised again for `guarded`.
+                let loss = tch::autocast(bf16, || {
+                    panic::catch_unwind(AssertUnwindSafe(|| model.loss(&chunk)))
+                })
+                .unwrap_or_else(|payload| panic::resume_unwind(payload));
                 if hooks {
                     after_forward = Some(monitor.read());
                 }
