@@ -160,9 +160,12 @@ fn run(args: &Args) -> Result<(), Failure> {
     if device_arg == DeviceArg::Cpu {
         cuda_only(args, "no CUDA device is available, so this run is on cpu")?;
     }
+    // gpuctl.toml: its [protect] lists guard startup cleanup, its [fraction] policy the
+    // allocator.
+    let policy = gpuctl_core::config::load().map_err(|e| Failure::Usage(e.to_string()))?;
     let freed = match &previous {
         Some(previous) => {
-            let cleanup = runfile::clean_up(previous, &mut |line| log(line));
+            let cleanup = runfile::clean_up(previous, &policy.protect(), &mut |line| log(line));
             if !cleanup.failures.is_empty() {
                 return Err(Failure::NotFree(format!(
                     "startup cleanup could not end the previous run's leftovers or free their \
@@ -238,7 +241,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     ));
     log(format!("memory [model on device]: {}", monitor.milestone()));
     if let Some(index) = cuda_index {
-        apply_fraction(args, index)?;
+        apply_fraction(args, &policy, index)?;
         if args.precision == Precision::Bf16 {
             alloc::autocast_bf16().map_err(|e| Failure::Failed(format!("bf16 autocast: {e}")))?;
         }
@@ -674,11 +677,14 @@ fn wait_allocatable(ordinal: usize, freed: u64, limit: Duration) -> Result<(), F
 }
 
 /// `--memory-fraction`, or the fraction policy of gpuctl.toml, applied to the allocator.
-fn apply_fraction(args: &Args, index: usize) -> Result<(), Failure> {
+fn apply_fraction(
+    args: &Args,
+    loaded: &gpuctl_core::config::Loaded,
+    index: usize,
+) -> Result<(), Failure> {
     let (fraction, source) = match args.memory_fraction {
         Some(fraction) => (fraction, "--memory-fraction".to_string()),
         None => {
-            let loaded = gpuctl_core::config::load().map_err(|e| Failure::Usage(e.to_string()))?;
             let user = nix::unistd::User::from_uid(nix::unistd::getuid())
                 .ok()
                 .flatten()
@@ -690,7 +696,7 @@ fn apply_fraction(args: &Args, index: usize) -> Result<(), Failure> {
                 .and_then(|gpus| gpus.uuids().ok())
                 .and_then(|uuids| uuids.get(index).cloned().flatten());
             match gpuctl_core::config::fraction_for(
-                &loaded,
+                loaded,
                 index as u32,
                 uuid.as_deref(),
                 user.as_deref(),

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuctl_core::act::{self, Ended, Escalation, Identity, Signal};
+use gpuctl_core::config::Protect;
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::reclaim::{self, DEFAULT_PROTECTED, Guard, Selection};
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
@@ -162,6 +163,20 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
 }
 
 fn read_record(path: &Path) -> io::Result<Option<Record>> {
+    // The run file decides what is signalled: it must be this user's, writable by no one
+    // else (a checkpoint directory may be shared).
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        let uid = nix::unistd::geteuid().as_raw();
+        if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "not a regular file of uid {uid} writable only by it: refusing to act on \
+                     it (remove it if this run's name is yours)"
+                ),
+            ));
+        }
+    }
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -216,7 +231,7 @@ pub struct Cleanup {
 /// Ends the previous run's processes that are still alive: through the reclaim road for
 /// those NVML lists on a GPU (signal, then verify the memory came back), with a plain
 /// TERM-then-KILL for the rest. `log` gets one line per thing done.
-pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
+pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String)) -> Cleanup {
     let mut cleanup = Cleanup::default();
     let own = std::process::id();
     let alive: Vec<&Recorded> = previous
@@ -226,8 +241,22 @@ pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
         .filter(|p| Identity::observe(p.pid).is_ok_and(|id| id.start_ticks == p.start_ticks))
         .filter(|p| !finished(p.pid))
         .collect();
+    // Only this user's processes: a run file names pids, and even root acts only on its own
+    // (a forged run file cannot point it at anyone else's).
+    let uid = nix::unistd::geteuid().as_raw();
+    let (alive, foreign): (Vec<&Recorded>, Vec<&Recorded>) = alive
+        .into_iter()
+        .partition(|p| fs::metadata(format!("/proc/{}", p.pid)).is_ok_and(|m| m.uid() == uid));
+    for p in foreign {
+        let line = format!(
+            "pid {} ({}) is listed in the run file but belongs to another user: not signalled",
+            p.pid, p.role
+        );
+        cleanup.failures.push(line.clone());
+        log(line);
+    }
     cleanup.leftovers = alive.len();
-    if alive.is_empty() {
+    if alive.is_empty() && cleanup.failures.is_empty() {
         log(format!(
             "the previous run of {:?} did not finish cleanly; none of its {} processes is left",
             previous.name,
@@ -252,8 +281,11 @@ pub fn clean_up(previous: &Record, log: &mut dyn FnMut(String)) -> Cleanup {
         escalate: true,
         kill_timeout: Duration::from_secs(5),
     };
-    let protected: Vec<String> = DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect();
-    let guard = Guard::for_this_process(&protected, &[]);
+    // The same guard as `gpuctl clear`: the built-in and configured protected commands and
+    // users are never signalled, nor another user's process unless this is root.
+    let mut protected: Vec<String> = DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect();
+    protected.extend(protect.commands.iter().cloned());
+    let guard = Guard::for_this_process(&protected, &protect.users);
 
     let mut on_gpu: Vec<u32> = Vec::new();
     match Gpus::open() {

@@ -781,3 +781,74 @@ fn a_stop_sent_to_the_whole_job_ends_it_after_a_checkpoint() {
             .all(|&w| !alive(w))));
     }
 }
+
+#[test]
+fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    let run_file = checkpoint.join("job.run.json");
+    let mine = Leftover::spawn();
+    let write = |processes: Vec<Value>| {
+        let record = serde_json::json!({"version": 1, "name": "job", "device": "cpu", "processes": processes});
+        std::fs::write(&run_file, record.to_string()).unwrap();
+    };
+    let args = [
+        "--run-name",
+        "job",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+    ];
+
+    // A run file others may write (a shared checkpoint directory) is not acted on.
+    write(vec![recorded(
+        mine.pid(),
+        start_ticks(mine.pid()),
+        "worker",
+    )]);
+    std::fs::set_permissions(
+        &run_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refusing to act on it"),
+        "{}",
+        run.stderr
+    );
+    assert!(mine.running());
+
+    // Another user's process listed in it is not signalled, whoever runs the trainer.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other-user half: it needs root to start a process as another user");
+        return;
+    }
+    let theirs = Command::new("sleep")
+        .arg("300")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
+    let theirs = Leftover { child: theirs };
+    std::fs::remove_file(&run_file).unwrap();
+    write(vec![recorded(
+        theirs.pid(),
+        start_ticks(theirs.pid()),
+        "worker",
+    )]);
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("belongs to another user: not signalled"),
+        "{}",
+        run.stderr
+    );
+    assert!(theirs.running());
+}
