@@ -256,12 +256,17 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
         log(line);
     }
     cleanup.leftovers = alive.len();
-    if alive.is_empty() && cleanup.failures.is_empty() {
-        log(format!(
-            "the previous run of {:?} did not finish cleanly; none of its {} processes is left",
-            previous.name,
-            previous.processes.len()
-        ));
+    if alive.is_empty() {
+        // Nothing to select: an empty pid list must never reach `reclaim::select`, where it
+        // would mean "every process".
+        if cleanup.failures.is_empty() {
+            log(format!(
+                "the previous run of {:?} did not finish cleanly; none of its {} processes is \
+                 left",
+                previous.name,
+                previous.processes.len()
+            ));
+        }
         return cleanup;
     }
     log(format!(
