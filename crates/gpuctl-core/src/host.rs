@@ -570,7 +570,8 @@ fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, Str
 /// A /proc file read whole from offset 0, through a file that may be read again later.
 fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0; 1024];
+    // 4 KiB: one read for any stat, status, cmdline or cgroup file of a usual process.
+    let mut bytes = vec![0; 4096];
     let mut len = 0;
     loop {
         if len == bytes.len() {
@@ -603,22 +604,9 @@ fn open_file_budget() -> usize {
     (soft / 4).min(16384)
 }
 
-fn read_all(mut file: std::fs::File) -> io::Result<Vec<u8>> {
-    let mut bytes = vec![0; 4096];
-    let mut len = 0;
-    loop {
-        if len == bytes.len() {
-            bytes.resize(len * 2, 0);
-        }
-        match io::Read::read(&mut file, &mut bytes[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    bytes.truncate(len);
-    Ok(bytes)
+fn read_all(file: std::fs::File) -> io::Result<Vec<u8>> {
+    // Freshly opened: reading from offset 0 is reading it whole.
+    pread_all(&file)
 }
 
 fn not_visible(pid: u32, error: procfs::ProcError) -> String {

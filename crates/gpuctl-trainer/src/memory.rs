@@ -169,18 +169,15 @@ fn rss() -> u64 {
 
 /// The resident set's high-water mark (VmHWM) in bytes.
 fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map_or(0, |kib| kib * 1024)
+    kib_field("/proc/self/status", "VmHWM:").unwrap_or(0)
+}
+
+/// A `Name:   1234 kB` line of a /proc file, in bytes.
+fn kib_field(path: &str, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let rest = text.lines().find_map(|line| line.strip_prefix(name))?;
+    let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// "1.5 GiB", "320 MiB", "12 KiB".
@@ -198,18 +195,7 @@ pub fn bytes(value: i64) -> String {
 
 /// Host memory available for new allocations (MemAvailable), in bytes.
 pub fn host_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemAvailable:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kib| kib * 1024)
+    kib_field("/proc/meminfo", "MemAvailable:")
 }
 
 /// When in a step a trace row was taken.

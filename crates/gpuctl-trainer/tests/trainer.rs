@@ -414,12 +414,7 @@ impl Leftover {
 
     /// Whether it still runs (a zombie, killed and not yet reaped, does not).
     fn running(&self) -> bool {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        !matches!(state, None | Some('Z') | Some('X'))
+        alive(u64::from(self.pid()))
     }
 }
 
