@@ -10,6 +10,7 @@ pub mod classify;
 pub mod config;
 pub mod cuda;
 pub mod error;
+pub mod files;
 pub mod host;
 pub mod nvml;
 pub mod owner;

@@ -71,16 +71,9 @@ impl PeakStore {
     fn write(&self, file: &PeakFile) -> Result<(), String> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let tmp = self
-            .path
-            .with_extension(format!("json.{}", std::process::id()));
         let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &self.path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                format!("{}: {e}", self.path.display())
-            })
+        crate::files::replace(&self.path, &text, 0o644, false)
+            .map_err(|e| format!("{}: {e}", self.path.display()))
     }
 
     /// Raises each GPU's mark to what `snapshot` shows and returns the marks in force.

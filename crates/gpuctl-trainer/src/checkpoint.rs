@@ -4,7 +4,7 @@
 //! atomically, so a crash at any moment leaves the previous checkpoint intact.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -137,22 +137,7 @@ fn sync(path: &Path) -> io::Result<()> {
     fs::File::open(path)?.sync_all()
 }
 
-/// Replaces `path` with `bytes` so a reader sees the old file or the new, never a part.
+/// Replaces `path` with `bytes`, durably: a crash leaves the old file or the whole new one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temporary = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let mut file = fs::File::create(&temporary)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(&temporary, path).inspect_err(|_| {
-        let _ = fs::remove_file(&temporary);
-    })
+    gpuctl_core::files::replace(path, bytes, 0o644, true)
 }

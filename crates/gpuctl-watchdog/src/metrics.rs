@@ -2,7 +2,6 @@
 //! file in the same directory and renamed over the old one, so a scrape never reads half.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::Path;
 
 /// One GPU's series; only GPUs read in the last loop are written.
@@ -141,34 +140,8 @@ pub fn render(m: &Metrics) -> String {
 
 /// Writes `text` to `path` through a temporary file in the same directory and a rename.
 pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("not a file path"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    gpuctl_core::files::replace(path, text.as_bytes(), 0o644, false)
 }
-
-use std::os::unix::fs::OpenOptionsExt as _;
 
 #[cfg(test)]
 mod tests {
