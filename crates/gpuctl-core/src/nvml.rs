@@ -73,6 +73,36 @@ impl Gpus {
             .collect())
     }
 
+    /// The GPU memory NVML lists process `pid` as holding, summed over every GPU (a process
+    /// with compute and graphics contexts is listed twice with the same figure: counted
+    /// once); `None` where it is listed on none, or its figure is not reported. Only NVML is
+    /// asked: no /proc read, as a process asking about itself needs none.
+    pub fn used_by(&self, pid: u32) -> Result<Option<u64>> {
+        let mut total: Option<u64> = None;
+        for index in 0..self.count()? {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let lists = [
+                device.running_compute_processes(),
+                device.running_graphics_processes(),
+            ];
+            let used = lists
+                .into_iter()
+                .flat_map(|list| list.unwrap_or_default())
+                .filter(|process| process.pid == pid)
+                .filter_map(|process| match process.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => Some(bytes),
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                })
+                .max();
+            if let Some(used) = used {
+                total = Some(total.unwrap_or(0) + used);
+            }
+        }
+        Ok(total)
+    }
+
     /// Resolves `--gpu` selectors (an index, a UUID or a unique UUID prefix, or a PCI bus id)
     /// to sorted, distinct indices. An empty list selects every GPU.
     pub fn resolve(&self, selectors: &[String]) -> Result<Vec<u32>> {

@@ -10,7 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 
 use crate::alloc::{self, AllocatorStats};
 
@@ -70,20 +69,7 @@ impl Monitor {
             .nvml
             .get_or_insert_with(|| Gpus::open().ok())
             .as_ref()?;
-        let options = SnapshotOptions {
-            gpus: None,
-            utilization_window: None,
-        };
-        let snapshot = Snapshot::take(gpus, &options).ok()?;
-        let pid = std::process::id();
-        let used: Vec<u64> = snapshot
-            .devices
-            .iter()
-            .flat_map(|gpu| &gpu.processes)
-            .filter(|p| p.pid == pid)
-            .filter_map(|p| p.used_bytes)
-            .collect();
-        (!used.is_empty()).then(|| used.iter().sum())
+        gpus.used_by(std::process::id()).ok().flatten()
     }
 
     /// A log line's figures for a milestone.
