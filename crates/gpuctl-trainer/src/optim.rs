@@ -101,9 +101,9 @@ impl AdamW {
     }
 }
 
-/// Scales the gradients so their global L2 norm is at most `max_norm`; returns the norm
-/// before clipping.
-pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> f64 {
+/// Scales the gradients so their global L2 norm is at most `max_norm`. The factor stays on
+/// the device (1 where the norm is within bounds), so the step never waits for the GPU here.
+pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) {
     tch::no_grad(|| {
         let grads: Vec<Tensor> = params
             .iter()
@@ -111,23 +111,17 @@ pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> f64 {
             .filter(Tensor::defined)
             .collect();
         if grads.is_empty() {
-            return 0.0;
+            return;
         }
         let squares: Vec<Tensor> = grads
             .iter()
             .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
             .collect();
-        let norm = Tensor::stack(&squares, 0)
-            .sum(Kind::Float)
-            .sqrt()
-            .double_value(&[]);
-        if max_norm > 0.0 && norm > max_norm {
-            let scale = max_norm / (norm + 1e-6);
-            for mut grad in grads {
-                let _ = grad.g_mul_scalar_(scale);
-            }
+        let norm = Tensor::stack(&squares, 0).sum(Kind::Float).sqrt();
+        let factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+        for mut grad in grads {
+            let _ = grad.g_mul_(&factor);
         }
-        norm
     })
 }
 

@@ -157,7 +157,9 @@ impl Trainer<'_> {
     fn accumulate(&mut self, step: u64, samples: &Tensor) -> Result<f64, StepError> {
         let batch = i64::from(self.batch_size);
         let micro = i64::from(self.micro_batch);
-        let mut total = 0.0;
+        // Summed on the device and read once per step: reading each micro-loss would wait
+        // for the GPU after every micro-batch.
+        let mut total: Option<Tensor> = None;
         for (index, start) in (0..batch).step_by(micro as usize).enumerate() {
             let size = micro.min(batch - start);
             let share = size as f64 / batch as f64;
@@ -188,7 +190,7 @@ impl Trainer<'_> {
                     );
                 }
                 (&loss * share).f_backward().map_err(|e| e.to_string())?;
-                let value = loss.double_value(&[]);
+                let value = loss.detach() * share;
                 drop(loss);
                 if hooks {
                     after_backward = Some(monitor.read());
@@ -199,7 +201,12 @@ impl Trainer<'_> {
                 self.record_reading(step, index as u32, Event::Forward, reading);
             }
             match result {
-                Ok(loss) => total += loss * share,
+                Ok(loss) => {
+                    total = Some(match total.take() {
+                        Some(sum) => sum + loss,
+                        None => loss,
+                    });
+                }
                 Err(message) if is_out_of_memory(&message) => {
                     return Err(StepError::OutOfMemory(message));
                 }
@@ -209,7 +216,7 @@ impl Trainer<'_> {
                 self.record_reading(step, index as u32, Event::Backward, reading);
             }
         }
-        Ok(total)
+        Ok(total.map_or(0.0, |sum| sum.double_value(&[])))
     }
 
     fn record(&mut self, step: u64, micro_step: u32, event: Event) {
