@@ -124,6 +124,10 @@ pub struct Sim {
     /// Per GPU: the last computed view and when; reused for at most the liveness TTL.
     /// Shared with callers: several queries per GPU per poll read the same answer.
     views: Vec<Option<(Instant, Arc<GpuNow>)>>,
+    /// Whether each of the scenario's processes holds a context, by its index in the
+    /// scenario, and when that was found: one answer per process for all the GPUs it is
+    /// listed on (8 GPUs ask about the same process 8 times a poll).
+    alive: Option<(Instant, Arc<Vec<bool>>)>,
     /// When the scenario file was last checked for a change.
     checked_at: Option<Instant>,
 }
@@ -159,6 +163,7 @@ impl Sim {
             state,
             live: LiveCache::default(),
             views: Vec::new(),
+            alive: None,
             checked_at: None,
         })
     }
@@ -195,6 +200,7 @@ impl Sim {
                 }
                 self.scenario = Arc::new(s);
                 self.views.clear();
+                self.alive = None;
                 self.sig = sig;
                 self.bad = None;
             }
@@ -265,11 +271,10 @@ impl Sim {
         let mut stale_records: Vec<u32> = Vec::new();
         let mut new_records: Vec<u32> = Vec::new();
         let now_ms = now_unix_ms();
-        let on_gpu = || sc.by_gpu[index].iter().map(|&i| &sc.processes[i]);
-        self.live.refresh(on_gpu().map(|p| p.pid), now);
-        for p in on_gpu() {
-            let alive = self.live.is_alive(p.pid, now);
-            if alive {
+        let alive = self.alive_now(now);
+        for p_index in sc.by_gpu[index].iter().copied() {
+            let p = &sc.processes[p_index];
+            if alive[p_index] {
                 out.used_mib += p.used_mib.unwrap_or(0);
                 out.procs.push(ProcNow {
                     pid: p.pid,
@@ -326,6 +331,25 @@ impl Sim {
             });
         }
         out
+    }
+
+    /// Liveness of every scenario process, reused for at most [`crate::live::TTL`].
+    fn alive_now(&mut self, now: Instant) -> Arc<Vec<bool>> {
+        if let Some((at, alive)) = &self.alive
+            && now.duration_since(*at) < crate::live::TTL
+        {
+            return Arc::clone(alive);
+        }
+        let processes = &self.scenario.processes;
+        self.live.refresh(processes.iter().map(|p| p.pid), now);
+        let alive: Arc<Vec<bool>> = Arc::new(
+            processes
+                .iter()
+                .map(|p| self.live.is_alive(p.pid, now))
+                .collect(),
+        );
+        self.alive = Some((now, Arc::clone(&alive)));
+        alive
     }
 
     pub fn memory_bytes(&mut self, index: usize) -> (u64, u64, u64, u64) {
