@@ -6,7 +6,7 @@ shared server) are each registered on all 8 GPUs of an nvml-sim scenario (so eve
 N processes: 8 x N entries), 1 GiB each, busy (so they are healthy, as most jobs are). The
 daemon runs in report mode with interval 100ms for --seconds. While it runs, VmRSS is sampled
 from /proc/PID/status every 100 ms; at the end VmHWM (peak RSS) is read, and the CPU time
-(utime + stime of /proc/PID/stat) over the loops after the first second, divided by the
+(from /proc/PID/task/*/schedstat) over the loops after the first second, divided by the
 loops counted in the metrics file (gpuctl_watchdog_loops_total), is the CPU per loop. The
 daemon rewrites the file at least once a second (each loop where anything else changed), so
 both readings are taken the moment the file changes.
@@ -28,8 +28,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET = os.path.join(ROOT, "target", "release")
-TICKS = os.sysconf("SC_CLK_TCK")
+TARGET = os.path.join(ROOT, "target", "release")  # --target replaces it (A/B comparisons)
 
 
 def built(name):
@@ -40,10 +39,16 @@ def built(name):
 
 
 def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 (1-based); fields[0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """CPU time of every live thread of `pid`, in nanoseconds' precision: the first field of
+    /proc/PID/task/TID/schedstat (/proc/PID/stat counts clock ticks, 10 ms each)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1e9
 
 
 def status_kib(pid, key):
@@ -158,7 +163,12 @@ def main():
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--spread", action="store_true",
                         help="each process on one GPU (round robin) instead of on all 8")
+    parser.add_argument("--target", help="the release build directory to measure "
+                        "(default target/release)")
     args = parser.parse_args()
+    if args.target:
+        global TARGET
+        TARGET = os.path.abspath(args.target)
     print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
     for processes in (0, args.processes):
         r = measure(processes, args.seconds, spread=args.spread)
