@@ -7,13 +7,14 @@
 //! window, or live children of its own), and an orphan is reclaimed only with positive
 //! evidence that its run died. Without that evidence it is reported, not reclaimed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::act::Identity;
 use crate::host::{LeaderState, Lineage, ProcState};
+use crate::pidmap::{PidMap, PidSet};
 use crate::snapshot::{GpuProcess, Snapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -58,9 +59,9 @@ pub struct Finding {
 #[derive(Debug, Clone, Default)]
 pub struct History {
     /// Processes whose parent was seen alive and then gone while they stayed on a GPU.
-    pub parent_died: HashSet<Identity>,
+    pub parent_died: PidSet<Identity>,
     /// How long each process has been seen stopped.
-    pub stopped_for: HashMap<Identity, Duration>,
+    pub stopped_for: PidMap<Identity, Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -97,7 +98,7 @@ struct Held<'a> {
 /// confirmed process (children counted for those whose group leader is gone).
 pub fn classify(
     snapshot: &Snapshot,
-    lineages: &HashMap<u32, Lineage>,
+    lineages: &PidMap<u32, Lineage>,
     history: Option<&History>,
     policy: &Policy,
 ) -> Vec<Finding> {
@@ -108,7 +109,7 @@ pub fn classify(
         .filter(|(h, lineage)| is_reparented_orphan(h.process, lineage))
         .collect();
     // Idle orphans per process group: several workers of one dead run look alike.
-    let mut idle_orphans_per_group: HashMap<u32, usize> = HashMap::new();
+    let mut idle_orphans_per_group: PidMap<u32, usize> = PidMap::default();
     for (h, lineage) in &orphans {
         if h.busy_pct == Some(0) && lineage.live_children == Some(0) {
             *idle_orphans_per_group
@@ -273,7 +274,7 @@ fn judge_orphan(
     lineage: &Lineage,
     identity: Identity,
     history: Option<&History>,
-    idle_orphans_per_group: &HashMap<u32, usize>,
+    idle_orphans_per_group: &PidMap<u32, usize>,
 ) -> Option<(Verdict, String)> {
     let host = &h.process.host;
     let pgid = host.pgid.unwrap_or(0);
@@ -645,10 +646,12 @@ mod tests {
             vec![(200, Kind::Orphaned, Verdict::Reclaim)]
         );
         let history = History {
-            parent_died: HashSet::from([Identity {
+            parent_died: [Identity {
                 pid: 200,
                 start_ticks: 1200,
-            }]),
+            }]
+            .into_iter()
+            .collect(),
             ..History::default()
         };
         assert_eq!(

@@ -11,6 +11,7 @@ use procfs::process::{Process, Stat, Status};
 use serde::Serialize;
 
 use crate::owner::{Owner, parse_cgroup};
+use crate::pidmap::PidMap;
 
 /// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
 /// whose own namespace has another inode sees PIDs that differ from the host PIDs NVML reports.
@@ -155,7 +156,7 @@ pub struct Lineage {
 
 /// Stats of related processes read during one pass, so each is read once.
 #[derive(Debug, Default)]
-pub struct Relatives(HashMap<u32, Option<Relative>>);
+pub struct Relatives(PidMap<u32, Option<Relative>>);
 
 /// Host facts kept across passes by a long-running reader (the watchdog): for a process
 /// seen before with the same start time, only /proc/PID/stat is read again; its command
@@ -163,17 +164,29 @@ pub struct Relatives(HashMap<u32, Option<Relative>>);
 /// the process is read anew).
 #[derive(Debug, Default)]
 pub struct FactCache {
-    /// Facts by pid, and when its stat was last read.
-    known: HashMap<u32, (Arc<HostProcess>, std::time::Instant)>,
+    known: PidMap<u32, Known>,
     /// A known process's stat is read again only this long after the last read; until then
     /// its facts are reused whole, age included. Zero: every pass.
     refresh_every: std::time::Duration,
-    /// Each known process's /proc/PID/stat, kept open: reading it again is one `pread`
-    /// (2 µs) instead of open, read and close (10 µs on a VM). An open stat file stays
-    /// bound to its process: once that process has exited it fails (ESRCH), so a reused pid
-    /// is never read through it. At most `max_open` are kept.
-    stat_files: HashMap<u32, std::fs::File>,
+    /// How many stat files are held open, and the most that may be.
+    open: usize,
     max_open: usize,
+    /// Counts calls, so that entries not listed in the latest one can be told apart.
+    pass: u64,
+}
+
+#[derive(Debug)]
+struct Known {
+    fact: Arc<HostProcess>,
+    /// When its stat was last read.
+    read_at: std::time::Instant,
+    /// Its /proc/PID/stat, kept open: reading it again is one `pread` (2 µs) instead of
+    /// open, read and close (10 µs on a VM). An open stat file stays bound to its process:
+    /// once that process has exited it fails (ESRCH), so a reused pid is never read through
+    /// it.
+    stat: Option<std::fs::File>,
+    /// The last call that listed it.
+    pass: u64,
 }
 
 impl FactCache {
@@ -182,11 +195,26 @@ impl FactCache {
     /// much older; signals are still bound to the identity the kernel reports at the time.
     pub fn refreshing_every(refresh_every: std::time::Duration) -> FactCache {
         FactCache {
-            known: HashMap::new(),
             refresh_every,
-            stat_files: HashMap::new(),
             max_open: open_file_budget(),
+            ..FactCache::default()
         }
+    }
+
+    /// The facts of a pid listed in the latest [`ProcView::processes_cached`] call.
+    pub fn get(&self, pid: u32) -> Option<&Arc<HostProcess>> {
+        self.known
+            .get(&pid)
+            .filter(|known| known.pass == self.pass)
+            .map(|known| &known.fact)
+    }
+}
+
+impl std::ops::Index<&u32> for FactCache {
+    type Output = Arc<HostProcess>;
+
+    fn index(&self, pid: &u32) -> &Arc<HostProcess> {
+        self.get(*pid).expect("pid listed in the latest pass")
     }
 }
 
@@ -264,9 +292,16 @@ impl ProcView {
     }
 
     /// Reads the uptime again (the clock ages are computed against), keeping what does not
-    /// change while a program runs: a long-running reader's view for its next pass.
+    /// change while a program runs: a long-running reader's view for its next pass. On
+    /// procfs that is CLOCK_BOOTTIME, the clock /proc/uptime and process start times count
+    /// in (both shifted alike by a time namespace), read without a file.
     pub fn refresh_uptime(&mut self) -> io::Result<()> {
-        self.uptime_seconds = read_uptime(&self.root.join("uptime"))?;
+        self.uptime_seconds = if self.owner_is_uid {
+            let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
+            now.tv_sec() as f64 + now.tv_nsec() as f64 / 1e9
+        } else {
+            read_uptime(&self.root.join("uptime"))?
+        };
         Ok(())
     }
 
@@ -286,79 +321,105 @@ impl ProcView {
     }
 
     /// [`ProcView::processes`], reusing what `cache` knows of processes seen before; the
-    /// cache keeps only the PIDs of this call.
-    pub fn processes_cached(
-        &self,
-        pids: &[u32],
-        cache: &mut FactCache,
-    ) -> HashMap<u32, Arc<HostProcess>> {
+    /// cache keeps only the pids of this call, and answers for them until the next.
+    pub fn processes_cached<'c>(&self, pids: &[u32], cache: &'c mut FactCache) -> &'c FactCache {
         let now = std::time::Instant::now();
-        let mut known = std::mem::take(&mut cache.known);
+        cache.pass += 1;
+        let pass = cache.pass;
+        let mut listed = 0;
         let mut unknown = Vec::new();
         for &pid in pids {
-            let Some((fact, at)) = known.get_mut(&pid) else {
+            let Some(known) = cache.known.get_mut(&pid) else {
                 unknown.push(pid);
                 continue;
             };
-            if now.duration_since(*at) < cache.refresh_every {
+            if known.pass == pass {
                 continue;
             }
-            match self.refresh(pid, fact, &mut cache.stat_files, cache.max_open) {
+            known.pass = pass;
+            listed += 1;
+            if now.duration_since(known.read_at) < cache.refresh_every {
+                continue;
+            }
+            let may_open = cache.open < cache.max_open;
+            let held = known.stat.is_some();
+            match self.refresh(pid, known, may_open) {
                 Some(fresh) => {
-                    *fact = Arc::new(fresh);
-                    *at = now;
+                    known.fact = Arc::new(fresh);
+                    known.read_at = now;
                 }
                 None => {
-                    cache.stat_files.remove(&pid);
+                    known.stat = None;
+                    // Read anew below; its entry is replaced.
+                    known.pass = 0;
+                    listed -= 1;
                     unknown.push(pid);
                 }
             }
+            match (held, known.stat.is_some()) {
+                (false, true) => cache.open += 1,
+                (true, false) => cache.open -= 1,
+                _ => {}
+            }
         }
+        unknown.sort_unstable();
+        unknown.dedup();
         for (pid, fact) in self.processes(&unknown) {
-            known.insert(pid, (Arc::new(fact), now));
+            let known = Known {
+                fact: Arc::new(fact),
+                read_at: now,
+                stat: None,
+                pass,
+            };
+            if let Some(old) = cache.known.insert(pid, known)
+                && old.stat.is_some()
+            {
+                cache.open -= 1;
+            }
+            listed += 1;
         }
-        // Only the processes of this pass are kept.
-        let listed: std::collections::HashSet<u32> = pids.iter().copied().collect();
-        known.retain(|pid, _| listed.contains(pid));
-        cache.stat_files.retain(|pid, _| listed.contains(pid));
-        let facts = known
-            .iter()
-            .map(|(&pid, (fact, _))| (pid, Arc::clone(fact)))
-            .collect();
-        cache.known = known;
-        facts
+        // Only the processes of this call are kept.
+        if cache.known.len() > listed {
+            let mut closed = 0;
+            cache.known.retain(|_, known| {
+                let keep = known.pass == pass;
+                if !keep && known.stat.is_some() {
+                    closed += 1;
+                }
+                keep
+            });
+            cache.open -= closed;
+        }
+        cache
     }
 
-    /// A known process's facts with its stat read again; `None` when it is not the same
-    /// process any more (another start time), or was not confirmed.
-    fn refresh(
-        &self,
-        pid: u32,
-        known: &HostProcess,
-        files: &mut HashMap<u32, std::fs::File>,
-        max_open: usize,
-    ) -> Option<HostProcess> {
-        if !known.confirmed || !self.host_pid_namespace {
+    /// A known process's facts with its stat read again (through its held stat file, or one
+    /// opened now and kept when `may_open`); `None` when it is not the same process any
+    /// more (another start time), or was not confirmed.
+    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<HostProcess> {
+        if !known.fact.confirmed || !self.host_pid_namespace {
             return None;
         }
-        let bytes = match files.get(&pid) {
+        let bytes = match &known.stat {
             Some(file) => pread_all(file).ok()?,
             None => {
                 let file =
                     std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
                 let bytes = pread_all(&file).ok()?;
-                if files.len() < max_open {
-                    files.insert(pid, file);
+                if may_open {
+                    known.stat = Some(file);
                 }
                 bytes
             }
         };
         // The start time is checked on every read, held file or not.
         let stat = Stat::from_read(bytes.as_slice()).ok()?;
-        if Some(stat.starttime) != known.start_ticks || u32::try_from(stat.pid).ok() != Some(pid) {
+        if Some(stat.starttime) != known.fact.start_ticks
+            || u32::try_from(stat.pid).ok() != Some(pid)
+        {
             return None;
         }
-        let mut fact = known.clone();
+        let mut fact = HostProcess::clone(&known.fact);
         fact.state = Some(ProcState::from_letter(stat.state));
         fact.ppid = u32::try_from(stat.ppid).ok();
         fact.pgid = u32::try_from(stat.pgrp).ok();
@@ -688,7 +749,8 @@ mod tests {
         // The second pass refreshes through a stat file it then keeps open; the third reads
         // through that file.
         let second = view.processes_cached(&[pid], &mut cache)[&pid].clone();
-        assert!(cache.stat_files.contains_key(&pid));
+        assert!(cache.known[&pid].stat.is_some());
+        assert_eq!(cache.open, 1);
         let third = view.processes_cached(&[pid], &mut cache)[&pid].clone();
         assert_eq!(first.start_ticks, third.start_ticks);
         assert_eq!(second.command, third.command);
@@ -696,13 +758,17 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         // Exited and reaped: the held file fails, and nothing is read in its name.
-        let gone = view.processes_cached(&[pid], &mut cache);
+        let gone = view.processes_cached(&[pid], &mut cache).get(pid).cloned();
         assert!(
-            gone.get(&pid)
+            gone.as_ref()
                 .is_none_or(|fact| fact.start_ticks != first.start_ticks),
             "{gone:?}"
         );
-        assert!(!cache.stat_files.contains_key(&pid));
+        assert!(cache.known[&pid].stat.is_none());
+        assert_eq!(cache.open, 0);
+        // A pass without it forgets it.
+        view.processes_cached(&[], &mut cache);
+        assert!(cache.known.is_empty() && cache.get(pid).is_none());
     }
 
     #[test]

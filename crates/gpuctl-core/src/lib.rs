@@ -15,6 +15,7 @@ pub mod host;
 pub mod nvml;
 pub mod owner;
 pub mod peaks;
+pub mod pidmap;
 pub mod reclaim;
 pub mod settings;
 pub mod snapshot;

@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::error::{CoreError, Result};
 use crate::host::{FactCache, HostProcess, LeaderState, Lineage, ProcView, Relatives};
 use crate::nvml::{Gpus, describe};
+use crate::pidmap::PidMap;
 
 /// What to take. `gpus: None` takes every GPU.
 #[derive(Debug, Clone, Default)]
@@ -165,17 +166,27 @@ impl Snapshot {
             .collect();
         pids.sort_unstable();
         pids.dedup();
-        let facts: HashMap<u32, Arc<HostProcess>> = match cache {
-            Some(cache) => view.processes_cached(&pids, cache),
-            None => view
-                .processes(&pids)
-                .into_iter()
-                .map(|(pid, fact)| (pid, Arc::new(fact)))
-                .collect(),
-        };
-        for process in devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut()) {
-            if let Some(fact) = facts.get(&process.pid) {
-                process.host = Arc::clone(fact);
+        let processes = devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut());
+        match cache {
+            Some(cache) => {
+                let facts = view.processes_cached(&pids, cache);
+                for process in processes {
+                    if let Some(fact) = facts.get(process.pid) {
+                        process.host = Arc::clone(fact);
+                    }
+                }
+            }
+            None => {
+                let facts: HashMap<u32, Arc<HostProcess>> = view
+                    .processes(&pids)
+                    .into_iter()
+                    .map(|(pid, fact)| (pid, Arc::new(fact)))
+                    .collect();
+                for process in processes {
+                    if let Some(fact) = facts.get(&process.pid) {
+                        process.host = Arc::clone(fact);
+                    }
+                }
             }
         }
 
@@ -200,8 +211,8 @@ impl Snapshot {
     /// The lineage of every confirmed process, the evidence classification reads. Children
     /// are counted only where the group leader is gone: a healthy run costs one read of its
     /// leader and parent.
-    pub fn lineages(&self, view: &ProcView) -> HashMap<u32, Lineage> {
-        let mut lineages = HashMap::new();
+    pub fn lineages(&self, view: &ProcView) -> PidMap<u32, Lineage> {
+        let mut lineages = PidMap::default();
         let mut seen = Relatives::default();
         for process in self.devices.iter().flat_map(|gpu| &gpu.processes) {
             if lineages.contains_key(&process.pid) {

@@ -1,7 +1,6 @@
 //! The loop: snapshot, classify (with the history only a daemon has), wait out the grace,
 //! act through the same road as `gpuctl clear`, verify, report (journal, STATUS, metrics).
 
-use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -12,6 +11,7 @@ use gpuctl_core::config::{self, ConfigError, Loaded, ReclaimKind, Watchdog, Watc
 use gpuctl_core::host::{FactCache, ProcState, ProcView};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::peaks::PeakStore;
+use gpuctl_core::pidmap::{PidMap, PidSet};
 use gpuctl_core::reclaim::{self, Action, Guard, Outcome, Selection, Target};
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 
@@ -200,14 +200,14 @@ pub struct Daemon {
     /// change); its uptime is read again each pass.
     proc_view: Option<ProcView>,
     // History.
-    parents: HashMap<Identity, Identity>,
-    parent_died: HashSet<Identity>,
-    stopped_since: HashMap<Identity, Instant>,
-    stale_since: HashMap<Identity, Instant>,
-    over_since: HashMap<Identity, Instant>,
-    warned: HashSet<Identity>,
-    handled: HashMap<(Identity, Cause), Handled>,
-    logged_findings: HashSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
+    parents: PidMap<Identity, Identity>,
+    parent_died: PidSet<Identity>,
+    stopped_since: PidMap<Identity, Instant>,
+    stale_since: PidMap<Identity, Instant>,
+    over_since: PidMap<Identity, Instant>,
+    warned: PidSet<Identity>,
+    handled: PidMap<(Identity, Cause), Handled>,
+    logged_findings: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
     // Reporting.
     metrics: Metrics,
     metrics_error: Option<String>,
@@ -240,14 +240,14 @@ impl Daemon {
             last_nvml_down: None,
             facts: FactCache::refreshing_every(refresh),
             proc_view: None,
-            parents: HashMap::new(),
-            parent_died: HashSet::new(),
-            stopped_since: HashMap::new(),
-            stale_since: HashMap::new(),
-            over_since: HashMap::new(),
-            warned: HashSet::new(),
-            handled: HashMap::new(),
-            logged_findings: HashSet::new(),
+            parents: PidMap::default(),
+            parent_died: PidSet::default(),
+            stopped_since: PidMap::default(),
+            stale_since: PidMap::default(),
+            over_since: PidMap::default(),
+            warned: PidSet::default(),
+            handled: PidMap::default(),
+            logged_findings: PidSet::default(),
             metrics: Metrics::default(),
             metrics_error: None,
             metrics_written: None,
@@ -551,7 +551,7 @@ impl Daemon {
                 reclaim_kind(f.kind).is_some_and(|k| self.settings.watchdog.reclaim.contains(&k))
             })
             .collect();
-        let stale_ids: HashSet<Identity> = reclaimable.iter().filter_map(|f| f.identity).collect();
+        let stale_ids: PidSet<Identity> = reclaimable.iter().filter_map(|f| f.identity).collect();
         self.stale_since.retain(|id, _| stale_ids.contains(id));
         for f in &reclaimable {
             let Some(id) = f.identity else { continue };
@@ -576,7 +576,7 @@ impl Daemon {
 
         // Above its share.
         let over = self.over_share(&snapshot);
-        let over_ids: HashSet<Identity> = over.iter().map(|o| o.0).collect();
+        let over_ids: PidSet<Identity> = over.iter().map(|o| o.0).collect();
         self.over_since.retain(|id, _| over_ids.contains(id));
         self.warned.retain(|id| over_ids.contains(id));
         let mut due_over: Vec<(Identity, String)> = Vec::new();
@@ -597,7 +597,7 @@ impl Daemon {
                 due_over.push((*id, text.clone()));
             }
         }
-        let all_due: HashSet<(Identity, Cause)> = due_stale
+        let all_due: PidSet<(Identity, Cause)> = due_stale
             .iter()
             .filter_map(|f| f.identity.map(|id| (id, Cause::Stale)))
             .chain(due_over.iter().map(|(id, _)| (*id, Cause::Fraction)))
@@ -709,7 +709,7 @@ impl Daemon {
         if incomplete.is_none() {
             self.metrics.last_good_poll = Some(unix_now());
         }
-        let processes: HashSet<u32> = snapshot
+        let processes: PidSet<u32> = snapshot
             .devices
             .iter()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
@@ -922,7 +922,7 @@ impl Daemon {
     /// What the daemon has seen over time: parents that died under a GPU process, and how
     /// long processes have been stopped.
     fn update_history(&mut self, snapshot: &Snapshot, now: Instant) -> History {
-        let mut seen: HashSet<Identity> = HashSet::new();
+        let mut seen: PidSet<Identity> = PidSet::default();
         for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
             let host = &process.host;
             let (Some(ticks), Some(ppid)) = (host.start_ticks, host.ppid) else {
@@ -1015,7 +1015,7 @@ impl Daemon {
 
     /// Each finding once, when it appears (and again if it goes away and comes back).
     fn log_findings(&mut self, snapshot: &Snapshot, findings: &[Finding]) {
-        let keys: HashSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = findings
+        let keys: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = findings
             .iter()
             .map(|f| (f.identity, f.gpus.clone(), f.kind, f.verdict))
             .collect();
