@@ -4,7 +4,7 @@
 N stand-in processes (tests/testproc.rs, mode sleep, owned by uid 65534 as GPU jobs are on a
 shared server) are each registered on all 8 GPUs of an nvml-sim scenario (so every GPU lists
 N processes: 8 x N entries), 1 GiB each, busy (so they are healthy, as most jobs are). The
-daemon runs in report mode with interval 100ms for --seconds. While it runs, VmRSS is sampled
+daemon runs in report mode with --interval (100ms) for --seconds. While it runs, VmRSS is sampled
 from /proc/PID/status every 100 ms; at the end VmHWM (peak RSS) is read, and the CPU time
 (from /proc/PID/task/*/schedstat) over the loops after the first second, divided by the
 loops counted in the metrics file (gpuctl_watchdog_loops_total), is the CPU per loop. The
@@ -79,7 +79,7 @@ def next_loops(metrics_file, pid):
         time.sleep(0.002)
 
 
-def measure(processes, seconds, gpus=8, spread=False):
+def measure(processes, seconds, interval, gpus=8, spread=False):
     testproc = built("gpuctl-testproc")
     stand_ins = []
     for i in range(processes):
@@ -109,7 +109,7 @@ def measure(processes, seconds, gpus=8, spread=False):
         config = os.path.join(tmp, "gpuctl.toml")
         with open(config, "w") as f:
             f.write(
-                f'[watchdog]\ninterval = "100ms"\nmode = "report"\n'
+                f'[watchdog]\ninterval = "{interval}"\nmode = "report"\n'
                 f'metrics_file = "{metrics_file}"\nstate_dir = "{tmp}/state"\n'
             )
         os.chmod(config, 0o644)
@@ -163,6 +163,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--spread", action="store_true",
                         help="each process on one GPU (round robin) instead of on all 8")
+    parser.add_argument("--interval", default="100ms",
+                        help="the watchdog's interval; from 1s on, every loop reads every "
+                        "process's stat again (the refresh period is at most a second)")
     parser.add_argument("--target", help="the release build directory to measure "
                         "(default target/release)")
     args = parser.parse_args()
@@ -171,7 +174,7 @@ def main():
         TARGET = os.path.abspath(args.target)
     print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
     for processes in (0, args.processes):
-        r = measure(processes, args.seconds, spread=args.spread)
+        r = measure(processes, args.seconds, args.interval, spread=args.spread)
         print(
             f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
             f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"

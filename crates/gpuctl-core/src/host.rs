@@ -509,7 +509,9 @@ impl ProcView {
                 Some(_) => LeaderState::Alive,
             }
         };
-        let parent = (ppid != 0).then(|| self.relative(ppid, seen)).flatten();
+        let parent = (ppid != 0)
+            .then(|| self.relative(ppid, seen).cloned())
+            .flatten();
         let live_children = with_children
             .then(|| self.live_children(pid, seen))
             .flatten();
@@ -522,13 +524,11 @@ impl ProcView {
 
     /// A relative's stat, read once per pass however many GPU processes share it (the
     /// workers of one run share their leader and parent).
-    fn relative(&self, pid: u32, seen: &mut Relatives) -> Option<Relative> {
-        if let Some(known) = seen.0.get(&pid) {
-            return known.clone();
-        }
-        let found = self.read_relative_stat(pid);
-        seen.0.insert(pid, found.clone());
-        found
+    fn relative<'s>(&self, pid: u32, seen: &'s mut Relatives) -> Option<&'s Relative> {
+        seen.0
+            .entry(pid)
+            .or_insert_with(|| self.read_relative_stat(pid))
+            .as_ref()
     }
 
     fn read_relative_stat(&self, pid: u32) -> Option<Relative> {

@@ -264,7 +264,7 @@ impl Sim {
         let sc = self.scenario.clone();
         let gpu = &sc.gpus[index];
         let mut out = GpuNow {
-            procs: Vec::new(),
+            procs: Vec::with_capacity(sc.by_gpu[index].len()),
             used_mib: gpu.leaked_mib,
         };
         let mut state_fresh = false;
