@@ -7,7 +7,6 @@
 //! window, or live children of its own), and an orphan is reclaimed only with positive
 //! evidence that its run died. Without that evidence it is reported, not reclaimed.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -104,7 +103,7 @@ pub fn classify(
 ) -> Vec<Finding> {
     let held = holders(snapshot);
     let orphans: Vec<(&Held, &Lineage)> = held
-        .values()
+        .iter()
         .filter_map(|h| Some((h, lineages.get(&h.process.pid)?)))
         .filter(|(h, lineage)| is_reparented_orphan(h.process, lineage))
         .collect();
@@ -119,7 +118,7 @@ pub fn classify(
     }
 
     let mut findings = Vec::new();
-    for h in held.values() {
+    for h in &held {
         let host = &h.process.host;
         let (Some(state), Some(start_ticks)) = (host.state, host.start_ticks) else {
             continue; // unconfirmed: nothing is known, so nothing is judged
@@ -234,16 +233,22 @@ pub fn classify(
     findings
 }
 
-fn holders(snapshot: &Snapshot) -> BTreeMap<u32, Held<'_>> {
-    let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+/// Each process once, with what it holds across its GPUs, by ascending pid.
+fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
+    let mut at: PidMap<u32, usize> = PidMap::default();
+    let mut held: Vec<Held> = Vec::new();
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
-            let entry = held.entry(process.pid).or_insert(Held {
-                process,
-                gpus: Vec::new(),
-                bytes: Some(0),
-                busy_pct: Some(0),
+            let index = *at.entry(process.pid).or_insert_with(|| {
+                held.push(Held {
+                    process,
+                    gpus: Vec::new(),
+                    bytes: Some(0),
+                    busy_pct: Some(0),
+                });
+                held.len() - 1
             });
+            let entry = &mut held[index];
             entry.gpus.push(gpu.index);
             entry.bytes = entry.bytes.zip(process.used_bytes).map(|(a, b)| a + b);
             entry.busy_pct = entry
@@ -252,6 +257,7 @@ fn holders(snapshot: &Snapshot) -> BTreeMap<u32, Held<'_>> {
                 .map(|(a, b)| a.max(b));
         }
     }
+    held.sort_unstable_by_key(|h| h.process.pid);
     held
 }
 

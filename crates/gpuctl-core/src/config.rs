@@ -247,6 +247,14 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Whether any file sets a memory share ([`fraction_for`] is `None` everywhere if not).
+    pub fn has_fraction_policy(&self) -> bool {
+        self.files().any(|(_, config)| {
+            let fraction = &config.fraction;
+            fraction.default.is_some() || !fraction.gpu.is_empty() || !fraction.user.is_empty()
+        })
+    }
+
     /// The files that were found, system first.
     pub fn files(&self) -> impl Iterator<Item = &(Source, Config)> {
         self.system.iter().chain(self.user.iter())

@@ -154,27 +154,34 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
-        let unread = Arc::new(HostProcess::unconfirmed("not read"));
-        let mut devices: Vec<GpuSnapshot> = indices
-            .iter()
-            .map(|&i| read_gpu(gpus, i, since_us, &unread))
-            .collect();
+        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) =
+            indices.iter().map(|&i| read_gpu(gpus, i, since_us)).unzip();
 
-        let mut pids: Vec<u32> = devices
-            .iter()
-            .flat_map(|gpu| gpu.processes.iter().map(|p| p.pid))
-            .collect();
+        let mut pids: Vec<u32> = listed.iter().flatten().map(|p| p.pid).collect();
         pids.sort_unstable();
         pids.dedup();
-        let processes = devices.iter_mut().flat_map(|gpu| gpu.processes.iter_mut());
+        // Each entry gets its process's facts (shared by its entries on every GPU) once
+        // they are read; one placeholder stands for any that could not be.
+        let unread = Arc::new(HostProcess::unconfirmed("not read"));
+        let join = |devices: &mut Vec<GpuSnapshot>,
+                    fact_of: &dyn Fn(u32) -> Option<Arc<HostProcess>>| {
+            for (gpu, listed) in devices.iter_mut().zip(listed) {
+                gpu.processes = listed
+                    .into_iter()
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        used_bytes: p.used_bytes,
+                        kind: p.kind,
+                        sm_util_pct: p.sm_util_pct,
+                        host: fact_of(p.pid).unwrap_or_else(|| Arc::clone(&unread)),
+                    })
+                    .collect();
+            }
+        };
         match cache {
             Some(cache) => {
                 let facts = view.processes_cached(&pids, cache);
-                for process in processes {
-                    if let Some(fact) = facts.get(process.pid) {
-                        process.host = Arc::clone(fact);
-                    }
-                }
+                join(&mut devices, &|pid| facts.get(pid).cloned());
             }
             None => {
                 let facts: HashMap<u32, Arc<HostProcess>> = view
@@ -182,11 +189,7 @@ impl Snapshot {
                     .into_iter()
                     .map(|(pid, fact)| (pid, Arc::new(fact)))
                     .collect();
-                for process in processes {
-                    if let Some(fact) = facts.get(&process.pid) {
-                        process.host = Arc::clone(fact);
-                    }
-                }
+                join(&mut devices, &|pid| facts.get(&pid).cloned());
             }
         }
 
@@ -233,13 +236,19 @@ impl Snapshot {
     }
 }
 
-/// Reads one GPU. Failures stay inside the returned entry so the other GPUs are still shown.
-fn read_gpu(
-    gpus: &Gpus,
-    index: u32,
-    since_us: Option<u64>,
-    unread: &Arc<HostProcess>,
-) -> GpuSnapshot {
+/// A process as one GPU lists it, before its host facts are joined.
+#[derive(Debug, Clone, Copy)]
+struct Listed {
+    pid: u32,
+    used_bytes: Option<u64>,
+    kind: ProcessType,
+    sm_util_pct: Option<u32>,
+}
+
+/// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
+/// host facts are read). Failures stay inside the returned entry so the other GPUs are
+/// still shown.
+fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> (GpuSnapshot, Vec<Listed>) {
     let mut gpu = GpuSnapshot {
         index,
         uuid: None,
@@ -261,21 +270,22 @@ fn read_gpu(
         Ok(device) => device,
         Err(error) => {
             gpu.fail(&error, "cannot open the GPU");
-            return gpu;
+            return (gpu, Vec::new());
         }
     };
-    if let Err(error) = read_gpu_fields(&device, &mut gpu, since_us, unread) {
+    let mut listed = Vec::new();
+    if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listed, since_us) {
         gpu.fail(&error, "query failed");
     }
-    gpu
+    (gpu, listed)
 }
 
 /// Fields a GPU does not support stay `None`; a lost GPU stops the reading.
 fn read_gpu_fields(
     device: &Device<'_>,
     gpu: &mut GpuSnapshot,
+    listed: &mut Vec<Listed>,
     since_us: Option<u64>,
-    unread: &Arc<HostProcess>,
 ) -> Result<(), NvmlError> {
     gpu.uuid = optional(device.uuid())?;
     gpu.name = optional(device.name())?;
@@ -305,14 +315,14 @@ fn read_gpu_fields(
         (Ok(compute), Ok(graphics)) => (compute, graphics),
     };
     let utilization = sm_utilization(device, since_us);
-    gpu.processes = merge_processes(compute, graphics, &utilization, unread);
+    *listed = merge_processes(compute, graphics, &utilization);
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
         used_bytes: m.used,
         free_bytes: m.free,
         reserved_bytes: m.reserved,
         unattributed_bytes: (gpu.status == GpuStatus::Ok)
-            .then(|| unattributed(m.used, &gpu.processes))
+            .then(|| unattributed(m.used, listed))
             .flatten(),
     });
     Ok(())
@@ -366,14 +376,12 @@ fn sm_utilization(device: &Device<'_>, since_us: Option<u64>) -> Option<Vec<(u32
 }
 
 /// One entry per pid from the compute and graphics lists (a process with both contexts is
-/// listed in each, with the same memory), largest first. Every entry shares `unread` as its
-/// host facts until the snapshot reads them: one allocation per snapshot, not per entry.
+/// listed in each, with the same memory), largest first.
 fn merge_processes(
     compute: Vec<ProcessInfo>,
     graphics: Vec<ProcessInfo>,
     utilization: &Option<Vec<(u32, u32)>>,
-    unread: &Arc<HostProcess>,
-) -> Vec<GpuProcess> {
+) -> Vec<Listed> {
     let used_of = |info: &ProcessInfo| match info.used_gpu_memory {
         UsedGpuMemory::Used(bytes) => Some(bytes),
         UsedGpuMemory::Unavailable => None,
@@ -385,7 +393,7 @@ fn merge_processes(
         .collect();
     // Stable: a pid's compute entry stays ahead of its graphics entry.
     listed.sort_by_key(|(_, info)| info.pid);
-    let mut processes: Vec<GpuProcess> = Vec::with_capacity(listed.len());
+    let mut processes: Vec<Listed> = Vec::with_capacity(listed.len());
     for (kind, info) in listed {
         let used = used_of(info);
         if let Some(existing) = processes.last_mut().filter(|p| p.pid == info.pid) {
@@ -393,7 +401,7 @@ fn merge_processes(
             existing.used_bytes = existing.used_bytes.max(used);
             continue;
         }
-        processes.push(GpuProcess {
+        processes.push(Listed {
             pid: info.pid,
             used_bytes: used,
             kind,
@@ -402,14 +410,13 @@ fn merge_processes(
                     .binary_search_by_key(&info.pid, |sample| sample.0)
                     .map_or(0, |at| samples[at].1)
             }),
-            host: Arc::clone(unread),
         });
     }
     processes.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
     processes
 }
 
-fn unattributed(used: u64, processes: &[GpuProcess]) -> Option<u64> {
+fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
     let mut attributed: u64 = 0;
     for process in processes {
         attributed = attributed.saturating_add(process.used_bytes?);
@@ -442,12 +449,10 @@ mod tests {
     #[test]
     fn merges_compute_and_graphics_by_pid() {
         let utilization = Some(vec![(7, 55)]);
-        let unread = Arc::new(HostProcess::unconfirmed("not read"));
         let merged = merge_processes(
             vec![info(7, Some(100)), info(9, Some(300))],
             vec![info(7, Some(100)), info(11, None)],
             &utilization,
-            &unread,
         );
         let summary: Vec<_> = merged
             .iter()
@@ -465,16 +470,10 @@ mod tests {
 
     #[test]
     fn unattributed_is_used_minus_processes_and_unknown_when_a_size_is() {
-        let unread = Arc::new(HostProcess::unconfirmed("not read"));
-        let known = merge_processes(
-            vec![info(1, Some(100)), info(2, Some(50))],
-            vec![],
-            &None,
-            &unread,
-        );
+        let known = merge_processes(vec![info(1, Some(100)), info(2, Some(50))], vec![], &None);
         assert_eq!(unattributed(1000, &known), Some(850));
         assert_eq!(unattributed(100, &known), Some(0));
-        let unknown = merge_processes(vec![info(1, None)], vec![], &None, &unread);
+        let unknown = merge_processes(vec![info(1, None)], vec![], &None);
         assert_eq!(unattributed(1000, &unknown), None);
     }
 }

@@ -975,6 +975,9 @@ impl Daemon {
     /// Processes holding more of a GPU than their share, with a sentence saying so.
     fn over_share(&self, snapshot: &Snapshot) -> Vec<(Identity, String)> {
         let mut over: Vec<(Identity, String)> = Vec::new();
+        if !self.settings.loaded.has_fraction_policy() {
+            return over;
+        }
         for gpu in &snapshot.devices {
             let Some(memory) = gpu.memory else { continue };
             for process in &gpu.processes {
