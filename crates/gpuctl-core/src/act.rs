@@ -695,10 +695,10 @@ fn read_stat(pid: u32) -> io::Result<Stat> {
     parse_stat(&fs::read(format!("/proc/{pid}/stat"))?)
 }
 
-/// procfs's parser: it counts fields after the last ')', as a command may hold both.
 fn parse_stat(bytes: &[u8]) -> io::Result<Stat> {
-    let stat = <procfs::process::Stat as procfs::FromRead>::from_read(bytes)
-        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))?;
+    let stat = crate::host::StatLine::parse(bytes).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/PID/stat line")
+    })?;
     Ok(Stat {
         state: stat.state,
         start_ticks: stat.starttime,

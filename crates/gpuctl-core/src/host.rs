@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use procfs::FromRead;
-use procfs::process::{Process, Stat, Status};
+use procfs::process::{Process, Status};
 use serde::Serialize;
 
 use crate::owner::{Owner, parse_cgroup};
@@ -413,10 +413,8 @@ impl ProcView {
             }
         };
         // The start time is checked on every read, held file or not.
-        let stat = Stat::from_read(bytes.as_slice()).ok()?;
-        if Some(stat.starttime) != known.fact.start_ticks
-            || u32::try_from(stat.pid).ok() != Some(pid)
-        {
+        let stat = StatLine::parse(&bytes)?;
+        if Some(stat.starttime) != known.fact.start_ticks || stat.pid != pid {
             return None;
         }
         let mut fact = HostProcess::clone(&known.fact);
@@ -531,9 +529,10 @@ impl ProcView {
             .as_ref()
     }
 
+    /// One file, so no directory handle is needed to keep its facts of one process.
     fn read_relative_stat(&self, pid: u32) -> Option<Relative> {
-        let process = Process::new_with_root(self.root.join(pid.to_string())).ok()?;
-        let stat = Stat::from_read(read_relative(&process, "stat", pid).ok()?.as_slice()).ok()?;
+        let file = std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
+        let stat = StatLine::parse(&read_all(file).ok()?)?;
         Some(Relative {
             pid,
             pgid: u32::try_from(stat.pgrp).ok()?,
@@ -569,9 +568,9 @@ impl ProcView {
         // Every file is opened through this one directory handle, so all facts are of one
         // process even if the pid is reused meanwhile.
         let process = Process::new_with_root(dir).map_err(|e| not_visible(pid, e))?;
-        let stat = Stat::from_read(read_relative(&process, "stat", pid)?.as_slice())
-            .map_err(|e| not_visible(pid, e))?;
-        if u32::try_from(stat.pid).ok() != Some(pid) {
+        let stat = StatLine::parse(&read_relative(&process, "stat", pid)?)
+            .ok_or_else(|| format!("cannot parse /proc/{pid}/stat"))?;
+        if stat.pid != pid {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
         let uid = match process.uid() {
@@ -613,6 +612,57 @@ impl ProcView {
             age_seconds: Some(age_seconds),
             owner: cgroup.as_ref().map(|c| c.owner.clone()),
             cgroup: cgroup.map(|c| c.path),
+        })
+    }
+}
+
+/// The fields of /proc/PID/stat that gpuctl reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StatLine {
+    pub pid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: i64,
+    pub pgrp: i64,
+    pub session: i64,
+    pub num_threads: i64,
+    pub starttime: u64,
+}
+
+impl StatLine {
+    /// Parses a stat line: `pid (comm) state ppid pgrp session ...`. The command name may
+    /// hold spaces and parentheses, so fields are counted from the last ')'. Only the
+    /// fields read are parsed (a watchdog pass reads hundreds of these).
+    pub(crate) fn parse(bytes: &[u8]) -> Option<StatLine> {
+        let open = bytes.iter().position(|&b| b == b'(')?;
+        let close = bytes.iter().rposition(|&b| b == b')')?;
+        if close < open {
+            return None;
+        }
+        let pid = std::str::from_utf8(&bytes[..open])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let comm = String::from_utf8_lossy(&bytes[open + 1..close]).into_owned();
+        let rest = std::str::from_utf8(&bytes[close + 1..]).ok()?;
+        // Field n of proc(5) (1-based) is token n - 3 after the ')'.
+        let mut fields = rest.split_ascii_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        let pgrp = fields.next()?.parse().ok()?;
+        let session = fields.next()?.parse().ok()?;
+        let num_threads = fields.nth(13)?.parse().ok()?;
+        let starttime = fields.nth(1)?.parse().ok()?;
+        Some(StatLine {
+            pid,
+            comm,
+            state,
+            ppid,
+            pgrp,
+            session,
+            num_threads,
+            starttime,
         })
     }
 }
@@ -720,6 +770,44 @@ mod tests {
         assert_eq!(ProcState::from_letter('Z'), ProcState::Zombie);
         assert_eq!(ProcState::from_letter('t'), ProcState::TracingStop);
         assert_eq!(ProcState::from_letter('?'), ProcState::Other);
+    }
+
+    #[test]
+    fn stat_lines_are_read_from_the_last_parenthesis() {
+        let line = b"4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 7 0 \
+                     123456 1000 50 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0\n";
+        let stat = StatLine::parse(line).unwrap();
+        assert_eq!(
+            stat,
+            StatLine {
+                pid: 4242,
+                comm: "a) b (c)".into(),
+                state: 'S',
+                ppid: 1,
+                pgrp: 4242,
+                session: 4242,
+                num_threads: 7,
+                starttime: 123456,
+            }
+        );
+        assert_eq!(StatLine::parse(b"12 (x) Z 1 2 3"), None, "cut short");
+        assert_eq!(StatLine::parse(b"12 x) R"), None);
+        assert_eq!(StatLine::parse(b""), None);
+    }
+
+    #[test]
+    fn own_stat_line_agrees_with_procfs() {
+        let bytes = std::fs::read("/proc/self/stat").unwrap();
+        let ours = StatLine::parse(&bytes).unwrap();
+        let theirs = procfs::process::Stat::from_read(bytes.as_slice()).unwrap();
+        assert_eq!(ours.pid, theirs.pid as u32);
+        assert_eq!(ours.comm, theirs.comm);
+        assert_eq!(ours.state, theirs.state);
+        assert_eq!(ours.ppid, i64::from(theirs.ppid));
+        assert_eq!(ours.pgrp, i64::from(theirs.pgrp));
+        assert_eq!(ours.session, i64::from(theirs.session));
+        assert_eq!(ours.num_threads, theirs.num_threads);
+        assert_eq!(ours.starttime, theirs.starttime);
     }
 
     #[test]
