@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -37,20 +38,40 @@ pub struct Peak {
     pub since_unix: u64,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 struct PeakFile {
     gpus: BTreeMap<String, Peak>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PeakStore {
     path: PathBuf,
+    /// The file as last read or written, with its identity then: a long-running observer
+    /// (the watchdog, every loop) reads and parses it again only when it was replaced.
+    seen: Mutex<Option<(FileIdentity, PeakFile)>>,
+}
+
+/// Device, inode, size and modification time: every write replaces the file (a new
+/// inode), so a change of any of them means another writer's marks.
+type FileIdentity = (u64, u64, u64, i64, i64);
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+    ))
 }
 
 impl PeakStore {
     pub fn in_dir(dir: &Path) -> PeakStore {
         PeakStore {
             path: dir.join("peaks.json"),
+            seen: Mutex::new(None),
         }
     }
 
@@ -60,10 +81,19 @@ impl PeakStore {
     }
 
     fn read(&self) -> PeakFile {
-        std::fs::read(&self.path)
+        let now = identity(&self.path);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(now), Some((then, file))) = (now, seen.as_ref())
+            && now == *then
+        {
+            return file.clone();
+        }
+        let file: PeakFile = std::fs::read(&self.path)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        *seen = now.map(|now| (now, file.clone()));
+        file
     }
 
     /// Written whole to a temporary file and renamed, so a reader never sees half a file.
@@ -73,7 +103,10 @@ impl PeakStore {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
         crate::files::replace(&self.path, &text, 0o644, false)
-            .map_err(|e| format!("{}: {e}", self.path.display()))
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) =
+            identity(&self.path).map(|now| (now, file.clone()));
+        Ok(())
     }
 
     /// Raises each GPU's mark to what `snapshot` shows and returns the marks in force.
@@ -118,4 +151,55 @@ fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{GpuSnapshot, GpuStatus, Memory};
+
+    fn one_gpu_using(used_bytes: u64) -> Snapshot {
+        Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices: vec![GpuSnapshot {
+                index: 0,
+                uuid: Some("GPU-0".into()),
+                name: None,
+                pci_bus_id: None,
+                status: GpuStatus::Ok,
+                error: None,
+                memory: Some(Memory {
+                    total_bytes: 100,
+                    used_bytes,
+                    free_bytes: 100 - used_bytes,
+                    reserved_bytes: 0,
+                    unattributed_bytes: Some(0),
+                }),
+                utilization: None,
+                temperature_c: None,
+                power_mw: None,
+                power_limit_mw: None,
+                persistence_mode: None,
+                compute_mode: None,
+                peak: None,
+                processes: Vec::new(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_long_running_observer_sees_another_writers_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let watchdog = PeakStore::in_dir(dir.path());
+        assert_eq!(watchdog.observe(&one_gpu_using(80))["GPU-0"].used_bytes, 80);
+        assert_eq!(watchdog.observe(&one_gpu_using(30))["GPU-0"].used_bytes, 80);
+        // `gpuctl reset`, another process: a store of its own.
+        PeakStore::in_dir(dir.path()).reset("GPU-0").unwrap();
+        assert_eq!(watchdog.observe(&one_gpu_using(30))["GPU-0"].used_bytes, 30);
+        assert_eq!(watchdog.observe(&one_gpu_using(20))["GPU-0"].used_bytes, 30);
+    }
 }

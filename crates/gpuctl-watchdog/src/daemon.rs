@@ -1,7 +1,7 @@
 //! The loop: snapshot, classify (with the history only a daemon has), wait out the grace,
 //! act through the same road as `gpuctl clear`, verify, report (journal, STATUS, metrics).
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -211,9 +211,9 @@ pub struct Daemon {
     // Reporting.
     metrics: Metrics,
     metrics_error: Option<String>,
-    /// When the metrics file was last written, and a hash of what it said apart from the
-    /// loop counter and the poll time.
-    metrics_written: Option<(Instant, u64)>,
+    /// When the metrics file was last written, and what it said apart from the loop
+    /// counter and the poll time.
+    metrics_written: Option<(Instant, Metrics)>,
     last_reclaim: Option<String>,
     status: String,
     ready_sent: bool,
@@ -769,24 +769,20 @@ impl Daemon {
         let Some(path) = self.settings.watchdog.metrics_path().map(PathBuf::from) else {
             return;
         };
-        let text = metrics::render(&self.metrics);
-        let state = {
-            let mut hasher = std::hash::DefaultHasher::new();
-            for line in text.lines().filter(|line| {
-                !line.starts_with("gpuctl_watchdog_loops_total ")
-                    && !line.starts_with("gpuctl_last_good_poll_timestamp_seconds ")
-            }) {
-                line.hash(&mut hasher);
-            }
-            hasher.finish()
+        // What the file says apart from the two series that change every loop.
+        let state = Metrics {
+            loops_total: 0,
+            last_good_poll: None,
+            ..self.metrics.clone()
         };
         let now = Instant::now();
-        if let Some((at, written)) = self.metrics_written
-            && written == state
-            && now.saturating_duration_since(at) < Duration::from_secs(1)
+        if let Some((at, written)) = &self.metrics_written
+            && *written == state
+            && now.saturating_duration_since(*at) < Duration::from_secs(1)
         {
             return;
         }
+        let text = metrics::render(&self.metrics);
         let result = metrics::write_atomic(&path, &text);
         self.metrics_written = result.is_ok().then_some((now, state));
         let error = result.err().map(|e| format!("{}: {e}", path.display()));

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// One GPU's series; only GPUs read in the last loop are written.
+#[derive(Clone, PartialEq)]
 pub struct GpuMetrics {
     pub index: u32,
     pub uuid: String,
@@ -16,7 +17,7 @@ pub struct GpuMetrics {
     pub stale: usize,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone, PartialEq)]
 pub struct Metrics {
     pub nvml_up: bool,
     pub gpus: Vec<GpuMetrics>,
