@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use procfs::FromRead;
 use procfs::process::{Process, Status};
@@ -139,7 +140,8 @@ pub struct Relative {
     pub pid: u32,
     pub pgid: u32,
     pub sid: u32,
-    pub comm: String,
+    /// Shared: every worker of a run carries its parent's.
+    pub comm: Arc<str>,
     pub state: ProcState,
 }
 
@@ -154,9 +156,41 @@ pub struct Lineage {
     pub live_children: Option<u32>,
 }
 
-/// Stats of related processes read during one pass, so each is read once.
+/// Stats of related processes (group leaders, parents) read during one pass, so each is
+/// read once. Kept by a [`FactCache`] across passes, a relative is read again once it is
+/// as old as the cache's known processes may be.
 #[derive(Debug, Default)]
-pub struct Relatives(PidMap<u32, Option<Relative>>);
+pub struct Relatives {
+    seen: PidMap<u32, SeenRelative>,
+    /// The pass being read, and how long a relative read in an earlier one stays good.
+    pass: u64,
+    fresh_for: Duration,
+    now: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct SeenRelative {
+    relative: Option<Relative>,
+    /// `None` until first read.
+    read_at: Option<Instant>,
+    read_pass: u64,
+    used_pass: u64,
+}
+
+impl Relatives {
+    /// Starts a pass: relatives read less than `fresh_for` ago are kept.
+    fn start_pass(&mut self, fresh_for: Duration) {
+        self.pass += 1;
+        self.fresh_for = fresh_for;
+        self.now = Some(Instant::now());
+    }
+
+    /// Forgets the relatives this pass did not ask for.
+    fn end_pass(&mut self) {
+        let pass = self.pass;
+        self.seen.retain(|_, seen| seen.used_pass == pass);
+    }
+}
 
 /// Host facts kept across passes by a long-running reader (the watchdog): for a process
 /// seen before with the same start time, only /proc/PID/stat is read again; its command
@@ -173,6 +207,8 @@ pub struct FactCache {
     max_open: usize,
     /// Counts calls, so that entries not listed in the latest one can be told apart.
     pass: u64,
+    /// Leaders and parents, read as often as known processes are.
+    relatives: Relatives,
 }
 
 #[derive(Debug)]
@@ -199,6 +235,15 @@ impl FactCache {
             max_open: open_file_budget(),
             ..FactCache::default()
         }
+    }
+
+    /// Runs `read` over the relatives kept for lineages (see [`Relatives`]), then forgets
+    /// those it did not ask for.
+    pub(crate) fn with_relatives<T>(&mut self, read: impl FnOnce(&mut Relatives) -> T) -> T {
+        self.relatives.start_pass(self.refresh_every);
+        let out = read(&mut self.relatives);
+        self.relatives.end_pass();
+        out
     }
 
     /// The facts of a pid listed in the latest [`ProcView::processes_cached`] call.
@@ -521,12 +566,26 @@ impl ProcView {
     }
 
     /// A relative's stat, read once per pass however many GPU processes share it (the
-    /// workers of one run share their leader and parent).
+    /// workers of one run share their leader and parent), or less often (see [`Relatives`]).
     fn relative<'s>(&self, pid: u32, seen: &'s mut Relatives) -> Option<&'s Relative> {
-        seen.0
-            .entry(pid)
-            .or_insert_with(|| self.read_relative_stat(pid))
-            .as_ref()
+        let (pass, fresh_for) = (seen.pass, seen.fresh_for);
+        let now = *seen.now.get_or_insert_with(Instant::now);
+        let entry = seen.seen.entry(pid).or_insert_with(|| SeenRelative {
+            relative: None,
+            read_at: None,
+            read_pass: pass,
+            used_pass: pass,
+        });
+        let fresh = entry.read_at.is_some_and(|read_at| {
+            entry.read_pass == pass || now.duration_since(read_at) < fresh_for
+        });
+        if !fresh {
+            entry.relative = self.read_relative_stat(pid);
+            entry.read_at = Some(now);
+            entry.read_pass = pass;
+        }
+        entry.used_pass = pass;
+        entry.relative.as_ref()
     }
 
     /// One file, so no directory handle is needed to keep its facts of one process.
@@ -537,7 +596,7 @@ impl ProcView {
             pid,
             pgid: u32::try_from(stat.pgrp).ok()?,
             sid: u32::try_from(stat.session).ok()?,
-            comm: stat.comm,
+            comm: Arc::from(stat.comm),
             state: ProcState::from_letter(stat.state),
         })
     }
@@ -857,6 +916,46 @@ mod tests {
         // A pass without it forgets it.
         view.processes_cached(&[], &mut cache);
         assert!(cache.known.is_empty() && cache.get(pid).is_none());
+    }
+
+    #[test]
+    fn a_cache_reads_relatives_again_only_once_they_are_as_old_as_its_facts_may_be() {
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return;
+        }
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & echo $!; read line"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let pid: u32 = line.trim().parse().unwrap();
+        let mut cache = FactCache::refreshing_every(Duration::from_secs(3600));
+        let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        let lineage = |cache: &mut FactCache| {
+            cache.with_relatives(|seen| view.lineage(pid, &fact, false, seen).unwrap())
+        };
+        assert_eq!(lineage(&mut cache).parent.map(|p| p.pid), Some(parent.id()));
+
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        // Read less than an hour ago: kept.
+        assert_eq!(lineage(&mut cache).parent.map(|p| p.pid), Some(parent.id()));
+        // Due: read again, and gone. A one-pass reader reads it now too.
+        cache.refresh_every = Duration::ZERO;
+        assert_eq!(lineage(&mut cache).parent, None);
+        let once = view.lineage(pid, &fact, false, &mut Relatives::default());
+        // SAFETY: kill(2) on the sleep started above, still alive (it was just read).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        assert_eq!(once.unwrap().parent, None);
     }
 
     #[test]

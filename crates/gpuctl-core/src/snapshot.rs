@@ -215,19 +215,30 @@ impl Snapshot {
     /// are counted only where the group leader is gone: a healthy run costs one read of its
     /// leader and parent.
     pub fn lineages(&self, view: &ProcView) -> PidMap<u32, Lineage> {
-        let mut lineages = PidMap::default();
-        let mut seen = Relatives::default();
+        self.lineages_with(view, &mut Relatives::default())
+    }
+
+    /// [`Snapshot::lineages`] for a long-running reader: leaders and parents are kept in
+    /// `cache` and read again as often as its known processes are.
+    pub fn lineages_cached(&self, view: &ProcView, cache: &mut FactCache) -> PidMap<u32, Lineage> {
+        cache.with_relatives(|relatives| self.lineages_with(view, relatives))
+    }
+
+    fn lineages_with(&self, view: &ProcView, seen: &mut Relatives) -> PidMap<u32, Lineage> {
+        let mut lineages = PidMap::with_capacity_and_hasher(
+            self.devices.first().map_or(0, |gpu| gpu.processes.len()),
+            Default::default(),
+        );
         for process in self.devices.iter().flat_map(|gpu| &gpu.processes) {
             if lineages.contains_key(&process.pid) {
                 continue;
             }
-            let Some(mut lineage) = view.lineage(process.pid, &process.host, false, &mut seen)
-            else {
+            let Some(mut lineage) = view.lineage(process.pid, &process.host, false, seen) else {
                 continue;
             };
             if matches!(lineage.leader, LeaderState::Gone | LeaderState::Zombie) {
                 lineage = view
-                    .lineage(process.pid, &process.host, true, &mut seen)
+                    .lineage(process.pid, &process.host, true, seen)
                     .unwrap_or(lineage);
             }
             lineages.insert(process.pid, lineage);

@@ -225,7 +225,11 @@ impl Daemon {
         let peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
         let backoff = settings.watchdog.interval;
         // Findings act only after `grace`, so facts a quarter of it old (a second at most)
-        // are fresh enough; each signal still checks the process's start time.
+        // are fresh enough; each signal still checks the process's start time. A second
+        // at most: no event reports a process turning zombie (Linux notifies a pidfd only
+        // once its whole thread group has exited), so a zombie holder is seen by reading
+        // its stat, and the reclaim bound is grace + interval + term_timeout + 1 s. Leaders
+        // and parents are read as often.
         let refresh = (settings.watchdog.grace / 4).min(Duration::from_secs(1));
         Daemon {
             settings,
@@ -442,7 +446,7 @@ impl Daemon {
                         &mut self.facts,
                     )
                     .map(|snapshot| {
-                        let lineages = snapshot.lineages(&view);
+                        let lineages = snapshot.lineages_cached(&view, &mut self.facts);
                         self.proc_view = Some(view);
                         (snapshot, lineages)
                     })
