@@ -2,7 +2,9 @@
 //! command line is exactly what the test gave):
 //!   sleep             sleep until killed (default)
 //!   zombie-leader     the main thread exits while a second thread lives on, so /proc shows the
-//!                     leader as a zombie while the process still holds its (simulated) context
+//!                     leader as a zombie while the process still holds its (simulated) context;
+//!                     with GPUCTL_TESTPROC_ZOMBIE_ON_LINE=1, only once a line is read from
+//!                     stdin (a healthy process that turns zombie while watched)
 //!   ignore-term       ignores SIGTERM, then sleeps: only SIGKILL ends it
 //!   run-with-workers  a training run: starts GPUCTL_TESTPROC_WORKERS (default 1) workers, in
 //!                     its own process group and with its own argv, in mode
@@ -28,7 +30,12 @@ fn main() {
     match mode.as_str() {
         "zombie-leader" => {
             std::thread::spawn(|| sleep_forever());
-            std::thread::sleep(Duration::from_millis(50));
+            if std::env::var_os("GPUCTL_TESTPROC_ZOMBIE_ON_LINE").is_some_and(|v| v == "1") {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            } else {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             // SYS_exit ends only the calling thread (exit(3) would end the whole group).
             unsafe { libc::syscall(libc::SYS_exit, 0) };
             unreachable!("SYS_exit returned");

@@ -257,6 +257,65 @@ fn a_crashed_run_is_reclaimed_after_the_grace_and_its_memory_shows_free() {
     assert_eq!(daemon.stop(), 0);
 }
 
+// The daemon has seen both healthy (and keeps their facts, leaders and parents) when the
+// run crashes and the holder's main thread exits: both must be seen afresh in time.
+#[test]
+fn a_crash_and_a_zombie_holder_seen_while_healthy_are_reclaimed_within_the_bound() {
+    use std::io::Write;
+
+    let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py", "--lr", "3e-4"]);
+    let mut holder = Proc::spawn_with("zombie-leader", "python3", &["serve.py"], |command| {
+        command
+            .env("GPUCTL_TESTPROC_ZOMBIE_ON_LINE", "1")
+            .stdin(Stdio::piped());
+    });
+    let mut entries: Vec<String> = run
+        .workers
+        .pids
+        .iter()
+        .map(|&pid| process(pid, 0, 4096, 0))
+        .collect();
+    entries.push(process(holder.pid(), 1, 4096, 0));
+    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    // Several loops (the metrics file is written at least once a second).
+    let loops = |sim: &Sim| {
+        metrics(sim)
+            .lines()
+            .find_map(|line| line.strip_prefix("gpuctl_watchdog_loops_total "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_until(Duration::from_secs(10), || loops(&sim) >= 5);
+    assert_eq!(daemon.count(&["ACTION=stale"]), 0, "{}", daemon.log());
+
+    run.crash();
+    let stdin = holder.child.stdin.as_mut().expect("piped stdin");
+    stdin.write_all(b"exit the main thread\n").unwrap();
+    let crashed_at = Instant::now();
+    // grace + interval + term_timeout + 1 s.
+    let bound = Duration::from_millis(1000 + 200 + 1000 + 1000);
+    wait_until(bound + Duration::from_secs(5), || {
+        used_bytes(&sim, 0) == 0 && used_bytes(&sim, 1) == 0
+    });
+    let took = crashed_at.elapsed();
+    assert!(took <= bound + Duration::from_millis(500), "took {took:?}");
+    let line = daemon.expect(
+        &["ACTION=reclaimed", &format!("PID={} ", holder.pid())],
+        Duration::from_secs(5),
+    );
+    assert!(line.contains("zombie holder"), "{line}");
+    for &pid in &run.workers.pids {
+        daemon.expect(
+            &["ACTION=reclaimed", &format!("PID={pid} ")],
+            Duration::from_secs(5),
+        );
+    }
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
 #[test]
 fn a_soak_with_healthy_jobs_coming_and_going_kills_nothing() {
     let busy = crate::util::background_job("python3", &["serve.py", "--port", "8000"]);
