@@ -631,6 +631,7 @@ fn verify(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit: Durat
     let options = SnapshotOptions {
         gpus: Some(indices),
         utilization_window: None,
+        only_memory_and_processes: true,
     };
     let deadline = Instant::now() + limit;
     while let Ok(now) = Snapshot::take(gpus, &options) {

@@ -25,6 +25,11 @@ pub struct SnapshotOptions {
     /// Per-process utilization is the highest sample in this window before now (activity is
     /// evidence of life); `None` reads whatever the driver still buffers.
     pub utilization_window: Option<std::time::Duration>,
+    /// Reads only what says who holds memory (UUID, memory, processes and their
+    /// utilization): not the name, PCI bus id, utilization, temperature, power, persistence
+    /// or compute mode. For readers that poll (the watchdog each loop, the wait for memory
+    /// to be released), each NVML query saved is one fewer driver call per GPU.
+    pub only_memory_and_processes: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,8 +159,10 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
-        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) =
-            indices.iter().map(|&i| read_gpu(gpus, i, since_us)).unzip();
+        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) = indices
+            .iter()
+            .map(|&i| read_gpu(gpus, i, since_us, options.only_memory_and_processes))
+            .unzip();
 
         let mut pids: Vec<u32> = listed.iter().flatten().map(|p| p.pid).collect();
         pids.sort_unstable();
@@ -259,7 +266,12 @@ struct Listed {
 /// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
 /// host facts are read). Failures stay inside the returned entry so the other GPUs are
 /// still shown.
-fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> (GpuSnapshot, Vec<Listed>) {
+fn read_gpu(
+    gpus: &Gpus,
+    index: u32,
+    since_us: Option<u64>,
+    only_memory_and_processes: bool,
+) -> (GpuSnapshot, Vec<Listed>) {
     let mut gpu = GpuSnapshot {
         index,
         uuid: None,
@@ -285,7 +297,13 @@ fn read_gpu(gpus: &Gpus, index: u32, since_us: Option<u64>) -> (GpuSnapshot, Vec
         }
     };
     let mut listed = Vec::new();
-    if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listed, since_us) {
+    if let Err(error) = read_gpu_fields(
+        &device,
+        &mut gpu,
+        &mut listed,
+        since_us,
+        only_memory_and_processes,
+    ) {
         gpu.fail(&error, "query failed");
     }
     (gpu, listed)
@@ -297,20 +315,23 @@ fn read_gpu_fields(
     gpu: &mut GpuSnapshot,
     listed: &mut Vec<Listed>,
     since_us: Option<u64>,
+    only_memory_and_processes: bool,
 ) -> Result<(), NvmlError> {
     gpu.uuid = optional(device.uuid())?;
-    gpu.name = optional(device.name())?;
-    gpu.pci_bus_id = optional(device.pci_info())?.map(|pci| pci.bus_id);
     let memory = optional(device.memory_info())?;
-    gpu.utilization = optional(device.utilization_rates())?.map(|u| Utilization {
-        gpu_pct: u.gpu,
-        memory_pct: u.memory,
-    });
-    gpu.temperature_c = optional(device.temperature(TemperatureSensor::Gpu))?;
-    gpu.power_mw = optional(device.power_usage())?;
-    gpu.power_limit_mw = optional(device.enforced_power_limit())?;
-    gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
-    gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
+    if !only_memory_and_processes {
+        gpu.name = optional(device.name())?;
+        gpu.pci_bus_id = optional(device.pci_info())?.map(|pci| pci.bus_id);
+        gpu.utilization = optional(device.utilization_rates())?.map(|u| Utilization {
+            gpu_pct: u.gpu,
+            memory_pct: u.memory,
+        });
+        gpu.temperature_c = optional(device.temperature(TemperatureSensor::Gpu))?;
+        gpu.power_mw = optional(device.power_usage())?;
+        gpu.power_limit_mw = optional(device.enforced_power_limit())?;
+        gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
+        gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
+    }
 
     let compute = process_list(device.running_compute_processes());
     let graphics = process_list(device.running_graphics_processes());

@@ -298,6 +298,7 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
             let options = SnapshotOptions {
                 gpus: None,
                 utilization_window: None,
+                only_memory_and_processes: false,
             };
             match Snapshot::take(&gpus, &options) {
                 Ok(snapshot) => {

@@ -442,6 +442,7 @@ impl Daemon {
                         &SnapshotOptions {
                             gpus: None,
                             utilization_window: Some(ACTIVITY_WINDOW),
+                            only_memory_and_processes: true,
                         },
                         &mut self.facts,
                     )

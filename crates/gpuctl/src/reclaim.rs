@@ -94,6 +94,7 @@ fn classified(gpus: &Gpus, policy: &Policy) -> Result<(Snapshot, Vec<Finding>)> 
         &SnapshotOptions {
             gpus: None,
             utilization_window: Some(ACTIVITY_WINDOW),
+            only_memory_and_processes: false,
         },
     )?;
     let lineages = snapshot.lineages(&view);
@@ -276,6 +277,7 @@ fn wait_until_free(
     let options = SnapshotOptions {
         gpus: selected.map(<[u32]>::to_vec),
         utilization_window: None,
+        only_memory_and_processes: false,
     };
     loop {
         let snapshot = Snapshot::take(gpus, &options)?;
