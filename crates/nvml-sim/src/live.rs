@@ -3,7 +3,7 @@
 //!
 //! A pidfd answers exactly the driver's question: it becomes readable when the whole thread
 //! group has exited (a zombie leader with live threads is not). One is kept per live process,
-//! so a repeated check is a single poll. Where
+//! all in one epoll set, so bringing every answer up to date is one `epoll_wait`. Where
 //! pidfds are refused (old kernel, seccomp, a thread id, a client in a child PID namespace
 //! that still sees the host's /proc), `/proc/PID/stat` is read instead, and for a zombie
 //! leader `/proc/PID/task/*/stat` (any task not a zombie keeps the context).
@@ -38,6 +38,11 @@ pub struct LiveCache {
     /// A pidfd per live process seen, kept so that the next check is one poll, not
     /// open + poll + close. Pidfds are close-on-exec, so none leak into exec'd programs.
     held: HashMap<u32, OwnedFd>,
+    /// An epoll set holding every held pidfd, so that one `epoll_wait` names the processes
+    /// that exited since the last look, at a cost that does not grow with the processes
+    /// held (a `poll` over them all does). `None` until first needed, or where epoll fails
+    /// (each held pidfd is then polled).
+    exits: Option<Option<OwnedFd>>,
     max_held: Option<usize>,
 }
 
@@ -56,9 +61,9 @@ impl LiveCache {
         alive
     }
 
-    /// Brings the answers for `pids` up to date with one poll over their held pidfds (a GPU
-    /// lists hundreds of processes: one system call instead of one each). Pids without a
-    /// held pidfd are left to `is_alive`.
+    /// Brings the answers for `pids` up to date with one look at the epoll set (or one
+    /// poll over their held pidfds): a GPU lists hundreds of processes. Pids without a held
+    /// pidfd are left to `is_alive`.
     pub fn refresh(&mut self, pids: impl Iterator<Item = u32>, now: Instant) {
         let due: Vec<u32> = pids
             .filter(|pid| {
@@ -72,26 +77,69 @@ impl LiveCache {
         if due.len() < 2 {
             return;
         }
-        let mut polls: Vec<libc::pollfd> = due
-            .iter()
-            .map(|pid| libc::pollfd {
-                fd: self.held[pid].as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: `polls` is a live array of pollfds that we own; zero timeout.
-        let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
-        if ready < 0 {
-            return;
+        let exited = match self.exits.as_ref().and_then(Option::as_ref) {
+            Some(epoll) => match exited_in(epoll.as_raw_fd()) {
+                Some(exited) => exited,
+                None => return,
+            },
+            None => {
+                let mut polls: Vec<libc::pollfd> = due
+                    .iter()
+                    .map(|pid| libc::pollfd {
+                        fd: self.held[pid].as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect();
+                // SAFETY: `polls` is a live array of pollfds that we own; zero timeout.
+                let ready =
+                    unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
+                if ready < 0 {
+                    return;
+                }
+                due.iter()
+                    .zip(&polls)
+                    .filter(|(_, poll)| poll.revents & libc::POLLIN != 0)
+                    .map(|(pid, _)| *pid)
+                    .collect()
+            }
+        };
+        for pid in &exited {
+            // Left for `is_alive` to look at afresh: its pid may name a new process by now.
+            // Closing the pidfd takes it out of the epoll set.
+            self.held.remove(pid);
+            self.map.remove(pid);
         }
-        for (pid, poll) in due.iter().zip(&polls) {
-            // An exited process (readable) is left for `is_alive` to look at afresh: its
-            // pid may name a new process by now.
-            if poll.revents & libc::POLLIN == 0 {
-                self.map.insert(*pid, (now, true));
+        for pid in due {
+            if self.held.contains_key(&pid) {
+                self.map.insert(pid, (now, true));
             }
         }
+    }
+
+    /// Keeps a live process's pidfd, registered in the epoll set where there is one.
+    fn hold(&mut self, pid: u32, fd: OwnedFd) {
+        let exits = self.exits.get_or_insert_with(new_epoll);
+        if let Some(epoll) = exits {
+            let mut event = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: u64::from(pid),
+            };
+            // SAFETY: both descriptors are open and ours; `event` is read during the call.
+            let added = unsafe {
+                libc::epoll_ctl(
+                    epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    fd.as_raw_fd(),
+                    &mut event,
+                )
+            };
+            if added != 0 {
+                // Not in the set: it would never be reported. Fall back to polling each.
+                *exits = None;
+            }
+        }
+        self.held.insert(pid, fd);
     }
 
     pub fn clear(&mut self) {
@@ -113,7 +161,7 @@ impl LiveCache {
             Some(fd) => match readable(fd.as_raw_fd()) {
                 Some(false) => {
                     if self.held.len() < *self.max_held.get_or_insert_with(max_held) {
-                        self.held.insert(pid, fd);
+                        self.hold(pid, fd);
                     }
                     true
                 }
@@ -123,6 +171,25 @@ impl LiveCache {
             None => alive_in_proc(pid),
         }
     }
+}
+
+fn new_epoll() -> Option<OwnedFd> {
+    // SAFETY: epoll_create1 takes flags and returns a new fd or -1.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    // SAFETY: a non-negative return is a new descriptor that we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The pids (event data) of readable pidfds in the epoll set: processes that exited. At
+/// most 256 a call; the set is level-triggered, so any beyond are named by the next one.
+/// `None` if epoll_wait fails.
+fn exited_in(epoll: libc::c_int) -> Option<Vec<u32>> {
+    const BATCH: usize = 256;
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
+    // SAFETY: `events` is a live array of BATCH events that we own; zero timeout.
+    let n = unsafe { libc::epoll_wait(epoll, events.as_mut_ptr(), BATCH as i32, 0) };
+    let n = usize::try_from(n).ok()?;
+    Some(events[..n].iter().map(|event| event.u64 as u32).collect())
 }
 
 fn open_pidfd(pid: u32) -> Option<OwnedFd> {
