@@ -445,20 +445,19 @@ impl ProcView {
         if !known.fact.confirmed || !self.host_pid_namespace {
             return None;
         }
-        let bytes = match &known.stat {
-            Some(file) => pread_all(file).ok()?,
+        let stat = match &known.stat {
+            Some(file) => read_stat_line(file)?,
             None => {
                 let file =
                     std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
-                let bytes = pread_all(&file).ok()?;
+                let stat = read_stat_line(&file)?;
                 if may_open {
                     known.stat = Some(file);
                 }
-                bytes
+                stat
             }
         };
         // The start time is checked on every read, held file or not.
-        let stat = StatLine::parse(&bytes)?;
         if Some(stat.starttime) != known.fact.start_ticks || stat.pid != pid {
             return None;
         }
@@ -591,7 +590,7 @@ impl ProcView {
     /// One file, so no directory handle is needed to keep its facts of one process.
     fn read_relative_stat(&self, pid: u32) -> Option<Relative> {
         let file = std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
-        let stat = StatLine::parse(&read_all(file).ok()?)?;
+        let stat = read_stat_line(&file)?;
         Some(Relative {
             pid,
             pgid: u32::try_from(stat.pgrp).ok()?,
@@ -627,8 +626,11 @@ impl ProcView {
         // Every file is opened through this one directory handle, so all facts are of one
         // process even if the pid is reused meanwhile.
         let process = Process::new_with_root(dir).map_err(|e| not_visible(pid, e))?;
-        let stat = StatLine::parse(&read_relative(&process, "stat", pid)?)
-            .ok_or_else(|| format!("cannot parse /proc/{pid}/stat"))?;
+        let stat_file = process
+            .open_relative("stat")
+            .map_err(|e| not_visible(pid, e))?;
+        let stat = read_stat_line(&stat_file)
+            .ok_or_else(|| format!("cannot read or parse /proc/{pid}/stat"))?;
         if stat.pid != pid {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
@@ -734,10 +736,29 @@ fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, Str
     read_all(file).map_err(|e| format!("cannot read /proc/{pid}/{name}: {e}"))
 }
 
+/// /proc/PID/stat, read in one call where it fits (it always does: one line of at most
+/// about a kilobyte) and parsed. Reading on until a read returns 0, as for other files,
+/// would make the kernel format the whole line a second time.
+fn read_stat_line(file: &std::fs::File) -> Option<StatLine> {
+    use std::os::unix::fs::FileExt;
+    let mut buffer = [0u8; 1536];
+    let len = loop {
+        match file.read_at(&mut buffer, 0) {
+            Ok(len) => break len,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    };
+    if len < buffer.len() && buffer[..len].ends_with(b"\n") {
+        return StatLine::parse(&buffer[..len]);
+    }
+    StatLine::parse(&pread_all(file).ok()?)
+}
+
 /// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
 /// so `File::read_to_end` asks for the size and position first and then probes with
-/// 32-byte reads. A 4 KiB read takes most files at once.
-/// A /proc file read whole from offset 0, through a file that may be read again later.
+/// 32-byte reads. A 4 KiB read takes most files at once. Read from offset 0, so a file
+/// kept open can be read again.
 fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     // 4 KiB: one read for any stat, status, cmdline or cgroup file of a usual process.
