@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::error::{CoreError, Result};
 use crate::host::{FactCache, HostProcess, LeaderState, Lineage, ProcView, Relatives};
 use crate::nvml::{Gpus, describe};
-use crate::pidmap::PidMap;
+use crate::pidmap::{PidMap, PidSet};
 
 /// What to take. `gpus: None` takes every GPU.
 #[derive(Debug, Clone, Default)]
@@ -164,9 +164,14 @@ impl Snapshot {
             .map(|&i| read_gpu(gpus, i, since_us, options.only_memory_and_processes))
             .unzip();
 
-        let mut pids: Vec<u32> = listed.iter().flatten().map(|p| p.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
+        // Each pid once (a process is listed by every GPU it is on).
+        let mut seen = PidSet::default();
+        let pids: Vec<u32> = listed
+            .iter()
+            .flatten()
+            .map(|p| p.pid)
+            .filter(|&pid| seen.insert(pid))
+            .collect();
         // Each entry gets its process's facts (shared by its entries on every GPU) once
         // they are read; one placeholder stands for any that could not be.
         let unread = Arc::new(HostProcess::unconfirmed("not read"));
