@@ -224,13 +224,15 @@ impl Daemon {
     pub fn new(settings: Settings, log: Logger, notify: Notifier) -> Daemon {
         let peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
         let backoff = settings.watchdog.interval;
-        // Findings act only after `grace`, so facts a quarter of it old (a second at most)
-        // are fresh enough; each signal still checks the process's start time. A second
-        // at most: no event reports a process turning zombie (Linux notifies a pidfd only
-        // once its whole thread group has exited), so a zombie holder is seen by reading
-        // its stat, and the reclaim bound is grace + interval + term_timeout + 1 s. Leaders
-        // and parents are read as often.
-        let refresh = (settings.watchdog.grace / 4).min(Duration::from_secs(1));
+        // Findings act only after `grace`, so facts a quarter of it old are fresh enough;
+        // each signal still checks the process's start time. Every process is looked at
+        // at least every second: no event reports a process turning zombie (Linux notifies
+        // a pidfd only once its whole thread group has exited), and the reclaim bound is
+        // grace + interval + term_timeout + 1 s. A look is the owner check where it applies
+        // (see gpuctl_core::host::FactCache), else a read of its stat; leaders and parents
+        // are read as often.
+        let grace_quarter = settings.watchdog.grace / 4;
+        let refresh = grace_quarter.min(Duration::from_secs(1));
         Daemon {
             settings,
             log,
@@ -242,7 +244,7 @@ impl Daemon {
             reopen_at: None,
             last_incomplete: None,
             last_nvml_down: None,
-            facts: FactCache::refreshing_every(refresh),
+            facts: FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
             proc_view: None,
             parents: PidMap::default(),
             parent_died: PidSet::default(),
