@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim, TrainingRun, alive, background_job, proc_state};
+use crate::util::{Proc, Sim, TrainingRun, alive, background_job, is_root, proc_state};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -110,11 +110,6 @@ fn assert_outcome_fields(outcome: &Value, pid: u32, gpus: &[u32], used_mib: u64)
     assert!(outcome["reasons"].is_array(), "{outcome:#}");
     assert!(outcome.get("skipped").is_some() && outcome.get("ended").is_some());
     assert!(outcome.get("left_gpu").is_some() && outcome.get("memory_released").is_some());
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 // 1, 10

@@ -300,6 +300,17 @@ impl TrainingRun {
     /// `count` workers in `worker_mode` (sleep, ignore-term), all with the command line
     /// `argv0 args`.
     pub fn start(count: usize, worker_mode: &str, argv0: &str, args: &[&str]) -> TrainingRun {
+        TrainingRun::start_as(None, count, worker_mode, argv0, args)
+    }
+
+    /// [`TrainingRun::start`], run by `uid` (the tests run as root) where given.
+    pub fn start_as(
+        uid: Option<u32>,
+        count: usize,
+        worker_mode: &str,
+        argv0: &str,
+        args: &[&str],
+    ) -> TrainingRun {
         let mut parent = Proc::spawn_with("run-with-workers", argv0, args, |command| {
             use std::os::unix::process::CommandExt;
             command
@@ -307,6 +318,9 @@ impl TrainingRun {
                 .env("GPUCTL_TESTPROC_WORKER_MODE", worker_mode)
                 .stdout(Stdio::piped())
                 .process_group(0);
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
         });
         let stdout = parent.child.stdout.take().expect("piped stdout");
         let workers = Strays::read(stdout, count);
@@ -422,6 +436,11 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 }
 
 /// Whether pid names a process that has not exited (not a zombie, not gone).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 pub fn alive(pid: u32) -> bool {
     proc_state(pid).is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
 }

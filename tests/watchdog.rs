@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::util::{Proc, Run, Sim, TrainingRun, alive, sim_lib, wait_until, watchdog_bin};
+use crate::util::{Proc, Run, Sim, TrainingRun, alive, is_root, sim_lib, wait_until, watchdog_bin};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -50,9 +50,13 @@ fn crashed_run(workers: usize) -> (TrainingRun, Vec<String>) {
 /// Writes the configuration: fast timings, metrics and state in the scratch directory, then
 /// `extra` lines in [watchdog], then `tables` (other tables).
 fn configure(sim: &Sim, extra: &str, tables: &str) {
+    configure_with_grace(sim, "1s", extra, tables);
+}
+
+fn configure_with_grace(sim: &Sim, grace: &str, extra: &str, tables: &str) {
     let dir = sim.dir.path();
     let text = format!(
-        "[watchdog]\ninterval = \"200ms\"\ngrace = \"1s\"\nterm_timeout = \"1s\"\nmetrics_file = \"{}\"\nstate_dir = \"{}\"\n{extra}\n{tables}\n",
+        "[watchdog]\ninterval = \"200ms\"\ngrace = \"{grace}\"\nterm_timeout = \"1s\"\nmetrics_file = \"{}\"\nstate_dir = \"{}\"\n{extra}\n{tables}\n",
         dir.join("gpuctl.prom").display(),
         dir.join("state").display()
     );
@@ -261,38 +265,13 @@ fn a_crashed_run_is_reclaimed_after_the_grace_and_its_memory_shows_free() {
 // run crashes and the holder's main thread exits: both must be seen afresh in time.
 #[test]
 fn a_crash_and_a_zombie_holder_seen_while_healthy_are_reclaimed_within_the_bound() {
-    use std::io::Write;
-
-    let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py", "--lr", "3e-4"]);
-    let mut holder = Proc::spawn_with("zombie-leader", "python3", &["serve.py"], |command| {
-        command
-            .env("GPUCTL_TESTPROC_ZOMBIE_ON_LINE", "1")
-            .stdin(Stdio::piped());
-    });
-    let mut entries: Vec<String> = run
-        .workers
-        .pids
-        .iter()
-        .map(|&pid| process(pid, 0, 4096, 0))
-        .collect();
-    entries.push(process(holder.pid(), 1, 4096, 0));
-    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    let (mut run, mut holder, sim) = healthy_run_and_holder(None);
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
-    // Several loops (the metrics file is written at least once a second).
-    let loops = |sim: &Sim| {
-        metrics(sim)
-            .lines()
-            .find_map(|line| line.strip_prefix("gpuctl_watchdog_loops_total "))
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    wait_until(Duration::from_secs(10), || loops(&sim) >= 5);
+    wait_for_loops(&sim, 5);
     assert_eq!(daemon.count(&["ACTION=stale"]), 0, "{}", daemon.log());
 
-    run.crash();
-    let stdin = holder.child.stdin.as_mut().expect("piped stdin");
-    stdin.write_all(b"exit the main thread\n").unwrap();
+    crash_both(&mut run, &mut holder);
     let crashed_at = Instant::now();
     // grace + interval + term_timeout + 1 s.
     let bound = Duration::from_millis(1000 + 200 + 1000 + 1000);
@@ -314,6 +293,88 @@ fn a_crash_and_a_zombie_holder_seen_while_healthy_are_reclaimed_within_the_bound
     }
     daemon.assert_running();
     assert_eq!(daemon.stop(), 0);
+}
+
+// Another user's processes are not read each second but owner-checked (see
+// gpuctl_core::host::FactCache): their stat is read every quarter of the grace, 10 s here.
+// The crash and the zombie must still be seen within a second and a loop.
+#[test]
+fn another_users_crash_and_zombie_holder_are_seen_within_a_second() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another user");
+        return;
+    }
+    let (mut run, mut holder, sim) = healthy_run_and_holder(Some(65534));
+    configure_with_grace(&sim, "40s", "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    wait_for_loops(&sim, 5);
+    assert_eq!(daemon.count(&["ACTION=stale"]), 0, "{}", daemon.log());
+
+    crash_both(&mut run, &mut holder);
+    let crashed_at = Instant::now();
+    // refresh (1 s) + interval, and some slack for a loaded machine.
+    let seen_within = Duration::from_millis(1000 + 200 + 500);
+    for pid in run.workers.pids.iter().chain([&holder.pid()]) {
+        daemon.expect(
+            &["ACTION=stale", &format!("PID={pid} ")],
+            Duration::from_secs(15),
+        );
+    }
+    let took = crashed_at.elapsed();
+    assert!(
+        took <= seen_within,
+        "seen after {took:?}:\n{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("zombie holder"), "{}", daemon.log());
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}
+
+/// A training run with two idle workers on GPU 0, and a holder on GPU 1 whose main thread
+/// exits on a line from stdin; run by `uid` where given.
+fn healthy_run_and_holder(uid: Option<u32>) -> (TrainingRun, Proc, Sim) {
+    use std::os::unix::process::CommandExt;
+
+    let argv = ["train.py", "--lr", "3e-4"];
+    let run = TrainingRun::start_as(uid, 2, "sleep", "python3", &argv);
+    let holder = Proc::spawn_with("zombie-leader", "python3", &["serve.py"], |command| {
+        command
+            .env("GPUCTL_TESTPROC_ZOMBIE_ON_LINE", "1")
+            .stdin(Stdio::piped());
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+    });
+    let mut entries: Vec<String> = run
+        .workers
+        .pids
+        .iter()
+        .map(|&pid| process(pid, 0, 4096, 0))
+        .collect();
+    entries.push(process(holder.pid(), 1, 4096, 0));
+    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    (run, holder, sim)
+}
+
+/// Waits for `n` loops (the metrics file is written at least once a second).
+fn wait_for_loops(sim: &Sim, n: u64) {
+    let loops = |sim: &Sim| {
+        metrics(sim)
+            .lines()
+            .find_map(|line| line.strip_prefix("gpuctl_watchdog_loops_total "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_until(Duration::from_secs(10), || loops(sim) >= n);
+}
+
+/// SIGKILLs the run's parent and has the holder's main thread exit.
+fn crash_both(run: &mut TrainingRun, holder: &mut Proc) {
+    use std::io::Write;
+    run.crash();
+    let stdin = holder.child.stdin.as_mut().expect("piped stdin");
+    stdin.write_all(b"exit the main thread\n").unwrap();
 }
 
 #[test]
