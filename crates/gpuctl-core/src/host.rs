@@ -922,8 +922,8 @@ fn read_uptime(path: &Path) -> io::Result<f64> {
 /// The owner procfs gives a process's stat file now: its effective uid, or root once its
 /// main thread has exited (no memory map) or it cannot be dumped.
 fn owner_uid(stat: &std::fs::File) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    stat.metadata().ok().map(|meta| meta.uid())
+    // fstat, not statx (File::metadata): a fifth cheaper, 256 times a loop.
+    nix::sys::stat::fstat(stat).ok().map(|meta| meta.st_uid)
 }
 
 /// A pidfd on `pid`: readable once its whole thread group has exited.
