@@ -224,7 +224,7 @@ pub struct FactCache {
 /// must be seen within a second and that no event reports is its main thread exiting (a
 /// zombie holder). That thread's exit also drops its memory map, after which procfs gives
 /// the process's files to root (it does so for processes that cannot be dumped): so for a
-/// process not run by root, an `fstat` of its held stat file (0.4 µs) still showing its own
+/// process not run by root, an `fstat` of its held stat file (0.2 µs) still showing its own
 /// uid means its main thread lives. Its parent's exit (reparenting) is reported by the
 /// parent's pidfd. Everything else is read with the stat, every `stat_every`.
 #[derive(Debug)]
