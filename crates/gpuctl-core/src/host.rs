@@ -370,8 +370,9 @@ pub struct ProcView {
     root: PathBuf,
     /// Whether PIDs under `root` are host PIDs, i.e. comparable with what NVML reports.
     host_pid_namespace: bool,
-    /// On procfs, /proc/PID is owned by the process's effective uid (root when the process is
-    /// not dumpable): one fstat instead of reading and parsing /proc/PID/status.
+    /// On procfs, the /proc/PID directory is owned by the process's effective uid (unlike
+    /// the files in it, which turn root's when the process cannot be dumped or its main
+    /// thread has exited): one fstat instead of reading and parsing /proc/PID/status.
     owner_is_uid: bool,
     uptime_seconds: f64,
     ticks_per_second: u64,
@@ -730,8 +731,8 @@ impl ProcView {
         }
         let uid = match process.uid() {
             Ok(owner) if self.owner_is_uid && owner != 0 => owner,
-            // Root-owned: really root, or a non-dumpable process whose /proc entry the kernel
-            // gives to root. The status file tells them apart.
+            // Root-owned: root, as the directory shows the effective uid; the status file
+            // confirms it (it is the only source on a fixture tree).
             _ => {
                 Status::from_read(read_relative(&process, "status", pid)?.as_slice())
                     .map_err(|e| not_visible(pid, e))?
