@@ -364,8 +364,7 @@ fn is_multiprocessing_worker(arg: &str) -> bool {
 mod tests {
     use super::*;
     use crate::host::{HostProcess, Relative};
-    use crate::snapshot::{GpuSnapshot, GpuStatus, Memory, ProcessType};
-    use std::time::SystemTime;
+    use crate::snapshot::{GpuSnapshot, Memory, ProcessType};
 
     /// A process as a test describes it.
     #[derive(Clone)]
@@ -446,36 +445,17 @@ mod tests {
                 }),
             })
             .collect();
-        let snapshot = Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices: vec![GpuSnapshot {
-                index: 0,
-                uuid: None,
-                name: None,
-                pci_bus_id: None,
-                status: GpuStatus::Ok,
-                error: None,
-                memory: Some(Memory {
-                    total_bytes: 100 << 30,
-                    used_bytes: 50 << 30,
-                    free_bytes: 50 << 30,
-                    reserved_bytes: 0,
-                    unattributed_bytes: Some(0),
-                }),
-                utilization: None,
-                temperature_c: None,
-                power_mw: None,
-                power_limit_mw: None,
-                persistence_mode: None,
-                compute_mode: None,
-                peak: None,
-                processes: gpu_processes,
-            }],
-        };
+        let snapshot = Snapshot::of(vec![GpuSnapshot {
+            memory: Some(Memory {
+                total_bytes: 100 << 30,
+                used_bytes: 50 << 30,
+                free_bytes: 50 << 30,
+                reserved_bytes: 0,
+                unattributed_bytes: Some(0),
+            }),
+            processes: gpu_processes,
+            ..GpuSnapshot::unread(0)
+        }]);
         let lineages = processes
             .iter()
             .filter(|p| p.confirmed)

@@ -156,39 +156,20 @@ fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{GpuSnapshot, GpuStatus, Memory};
+    use crate::snapshot::{GpuSnapshot, Memory};
 
     fn one_gpu_using(used_bytes: u64) -> Snapshot {
-        Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices: vec![GpuSnapshot {
-                index: 0,
-                uuid: Some("GPU-0".into()),
-                name: None,
-                pci_bus_id: None,
-                status: GpuStatus::Ok,
-                error: None,
-                memory: Some(Memory {
-                    total_bytes: 100,
-                    used_bytes,
-                    free_bytes: 100 - used_bytes,
-                    reserved_bytes: 0,
-                    unattributed_bytes: Some(0),
-                }),
-                utilization: None,
-                temperature_c: None,
-                power_mw: None,
-                power_limit_mw: None,
-                persistence_mode: None,
-                compute_mode: None,
-                peak: None,
-                processes: Vec::new(),
-            }],
-        }
+        Snapshot::of(vec![GpuSnapshot {
+            uuid: Some("GPU-0".into()),
+            memory: Some(Memory {
+                total_bytes: 100,
+                used_bytes,
+                free_bytes: 100 - used_bytes,
+                reserved_bytes: 0,
+                unattributed_bytes: Some(0),
+            }),
+            ..GpuSnapshot::unread(0)
+        }])
     }
 
     #[test]

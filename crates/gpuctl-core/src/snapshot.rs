@@ -223,6 +223,20 @@ impl Snapshot {
 }
 
 impl Snapshot {
+    /// A snapshot of `devices` in the host PID namespace, no driver versions: for tests of
+    /// the stages that read snapshots.
+    #[cfg(test)]
+    pub(crate) fn of(devices: Vec<GpuSnapshot>) -> Snapshot {
+        Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices,
+        }
+    }
+
     /// The lineage of every confirmed process, the evidence classification reads. Children
     /// are counted only where the group leader is gone: a healthy run costs one read of its
     /// leader and parent.
@@ -277,23 +291,7 @@ fn read_gpu(
     since_us: Option<u64>,
     only_memory_and_processes: bool,
 ) -> (GpuSnapshot, Vec<Listed>) {
-    let mut gpu = GpuSnapshot {
-        index,
-        uuid: None,
-        name: None,
-        pci_bus_id: None,
-        status: GpuStatus::Ok,
-        error: None,
-        memory: None,
-        utilization: None,
-        temperature_c: None,
-        power_mw: None,
-        power_limit_mw: None,
-        persistence_mode: None,
-        compute_mode: None,
-        peak: None,
-        processes: Vec::new(),
-    };
+    let mut gpu = GpuSnapshot::unread(index);
     let device = match gpus.nvml().device_by_index(index) {
         Ok(device) => device,
         Err(error) => {
@@ -366,6 +364,27 @@ fn read_gpu_fields(
 }
 
 impl GpuSnapshot {
+    /// GPU `index` with nothing read yet.
+    pub(crate) fn unread(index: u32) -> GpuSnapshot {
+        GpuSnapshot {
+            index,
+            uuid: None,
+            name: None,
+            pci_bus_id: None,
+            status: GpuStatus::Ok,
+            error: None,
+            memory: None,
+            utilization: None,
+            temperature_c: None,
+            power_mw: None,
+            power_limit_mw: None,
+            persistence_mode: None,
+            compute_mode: None,
+            peak: None,
+            processes: Vec::new(),
+        }
+    }
+
     fn fail(&mut self, error: &NvmlError, what: &str) {
         if matches!(error, NvmlError::GpuLost) {
             self.status = GpuStatus::Lost;
