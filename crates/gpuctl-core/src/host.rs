@@ -1038,11 +1038,9 @@ mod tests {
 
     #[test]
     fn a_held_stat_file_follows_its_process_and_dies_with_it() {
-        let view = ProcView::system().unwrap();
-        if !view.host_pid_namespace() {
-            eprintln!("skipped: not in the host PID namespace");
+        let Some(view) = host_view() else {
             return;
-        }
+        };
         let mut child = std::process::Command::new("sleep")
             .arg("60")
             .spawn()
@@ -1077,24 +1075,10 @@ mod tests {
 
     #[test]
     fn a_cache_reads_relatives_again_only_once_they_are_as_old_as_its_facts_may_be() {
-        let view = ProcView::system().unwrap();
-        if !view.host_pid_namespace() {
-            eprintln!("skipped: not in the host PID namespace");
+        let Some(view) = host_view() else {
             return;
-        }
-        let mut parent = std::process::Command::new("sh")
-            .args(["-c", "sleep 60 & echo $!; read line"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let pid: u32 = line.trim().parse().unwrap();
+        };
+        let (mut parent, pid) = sleep_in_a_shell(std::process::Command::new("sh"));
         let mut cache = FactCache::refreshing_every(Duration::from_secs(3600));
         let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
         let lineage = |cache: &mut FactCache| {
@@ -1145,6 +1129,25 @@ mod tests {
         (child, line)
     }
 
+    /// `sh` (as `shell` runs it) with a `sleep` in the background: the shell and the sleep's
+    /// pid. The shell waits for a line on its stdin.
+    fn sleep_in_a_shell(mut shell: std::process::Command) -> (std::process::Child, u32) {
+        shell.args(["-c", "sleep 60 & echo $!; read line"]);
+        let (parent, line) = spawn_reading_line(shell);
+        (parent, line.trim().parse().unwrap())
+    }
+
+    /// The system's /proc, where its pids are the host's (NVML's); `None` (the test is
+    /// skipped) in another PID namespace.
+    fn host_view() -> Option<ProcView> {
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return None;
+        }
+        Some(view)
+    }
+
     /// A cache that looks every pass and reads the stat only once an hour where the owner
     /// check applies; the process is read once (new) and once more (its stat file opened).
     fn owner_checking_cache(view: &ProcView, pid: u32) -> FactCache {
@@ -1158,11 +1161,9 @@ mod tests {
 
     #[test]
     fn the_owner_check_stands_in_for_the_stat_until_the_main_thread_exits() {
-        let view = ProcView::system().unwrap();
-        if !view.host_pid_namespace() {
-            eprintln!("skipped: not in the host PID namespace");
+        let Some(view) = host_view() else {
             return;
-        }
+        };
         let script = format!(
             "import ctypes, sys, threading, time\n\
              threading.Thread(target=time.sleep, args=(60,)).start()\n\
@@ -1205,15 +1206,10 @@ mod tests {
 
     #[test]
     fn a_checked_process_is_read_again_once_its_parent_exits() {
-        let view = ProcView::system().unwrap();
-        if !view.host_pid_namespace() {
-            eprintln!("skipped: not in the host PID namespace");
+        let Some(view) = host_view() else {
             return;
-        }
-        let mut command = not_root(std::process::Command::new("sh"));
-        command.args(["-c", "sleep 60 & echo $!; read line"]);
-        let (mut parent, line) = spawn_reading_line(command);
-        let pid: u32 = line.trim().parse().unwrap();
+        };
+        let (mut parent, pid) = sleep_in_a_shell(not_root(std::process::Command::new("sh")));
         let mut cache = owner_checking_cache(&view, pid);
         assert!(cache.known[&pid].owner.is_some());
         assert!(cache.parents.contains_key(&parent.id()));
