@@ -370,10 +370,12 @@ pub struct ProcView {
     root: PathBuf,
     /// Whether PIDs under `root` are host PIDs, i.e. comparable with what NVML reports.
     host_pid_namespace: bool,
-    /// On procfs, the /proc/PID directory is owned by the process's effective uid (unlike
-    /// the files in it, which turn root's when the process cannot be dumped or its main
-    /// thread has exited): one fstat instead of reading and parsing /proc/PID/status.
-    owner_is_uid: bool,
+    /// `root` is a mounted procfs, not a fixture tree, so the kernel's rules hold: the
+    /// /proc/PID directory is owned by the process's effective uid (one fstat instead of
+    /// reading /proc/PID/status), the files in it turn root's when the process cannot be
+    /// dumped or its main thread has exited (the owner check), and uptime is
+    /// CLOCK_BOOTTIME.
+    procfs: bool,
     uptime_seconds: f64,
     ticks_per_second: u64,
     users: UserNames,
@@ -391,7 +393,7 @@ impl ProcView {
     pub fn at(root: PathBuf, host_pid_namespace: bool, users: UserNames) -> io::Result<ProcView> {
         let uptime_seconds = read_uptime(&root.join("uptime"))?;
         Ok(ProcView {
-            owner_is_uid: is_procfs(&root),
+            procfs: is_procfs(&root),
             root,
             host_pid_namespace,
             uptime_seconds,
@@ -409,7 +411,7 @@ impl ProcView {
     /// procfs that is CLOCK_BOOTTIME, the clock /proc/uptime and process start times count
     /// in (both shifted alike by a time namespace), read without a file.
     pub fn refresh_uptime(&mut self) -> io::Result<()> {
-        self.uptime_seconds = if self.owner_is_uid {
+        self.uptime_seconds = if self.procfs {
             let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
             now.tv_sec() as f64 + now.tv_nsec() as f64 / 1e9
         } else {
@@ -479,7 +481,7 @@ impl ProcView {
                     known.owner = cache
                         .stat_every
                         .and(fresh.uid)
-                        .filter(|&uid| running && uid != 0)
+                        .filter(|&uid| self.procfs && running && uid != 0)
                         .filter(|&uid| known.stat.as_ref().and_then(owner_uid) == Some(uid));
                     known.fact = Arc::new(fresh);
                     known.read_at = now;
@@ -730,7 +732,7 @@ impl ProcView {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
         let uid = match process.uid() {
-            Ok(owner) if self.owner_is_uid && owner != 0 => owner,
+            Ok(owner) if self.procfs && owner != 0 => owner,
             // Root-owned: root, as the directory shows the effective uid; the status file
             // confirms it (it is the only source on a fixture tree).
             _ => {
