@@ -692,17 +692,28 @@ impl Stat {
 }
 
 fn read_stat(pid: u32) -> io::Result<Stat> {
-    parse_stat(&fs::read(format!("/proc/{pid}/stat"))?)
+    read_stat_at(&format!("/proc/{pid}/stat"))
 }
 
+fn read_stat_at(path: &str) -> io::Result<Stat> {
+    crate::host::read_stat_line(&fs::File::open(path)?).map(Stat::from)
+}
+
+impl From<crate::host::StatLine> for Stat {
+    fn from(stat: crate::host::StatLine) -> Stat {
+        Stat {
+            state: stat.state,
+            start_ticks: stat.starttime,
+        }
+    }
+}
+
+/// A stat line as `read_stat` parses it (the tests' way in, without a file).
+#[cfg(test)]
 fn parse_stat(bytes: &[u8]) -> io::Result<Stat> {
-    let stat = crate::host::StatLine::parse(bytes).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/PID/stat line")
-    })?;
-    Ok(Stat {
-        state: stat.state,
-        start_ticks: stat.starttime,
-    })
+    crate::host::StatLine::parse(bytes)
+        .map(Stat::from)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }
 
 /// Whether a process whose leader is in `stat` has exited as a whole: the leader is a zombie
@@ -723,8 +734,7 @@ fn group_exited(pid: u32, stat: &Stat) -> bool {
             continue;
         }
         // A thread whose stat cannot be read has just exited: it does not keep the group.
-        let thread =
-            fs::read(format!("/proc/{pid}/task/{tid}/stat")).and_then(|bytes| parse_stat(&bytes));
+        let thread = read_stat_at(&format!("/proc/{pid}/task/{tid}/stat"));
         if thread.is_ok_and(|thread| !thread.is_zombie()) {
             return false;
         }

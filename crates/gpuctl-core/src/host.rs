@@ -543,11 +543,11 @@ impl ProcView {
             return None;
         }
         let stat = match &known.stat {
-            Some(file) => read_stat_line(file)?,
+            Some(file) => read_stat_line(file).ok()?,
             None => {
                 let file =
                     std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
-                let stat = read_stat_line(&file)?;
+                let stat = read_stat_line(&file).ok()?;
                 if may_open {
                     known.stat = Some(file);
                 }
@@ -687,7 +687,7 @@ impl ProcView {
     /// One file, so no directory handle is needed to keep its facts of one process.
     fn read_relative_stat(&self, pid: u32) -> Option<Relative> {
         let file = std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
-        let stat = read_stat_line(&file)?;
+        let stat = read_stat_line(&file).ok()?;
         Some(Relative {
             pid,
             pgid: u32::try_from(stat.pgrp).ok()?,
@@ -726,8 +726,8 @@ impl ProcView {
         let stat_file = process
             .open_relative("stat")
             .map_err(|e| not_visible(pid, e))?;
-        let stat = read_stat_line(&stat_file)
-            .ok_or_else(|| format!("cannot read or parse /proc/{pid}/stat"))?;
+        let stat =
+            read_stat_line(&stat_file).map_err(|e| format!("cannot read /proc/{pid}/stat: {e}"))?;
         if stat.pid != pid {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
@@ -833,23 +833,25 @@ fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, Str
     read_all(file).map_err(|e| format!("cannot read /proc/{pid}/{name}: {e}"))
 }
 
-/// /proc/PID/stat, read in one call where it fits (it always does: one line of at most
-/// about a kilobyte) and parsed. Reading on until a read returns 0, as for other files,
-/// would make the kernel format the whole line a second time.
-fn read_stat_line(file: &std::fs::File) -> Option<StatLine> {
+/// /proc/PID/stat (or a task's), read in one call where it fits (it always does: one line
+/// of at most about a kilobyte) and parsed. Reading on until a read returns 0, as for other
+/// files, would make the kernel format the whole line a second time.
+pub(crate) fn read_stat_line(file: &std::fs::File) -> io::Result<StatLine> {
     use std::os::unix::fs::FileExt;
     let mut buffer = [0u8; 1536];
     let len = loop {
         match file.read_at(&mut buffer, 0) {
             Ok(len) => break len,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
+            Err(e) => return Err(e),
         }
     };
-    if len < buffer.len() && buffer[..len].ends_with(b"\n") {
-        return StatLine::parse(&buffer[..len]);
-    }
-    StatLine::parse(&pread_all(file).ok()?)
+    let parsed = if len < buffer.len() && buffer[..len].ends_with(b"\n") {
+        StatLine::parse(&buffer[..len])
+    } else {
+        StatLine::parse(&pread_all(file)?)
+    };
+    parsed.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }
 
 /// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
