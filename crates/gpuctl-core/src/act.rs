@@ -614,7 +614,7 @@ fn take_done(
     }
 }
 
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
     let rc = unsafe {
         libc::syscall(

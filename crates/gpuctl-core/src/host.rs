@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -306,7 +306,9 @@ impl FactCache {
             // Opened after the child's stat named it: if the parent had exited meanwhile and
             // its pid were taken at once, the event would never come and the change would be
             // seen at the next stat read.
-            if let Some(fd) = pidfd(ppid) {
+            // Readable once the parent's whole thread group has exited.
+            let parent = libc::pid_t::try_from(ppid).ok();
+            if let Some(fd) = parent.and_then(|pid| crate::act::pidfd_open(pid).ok()) {
                 self.parents.insert(ppid, fd);
                 self.open += 1;
             }
@@ -929,15 +931,6 @@ fn read_uptime(path: &Path) -> io::Result<f64> {
 fn owner_uid(stat: &std::fs::File) -> Option<u32> {
     // fstat, not statx (File::metadata): a fifth cheaper, 256 times a loop.
     nix::sys::stat::fstat(stat).ok().map(|meta| meta.st_uid)
-}
-
-/// A pidfd on `pid`: readable once its whole thread group has exited.
-fn pidfd(pid: u32) -> Option<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).ok().filter(|&pid| pid > 0)?;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; nothing borrowed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: a non-negative return is a new descriptor that we now own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 /// The pids among `watched` whose pidfd is readable, in one poll.
