@@ -277,7 +277,7 @@ fn wait_until_free(
     let options = SnapshotOptions {
         gpus: selected.map(<[u32]>::to_vec),
         utilization_window: None,
-        only_memory_and_processes: false,
+        only_memory_and_processes: true,
     };
     loop {
         let snapshot = Snapshot::take(gpus, &options)?;
