@@ -17,11 +17,13 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::sys::{pidfd, procfile};
 
 /// How often the kill(2) fallback looks at /proc while it waits.
 const PROC_POLL_INTERVAL: Duration = Duration::from_millis(5);
@@ -274,7 +276,7 @@ pub enum MethodChoice {
 /// The mechanism this kernel and sandbox allow (probed once, on our own pid).
 pub fn available_method() -> Method {
     static METHOD: OnceLock<Method> = OnceLock::new();
-    *METHOD.get_or_init(|| match pidfd_open(std::process::id() as libc::pid_t) {
+    *METHOD.get_or_init(|| match pidfd::open(std::process::id() as libc::pid_t) {
         Ok(_fd) => Method::Pidfd,
         Err(_) => Method::Kill,
     })
@@ -423,7 +425,7 @@ impl Handle {
         };
         let fd = match method {
             MethodChoice::Kill => None,
-            MethodChoice::Auto | MethodChoice::Pidfd => match pidfd_open(raw_pid) {
+            MethodChoice::Auto | MethodChoice::Pidfd => match pidfd::open(raw_pid) {
                 Ok(fd) => Some(fd),
                 Err(error) if error.raw_os_error() == Some(libc::ESRCH) => return Err(Ended::Gone),
                 Err(error) if method == MethodChoice::Pidfd => {
@@ -463,7 +465,7 @@ impl Handle {
             });
         }
         let exited = match &self.fd {
-            Some(fd) => pidfd_exited(fd).unwrap_or_else(|_| group_exited(self.pid, &stat)),
+            Some(fd) => pidfd::exited(fd).unwrap_or_else(|_| group_exited(self.pid, &stat)),
             None => group_exited(self.pid, &stat),
         };
         if exited {
@@ -476,7 +478,7 @@ impl Handle {
     /// identity is re-checked immediately before kill(2) (see [`MethodChoice::Kill`]).
     fn signal(&self, signal: Signal) -> Result<(), Ended> {
         let outcome = match &self.fd {
-            Some(fd) => pidfd_send_signal(fd, signal.0),
+            Some(fd) => pidfd::send_signal(fd, signal.0),
             None => {
                 self.verify()?;
                 // SAFETY: kill(2) takes plain integers.
@@ -614,66 +616,6 @@ fn take_done(
     }
 }
 
-pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_open,
-            libc::c_long::from(pid),
-            0 as libc::c_long,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let Ok(raw) = RawFd::try_from(rc) else {
-        return Err(io::Error::other(
-            "pidfd_open returned an invalid descriptor",
-        ));
-    };
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-fn pidfd_send_signal(fd: &OwnedFd, signal: i32) -> io::Result<()> {
-    // SAFETY: pidfd_send_signal(2) with a descriptor we own, a NULL siginfo (the kernel fills
-    // it in as kill(2) would) and no flags.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            libc::c_long::from(fd.as_raw_fd()),
-            libc::c_long::from(signal),
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_long,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Whether a pidfd is readable now, i.e. its whole thread group has exited.
-fn pidfd_exited(fd: &OwnedFd) -> io::Result<bool> {
-    let mut pollfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: one valid pollfd, zero timeout.
-        let rc = unsafe { libc::poll(&mut pollfd, 1, 0) };
-        if rc >= 0 {
-            return Ok(pollfd.revents & libc::POLLIN != 0);
-        }
-        let error = io::Error::last_os_error();
-        if error.raw_os_error() != Some(libc::EINTR) {
-            return Err(error);
-        }
-    }
-}
-
 /// The fields of /proc/PID/stat this module needs.
 #[derive(Debug, Clone, Copy)]
 struct Stat {
@@ -696,11 +638,11 @@ fn read_stat(pid: u32) -> io::Result<Stat> {
 }
 
 fn read_stat_at(path: &str) -> io::Result<Stat> {
-    crate::host::read_stat_line(&fs::File::open(path)?).map(Stat::from)
+    procfile::read_stat_line(&fs::File::open(path)?).map(Stat::from)
 }
 
-impl From<crate::host::StatLine> for Stat {
-    fn from(stat: crate::host::StatLine) -> Stat {
+impl From<procfile::StatLine> for Stat {
+    fn from(stat: procfile::StatLine) -> Stat {
         Stat {
             state: stat.state,
             start_ticks: stat.starttime,
@@ -711,7 +653,7 @@ impl From<crate::host::StatLine> for Stat {
 /// A stat line as `read_stat` parses it (the tests' way in, without a file).
 #[cfg(test)]
 fn parse_stat(bytes: &[u8]) -> io::Result<Stat> {
-    crate::host::StatLine::parse(bytes)
+    procfile::StatLine::parse(bytes)
         .map(Stat::from)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }

@@ -8,7 +8,7 @@ use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
 use crate::nvml::{Gpus, describe};
-use crate::peaks::PeakStore;
+use crate::snapshot::peaks::PeakStore;
 
 /// What `reset` can restore, in the order it restores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -14,11 +14,11 @@ pub mod files;
 pub mod host;
 pub mod nvml;
 pub mod owner;
-pub mod peaks;
 pub mod pidmap;
 pub mod reclaim;
 pub mod settings;
 pub mod snapshot;
+pub mod sys;
 pub mod units;
 
 pub use error::{CoreError, Result};

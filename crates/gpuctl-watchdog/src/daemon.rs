@@ -10,9 +10,9 @@ use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Verdict};
 use gpuctl_core::config::{self, ConfigError, Loaded, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::host::{FactCache, ProcState, ProcView};
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::peaks::PeakStore;
 use gpuctl_core::pidmap::{PidMap, PidSet};
 use gpuctl_core::reclaim::{self, Action, Guard, Outcome, Selection, Target};
+use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 
 use crate::log::{Logger, Priority, bytes};

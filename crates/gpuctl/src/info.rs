@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use anyhow::Result;
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::peaks::PeakStore;
+use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use gpuctl_core::cardset::{self, GpuItems, ResetItem};
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::peaks::PeakStore;
+use gpuctl_core::snapshot::peaks::PeakStore;
 use serde::Serialize;
 
 use crate::Exit;

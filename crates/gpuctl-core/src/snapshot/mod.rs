@@ -2,6 +2,8 @@
 //! the host knows about each process. Every later stage (classify, select, act, verify) reads
 //! a snapshot; none queries NVML or /proc on its own.
 
+pub mod peaks;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -70,9 +72,9 @@ pub struct GpuSnapshot {
     pub power_limit_mw: Option<u32>,
     pub persistence_mode: Option<bool>,
     pub compute_mode: Option<&'static str>,
-    /// gpuctl's own "peak since reset" mark for this GPU (see [`crate::peaks`]); filled in by
+    /// gpuctl's own "peak since reset" mark for this GPU (see [`peaks`]); filled in by
     /// callers that keep marks, `None` otherwise.
-    pub peak: Option<crate::peaks::Peak>,
+    pub peak: Option<peaks::Peak>,
     pub processes: Vec<GpuProcess>,
 }
 

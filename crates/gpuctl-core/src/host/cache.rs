@@ -1,0 +1,483 @@
+//! Host facts kept across passes by a long-running reader (the watchdog).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::lineage::Relatives;
+use super::{HostProcess, ProcState, ProcView};
+use crate::pidmap::{PidMap, PidSet};
+use crate::sys::{limits, pidfd, procfile};
+
+/// Host facts kept across passes by a long-running reader (the watchdog): for a process
+/// seen before with the same start time, only /proc/PID/stat is read again; its command
+/// line, user and cgroup owner are kept (they rarely change, and a change is picked up when
+/// the process is read anew).
+#[derive(Debug, Default)]
+pub struct FactCache {
+    known: PidMap<u32, Known>,
+    /// A known process is looked at again only this long after the last look; until then
+    /// its facts are reused whole, age included. Zero: every pass.
+    refresh_every: Duration,
+    /// Where the owner check stands in for reading the stat (see [`Known`]), the stat
+    /// itself is read only this often. `None`: every look reads it.
+    stat_every: Option<Duration>,
+    /// Pidfds on the parents of owner-checked processes. One becomes readable once the
+    /// parent's whole thread group has exited, which is when its children are reparented
+    /// (their ppid changes: the orphan evidence).
+    parents: PidMap<u32, OwnedFd>,
+    /// How many files (stat files, parent pidfds) are held open, and the most that may be.
+    open: usize,
+    max_open: usize,
+    /// Counts calls, so that entries not listed in the latest one can be told apart.
+    pass: u64,
+    /// Leaders and parents, read as often as known processes are looked at.
+    relatives: Relatives,
+}
+
+/// A known process. Reading its stat again costs the kernel formatting 52 fields (3-4 µs
+/// when cold, every loop for every process at the default interval). The one change that
+/// must be seen within a second and that no event reports is its main thread exiting (a
+/// zombie holder). That thread's exit also drops its memory map, after which procfs gives
+/// the process's files to root (it does so for processes that cannot be dumped): so for a
+/// process not run by root, an `fstat` of its held stat file (0.2 µs) still showing its own
+/// uid means its main thread lives. Its parent's exit (reparenting) is reported by the
+/// parent's pidfd. Everything else is read with the stat, every `stat_every`.
+#[derive(Debug)]
+struct Known {
+    fact: Arc<HostProcess>,
+    /// When it was last looked at (stat read, or owner checked).
+    read_at: Instant,
+    /// When its stat was last read.
+    stat_at: Instant,
+    /// Its /proc/PID/stat, kept open: reading it again is one `pread` (2 µs) instead of
+    /// open, read and close (10 µs on a VM). An open stat file stays bound to its process:
+    /// once that process has exited it fails (ESRCH), so a reused pid is never read through
+    /// it.
+    stat: Option<std::fs::File>,
+    /// The uid its stat file was owned by when last read, where the owner check applies
+    /// (not root, its main thread alive then, stat file held).
+    owner: Option<u32>,
+    /// The last call that listed it.
+    pass: u64,
+}
+
+impl FactCache {
+    /// A cache that looks at a known process again at most every `refresh_every`. A reader
+    /// acting on facts only after they have held for a grace period can afford facts that
+    /// much older; signals are still bound to the identity the kernel reports at the time.
+    pub fn refreshing_every(refresh_every: Duration) -> FactCache {
+        FactCache {
+            refresh_every,
+            max_open: limits::open_file_budget(),
+            ..FactCache::default()
+        }
+    }
+
+    /// Lets the owner check stand in for reading the stat of a process not run by root,
+    /// whose parent is watched (see [`Known`]); the stat is then read every `every`. What
+    /// only the stat shows (stopped, its group or thread count changed) is seen that late.
+    pub fn reading_stat_every(mut self, every: Duration) -> FactCache {
+        self.stat_every = Some(every);
+        self
+    }
+
+    /// Runs `read` over the relatives kept for lineages (see [`Relatives`]), then forgets
+    /// those it did not ask for.
+    pub(crate) fn with_relatives<T>(&mut self, read: impl FnOnce(&mut Relatives) -> T) -> T {
+        self.relatives.start_pass(self.refresh_every);
+        let out = read(&mut self.relatives);
+        self.relatives.end_pass();
+        out
+    }
+
+    /// Stops watching the parents whose whole thread group has exited since the last pass,
+    /// so that their children are read (and watch their new parents).
+    fn forget_exited_parents(&mut self) {
+        if self.parents.is_empty() {
+            return;
+        }
+        let exited = pidfd::readable(self.parents.iter().map(|(&pid, fd)| (pid, fd.as_raw_fd())));
+        for pid in &exited {
+            self.parents.remove(pid);
+            self.open -= 1;
+        }
+    }
+
+    /// Holds a pidfd on the parent of each owner-checked process, and only those.
+    fn watch_parents(&mut self) {
+        let needed: PidSet<u32> = self
+            .known
+            .values()
+            .filter(|known| known.owner.is_some())
+            .filter_map(|known| known.fact.ppid.filter(|&ppid| ppid > 1))
+            .collect();
+        let before = self.parents.len();
+        self.parents.retain(|pid, _| needed.contains(pid));
+        self.open -= before - self.parents.len();
+        for ppid in needed {
+            if self.open >= self.max_open || self.parents.contains_key(&ppid) {
+                continue;
+            }
+            // Opened after the child's stat named it: if the parent had exited meanwhile and
+            // its pid were taken at once, the event would never come and the change would be
+            // seen at the next stat read.
+            // Readable once the parent's whole thread group has exited.
+            let parent = libc::pid_t::try_from(ppid).ok();
+            if let Some(fd) = parent.and_then(|pid| pidfd::open(pid).ok()) {
+                self.parents.insert(ppid, fd);
+                self.open += 1;
+            }
+        }
+    }
+
+    /// The facts of a pid listed in the latest [`ProcView::processes_cached`] call.
+    pub fn get(&self, pid: u32) -> Option<&Arc<HostProcess>> {
+        self.known
+            .get(&pid)
+            .filter(|known| known.pass == self.pass)
+            .map(|known| &known.fact)
+    }
+}
+
+impl std::ops::Index<&u32> for FactCache {
+    type Output = Arc<HostProcess>;
+
+    fn index(&self, pid: &u32) -> &Arc<HostProcess> {
+        self.get(*pid).expect("pid listed in the latest pass")
+    }
+}
+
+impl ProcView {
+    /// [`ProcView::processes`], reusing what `cache` knows of processes seen before; the
+    /// cache keeps only the pids of this call, and answers for them until the next.
+    pub fn processes_cached<'c>(&self, pids: &[u32], cache: &'c mut FactCache) -> &'c FactCache {
+        let now = Instant::now();
+        cache.pass += 1;
+        let pass = cache.pass;
+        cache.forget_exited_parents();
+        let mut listed = 0;
+        let mut unknown = Vec::new();
+        for &pid in pids {
+            let Some(known) = cache.known.get_mut(&pid) else {
+                unknown.push(pid);
+                continue;
+            };
+            if known.pass == pass {
+                continue;
+            }
+            known.pass = pass;
+            listed += 1;
+            if now.duration_since(known.read_at) < cache.refresh_every {
+                continue;
+            }
+            // A parent that exited is no longer watched: its children are read.
+            let ppid = known.fact.ppid.unwrap_or(0);
+            let parent_watched = ppid <= 1 || cache.parents.contains_key(&ppid);
+            if let (Some(uid), Some(stat_every)) = (known.owner, cache.stat_every)
+                && parent_watched
+                && now.duration_since(known.stat_at) < stat_every
+                && known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
+            {
+                known.read_at = now;
+                continue;
+            }
+            let may_open = cache.open < cache.max_open;
+            let held = known.stat.is_some();
+            match self.refresh(pid, known, may_open) {
+                Some(fresh) => {
+                    // Not for a stopped or exited process: its next change (continued,
+                    // reaped) must be seen as soon as it happens.
+                    let running = matches!(
+                        fresh.state,
+                        Some(ProcState::Running | ProcState::Sleeping | ProcState::DiskSleep)
+                    );
+                    known.owner = cache
+                        .stat_every
+                        .and(fresh.uid)
+                        .filter(|&uid| self.procfs && running && uid != 0)
+                        .filter(|&uid| {
+                            known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
+                        });
+                    known.fact = Arc::new(fresh);
+                    known.read_at = now;
+                    known.stat_at = now;
+                }
+                None => {
+                    known.stat = None;
+                    // Read anew below; its entry is replaced.
+                    known.pass = 0;
+                    listed -= 1;
+                    unknown.push(pid);
+                }
+            }
+            match (held, known.stat.is_some()) {
+                (false, true) => cache.open += 1,
+                (true, false) => cache.open -= 1,
+                _ => {}
+            }
+        }
+        unknown.sort_unstable();
+        unknown.dedup();
+        for (pid, fact) in self.processes(&unknown) {
+            let known = Known {
+                fact: Arc::new(fact),
+                read_at: now,
+                stat_at: now,
+                stat: None,
+                owner: None,
+                pass,
+            };
+            if let Some(old) = cache.known.insert(pid, known)
+                && old.stat.is_some()
+            {
+                cache.open -= 1;
+            }
+            listed += 1;
+        }
+        // Only the processes of this call are kept.
+        if cache.known.len() > listed {
+            let mut closed = 0;
+            cache.known.retain(|_, known| {
+                let keep = known.pass == pass;
+                if !keep && known.stat.is_some() {
+                    closed += 1;
+                }
+                keep
+            });
+            cache.open -= closed;
+        }
+        cache.watch_parents();
+        cache
+    }
+
+    /// A known process's facts with its stat read again (through its held stat file, or one
+    /// opened now and kept when `may_open`); `None` when it is not the same process any
+    /// more (another start time), or was not confirmed.
+    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<HostProcess> {
+        if !known.fact.confirmed || !self.host_pid_namespace {
+            return None;
+        }
+        let stat = match &known.stat {
+            Some(file) => procfile::read_stat_line(file).ok()?,
+            None => {
+                let file =
+                    std::fs::File::open(self.root.join(pid.to_string()).join("stat")).ok()?;
+                let stat = procfile::read_stat_line(&file).ok()?;
+                if may_open {
+                    known.stat = Some(file);
+                }
+                stat
+            }
+        };
+        // The start time is checked on every read, held file or not.
+        if Some(stat.starttime) != known.fact.start_ticks || stat.pid != pid {
+            return None;
+        }
+        let mut fact = HostProcess::clone(&known.fact);
+        fact.state = Some(ProcState::from_letter(stat.state));
+        fact.ppid = u32::try_from(stat.ppid).ok();
+        fact.pgid = u32::try_from(stat.pgrp).ok();
+        fact.sid = u32::try_from(stat.session).ok();
+        fact.threads = u32::try_from(stat.num_threads).ok();
+        fact.comm = Some(stat.comm);
+        fact.age_seconds = Some(self.age_of(stat.starttime));
+        Some(fact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_stat_file_follows_its_process_and_dies_with_it() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut cache = FactCache::refreshing_every(std::time::Duration::ZERO);
+        let first = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        // The second pass refreshes through a stat file it then keeps open; the third reads
+        // through that file.
+        let second = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        assert!(cache.known[&pid].stat.is_some());
+        assert_eq!(cache.open, 1);
+        let third = view.processes_cached(&[pid], &mut cache)[&pid].clone();
+        assert_eq!(first.start_ticks, third.start_ticks);
+        assert_eq!(second.command, third.command);
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Exited and reaped: the held file fails, and nothing is read in its name.
+        let gone = view.processes_cached(&[pid], &mut cache).get(pid).cloned();
+        assert!(
+            gone.as_ref()
+                .is_none_or(|fact| fact.start_ticks != first.start_ticks),
+            "{gone:?}"
+        );
+        assert!(cache.known[&pid].stat.is_none());
+        assert_eq!(cache.open, 0);
+        // A pass without it forgets it.
+        view.processes_cached(&[], &mut cache);
+        assert!(cache.known.is_empty() && cache.get(pid).is_none());
+    }
+
+    #[test]
+    fn a_cache_reads_relatives_again_only_once_they_are_as_old_as_its_facts_may_be() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let (mut parent, pid) = sleep_in_a_shell(std::process::Command::new("sh"));
+        let mut cache = FactCache::refreshing_every(Duration::from_secs(3600));
+        let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        let lineage = |cache: &mut FactCache| {
+            cache.with_relatives(|seen| view.lineage(pid, &fact, false, seen).unwrap())
+        };
+        assert_eq!(lineage(&mut cache).parent.map(|p| p.pid), Some(parent.id()));
+
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        // Read less than an hour ago: kept.
+        assert_eq!(lineage(&mut cache).parent.map(|p| p.pid), Some(parent.id()));
+        // Due: read again, and gone. A one-pass reader reads it now too.
+        cache.refresh_every = Duration::ZERO;
+        assert_eq!(lineage(&mut cache).parent, None);
+        let once = view.lineage(pid, &fact, false, &mut Relatives::default());
+        // SAFETY: kill(2) on the sleep started above, still alive (it was just read).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        assert_eq!(once.unwrap().parent, None);
+    }
+
+    /// `command`, as a user other than root: nobody (65534) when the tests run as root,
+    /// with a PATH of system directories that user can reach.
+    fn not_root(mut command: std::process::Command) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        if nix::unistd::geteuid().is_root() {
+            command
+                .uid(65534)
+                .gid(65534)
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .current_dir("/");
+        }
+        command
+    }
+
+    /// Starts `command` with piped stdin and stdout and returns it with its first line.
+    fn spawn_reading_line(mut command: std::process::Command) -> (std::process::Child, String) {
+        let mut child = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        (child, line)
+    }
+
+    /// `sh` (as `shell` runs it) with a `sleep` in the background: the shell and the sleep's
+    /// pid. The shell waits for a line on its stdin.
+    fn sleep_in_a_shell(mut shell: std::process::Command) -> (std::process::Child, u32) {
+        shell.args(["-c", "sleep 60 & echo $!; read line"]);
+        let (parent, line) = spawn_reading_line(shell);
+        (parent, line.trim().parse().unwrap())
+    }
+
+    /// The system's /proc, where its pids are the host's (NVML's); `None` (the test is
+    /// skipped) in another PID namespace.
+    fn host_view() -> Option<ProcView> {
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return None;
+        }
+        Some(view)
+    }
+
+    /// A cache that looks every pass and reads the stat only once an hour where the owner
+    /// check applies; the process is read once (new) and once more (its stat file opened).
+    fn owner_checking_cache(view: &ProcView, pid: u32) -> FactCache {
+        let mut cache = FactCache::refreshing_every(Duration::ZERO)
+            .reading_stat_every(Duration::from_secs(3600));
+        view.processes_cached(&[pid], &mut cache);
+        cache.known.get_mut(&pid).unwrap().stat_at -= Duration::from_secs(7200);
+        view.processes_cached(&[pid], &mut cache);
+        cache
+    }
+
+    #[test]
+    fn the_owner_check_stands_in_for_the_stat_until_the_main_thread_exits() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let script = format!(
+            "import ctypes, sys, threading, time\n\
+             threading.Thread(target=time.sleep, args=(60,)).start()\n\
+             print('ready', flush=True)\n\
+             sys.stdin.readline()\n\
+             ctypes.CDLL(None).syscall({}, 0)\n",
+            libc::SYS_exit
+        );
+        let mut command = not_root(std::process::Command::new("python3"));
+        command.args(["-c", &script]);
+        let (mut child, _) = spawn_reading_line(command);
+        let pid = child.id();
+        let mut cache = owner_checking_cache(&view, pid);
+        let known = &cache.known[&pid];
+        assert!(known.owner.is_some(), "{known:?}");
+        let (stat_at, fact) = (known.stat_at, Arc::clone(&known.fact));
+        view.processes_cached(&[pid], &mut cache);
+        let known = &cache.known[&pid];
+        assert_eq!(
+            known.stat_at, stat_at,
+            "stat read although the owner check held"
+        );
+        assert!(Arc::ptr_eq(&known.fact, &fact));
+
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let zombie = loop {
+            let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+            if fact.state == Some(ProcState::Zombie) || Instant::now() > deadline {
+                break fact;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(zombie.state, Some(ProcState::Zombie), "{zombie:?}");
+        assert_eq!(zombie.threads, Some(2));
+        assert!(cache.known[&pid].owner.is_none());
+    }
+
+    #[test]
+    fn a_checked_process_is_read_again_once_its_parent_exits() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let (mut parent, pid) = sleep_in_a_shell(not_root(std::process::Command::new("sh")));
+        let mut cache = owner_checking_cache(&view, pid);
+        assert!(cache.known[&pid].owner.is_some());
+        assert!(cache.parents.contains_key(&parent.id()));
+        let stat_at = cache.known[&pid].stat_at;
+        let before = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        assert_eq!(cache.known[&pid].stat_at, stat_at);
+        assert_eq!(before.ppid, Some(parent.id()));
+
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let after = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        // SAFETY: kill(2) on the sleep started above, still alive (it was just read).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        assert_ne!(after.ppid, Some(parent.id()), "{after:?}");
+        assert!(!cache.parents.contains_key(&parent.id()));
+    }
+}

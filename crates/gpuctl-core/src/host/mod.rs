@@ -1,0 +1,432 @@
+//! What the host knows about a process that NVML reports: user, command, state, identity,
+//! age and owner. Only the PIDs NVML names are read, never all of /proc.
+
+mod cache;
+mod lineage;
+
+pub use cache::FactCache;
+pub use lineage::{LeaderState, Lineage, Relative, Relatives};
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use procfs::FromRead;
+use procfs::process::{Process, Status};
+use serde::Serialize;
+
+use crate::owner::{Owner, parse_cgroup};
+use crate::sys::procfile;
+
+/// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
+/// whose own namespace has another inode sees PIDs that differ from the host PIDs NVML reports.
+const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
+
+/// Process state letters from /proc/PID/stat, named as `ps` documents them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcState {
+    Running,
+    Sleeping,
+    DiskSleep,
+    Stopped,
+    TracingStop,
+    Zombie,
+    Dead,
+    Idle,
+    Other,
+}
+
+impl ProcState {
+    pub fn from_letter(letter: char) -> ProcState {
+        match letter {
+            'R' => ProcState::Running,
+            'S' => ProcState::Sleeping,
+            'D' => ProcState::DiskSleep,
+            'T' => ProcState::Stopped,
+            't' => ProcState::TracingStop,
+            'Z' => ProcState::Zombie,
+            'X' | 'x' => ProcState::Dead,
+            'I' => ProcState::Idle,
+            _ => ProcState::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcState::Running => "running",
+            ProcState::Sleeping => "sleeping",
+            ProcState::DiskSleep => "disk-sleep",
+            ProcState::Stopped => "stopped",
+            ProcState::TracingStop => "tracing-stop",
+            ProcState::Zombie => "zombie",
+            ProcState::Dead => "dead",
+            ProcState::Idle => "idle",
+            ProcState::Other => "other",
+        }
+    }
+}
+
+/// Host facts about one GPU process. When `confirmed` is false the PID could not be tied to a
+/// local process (other PID namespace, hidden /proc, no permission): every other field is then
+/// absent, so nothing is ever attributed to an unrelated process that has the same number.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostProcess {
+    pub confirmed: bool,
+    pub unconfirmed_reason: Option<String>,
+    /// Effective uid, as `ps` shows it.
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    pub comm: Option<String>,
+    pub argv: Option<Vec<String>>,
+    pub command: Option<String>,
+    pub state: Option<ProcState>,
+    pub ppid: Option<u32>,
+    pub pgid: Option<u32>,
+    pub sid: Option<u32>,
+    pub threads: Option<u32>,
+    /// Start time in clock ticks since boot; with the PID, the process identity.
+    pub start_ticks: Option<u64>,
+    pub age_seconds: Option<u64>,
+    pub owner: Option<Owner>,
+    pub cgroup: Option<String>,
+}
+
+impl HostProcess {
+    pub fn unconfirmed(reason: impl Into<String>) -> HostProcess {
+        HostProcess {
+            confirmed: false,
+            unconfirmed_reason: Some(reason.into()),
+            uid: None,
+            user: None,
+            comm: None,
+            argv: None,
+            command: None,
+            state: None,
+            ppid: None,
+            pgid: None,
+            sid: None,
+            threads: None,
+            start_ticks: None,
+            age_seconds: None,
+            owner: None,
+            cgroup: None,
+        }
+    }
+
+    /// A short command for tables: the command line, or `[comm]` when it has none (zombies,
+    /// kernel threads), as `ps` shows them.
+    pub fn display_command(&self) -> String {
+        match (&self.command, &self.comm) {
+            (Some(cmd), _) if !cmd.is_empty() => cmd.clone(),
+            (_, Some(comm)) => format!("[{comm}]"),
+            _ => "?".to_string(),
+        }
+    }
+}
+
+/// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
+/// resolve), or from a fixed table (golden tests over fixture trees).
+#[derive(Debug, Clone)]
+pub enum UserNames {
+    Nss,
+    Table(HashMap<u32, String>),
+}
+
+impl UserNames {
+    /// Parses passwd(5) lines into a table.
+    pub fn from_passwd(text: &str) -> UserNames {
+        let table = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                let uid = fields.nth(1)?.parse().ok()?;
+                Some((uid, name.to_string()))
+            })
+            .collect();
+        UserNames::Table(table)
+    }
+
+    fn lookup(&self, uid: u32) -> Option<String> {
+        match self {
+            UserNames::Nss => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|user| user.name),
+            UserNames::Table(table) => table.get(&uid).cloned(),
+        }
+    }
+}
+
+/// A view of one /proc tree: the real one, or a fixture tree in tests.
+#[derive(Debug, Clone)]
+pub struct ProcView {
+    root: PathBuf,
+    /// Whether PIDs under `root` are host PIDs, i.e. comparable with what NVML reports.
+    host_pid_namespace: bool,
+    /// `root` is a mounted procfs, not a fixture tree, so the kernel's rules hold: the
+    /// /proc/PID directory is owned by the process's effective uid (one fstat instead of
+    /// reading /proc/PID/status), the files in it turn root's when the process cannot be
+    /// dumped or its main thread has exited (the owner check), and uptime is
+    /// CLOCK_BOOTTIME.
+    procfs: bool,
+    uptime_seconds: f64,
+    ticks_per_second: u64,
+    users: UserNames,
+}
+
+impl ProcView {
+    /// The running system's /proc.
+    pub fn system() -> io::Result<ProcView> {
+        let root = PathBuf::from("/proc");
+        let host_pid_namespace = in_initial_pid_namespace(&root);
+        ProcView::at(root, host_pid_namespace, UserNames::Nss)
+    }
+
+    /// A /proc tree at `root` (containing `uptime` and `PID/` directories).
+    pub fn at(root: PathBuf, host_pid_namespace: bool, users: UserNames) -> io::Result<ProcView> {
+        let uptime_seconds = read_uptime(&root.join("uptime"))?;
+        Ok(ProcView {
+            procfs: is_procfs(&root),
+            root,
+            host_pid_namespace,
+            uptime_seconds,
+            ticks_per_second: procfs::ticks_per_second(),
+            users,
+        })
+    }
+
+    pub fn host_pid_namespace(&self) -> bool {
+        self.host_pid_namespace
+    }
+
+    /// Reads the uptime again (the clock ages are computed against), keeping what does not
+    /// change while a program runs: a long-running reader's view for its next pass. On
+    /// procfs that is CLOCK_BOOTTIME, the clock /proc/uptime and process start times count
+    /// in (both shifted alike by a time namespace), read without a file.
+    pub fn refresh_uptime(&mut self) -> io::Result<()> {
+        self.uptime_seconds = if self.procfs {
+            let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
+            now.tv_sec() as f64 + now.tv_nsec() as f64 / 1e9
+        } else {
+            read_uptime(&self.root.join("uptime"))?
+        };
+        Ok(())
+    }
+
+    /// Reads the host facts of each PID. User names are looked up once per distinct uid.
+    pub fn processes(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
+        let mut facts = self.read_in_parallel(pids);
+        let mut names: HashMap<u32, Option<String>> = HashMap::new();
+        for fact in facts.values_mut() {
+            if let Some(uid) = fact.uid {
+                fact.user = names
+                    .entry(uid)
+                    .or_insert_with(|| self.users.lookup(uid))
+                    .clone();
+            }
+        }
+        facts
+    }
+
+    fn age_of(&self, start_ticks: u64) -> u64 {
+        let started = start_ticks as f64 / self.ticks_per_second as f64;
+        (self.uptime_seconds - started).max(0.0) as u64
+    }
+
+    /// Reading /proc is kernel time (tens of microseconds a process on some VMs), so large
+    /// sets are split across cores; small ones are not worth a thread.
+    fn read_in_parallel(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
+        const PIDS_PER_THREAD: usize = 32;
+        if pids.len() < 2 * PIDS_PER_THREAD {
+            // Not worth a thread; nor asking how many cores (that reads cgroup files).
+            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(pids.len() / PIDS_PER_THREAD).max(1);
+        if threads == 1 {
+            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+        }
+        let chunk = pids.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = pids
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|&pid| (pid, self.process(pid)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| match worker.join() {
+                    Ok(facts) => facts,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
+    }
+
+    /// Reads the host facts of one PID; `user` is left for [`ProcView::processes`] to fill.
+    pub fn process(&self, pid: u32) -> HostProcess {
+        if !self.host_pid_namespace {
+            return HostProcess::unconfirmed(
+                "gpuctl runs in another PID namespace than the host; NVML reports host PIDs",
+            );
+        }
+        match self.read_process(pid) {
+            Ok(fact) => fact,
+            Err(reason) => HostProcess::unconfirmed(reason),
+        }
+    }
+
+    fn read_process(&self, pid: u32) -> Result<HostProcess, String> {
+        let dir = self.root.join(pid.to_string());
+        // Every file is opened through this one directory handle, so all facts are of one
+        // process even if the pid is reused meanwhile.
+        let process = Process::new_with_root(dir).map_err(|e| not_visible(pid, e))?;
+        let stat_file = process
+            .open_relative("stat")
+            .map_err(|e| not_visible(pid, e))?;
+        let stat = procfile::read_stat_line(&stat_file)
+            .map_err(|e| format!("cannot read /proc/{pid}/stat: {e}"))?;
+        if stat.pid != pid {
+            return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
+        }
+        let uid = match process.uid() {
+            Ok(owner) if self.procfs && owner != 0 => owner,
+            // Root-owned: root, as the directory shows the effective uid; the status file
+            // confirms it (it is the only source on a fixture tree).
+            _ => {
+                Status::from_read(read_relative(&process, "status", pid)?.as_slice())
+                    .map_err(|e| not_visible(pid, e))?
+                    .euid
+            }
+        };
+        // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
+        let argv: Vec<String> = read_relative(&process, "cmdline", pid)
+            .unwrap_or_default()
+            .split(|&byte| byte == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        let command = (!argv.is_empty()).then(|| argv.join(" "));
+        let cgroup = read_relative(&process, "cgroup", pid)
+            .ok()
+            .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
+        let age_seconds = self.age_of(stat.starttime);
+        Ok(HostProcess {
+            confirmed: true,
+            unconfirmed_reason: None,
+            uid: Some(uid),
+            user: None,
+            comm: Some(stat.comm.clone()),
+            argv: Some(argv),
+            command,
+            state: Some(ProcState::from_letter(stat.state)),
+            ppid: u32::try_from(stat.ppid).ok(),
+            pgid: u32::try_from(stat.pgrp).ok(),
+            sid: u32::try_from(stat.session).ok(),
+            threads: u32::try_from(stat.num_threads).ok(),
+            start_ticks: Some(stat.starttime),
+            age_seconds: Some(age_seconds),
+            owner: cgroup.as_ref().map(|c| c.owner.clone()),
+            cgroup: cgroup.map(|c| c.path),
+        })
+    }
+}
+
+/// A whole /proc file, read through the process's directory handle.
+fn read_relative(process: &Process, name: &str, pid: u32) -> Result<Vec<u8>, String> {
+    let file = process
+        .open_relative(name)
+        .map_err(|e| not_visible(pid, e))?;
+    read_all(file).map_err(|e| format!("cannot read /proc/{pid}/{name}: {e}"))
+}
+
+fn read_all(file: std::fs::File) -> io::Result<Vec<u8>> {
+    // Freshly opened: reading from offset 0 is reading it whole.
+    procfile::pread_all(&file)
+}
+
+fn not_visible(pid: u32, error: procfs::ProcError) -> String {
+    match error {
+        procfs::ProcError::PermissionDenied(_) => {
+            format!("no permission to read /proc/{pid}")
+        }
+        procfs::ProcError::NotFound(_) => {
+            format!("pid {pid} is not visible in /proc (exited, or hidden by hidepid)")
+        }
+        other => format!("cannot read /proc/{pid}: {other}"),
+    }
+}
+
+fn read_uptime(path: &Path) -> io::Result<f64> {
+    let text = std::fs::read_to_string(path)?;
+    text.split_whitespace()
+        .next()
+        .and_then(|field| field.parse().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: no uptime", path.display()),
+            )
+        })
+}
+
+fn is_procfs(root: &Path) -> bool {
+    nix::sys::statfs::statfs(root)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+}
+
+/// True when `root`'s own process is in the initial PID namespace.
+fn in_initial_pid_namespace(root: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // When the namespace cannot be read (very old kernels), assume the host view as NVML's
+    // own tools do; the pid namespace file exists on every kernel NVIDIA still supports.
+    std::fs::metadata(root.join("self/ns/pid"))
+        .map(|meta| meta.ino() == INIT_PID_NS_INODE)
+        .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_letters_map_to_ps_names() {
+        assert_eq!(ProcState::from_letter('D').as_str(), "disk-sleep");
+        assert_eq!(ProcState::from_letter('Z'), ProcState::Zombie);
+        assert_eq!(ProcState::from_letter('t'), ProcState::TracingStop);
+        assert_eq!(ProcState::from_letter('?'), ProcState::Other);
+    }
+
+    #[test]
+    fn passwd_table_skips_malformed_lines() {
+        let names = UserNames::from_passwd(
+            "root:x:0:0::/root:/bin/sh\nbroken\nalice:x:1000:1000::/h:/bin/sh\nbad:x:notanumber:0::/:/\n",
+        );
+        assert_eq!(names.lookup(0).as_deref(), Some("root"));
+        assert_eq!(names.lookup(1000).as_deref(), Some("alice"));
+        assert_eq!(names.lookup(1), None);
+    }
+
+    #[test]
+    fn own_process_is_confirmed_with_identity() {
+        let view = ProcView::system().unwrap();
+        let me = std::process::id();
+        let facts = view.processes(&[me]);
+        let fact = &facts[&me];
+        if view.host_pid_namespace() {
+            assert!(fact.confirmed, "{fact:?}");
+            assert_eq!(fact.uid, Some(nix::unistd::getuid().as_raw()));
+            assert!(fact.start_ticks.is_some());
+            assert_eq!(fact.ppid, Some(std::os::unix::process::parent_id()));
+        } else {
+            assert!(!fact.confirmed);
+        }
+    }
+}

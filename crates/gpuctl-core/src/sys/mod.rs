@@ -1,0 +1,7 @@
+//! The bottom layer: the Linux primitives the road is built on (pidfds, /proc file reads,
+//! poll, resource limits). Every other module may use this one; it uses none of them, so no
+//! two modules import each other through it.
+
+pub mod limits;
+pub mod pidfd;
+pub mod procfile;
