@@ -67,7 +67,7 @@ fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
         let sub = sub
             .clone()
             .name(name.clone())
-            .after_help(gpuctl::cli::EXIT_CODES);
+            .after_help(gpuctl::cli::after_help());
         let mut page = Vec::new();
         clap_mangen::Man::new(sub).render(&mut page)?;
         files.push((PathBuf::from(format!("man/{name}.1")), page));

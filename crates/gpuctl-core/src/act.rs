@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::plan::{Action, Outcome};
 use crate::sys::{pidfd, procfile};
 
 /// How often the kill(2) fallback looks at /proc while it waits.
@@ -224,6 +225,29 @@ pub struct Escalation {
     pub timeout: Duration,
     pub escalate: bool,
     pub kill_timeout: Duration,
+}
+
+impl Escalation {
+    /// How long SIGKILL is given to end a process, unless a caller says otherwise.
+    pub const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// `signal`, `timeout` to exit, then SIGKILL and [`Escalation::KILL_TIMEOUT`]: how every
+    /// reclaim ends a process.
+    pub fn then_kill(signal: Signal, timeout: Duration) -> Escalation {
+        Escalation {
+            signal,
+            timeout,
+            escalate: true,
+            kill_timeout: Escalation::KILL_TIMEOUT,
+        }
+    }
+
+    pub fn with_kill_timeout(self, kill_timeout: Duration) -> Escalation {
+        Escalation {
+            kill_timeout,
+            ..self
+        }
+    }
 }
 
 /// What became of one target.
@@ -613,6 +637,26 @@ fn take_done(
         } else {
             live.push(pending);
         }
+    }
+}
+
+/// Carries out a plan: every target planned to be signalled is ended with `how`, all at
+/// once; the others are left as planned.
+pub fn carry_out(outcomes: &mut [Outcome], how: &Escalation) {
+    let signalled: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| outcomes[i].action == Action::Signal)
+        .collect();
+    if signalled.is_empty() {
+        return;
+    }
+    // The plan signals only targets with an identity, so the results line up.
+    let identities: Vec<Identity> = signalled
+        .iter()
+        .filter_map(|&i| outcomes[i].target.identity())
+        .collect();
+    debug_assert_eq!(identities.len(), signalled.len());
+    for (&i, ended) in signalled.iter().zip(end_all(&identities, how)) {
+        outcomes[i].ended = Some(ended);
     }
 }
 

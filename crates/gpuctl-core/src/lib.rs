@@ -1,8 +1,11 @@
 //! gpuctl-core: who holds GPU memory on this machine, and how to get it back.
 //!
-//! Everything flows one way: NVML and /proc facts are joined into a [`snapshot::Snapshot`];
-//! later stages classify, select, plan, act and verify on top of it. This crate knows nothing
-//! of terminals, argument parsing or systemd.
+//! Everything flows one way, one module a stage (see [`reclaim`] for the whole road):
+//! NVML and /proc facts are joined into a [`snapshot::Snapshot`]; [`classify`] turns facts
+//! into findings with reasons; [`select`] picks targets; [`plan`] guards them; [`act`]
+//! signals by identity; [`verify`] checks through NVML that memory came back; [`report`]
+//! holds the documents. [`sys`] is the bottom layer of Linux primitives under them all.
+//! This crate knows nothing of terminals, argument parsing or systemd.
 
 pub mod act;
 pub mod cardset;
@@ -10,16 +13,21 @@ pub mod classify;
 pub mod config;
 pub mod cuda;
 pub mod error;
+pub mod exit;
 pub mod files;
 pub mod host;
 pub mod nvml;
 pub mod owner;
 pub mod pidmap;
+pub mod plan;
 pub mod reclaim;
+pub mod report;
+pub mod select;
 pub mod settings;
 pub mod snapshot;
 pub mod sys;
 pub mod units;
+pub mod verify;
 
 pub use error::{CoreError, Result};
 pub use snapshot::{Snapshot, SnapshotOptions};

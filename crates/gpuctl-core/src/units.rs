@@ -1,4 +1,5 @@
-//! Sizes and durations as people write them on command lines and in config files.
+//! Sizes and durations as people write them on command lines and in config files, and
+//! memory amounts as people read them: the one byte formatter of every binary.
 
 use std::time::Duration;
 
@@ -82,6 +83,30 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|_| format!("'{text}' is not a duration (like 10s, 500ms, 2m)"))
 }
 
+/// Memory in binary units, as nvidia-smi and free(1) show it: "40.0 GiB", "512 MiB",
+/// "12 KiB", "100 B". Every table, log line and message of gpuctl prints memory this way.
+pub fn bytes(value: u64) -> String {
+    bytes_to(value, 1)
+}
+
+/// [`bytes`] with `decimals` digits from GiB up: the trainer shows 2, so that changes of a
+/// few MiB in its memory log stay visible ("3.00 GiB").
+pub fn bytes_to(value: u64, decimals: usize) -> String {
+    const KIB: f64 = 1024.0;
+    const MIB: f64 = KIB * 1024.0;
+    const GIB: f64 = MIB * 1024.0;
+    let v = value as f64;
+    if v >= GIB {
+        format!("{:.decimals$} GiB", v / GIB)
+    } else if v >= MIB {
+        format!("{:.0} MiB", v / MIB)
+    } else if v >= KIB {
+        format!("{:.0} KiB", v / KIB)
+    } else {
+        format!("{value} B")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +142,18 @@ mod tests {
         for bad in ["", "-1", "soon", "NaN", "10 parsecs"] {
             assert!(parse_duration(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn memory_reads_as_nvidia_smi_shows_it() {
+        assert_eq!(bytes(40 << 30), "40.0 GiB");
+        assert_eq!(bytes(1536 << 20), "1.5 GiB");
+        assert_eq!(bytes(512 << 20), "512 MiB");
+        assert_eq!(bytes(12 << 10), "12 KiB");
+        assert_eq!(bytes(100), "100 B");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes_to(3 << 30, 2), "3.00 GiB");
+        assert_eq!(bytes_to(320 << 20, 2), "320 MiB");
     }
 }

@@ -12,9 +12,7 @@ use clap::{Parser, ValueEnum};
     args_override_self = true,
     about = "Reference trainer on libtorch: startup cleanup of a crashed previous run, memory \
              monitoring, and OOM recovery that keeps the effective batch",
-    after_help = "Exit status: 0 done; 1 failed (a worker died, I/O, the run name is in use); \
-                  2 usage; 3 CUDA asked for but unavailable; 4 startup cleanup could not free \
-                  the GPU memory; 5 out of memory even at micro-batch 1."
+    after_help = gpuctl_core::exit::help(gpuctl_core::exit::TRAINER)
 )]
 pub struct Args {
     /// Optimizer steps to run (in all, counting steps a resumed checkpoint already did).

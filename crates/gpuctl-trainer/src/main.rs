@@ -24,6 +24,7 @@ use tch::{Device, Kind, Tensor};
 
 use cli::{Args, DeviceArg, MicroBatch, Precision};
 use data::DataSpec;
+use gpuctl_core::exit::Exit;
 use memory::{Monitor, Trace, bytes};
 use model::{Model, ModelConfig};
 use optim::{AdamW, AdamWConfig};
@@ -40,13 +41,13 @@ enum Failure {
 }
 
 impl Failure {
-    fn code(&self) -> i32 {
+    fn exit(&self) -> Exit {
         match self {
-            Failure::Failed(_) => 1,
-            Failure::Usage(_) => 2,
-            Failure::NoCuda(_) => 3,
-            Failure::NotFree(_) => 4,
-            Failure::OutOfMemory(_) => 5,
+            Failure::Failed(_) => Exit::Failed,
+            Failure::Usage(_) => Exit::Usage,
+            Failure::NoCuda(_) => Exit::Unavailable,
+            Failure::NotFree(_) => Exit::NotClean,
+            Failure::OutOfMemory(_) => Exit::OutOfMemory,
         }
     }
 
@@ -92,7 +93,7 @@ fn main() {
                 "gpuctl-trainer: {} (see --help)",
                 message.trim_start_matches("error: ")
             );
-            std::process::exit(2);
+            std::process::exit(Exit::Usage.code().into());
         }
     };
     train::install_panic_hook();
@@ -100,7 +101,7 @@ fn main() {
         Ok(()) => {}
         Err(failure) => {
             eprintln!("gpuctl-trainer: {}", failure.message());
-            std::process::exit(failure.code());
+            std::process::exit(failure.exit().code().into());
         }
     }
 }

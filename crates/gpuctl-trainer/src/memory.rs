@@ -166,17 +166,10 @@ fn kib_field(path: &str, name: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// "1.5 GiB", "320 MiB", "12 KiB".
+/// "1.50 GiB", "320 MiB": gpuctl's byte format, with two decimals from GiB up. libtorch
+/// reports sizes as i64.
 pub fn bytes(value: i64) -> String {
-    let value = value.max(0) as f64;
-    const KIB: f64 = 1024.0;
-    if value >= KIB * KIB * KIB {
-        format!("{:.2} GiB", value / (KIB * KIB * KIB))
-    } else if value >= KIB * KIB {
-        format!("{:.0} MiB", value / (KIB * KIB))
-    } else {
-        format!("{:.0} KiB", value / KIB)
-    }
+    gpuctl_core::units::bytes_to(value.max(0) as u64, 2)
 }
 
 /// Host memory available for new allocations (MemAvailable), in bytes.

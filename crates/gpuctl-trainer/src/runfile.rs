@@ -16,7 +16,9 @@ use std::time::Duration;
 use gpuctl_core::act::{self, Ended, Escalation, Identity, Signal};
 use gpuctl_core::config::Protect;
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::reclaim::{self, DEFAULT_PROTECTED, Guard, Selection};
+use gpuctl_core::plan::{Guard, Protection};
+use gpuctl_core::reclaim::Reclaim;
+use gpuctl_core::select::{self, Criterion, Selector};
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 use serde::{Deserialize, Serialize};
 
@@ -257,8 +259,6 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
     }
     cleanup.leftovers = alive.len();
     if alive.is_empty() {
-        // Nothing to select: an empty pid list must never reach `reclaim::select`, where it
-        // would mean "every process".
         if cleanup.failures.is_empty() {
             log(format!(
                 "the previous run of {:?} did not finish cleanly; none of its {} processes is \
@@ -280,17 +280,10 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let how = Escalation {
-        signal: Signal::parse("TERM").expect("TERM is a signal"),
-        timeout: Duration::from_secs(5),
-        escalate: true,
-        kill_timeout: Duration::from_secs(5),
-    };
+    let how = Escalation::then_kill(Signal::TERM, Duration::from_secs(5));
     // The same guard as `gpuctl clear`: the built-in and configured protected commands and
     // users are never signalled, nor another user's process unless this is root.
-    let mut protected: Vec<String> = DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect();
-    protected.extend(protect.commands.iter().cloned());
-    let guard = Guard::for_this_process(&protected, &protect.users);
+    let guard = Guard::for_this_process(Protection::configured(protect));
 
     let mut on_gpu: Vec<u32> = Vec::new();
     match Gpus::open() {
@@ -302,30 +295,26 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
             };
             match Snapshot::take(&gpus, &options) {
                 Ok(snapshot) => {
-                    let selection = Selection {
-                        pids: alive.iter().map(|p| p.pid).collect(),
-                        ..Selection::default()
-                    };
-                    let (mut targets, _not_on_gpu) = reclaim::select(&snapshot, &[], &selection);
-                    // The same process, not a new one that reused the pid.
-                    targets.retain(|t| {
+                    // The same processes, not new ones that reused their pids.
+                    let selector = Selector::by(Criterion::Processes(
                         alive
                             .iter()
-                            .any(|p| p.pid == t.pid && Some(p.start_ticks) == t.start_ticks)
-                    });
+                            .map(|p| Identity::new(p.pid, p.start_ticks))
+                            .collect(),
+                    ));
+                    let (mut targets, _not_on_gpu) = select::select(&snapshot, &[], &selector);
                     for target in &mut targets {
                         target.reasons = vec![format!("leftover of run {:?}", previous.name)];
                     }
                     on_gpu = targets.iter().map(|t| t.pid).collect();
-                    let outcomes = reclaim::execute(
-                        &gpus,
-                        &snapshot,
-                        targets,
-                        &guard,
-                        &how,
-                        Duration::from_secs(10),
-                        false,
-                    );
+                    let outcomes = Reclaim {
+                        gpus: &gpus,
+                        guard: &guard,
+                        how: how.clone(),
+                        verify_for: Duration::from_secs(10),
+                        dry_run: false,
+                    }
+                    .run(&snapshot, targets);
                     for outcome in outcomes {
                         let held = outcome.target.used_bytes.unwrap_or(0);
                         let line = format!(

@@ -3,16 +3,18 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use gpuctl_core::exit;
 
-pub const EXIT_CODES: &str = "\
-Exit status:
-  0  stopped cleanly (SIGTERM, SIGINT); --once: nothing stale, or all of it reclaimed
-  1  --once: a reclaim failed (a process survived, was skipped, or its memory is still held)
-  2  usage error, or an invalid or untrusted configuration file at start
-  3  --once: NVML or the NVIDIA driver is unavailable (the daemon itself keeps retrying)
-  4  --once: stale processes found and left (report mode, --dry-run, or an incomplete
-     snapshot)
+/// What `--help` and the man page print after the options: the exit statuses (from the one
+/// table in gpuctl-core), signals and environment.
+pub fn after_help() -> String {
+    format!(
+        "{}\n\n{SIGNALS_AND_ENVIRONMENT}",
+        exit::help(exit::WATCHDOG)
+    )
+}
 
+const SIGNALS_AND_ENVIRONMENT: &str = "\
 Signals:
   SIGHUP           reload the configuration; a bad new file is logged and the old one kept
   SIGTERM, SIGINT  stop cleanly
@@ -36,7 +38,7 @@ Environment:
 /// metrics_file, state_dir). The default mode is report: nothing is signalled until the
 /// file says mode = "reclaim".
 #[derive(Debug, Parser)]
-#[command(name = "gpuctl-watchdog", version, after_help = EXIT_CODES)]
+#[command(name = "gpuctl-watchdog", version, after_help = after_help())]
 pub struct Cli {
     /// Read this configuration file instead of /etc/gpuctl/gpuctl.toml (or GPUCTL_CONFIG).
     #[arg(long, value_name = "PATH")]

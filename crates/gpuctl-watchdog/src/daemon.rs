@@ -1,21 +1,24 @@
 //! The loop: snapshot, classify (with the history only a daemon has), wait out the grace,
 //! act through the same road as `gpuctl clear`, verify, report (journal, STATUS, metrics).
 
-use std::hash::Hash;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::act::{Escalation, Identity, Signal};
-use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Verdict};
-use gpuctl_core::config::{self, ConfigError, Loaded, ReclaimKind, Watchdog, WatchdogMode};
-use gpuctl_core::host::{FactCache, ProcState, ProcView};
+use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Remedy, Verdict};
+use gpuctl_core::config::{self, ConfigError, ReclaimKind, Watchdog, WatchdogMode};
+use gpuctl_core::exit::Exit;
+use gpuctl_core::host::{FactCache, Lineage, ProcState, ProcView};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::pidmap::{PidMap, PidSet};
-use gpuctl_core::reclaim::{self, Action, Guard, Outcome, Selection, Target};
+use gpuctl_core::plan::{Action, Guard, Outcome, Protection};
+use gpuctl_core::reclaim::Reclaim;
+use gpuctl_core::select::{self, Target};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
+use gpuctl_core::units::bytes;
 
-use crate::log::{Logger, Priority, bytes};
+use crate::log::{Logger, Priority};
 use crate::metrics::{self, GpuMetrics, Metrics};
 use crate::notify::Notifier;
 use crate::signals;
@@ -25,21 +28,9 @@ use gpuctl_watchdog::cli::{Cli, Mode};
 const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 /// The longest wait between two attempts to reach NVML.
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
-/// SIGKILL's own wait, as `gpuctl clear` uses.
-const KILL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Exit statuses of `--once` (and 2 for bad usage or configuration at start).
-pub mod exit {
-    pub const OK: i32 = 0;
-    pub const FAILED: i32 = 1;
-    pub const USAGE: i32 = 2;
-    pub const NVML: i32 = 3;
-    pub const STALE_LEFT: i32 = 4;
-}
 
 /// The configuration in force, with the command line's overrides applied.
 pub struct Settings {
-    pub loaded: Loaded,
     pub watchdog: Watchdog,
     pub dry_run: bool,
     pub guard: Guard,
@@ -73,25 +64,20 @@ impl Settings {
                 Mode::Reclaim => WatchdogMode::Reclaim,
             };
         }
-        let protect = loaded.protect();
-        let mut commands: Vec<String> = reclaim::DEFAULT_PROTECTED
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        commands.extend(protect.commands);
-        commands.extend(watchdog.protect_commands.iter().cloned());
-        let mut users = protect.users;
-        users.extend(watchdog.protect_users.iter().cloned());
-        let guard = Guard::for_this_process(&commands, &users);
+        let protection = Protection::configured(&loaded.protect())
+            .with(&watchdog.protect_commands, &watchdog.protect_users);
+        let guard = Guard::for_this_process(protection);
         let policy = Policy {
             include_stopped: watchdog.reclaim.contains(&ReclaimKind::Stopped),
             // A stopped process becomes a finding once stopped for the grace; the grace is
             // then counted from when it stopped (see `Daemon::stale_since`).
             stopped_after: watchdog.grace,
+            fraction: loaded
+                .has_fraction_policy()
+                .then(|| std::sync::Arc::new(loaded.clone())),
             ..Policy::default()
         };
         Ok(Settings {
-            loaded,
             watchdog,
             dry_run: cli.dry_run,
             guard,
@@ -105,12 +91,10 @@ impl Settings {
     }
 
     fn escalation(&self) -> Escalation {
-        Escalation {
-            signal: Signal::TERM,
-            timeout: self.watchdog.term_timeout,
-            escalate: true,
-            kill_timeout: KILL_TIMEOUT.min(self.watchdog.term_timeout.max(Duration::from_secs(1))),
-        }
+        let term_timeout = self.watchdog.term_timeout;
+        Escalation::then_kill(Signal::TERM, term_timeout).with_kill_timeout(
+            Escalation::KILL_TIMEOUT.min(term_timeout.max(Duration::from_secs(1))),
+        )
     }
 
     fn summary(&self) -> String {
@@ -140,16 +124,6 @@ fn kind_name(kind: ReclaimKind) -> &'static str {
     }
 }
 
-/// The `watchdog.reclaim` entry that covers a finding's kind, if any.
-fn reclaim_kind(kind: Kind) -> Option<ReclaimKind> {
-    match kind {
-        Kind::Orphaned => Some(ReclaimKind::Orphaned),
-        Kind::ZombieHolder => Some(ReclaimKind::Zombie),
-        Kind::Stopped => Some(ReclaimKind::Stopped),
-        Kind::Uninterruptible | Kind::Unattributed => None,
-    }
-}
-
 /// Whether NVML can be reached, and when to try again.
 enum Nvml {
     Up(Box<Gpus>),
@@ -167,11 +141,26 @@ enum Handled {
     RetryAt(Instant),
 }
 
-/// Why a process is to be ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Cause {
-    Stale,
-    Fraction,
+/// What one pass saw.
+struct Seen {
+    snapshot: Snapshot,
+    lineages: PidMap<u32, Lineage>,
+    /// The GPUs that did not answer, when some did not: nothing is acted on.
+    incomplete: Option<String>,
+    /// NVML is re-opened after this pass.
+    reopen: bool,
+    now: Instant,
+}
+
+/// What one pass found.
+struct Judged {
+    /// Leftovers of a kind the watchdog reclaims, due or not yet.
+    stale: Vec<Finding>,
+    stale_ids: PidSet<Identity>,
+    /// Processes above their share, due or not yet.
+    over_ids: PidSet<Identity>,
+    /// Findings that lasted the grace, with what is done about them.
+    due: Vec<(Finding, Remedy)>,
 }
 
 /// The result of one pass, for `--once`.
@@ -206,7 +195,7 @@ pub struct Daemon {
     stale_since: PidMap<Identity, Instant>,
     over_since: PidMap<Identity, Instant>,
     warned: PidSet<Identity>,
-    handled: PidMap<(Identity, Cause), Handled>,
+    handled: PidMap<(Identity, Remedy), Handled>,
     logged_findings: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
     // Reporting.
     metrics: Metrics,
@@ -269,21 +258,21 @@ impl Daemon {
     }
 
     /// `--once`: one pass with no grace and no history, like `gpuctl clear`.
-    pub fn run_once(&mut self) -> i32 {
+    pub fn run_once(&mut self) -> Exit {
         let pass = self.pass(true);
         if pass.nvml_down {
-            exit::NVML
+            Exit::Unavailable
         } else if pass.failed > 0 {
-            exit::FAILED
+            Exit::Failed
         } else if pass.left > 0 {
-            exit::STALE_LEFT
+            Exit::NotClean
         } else {
-            exit::OK
+            Exit::Ok
         }
     }
 
     /// The daemon: loops until SIGTERM or SIGINT; always exits 0.
-    pub fn run(&mut self) -> i32 {
+    pub fn run(&mut self) -> Exit {
         self.event(
             Priority::Info,
             &format!(
@@ -334,7 +323,7 @@ impl Daemon {
         }
         self.notify.send("STOPPING=1");
         self.event(Priority::Info, "stopping", &[("ACTION", "stop".into())]);
-        exit::OK
+        Exit::Ok
     }
 
     fn ping(&self) {
@@ -426,60 +415,110 @@ impl Daemon {
         self.nvml = Nvml::Down { retry_at };
     }
 
-    /// One loop. `once`: no grace, no history.
+    /// One loop: observe → judge → act → report. `once`: no grace, no history.
     pub fn pass(&mut self, once: bool) -> Pass {
         let mut pass = Pass::default();
         self.metrics.loops_total += 1;
         self.ensure_nvml(once);
-        let snapshot = match &self.nvml {
-            Nvml::Up(gpus) => {
-                let view = match self.proc_view.take() {
-                    Some(mut view) => view.refresh_uptime().map(|()| view),
-                    None => ProcView::system(),
-                };
-                let taken = view.map_err(|e| e.to_string()).and_then(|view| {
-                    Snapshot::take_cached(
-                        gpus,
-                        &view,
-                        &SnapshotOptions {
-                            gpus: None,
-                            utilization_window: Some(ACTIVITY_WINDOW),
-                            only_memory_and_processes: true,
-                        },
-                        &mut self.facts,
-                    )
-                    .map(|snapshot| {
-                        let lineages = snapshot.lineages_cached(&view, &mut self.facts);
-                        self.proc_view = Some(view);
-                        (snapshot, lineages)
-                    })
-                    .map_err(|e| e.to_string())
-                });
-                Some(taken)
-            }
-            Nvml::Down { .. } => None,
+        let Some(seen) = self.observe(once) else {
+            self.finish_down();
+            pass.nvml_down = true;
+            return pass;
         };
-        let (snapshot, lineages) = match snapshot {
-            Some(Ok(taken)) => taken,
-            Some(Err(reason)) => {
+        let judged = self.judge(&seen, once);
+        self.act(&seen, &judged, once, &mut pass);
+        self.report(&seen, &judged);
+        if seen.reopen {
+            self.event(
+                Priority::Notice,
+                "re-opening NVML while a GPU does not answer",
+                &[("ACTION", "nvml-reopen".into())],
+            );
+            self.nvml = Nvml::Down {
+                retry_at: Instant::now(),
+            };
+            self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
+        }
+        pass
+    }
+
+    /// Observe: a snapshot and the lineages of its processes, and whether every GPU
+    /// answered. `None` when NVML is down or the snapshot failed (the session is closed to
+    /// be reopened).
+    fn observe(&mut self, once: bool) -> Option<Seen> {
+        let Nvml::Up(gpus) = &self.nvml else {
+            return None;
+        };
+        let view = match self.proc_view.take() {
+            Some(mut view) => view.refresh_uptime().map(|()| view),
+            None => ProcView::system(),
+        };
+        let taken = view.map_err(|e| e.to_string()).and_then(|view| {
+            Snapshot::take_cached(
+                gpus,
+                &view,
+                &SnapshotOptions {
+                    gpus: None,
+                    utilization_window: Some(ACTIVITY_WINDOW),
+                    only_memory_and_processes: true,
+                },
+                &mut self.facts,
+            )
+            .map(|snapshot| {
+                let lineages = snapshot.lineages_cached(&view, &mut self.facts);
+                self.proc_view = Some(view);
+                (snapshot, lineages)
+            })
+            .map_err(|e| e.to_string())
+        });
+        let (snapshot, lineages) = match taken {
+            Ok(taken) => taken,
+            Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
                 self.nvml = Nvml::Down {
                     retry_at: Instant::now(),
                 };
                 self.nvml_down(format!("snapshot failed: {reason}"));
-                self.finish_down();
-                pass.nvml_down = true;
-                return pass;
-            }
-            None => {
-                self.finish_down();
-                pass.nvml_down = true;
-                return pass;
+                return None;
             }
         };
         let now = Instant::now();
+        let incomplete = self.note_incomplete(&snapshot);
+        match &incomplete {
+            None => {
+                self.backoff = self.settings.watchdog.interval;
+                self.reopen_at = None;
+            }
+            Some(_) if !once => {
+                let at = *self.reopen_at.get_or_insert(now + self.backoff);
+                if now >= at {
+                    // Re-open NVML after this pass: a driver reload leaves the old session
+                    // unable to see the GPUs again.
+                    self.reopen_at = None;
+                }
+            }
+            Some(_) => {}
+        }
+        let reopen = incomplete.is_some() && !once && self.reopen_at.is_none();
+        if !self.ready_sent {
+            self.notify.send("READY=1");
+            self.ready_sent = true;
+        }
+        if let Some(peaks) = &self.peaks {
+            peaks.observe(&snapshot);
+        }
+        Some(Seen {
+            snapshot,
+            lineages,
+            incomplete,
+            reopen,
+            now,
+        })
+    }
 
-        // A snapshot with a GPU missing is never acted on.
+    /// Which GPUs did not answer, logged when that changes. A snapshot with a GPU missing
+    /// is never acted on.
+    fn note_incomplete(&mut self, snapshot: &Snapshot) -> Option<String> {
         let broken: Vec<String> = snapshot
             .devices
             .iter()
@@ -513,54 +552,38 @@ impl Daemon {
             }
             self.last_incomplete = incomplete.clone();
         }
-        match &incomplete {
-            None => {
-                self.backoff = self.settings.watchdog.interval;
-                self.reopen_at = None;
-            }
-            Some(_) if !once => {
-                let at = *self.reopen_at.get_or_insert(now + self.backoff);
-                if now >= at {
-                    // Re-open NVML after this pass: a driver reload leaves the old session
-                    // unable to see the GPUs again.
-                    self.reopen_at = None;
-                }
-            }
-            Some(_) => {}
-        }
-        let reopen = incomplete.is_some() && !once && self.reopen_at.is_none();
-        if !self.ready_sent {
-            self.notify.send("READY=1");
-            self.ready_sent = true;
-        }
-        if let Some(peaks) = &self.peaks {
-            peaks.observe(&snapshot);
-        }
+        incomplete
+    }
 
+    /// Judge: the findings (with the history only a daemon has), each logged once, and
+    /// those due: held for the grace by the same process.
+    fn judge(&mut self, seen: &Seen, once: bool) -> Judged {
+        let (snapshot, now) = (&seen.snapshot, seen.now);
         let history = if once {
             None
         } else {
-            Some(self.update_history(&snapshot, now))
+            Some(self.update_history(snapshot, now))
         };
         let findings = classify::classify(
-            &snapshot,
-            &lineages,
+            snapshot,
+            &seen.lineages,
             history.as_ref(),
             &self.settings.policy,
         );
-        self.log_findings(&snapshot, &findings);
+        self.log_findings(snapshot, &findings);
+        let grace = self.settings.watchdog.grace;
 
-        // Stale: a reclaim verdict of a kind the watchdog reclaims.
-        let reclaimable: Vec<&Finding> = findings
+        // Leftovers: a reclaim verdict of a kind the watchdog reclaims.
+        let reclaim = &self.settings.watchdog.reclaim;
+        let stale: Vec<Finding> = findings
             .iter()
-            .filter(|f| f.verdict == Verdict::Reclaim)
-            .filter(|f| {
-                reclaim_kind(f.kind).is_some_and(|k| self.settings.watchdog.reclaim.contains(&k))
-            })
+            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Reclaim)
+            .filter(|f| f.kind.reclaim_kind().is_some_and(|k| reclaim.contains(&k)))
+            .cloned()
             .collect();
-        let stale_ids: PidSet<Identity> = reclaimable.iter().filter_map(|f| f.identity).collect();
+        let stale_ids: PidSet<Identity> = stale.iter().filter_map(|f| f.identity).collect();
         self.stale_since.retain(|id, _| stale_ids.contains(id));
-        for f in &reclaimable {
+        for f in &stale {
             let Some(id) = f.identity else { continue };
             let since = match f.kind {
                 Kind::Stopped => self.stopped_since.get(&id).copied().unwrap_or(now),
@@ -568,8 +591,7 @@ impl Daemon {
             };
             self.stale_since.entry(id).or_insert(since);
         }
-        let grace = self.settings.watchdog.grace;
-        let due_stale: Vec<Finding> = reclaimable
+        let mut due: Vec<(Finding, Remedy)> = stale
             .iter()
             .filter(|f| {
                 once || f.identity.is_some_and(|id| {
@@ -578,100 +600,115 @@ impl Daemon {
                         .is_some_and(|&since| now.saturating_duration_since(since) >= grace)
                 })
             })
-            .map(|f| (*f).clone())
+            .map(|f| (f.clone(), Remedy::Reclaim))
             .collect();
 
-        // Above its share.
-        let over = self.over_share(&snapshot);
-        let over_ids: PidSet<Identity> = over.iter().map(|o| o.0).collect();
+        // Above its share: warned once it lasted the grace, ended with enforce_fraction.
+        let over: Vec<&Finding> = findings
+            .iter()
+            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Enforce)
+            .collect();
+        let over_ids: PidSet<Identity> = over.iter().filter_map(|f| f.identity).collect();
         self.over_since.retain(|id, _| over_ids.contains(id));
         self.warned.retain(|id| over_ids.contains(id));
-        let mut due_over: Vec<(Identity, String)> = Vec::new();
-        for (id, text) in &over {
-            let since = *self.over_since.entry(*id).or_insert(now);
+        for f in over {
+            let Some(id) = f.identity else { continue };
+            let since = *self.over_since.entry(id).or_insert(now);
             if once || now.saturating_duration_since(since) >= grace {
-                if self.warned.insert(*id) {
+                if self.warned.insert(id) {
                     self.event(
                         Priority::Warning,
-                        &format!("pid {} {text}", id.pid),
+                        &format!("pid {} {}", id.pid, f.reason),
                         &fields_of(
-                            &snapshot,
-                            *id,
-                            &[("ACTION", "warn".into()), ("REASON", text.clone())],
+                            snapshot,
+                            id,
+                            &[("ACTION", "warn".into()), ("REASON", f.reason.clone())],
                         ),
                     );
                 }
-                due_over.push((*id, text.clone()));
+                due.push((f.clone(), Remedy::Enforce));
             }
         }
-        let all_due: PidSet<(Identity, Cause)> = due_stale
+        let all_due: PidSet<(Identity, Remedy)> = due
             .iter()
-            .filter_map(|f| f.identity.map(|id| (id, Cause::Stale)))
-            .chain(due_over.iter().map(|(id, _)| (*id, Cause::Fraction)))
+            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
             .collect();
         self.handled.retain(|key, _| all_due.contains(key));
+        Judged {
+            stale,
+            stale_ids,
+            over_ids,
+            due,
+        }
+    }
 
-        // Targets: stale ones through clear's road; those above their share by identity.
-        let mut targets: Vec<(Target, Cause)> = reclaim::stale_targets(&snapshot, &due_stale, None)
-            .into_iter()
-            .map(|t| (t, Cause::Stale))
+    /// Act: the due findings' processes, through the road `gpuctl clear` takes, each once
+    /// (or again after a failed try), unless in report mode or the snapshot is incomplete.
+    fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
+        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let stale: Vec<Finding> = judged
+            .due
+            .iter()
+            .filter(|(_, remedy)| *remedy == Remedy::Reclaim)
+            .map(|(f, _)| f.clone())
             .collect();
-        if self.settings.watchdog.enforce_fraction && !due_over.is_empty() {
-            let selection = Selection {
-                pids: due_over.iter().map(|(id, _)| id.pid).collect(),
-                ..Selection::default()
-            };
-            let (selected, _) = reclaim::select(&snapshot, &findings, &selection);
-            for mut target in selected {
-                if targets.iter().any(|(t, _)| t.pid == target.pid) {
-                    continue;
+        let mut targets: Vec<(Target, Remedy)> = select::from_findings(snapshot, &stale, None)
+            .into_iter()
+            .map(|t| (t, Remedy::Reclaim))
+            .collect();
+        if self.settings.watchdog.enforce_fraction {
+            let over: Vec<Finding> = judged
+                .due
+                .iter()
+                .filter(|(_, remedy)| *remedy == Remedy::Enforce)
+                .map(|(f, _)| f.clone())
+                .collect();
+            for target in select::from_findings(snapshot, &over, None) {
+                if !targets.iter().any(|(t, _)| t.pid == target.pid) {
+                    targets.push((target, Remedy::Enforce));
                 }
-                if let Some((_, text)) = due_over.iter().find(|(id, _)| id.pid == target.pid) {
-                    target.reasons = vec![text.clone()];
-                }
-                targets.push((target, Cause::Fraction));
             }
         }
         // Same identity as observed, or nothing.
-        targets.retain(|(t, cause)| {
-            t.identity().is_some_and(|id| match cause {
-                Cause::Stale => stale_ids.contains(&id),
-                Cause::Fraction => over_ids.contains(&id),
+        targets.retain(|(t, remedy)| {
+            t.identity().is_some_and(|id| match remedy {
+                Remedy::Enforce => judged.over_ids.contains(&id),
+                _ => judged.stale_ids.contains(&id),
             })
         });
-        let mut to_run: Vec<(Target, Cause)> = Vec::new();
-        for (target, cause) in targets {
+        let mut to_run: Vec<(Target, Remedy)> = Vec::new();
+        for (target, remedy) in targets {
             let Some(id) = target.identity() else {
                 continue;
             };
             let why_left = if !self.settings.acts() {
                 Some("report mode".to_string())
             } else {
-                incomplete
+                seen.incomplete
                     .as_ref()
                     .map(|what| format!("incomplete snapshot: {what}"))
             };
             if let Some(why) = why_left {
                 pass.left += 1;
-                if self.handled.insert((id, cause), Handled::Left) != Some(Handled::Left) {
+                if self.handled.insert((id, remedy), Handled::Left) != Some(Handled::Left) {
                     self.event(
                         Priority::Notice,
                         &format!(
                             "pid {} ({}) is {}, left alone ({why}): {}",
                             target.pid,
                             target.owner_name(),
-                            match cause {
-                                Cause::Stale => "stale",
-                                Cause::Fraction => "above its share",
+                            match remedy {
+                                Remedy::Enforce => "above its share",
+                                _ => "stale",
                             },
                             target.reasons.join("; ")
                         ),
-                        &target_fields(&snapshot, &target, "left", cause),
+                        &target_fields(snapshot, &target, "left", remedy),
                     );
                 }
                 continue;
             }
-            match self.handled.get(&(id, cause)) {
+            match self.handled.get(&(id, remedy)) {
                 Some(Handled::Logged) => {
                     if self.settings.dry_run {
                         pass.left += 1;
@@ -683,18 +720,22 @@ impl Daemon {
                 Some(Handled::RetryAt(at)) if now < *at && !once => continue,
                 _ => {}
             }
-            to_run.push((target, cause));
+            to_run.push((target, remedy));
         }
         if !to_run.is_empty() {
-            let outcomes = self.execute(&snapshot, &to_run);
-            for (outcome, (_, cause)) in outcomes.iter().zip(&to_run) {
-                self.report_outcome(&snapshot, outcome, *cause, &mut pass, now);
+            let outcomes = self.execute(snapshot, &to_run);
+            for (outcome, (_, remedy)) in outcomes.iter().zip(&to_run) {
+                self.report_outcome(snapshot, outcome, *remedy, pass, now);
             }
         }
+    }
 
-        // Reporting.
+    /// Report: the metrics and systemd's STATUS line.
+    fn report(&mut self, seen: &Seen, judged: &Judged) {
+        let snapshot = &seen.snapshot;
         let stale_per_gpu = |index: u32| {
-            reclaimable
+            judged
+                .stale
                 .iter()
                 .filter(|f| f.gpus.contains(&index))
                 .count()
@@ -713,7 +754,7 @@ impl Daemon {
                 stale: stale_per_gpu(g.index),
             })
             .collect();
-        if incomplete.is_none() {
+        if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(unix_now());
         }
         let processes: PidSet<u32> = snapshot
@@ -727,9 +768,9 @@ impl Daemon {
             if snapshot.devices.len() == 1 { "" } else { "s" },
             processes.len(),
             if processes.len() == 1 { "" } else { "es" },
-            stale_ids.len()
+            judged.stale_ids.len()
         );
-        if let Some(what) = &incomplete {
+        if let Some(what) = &seen.incomplete {
             status.push_str(&format!("; reclaim suspended: {what}"));
         } else if !self.settings.acts() {
             status.push_str("; report mode");
@@ -741,18 +782,6 @@ impl Daemon {
         }
         self.status = status;
         self.publish();
-        if reopen {
-            self.event(
-                Priority::Notice,
-                "re-opening NVML while a GPU does not answer",
-                &[("ACTION", "nvml-reopen".into())],
-            );
-            self.nvml = Nvml::Down {
-                retry_at: Instant::now(),
-            };
-            self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
-        }
-        pass
     }
 
     fn finish_down(&mut self) {
@@ -810,9 +839,9 @@ impl Daemon {
         }
     }
 
-    /// Signals (or, in a dry run, plans) through `reclaim::execute`, pinging systemd's
+    /// Signals (or, in a dry run, plans) through the reclaim road, pinging systemd's
     /// watchdog from a helper thread while the escalation waits.
-    fn execute(&self, snapshot: &Snapshot, to_run: &[(Target, Cause)]) -> Vec<Outcome> {
+    fn execute(&self, snapshot: &Snapshot, to_run: &[(Target, Remedy)]) -> Vec<Outcome> {
         let Nvml::Up(gpus) = &self.nvml else {
             return Vec::new();
         };
@@ -829,15 +858,14 @@ impl Daemon {
                     }
                 });
             }
-            let outcomes = reclaim::execute(
+            let outcomes = Reclaim {
                 gpus,
-                snapshot,
-                targets,
-                &self.settings.guard,
-                &self.settings.escalation(),
-                self.settings.watchdog.term_timeout,
-                self.settings.dry_run,
-            );
+                guard: &self.settings.guard,
+                how: self.settings.escalation(),
+                verify_for: self.settings.watchdog.term_timeout,
+                dry_run: self.settings.dry_run,
+            }
+            .run(snapshot, targets);
             done.store(true, std::sync::atomic::Ordering::SeqCst);
             outcomes
         })
@@ -847,7 +875,7 @@ impl Daemon {
         &mut self,
         snapshot: &Snapshot,
         outcome: &Outcome,
-        cause: Cause,
+        remedy: Remedy,
         pass: &mut Pass,
         now: Instant,
     ) {
@@ -859,18 +887,18 @@ impl Daemon {
         match outcome.action {
             Action::DryRun => {
                 pass.left += 1;
-                self.handled.insert((id, cause), Handled::Logged);
+                self.handled.insert((id, remedy), Handled::Logged);
                 self.event(
                     Priority::Notice,
                     &format!("dry run: would reclaim {who}, {held}: {reasons}"),
-                    &target_fields(snapshot, target, "would-reclaim", cause),
+                    &target_fields(snapshot, target, "would-reclaim", remedy),
                 );
             }
             Action::Skip => {
                 pass.failed += 1;
-                self.handled.insert((id, cause), Handled::Logged);
+                self.handled.insert((id, remedy), Handled::Logged);
                 let why = outcome.skipped.clone().unwrap_or_default();
-                let mut fields = target_fields(snapshot, target, "skipped", cause);
+                let mut fields = target_fields(snapshot, target, "skipped", remedy);
                 fields.push(("SKIPPED", why.clone()));
                 self.event(
                     Priority::Warning,
@@ -883,11 +911,11 @@ impl Daemon {
                 self.metrics.reclaims_total += 1;
                 self.metrics.reclaimed_bytes_total += freed;
                 self.last_reclaim = Some(format!("{}: {who} {held}", clock_time()));
-                let action = match cause {
-                    Cause::Stale => "reclaimed",
-                    Cause::Fraction => "terminated",
+                let action = match remedy {
+                    Remedy::Enforce => "terminated",
+                    _ => "reclaimed",
                 };
-                let mut fields = target_fields(snapshot, target, action, cause);
+                let mut fields = target_fields(snapshot, target, action, remedy);
                 fields.push(("RECLAIMED_BYTES", freed.to_string()));
                 self.event(
                     Priority::Warning,
@@ -904,7 +932,7 @@ impl Daemon {
                 pass.failed += 1;
                 self.metrics.reclaim_failures_total += 1;
                 self.handled.insert(
-                    (id, cause),
+                    (id, remedy),
                     Handled::RetryAt(
                         now + self
                             .settings
@@ -916,7 +944,7 @@ impl Daemon {
                 self.event(
                     Priority::Err,
                     &format!("reclaim of {who} failed: {}; {reasons}", outcome.summary()),
-                    &target_fields(snapshot, target, "failed", cause),
+                    &target_fields(snapshot, target, "failed", remedy),
                 );
             }
         }
@@ -975,63 +1003,26 @@ impl Daemon {
         }
     }
 
-    /// Processes holding more of a GPU than their share, with a sentence saying so.
-    fn over_share(&self, snapshot: &Snapshot) -> Vec<(Identity, String)> {
-        let mut over: Vec<(Identity, String)> = Vec::new();
-        if !self.settings.loaded.has_fraction_policy() {
-            return over;
-        }
-        for gpu in &snapshot.devices {
-            let Some(memory) = gpu.memory else { continue };
-            for process in &gpu.processes {
-                let (Some(used), Some(ticks)) = (process.used_bytes, process.host.start_ticks)
-                else {
-                    continue;
-                };
-                let Some(share) = config::fraction_for(
-                    &self.settings.loaded,
-                    gpu.index,
-                    gpu.uuid.as_deref(),
-                    process.host.user.as_deref(),
-                ) else {
-                    continue;
-                };
-                let limit = (memory.total_bytes as f64 * share.value) as u64;
-                if used > limit {
-                    let id = Identity::new(process.pid, ticks);
-                    if over.iter().any(|(o, _)| *o == id) {
-                        continue;
-                    }
-                    over.push((
-                        id,
-                        format!(
-                            "holds {} on GPU {}, above its share {} ({}, set by {})",
-                            bytes(used),
-                            gpu.index,
-                            share.value,
-                            bytes(limit),
-                            share.describe()
-                        ),
-                    ));
-                }
-            }
-        }
-        over
-    }
-
-    /// Each finding once, when it appears (and again if it goes away and comes back).
+    /// Each finding once, when it appears (and again if it goes away and comes back). Those
+    /// above their share are warned of once they lasted the grace (see `judge`).
     fn log_findings(&mut self, snapshot: &Snapshot, findings: &[Finding]) {
-        let keys: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = findings
-            .iter()
+        let logged = || {
+            findings
+                .iter()
+                .filter(|f| f.kind.remedy() != Remedy::Enforce)
+        };
+        let keys: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = logged()
             .map(|f| (f.identity, f.gpus.clone(), f.kind, f.verdict))
             .collect();
-        for f in findings {
+        for f in logged() {
             let key = (f.identity, f.gpus.clone(), f.kind, f.verdict);
             if self.logged_findings.contains(&key) {
                 continue;
             }
-            let covered =
-                reclaim_kind(f.kind).is_some_and(|k| self.settings.watchdog.reclaim.contains(&k));
+            let covered = f
+                .kind
+                .reclaim_kind()
+                .is_some_and(|k| self.settings.watchdog.reclaim.contains(&k));
             let (priority, action, note) = match (f.verdict, covered) {
                 (Verdict::Reclaim, true) => (
                     Priority::Warning,
@@ -1129,7 +1120,7 @@ fn target_fields(
     snapshot: &Snapshot,
     target: &Target,
     action: &str,
-    cause: Cause,
+    remedy: Remedy,
 ) -> Vec<(&'static str, String)> {
     let mut fields = gpu_uuid_fields(snapshot, &target.gpus);
     fields.push(("PID", target.pid.to_string()));
@@ -1138,9 +1129,9 @@ fn target_fields(
     fields.push(("ACTION", action.to_string()));
     fields.push((
         "CAUSE",
-        match cause {
-            Cause::Stale => "stale",
-            Cause::Fraction => "fraction",
+        match remedy {
+            Remedy::Enforce => "fraction",
+            _ => "stale",
         }
         .into(),
     ));

@@ -140,22 +140,6 @@ fn quote(value: &str) -> String {
     out
 }
 
-/// "40.0 GiB", as gpuctl shows memory.
-pub fn bytes(value: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut amount = value as f64;
-    let mut unit = 0;
-    while amount >= 1024.0 && unit < UNITS.len() - 1 {
-        amount /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{value} B")
-    } else {
-        format!("{amount:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,12 +186,5 @@ mod tests {
         let text = String::from_utf8_lossy(&buffer[..n]);
         assert!(text.contains("PRIORITY=3\n"), "{text}");
         assert!(text.contains("MESSAGE=failed\nACTION=failed\n"), "{text}");
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(bytes(40 << 30), "40.0 GiB");
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(1536 << 20), "1.5 GiB");
     }
 }

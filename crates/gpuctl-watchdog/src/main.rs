@@ -10,7 +10,8 @@ mod signals;
 use clap::Parser;
 use gpuctl_watchdog::cli::Cli;
 
-use daemon::{Daemon, Settings, exit};
+use daemon::{Daemon, Settings};
+use gpuctl_core::exit::Exit;
 
 /// The command line as given (SIGHUP re-reads the configuration it names).
 pub(crate) fn cli_args() -> Cli {
@@ -23,12 +24,12 @@ fn main() {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("gpuctl-watchdog: {error}");
-            std::process::exit(exit::USAGE);
+            std::process::exit(Exit::Usage.code().into());
         }
     };
     if let Err(error) = signals::install() {
         eprintln!("gpuctl-watchdog: cannot install signal handlers: {error}");
-        std::process::exit(exit::FAILED);
+        std::process::exit(Exit::Failed.code().into());
     }
     let mut daemon = Daemon::new(
         settings,
@@ -40,5 +41,5 @@ fn main() {
     } else {
         daemon.run()
     };
-    std::process::exit(code);
+    std::process::exit(code.code().into());
 }

@@ -4,22 +4,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpuctl_core::act::Signal;
-use gpuctl_core::reclaim::OwnerMatch;
+use gpuctl_core::exit;
+use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::units::{self, Amount};
 
-pub const EXIT_CODES: &str = "\
-Exit status:
-  0  success
-  1  the operation failed (info: a GPU is lost or cannot be read, the others are shown;
-     kill, clear: a selected process was skipped, refused, survived, or its memory is
-     still held)
-  2  usage error (bad option, bad value, unknown GPU or user, a needed --yes missing,
-     an invalid or untrusted configuration file)
-  3  NVML or the NVIDIA driver is unavailable
-  4  clear --wait: the GPUs were not free by the deadline
-  126, 127  enable -- COMMAND: the command could not be executed, or was not found
-            (otherwise enable -- COMMAND exits with the command's own status)
+/// What `gpuctl --help` and the man pages print after the options: the exit statuses (from
+/// the one table in gpuctl-core) and the environment.
+pub fn after_help() -> String {
+    format!("{}\n\n{ENVIRONMENT}", exit::help(exit::GPUCTL))
+}
 
+const ENVIRONMENT: &str = "\
 Environment:
   GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals)
   NO_COLOR         when set and not empty, --color auto does not color
@@ -30,7 +25,7 @@ Environment:
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
-#[command(name = "gpuctl", version, after_help = EXIT_CODES)]
+#[command(name = "gpuctl", version, after_help = after_help())]
 pub struct Cli {
     /// When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorChoice::Auto, global = true)]

@@ -7,6 +7,7 @@ use anyhow::Result;
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
+use gpuctl_core::units;
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
 
@@ -172,13 +173,13 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
         figures.push(format!(
             "mem {} {} / {} {:>3.0}%",
             style.paint(render::load_color(fraction), &style.bar(fraction, 24)),
-            render::bytes(memory.used_bytes),
-            render::bytes(memory.total_bytes),
+            units::bytes(memory.used_bytes),
+            units::bytes(memory.total_bytes),
             fraction * 100.0
         ));
     }
     if let Some(peak) = gpu.peak {
-        figures.push(format!("peak {}", render::bytes(peak.used_bytes)));
+        figures.push(format!("peak {}", units::bytes(peak.used_bytes)));
     }
     if let Some(util) = gpu.utilization {
         figures.push(format!("util {:>3}%", util.gpu_pct));
@@ -275,7 +276,7 @@ fn process_table(
         rows.push(Row {
             pid: "-".into(),
             user: "-".into(),
-            memory: render::bytes(bytes),
+            memory: units::bytes(bytes),
             sm: "-".into(),
             age: "-".into(),
             state: "-".into(),
@@ -379,7 +380,7 @@ fn row(process: &GpuProcess) -> Row {
             .unwrap_or_else(|| "?".into()),
         memory: process
             .used_bytes
-            .map_or_else(|| "n/a".into(), render::bytes),
+            .map_or_else(|| "n/a".into(), units::bytes),
         sm: process
             .sm_util_pct
             .map_or_else(dash, |pct| format!("{pct}%")),

@@ -11,24 +11,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuctl_core::CoreError;
+use gpuctl_core::exit::Exit;
 
 use gpuctl::cli::{Cli, Command};
-
-/// The documented exit statuses (see `cli::EXIT_CODES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Exit {
-    Ok = 0,
-    Failed = 1,
-    Usage = 2,
-    NvmlUnavailable = 3,
-    /// `clear --wait`: the GPUs were not free by the deadline.
-    NotClean = 4,
-    /// `enable -- COMMAND`: found but could not be executed (as shells report it).
-    CommandNotExecutable = 126,
-    /// `enable -- COMMAND`: not found.
-    CommandNotFound = 127,
-}
 
 /// A request that cannot be carried out as given (exit status 2).
 #[derive(Debug)]
@@ -48,11 +33,11 @@ fn main() -> ExitCode {
         Err(error) if !error.use_stderr() => {
             // --help and --version.
             let _ = error.print();
-            return ExitCode::from(Exit::Ok as u8);
+            return ExitCode::from(Exit::Ok);
         }
         Err(error) => {
             let _ = writeln!(io::stderr().lock(), "gpuctl: {}", one_line(&error));
-            return ExitCode::from(Exit::Usage as u8);
+            return ExitCode::from(Exit::Usage);
         }
     };
     let color = render::Style::choose(cli.color);
@@ -65,7 +50,7 @@ fn main() -> ExitCode {
         Command::Enable(args) => policy::run_enable(&args),
     };
     match result {
-        Ok(exit) => ExitCode::from(exit as u8),
+        Ok(exit) => ExitCode::from(exit),
         Err(error) => report(&error),
     }
 }
@@ -101,10 +86,10 @@ fn one_line(error: &clap::Error) -> String {
 fn report(error: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(error) {
         // The reader (head, less) went away: that is how piped output ends, not a failure.
-        return ExitCode::from(Exit::Ok as u8);
+        return ExitCode::from(Exit::Ok);
     }
     let exit = match error.downcast_ref::<CoreError>() {
-        Some(CoreError::NvmlUnavailable { .. }) => Exit::NvmlUnavailable,
+        Some(CoreError::NvmlUnavailable { .. }) => Exit::Unavailable,
         Some(CoreError::GpuSelector(_)) => Exit::Usage,
         _ if error.downcast_ref::<Usage>().is_some() => Exit::Usage,
         // A configuration file that is invalid or not trusted is bad input, like a bad option.
@@ -118,5 +103,5 @@ fn report(error: &anyhow::Error) -> ExitCode {
     };
     let message = format!("{error:#}").replace('\n', " ");
     let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");
-    ExitCode::from(exit as u8)
+    ExitCode::from(exit)
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, IsTerminal};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use gpuctl_core::act::Escalation;
@@ -10,73 +10,24 @@ use gpuctl_core::classify::{self, Finding, Policy, Verdict};
 use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::reclaim::{self, Guard, Outcome, Refusal, Selection, Target};
-use gpuctl_core::snapshot::GpuSnapshot;
-use gpuctl_core::units::Amount;
+use gpuctl_core::plan::{Guard, Outcome, Protection};
+use gpuctl_core::reclaim::Reclaim;
+use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
+use gpuctl_core::select::{self, Criterion, Selector, Target};
+use gpuctl_core::units;
+use gpuctl_core::verify::{self, WaitReport};
 use gpuctl_core::{CoreError, Snapshot, SnapshotOptions};
-use serde::Serialize;
 
 use crate::render::{self, Color, Style};
 use crate::{Exit, Usage};
 use gpuctl::cli::{ClearArgs, KillArgs, SignalArgs};
 
-/// Version of the `kill --json` and `clear --json` documents.
-pub const RECLAIM_SCHEMA: u32 = 1;
-
 /// Per-process utilization is read over this window: activity in it is evidence of life.
 const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 
-/// With no --min-free, a GPU is free when no process is left and less than this is in use.
-const CLEAN_USED_BYTES: u64 = 256 << 20;
-
-#[derive(Serialize)]
-struct ReclaimDocument<'a> {
-    schema: u32,
-    command: &'static str,
-    dry_run: bool,
-    signal: String,
-    timeout_ms: u64,
-    outcomes: &'a [Outcome],
-    refused: &'a [Refusal],
-    /// Findings shown but not acted on (clear).
-    reported: Vec<&'a Finding>,
-    wait: Option<WaitReport>,
-}
-
-#[derive(Serialize, Clone)]
-struct WaitReport {
-    met: bool,
-    waited_ms: u64,
-    gpus: Vec<GpuState>,
-}
-
-#[derive(Serialize, Clone)]
-struct GpuState {
-    index: u32,
-    free: bool,
-    used_bytes: Option<u64>,
-    free_bytes: Option<u64>,
-    processes: Vec<u32>,
-}
-
-fn escalation(how: &SignalArgs) -> Escalation {
-    Escalation {
-        signal: how.signal,
-        timeout: how.timeout,
-        escalate: true,
-        kill_timeout: Duration::from_secs(5),
-    }
-}
-
 /// The built-in protected commands and the configuration's `[protect]` lists.
-fn protected() -> Result<(Vec<String>, Vec<String>)> {
-    let protect = config::load()?.protect();
-    let mut commands: Vec<String> = reclaim::DEFAULT_PROTECTED
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    commands.extend(protect.commands);
-    Ok((commands, protect.users))
+fn protection() -> Result<Protection> {
+    Ok(Protection::configured(&config::load()?.protect()))
 }
 
 fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
@@ -102,60 +53,78 @@ fn classified(gpus: &Gpus, policy: &Policy) -> Result<(Snapshot, Vec<Finding>)> 
     Ok((snapshot, findings))
 }
 
-pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
-    let any_selector = !args.gpus.is_empty()
-        || !args.pids.is_empty()
-        || !args.users.is_empty()
-        || !args.owners.is_empty()
-        || args.stale
-        || args.min_mem.is_some()
-        || args.older_than.is_some()
-        || args.all;
-    if !any_selector {
-        return Err(usage(
-            "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
-             --older-than or --all",
-        ));
+/// The road from the plan on: guarded, signalled with `how` (unless a dry run), verified.
+fn reclaim(
+    gpus: &Gpus,
+    guard: &Guard,
+    how: &SignalArgs,
+    dry_run: bool,
+    snapshot: &Snapshot,
+    targets: Vec<Target>,
+) -> Vec<Outcome> {
+    Reclaim {
+        gpus,
+        guard,
+        how: Escalation::then_kill(how.signal, how.timeout),
+        verify_for: how.timeout,
+        dry_run,
     }
+    .run(snapshot, targets)
+}
+
+pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let uids = args
         .users
         .iter()
         .map(|user| resolve_user(user))
         .collect::<Result<Vec<u32>>>()?;
     let gpus = Gpus::open()?;
-    let selection = Selection {
-        gpus: resolve_gpus(&gpus, &args.gpus)?,
-        pids: args.pids.clone(),
-        uids,
-        stale: args.stale,
-        min_bytes: args.min_mem,
-        older_than: args.older_than,
-        owners: args.owners.clone(),
-    };
+    let mut criteria = Vec::new();
+    if let Some(indices) = resolve_gpus(&gpus, &args.gpus)? {
+        criteria.push(Criterion::Gpus(indices));
+    }
+    if !args.pids.is_empty() {
+        criteria.push(Criterion::Pids(args.pids.clone()));
+    }
+    if !uids.is_empty() {
+        criteria.push(Criterion::Uids(uids));
+    }
+    if !args.owners.is_empty() {
+        criteria.push(Criterion::Owners(args.owners.clone()));
+    }
+    if args.stale {
+        criteria.push(Criterion::Stale);
+    }
+    if let Some(min) = args.min_mem {
+        criteria.push(Criterion::MinBytes(min));
+    }
+    if let Some(age) = args.older_than {
+        criteria.push(Criterion::OlderThan(age));
+    }
+    if args.all {
+        criteria.push(Criterion::All);
+    }
+    let selector = Selector::all_of(criteria).map_err(|_| {
+        usage(
+            "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
+             --older-than or --all",
+        )
+    })?;
     let (snapshot, findings) = classified(&gpus, &Policy::default())?;
-    let (targets, refused) = reclaim::select(&snapshot, &findings, &selection);
+    let (targets, refused) = select::select(&snapshot, &findings, &selector);
     // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let (commands, _) = protected()?;
-    let guard = Guard::for_this_process(&commands, &[]);
+    let guard = Guard::for_this_process(protection()?.commands_only());
 
     if targets.is_empty() && refused.is_empty() {
         eprintln!("gpuctl: no GPU process matches the selection");
         return Ok(Exit::Ok);
     }
     if !args.dry_run && !args.yes {
-        confirm(&targets, &guard, args.all, &args.how)?;
+        confirm(&targets, &guard, selector.is_all(), &args.how)?;
     }
-    let outcomes = reclaim::execute(
-        &gpus,
-        &snapshot,
-        targets,
-        &guard,
-        &escalation(&args.how),
-        args.how.timeout,
-        args.dry_run,
-    );
+    let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
     let ok = outcomes.iter().all(Outcome::succeeded) && refused.is_empty();
-    let document = ReclaimDocument {
+    let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "kill",
         dry_run: args.dry_run,
@@ -180,33 +149,10 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         ..Policy::default()
     };
     let (snapshot, findings) = classified(&gpus, &policy)?;
-    let (commands, users) = protected()?;
-    let guard = Guard::for_this_process(&commands, &users);
-    let mut targets = reclaim::stale_targets(&snapshot, &findings, selected.as_deref());
+    let guard = Guard::for_this_process(protection()?);
+    let mut targets = select::from_findings(&snapshot, &findings, selected.as_deref());
     // Only root reclaims other users' leftovers; the caller's others are reported.
-    let mut others: Vec<Finding> = Vec::new();
-    if !guard.is_root() {
-        targets.retain(|target| {
-            let own = target.uid == Some(guard.caller_uid());
-            if !own {
-                others.extend(
-                    findings
-                        .iter()
-                        .filter(|f| f.identity.map(|i| i.pid) == Some(target.pid))
-                        .map(|f| Finding {
-                            verdict: Verdict::Report,
-                            reason: format!(
-                                "{} (belongs to {}: only root reclaims other users' processes)",
-                                f.reason,
-                                target.owner_name()
-                            ),
-                            ..f.clone()
-                        }),
-                );
-            }
-            own
-        });
-    }
+    let others = guard.keep_callers_own(&mut targets, &findings);
     let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
     let on_selected = |finding: &&Finding| {
         selected
@@ -221,18 +167,10 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         .filter(|f| !f.identity.is_some_and(|i| targeted.contains(&i.pid)))
         .collect();
 
-    let outcomes = reclaim::execute(
-        &gpus,
-        &snapshot,
-        targets,
-        &guard,
-        &escalation(&args.how),
-        args.how.timeout,
-        args.dry_run,
-    );
+    let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
     let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
     let wait = match (args.wait, args.dry_run) {
-        (Some(limit), false) => Some(wait_until_free(
+        (Some(limit), false) => Some(verify::wait_until_free(
             &gpus,
             selected.as_deref(),
             limit,
@@ -240,7 +178,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         )?),
         _ => None,
     };
-    let document = ReclaimDocument {
+    let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "clear",
         dry_run: args.dry_run,
@@ -266,54 +204,6 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     })
 }
 
-/// Polls NVML until every selected GPU is free, or `limit` passes.
-fn wait_until_free(
-    gpus: &Gpus,
-    selected: Option<&[u32]>,
-    limit: Duration,
-    min_free: Option<Amount>,
-) -> Result<WaitReport> {
-    let start = Instant::now();
-    let options = SnapshotOptions {
-        gpus: selected.map(<[u32]>::to_vec),
-        utilization_window: None,
-        only_memory_and_processes: true,
-    };
-    loop {
-        let snapshot = Snapshot::take(gpus, &options)?;
-        let states: Vec<GpuState> = snapshot
-            .devices
-            .iter()
-            .map(|gpu| gpu_state(gpu, min_free))
-            .collect();
-        let met = states.iter().all(|s| s.free);
-        if met || start.elapsed() >= limit {
-            return Ok(WaitReport {
-                met,
-                waited_ms: start.elapsed().as_millis() as u64,
-                gpus: states,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
-    let processes: Vec<u32> = gpu.processes.iter().map(|p| p.pid).collect();
-    let free = match (gpu.memory, min_free) {
-        (Some(memory), Some(amount)) => memory.free_bytes >= amount.bytes_of(memory.total_bytes),
-        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
-        (None, _) => false,
-    };
-    GpuState {
-        index: gpu.index,
-        free,
-        used_bytes: gpu.memory.map(|m| m.used_bytes),
-        free_bytes: gpu.memory.map(|m| m.free_bytes),
-        processes,
-    }
-}
-
 /// One line naming what still holds memory on each GPU that is not free.
 fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
     let busy: Vec<String> = wait
@@ -322,7 +212,7 @@ fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
         .filter(|g| !g.free)
         .map(|g| {
             let used = g.used_bytes.map_or("memory unknown".into(), |b| {
-                format!("{} in use", render::bytes(b))
+                format!("{} in use", units::bytes(b))
             });
             match g.processes.len() {
                 0 => format!("GPU {}: {used}, held by no process (unattributed)", g.index),
@@ -397,7 +287,7 @@ fn resolve_user(user: &str) -> Result<u32> {
     }
 }
 
-fn table(document: &ReclaimDocument, style: &Style, with_reasons: bool) -> String {
+fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String {
     let mut out = String::new();
     let outcomes = document.outcomes;
     if outcomes.is_empty() && document.refused.is_empty() {
@@ -418,7 +308,7 @@ fn table(document: &ReclaimDocument, style: &Style, with_reasons: bool) -> Strin
                         .map(u32::to_string)
                         .collect::<Vec<_>>()
                         .join(","),
-                    t.used_bytes.map_or("n/a".into(), render::bytes),
+                    t.used_bytes.map_or("n/a".into(), units::bytes),
                     match &o.skipped {
                         Some(reason) => format!("skipped: {reason}"),
                         None => o.summary(),
@@ -496,7 +386,7 @@ fn table(document: &ReclaimDocument, style: &Style, with_reasons: bool) -> Strin
                 Some(identity) => format!("pid {} on GPU {gpus}", identity.pid),
                 None => format!(
                     "GPU {gpus}: {}",
-                    finding.bytes.map_or("memory".into(), render::bytes)
+                    finding.bytes.map_or("memory".into(), units::bytes)
                 ),
             };
             out.push_str(&format!("  {subject}: {}\n", finding.reason));

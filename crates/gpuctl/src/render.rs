@@ -114,22 +114,6 @@ pub fn emit<T: serde::Serialize>(
     Ok(())
 }
 
-/// Binary units as nvidia-smi and free(1) use them: "512 MiB", "40.0 GiB".
-pub fn bytes(value: u64) -> String {
-    const MIB: f64 = 1024.0 * 1024.0;
-    const GIB: f64 = MIB * 1024.0;
-    let v = value as f64;
-    if v >= GIB {
-        format!("{:.1} GiB", v / GIB)
-    } else if v >= MIB {
-        format!("{:.0} MiB", v / MIB)
-    } else if value >= 1024 {
-        format!("{:.0} KiB", v / 1024.0)
-    } else {
-        format!("{value} B")
-    }
-}
-
 /// Compact ages as ps and nvitop show them: "45s", "12m", "3h12m", "2d04h".
 pub fn age(seconds: u64) -> String {
     let (d, h, m, s) = (
@@ -173,6 +157,7 @@ pub fn pad_left(text: &str, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuctl_core::units::bytes;
 
     #[test]
     fn figures_read_like_other_tools() {

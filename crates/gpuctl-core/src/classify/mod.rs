@@ -1,5 +1,9 @@
-//! Stale-run classification: a pure function from snapshot facts to findings, each with a
-//! reason a person can read. Nothing here reads /proc or NVML or acts.
+//! Classification: a pure function from snapshot facts to findings, each with a reason a
+//! person can read. Nothing here reads /proc or NVML or acts.
+//!
+//! Each finding [`Kind`] is defined once: its rule (one module below: the facts it reads,
+//! the verdict and the sentence it gives) and its [`Remedy`], what a consumer does about
+//! it. Adding a rule is adding a kind, its module with its tests, and a line in [`RULES`].
 //!
 //! Ancestry alone does not prove a run died: `nohup python train.py &` in a launcher script
 //! leaves a process whose parent is init and whose group leader (the script) is gone, yet it
@@ -7,14 +11,21 @@
 //! window, or live children of its own), and an orphan is reclaimed only with positive
 //! evidence that its run died. Without that evidence it is reported, not reclaimed.
 
+mod above_fraction;
+mod orphaned;
+mod state;
+mod unattributed;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::act::Identity;
-use crate::host::{LeaderState, Lineage, ProcState};
+use crate::config::{Loaded, ReclaimKind};
+use crate::host::Lineage;
 use crate::pidmap::{PidMap, PidSet};
-use crate::snapshot::{GpuProcess, Snapshot};
+use crate::snapshot::{GpuProcess, GpuSnapshot, Snapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -29,13 +40,70 @@ pub enum Kind {
     Uninterruptible,
     /// GPU memory in use that no process accounts for.
     Unattributed,
+    /// Holds more of a GPU than the `[fraction]` policy gives it.
+    AboveFraction,
+}
+
+/// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Remedy {
+    /// The leftover of a run that is gone: `gpuctl clear` ends it, and the watchdog does
+    /// after its grace when the kind is in `watchdog.reclaim`.
+    Reclaim,
+    /// A breach of the share policy: the watchdog warns once it lasted its grace and, with
+    /// `watchdog.enforce_fraction`, ends the process.
+    Enforce,
+    /// Nothing a signal fixes: shown, never acted on.
+    Report,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Orphaned,
+        Kind::ZombieHolder,
+        Kind::Stopped,
+        Kind::Uninterruptible,
+        Kind::Unattributed,
+        Kind::AboveFraction,
+    ];
+
+    /// Its name in JSON, the journal and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Orphaned => "orphaned",
+            Kind::ZombieHolder => "zombie_holder",
+            Kind::Stopped => "stopped",
+            Kind::Uninterruptible => "uninterruptible",
+            Kind::Unattributed => "unattributed",
+            Kind::AboveFraction => "above_fraction",
+        }
+    }
+
+    pub fn remedy(self) -> Remedy {
+        match self {
+            Kind::Orphaned | Kind::ZombieHolder | Kind::Stopped => Remedy::Reclaim,
+            Kind::AboveFraction => Remedy::Enforce,
+            Kind::Uninterruptible | Kind::Unattributed => Remedy::Report,
+        }
+    }
+
+    /// The `watchdog.reclaim` entry that lets the watchdog end a finding of this kind.
+    pub fn reclaim_kind(self) -> Option<ReclaimKind> {
+        match self {
+            Kind::Orphaned => Some(ReclaimKind::Orphaned),
+            Kind::ZombieHolder => Some(ReclaimKind::Zombie),
+            Kind::Stopped => Some(ReclaimKind::Stopped),
+            Kind::Uninterruptible | Kind::Unattributed | Kind::AboveFraction => None,
+        }
+    }
 }
 
 /// What may be done about a finding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// The evidence is strong: `gpuctl clear` (and the watchdog, after its grace) ends it.
+    /// The evidence is strong: its [`Remedy`] applies.
     Reclaim,
     /// Shown, never acted on automatically; a person may still `gpuctl kill --pid` it.
     Report,
@@ -72,6 +140,8 @@ pub struct Policy {
     pub stopped_after: Duration,
     /// Unattributed memory below this is noise (driver bookkeeping), not a finding.
     pub unattributed_min_bytes: u64,
+    /// The configuration whose `[fraction]` shares are checked; `None`: no share check.
+    pub fraction: Option<Arc<Loaded>>,
 }
 
 impl Default for Policy {
@@ -80,21 +150,63 @@ impl Default for Policy {
             include_stopped: false,
             stopped_after: Duration::from_secs(300),
             unattributed_min_bytes: 256 * 1024 * 1024,
+            fraction: None,
         }
     }
 }
 
-/// One process across the GPUs it is on.
-struct Held<'a> {
-    process: &'a GpuProcess,
-    gpus: Vec<u32>,
-    bytes: Option<u64>,
-    /// Highest SM utilization on any of its GPUs; `None` if some GPU does not report it.
-    busy_pct: Option<u32>,
+/// Everything a rule may read.
+pub(crate) struct Facts<'a> {
+    pub snapshot: &'a Snapshot,
+    pub lineages: &'a PidMap<u32, Lineage>,
+    pub history: Option<&'a History>,
+    pub policy: &'a Policy,
+    /// Idle orphans per process group: several workers of one dead run look alike.
+    pub idle_orphans_per_group: PidMap<u32, usize>,
 }
 
-/// Findings for every process and GPU of `snapshot`. `lineages` holds the lineage of each
-/// confirmed process (children counted for those whose group leader is gone).
+/// One confirmed process across the GPUs it is on.
+pub(crate) struct Held<'a> {
+    pub process: &'a GpuProcess,
+    pub identity: Identity,
+    pub gpus: Vec<u32>,
+    pub bytes: Option<u64>,
+    /// Highest SM utilization on any of its GPUs; `None` if some GPU does not report it.
+    pub busy_pct: Option<u32>,
+}
+
+impl Held<'_> {
+    fn finding(&self, kind: Kind, verdict: Verdict, reason: String) -> Finding {
+        Finding {
+            kind,
+            verdict,
+            identity: Some(self.identity),
+            gpus: self.gpus.clone(),
+            bytes: self.bytes,
+            reason,
+        }
+    }
+}
+
+/// A rule: the facts of one process (or one GPU) in, at most one finding out.
+enum Rule {
+    Process(Kind, fn(&Facts, &Held) -> Option<(Verdict, String)>),
+    Gpu(fn(&Facts, &GpuSnapshot) -> Option<Finding>),
+}
+
+/// Every rule, in the order their findings are listed for a process.
+const RULES: &[Rule] = &[
+    Rule::Process(Kind::Uninterruptible, state::uninterruptible),
+    Rule::Process(Kind::ZombieHolder, state::zombie),
+    Rule::Process(Kind::Stopped, state::stopped),
+    Rule::Process(Kind::Orphaned, orphaned::judge),
+    Rule::Process(Kind::AboveFraction, above_fraction::judge),
+    Rule::Gpu(unattributed::judge),
+];
+
+/// Findings for every process and GPU of `snapshot`: each confirmed process by ascending
+/// pid, then the GPUs. `lineages` holds the lineage of each confirmed process (children
+/// counted for those whose group leader is gone).
 pub fn classify(
     snapshot: &Snapshot,
     lineages: &PidMap<u32, Lineage>,
@@ -102,146 +214,50 @@ pub fn classify(
     policy: &Policy,
 ) -> Vec<Finding> {
     let held = holders(snapshot);
-    let orphans: Vec<(&Held, &Lineage)> = held
-        .iter()
-        .filter_map(|h| Some((h, lineages.get(&h.process.pid)?)))
-        .filter(|(h, lineage)| is_reparented_orphan(h.process, lineage))
-        .collect();
-    // Idle orphans per process group: several workers of one dead run look alike.
-    let mut idle_orphans_per_group: PidMap<u32, usize> = PidMap::default();
-    for (h, lineage) in &orphans {
-        if h.busy_pct == Some(0) && lineage.live_children == Some(0) {
-            *idle_orphans_per_group
-                .entry(h.process.host.pgid.unwrap_or(0))
-                .or_default() += 1;
-        }
-    }
-
+    let facts = Facts {
+        snapshot,
+        lineages,
+        history,
+        policy,
+        idle_orphans_per_group: orphaned::idle_per_group(&held, lineages),
+    };
     let mut findings = Vec::new();
     for h in &held {
-        let host = &h.process.host;
-        let (Some(state), Some(start_ticks)) = (host.state, host.start_ticks) else {
-            continue; // unconfirmed: nothing is known, so nothing is judged
-        };
-        let identity = Identity {
-            pid: h.process.pid,
-            start_ticks,
-        };
-        let finding = |kind, verdict, reason: String| Finding {
-            kind,
-            verdict,
-            identity: Some(identity),
-            gpus: h.gpus.clone(),
-            bytes: h.bytes,
-            reason,
-        };
-        match state {
-            ProcState::DiskSleep => findings.push(finding(
-                Kind::Uninterruptible,
-                Verdict::Report,
-                "in uninterruptible sleep (D): no signal can end it until the kernel call \
-                 returns; if it never does, reset the GPU once nothing else uses it"
-                    .into(),
-            )),
-            ProcState::Zombie | ProcState::Dead => {
-                let threads = host.threads.unwrap_or(1);
-                if threads > 1 {
-                    findings.push(finding(
-                        Kind::ZombieHolder,
-                        Verdict::Reclaim,
-                        format!(
-                            "zombie holder: its main thread exited but {} other thread{} \
-                             still hold the GPU context",
-                            threads - 1,
-                            if threads == 2 { "" } else { "s" }
-                        ),
-                    ));
-                } else {
-                    let parent = host
-                        .ppid
-                        .map_or("its parent".to_string(), |p| format!("pid {p}"));
-                    findings.push(finding(
-                        Kind::ZombieHolder,
-                        Verdict::Report,
-                        format!(
-                            "zombie: exited but not yet reaped by {parent}; signals cannot \
-                             reach it, the driver frees its memory once it is reaped"
-                        ),
-                    ));
-                }
-            }
-            ProcState::Stopped | ProcState::TracingStop => {
-                let stopped_for = history.and_then(|h| h.stopped_for.get(&identity).copied());
-                let (verdict, reason) = match (policy.include_stopped, history, stopped_for) {
-                    (false, _, _) => (
-                        Verdict::Report,
-                        "stopped (SIGSTOP or job control); stopped processes are reclaimed \
-                         only when asked (clear --include-stopped)"
-                            .to_string(),
-                    ),
-                    (true, Some(_), Some(d)) if d >= policy.stopped_after => {
-                        (Verdict::Reclaim, format!("stopped for {}s", d.as_secs()))
-                    }
-                    (true, Some(_), _) => (
-                        Verdict::Report,
-                        format!(
-                            "stopped for less than {}s so far",
-                            policy.stopped_after.as_secs()
-                        ),
-                    ),
-                    (true, None, _) => (
-                        Verdict::Reclaim,
-                        "stopped, and stopped processes were asked for".to_string(),
-                    ),
-                };
-                findings.push(finding(Kind::Stopped, verdict, reason));
-            }
-            _ => {
-                let Some(lineage) = lineages.get(&h.process.pid) else {
-                    continue;
-                };
-                if !is_reparented_orphan(h.process, lineage) {
-                    continue;
-                }
-                if let Some((verdict, reason)) =
-                    judge_orphan(h, lineage, identity, history, &idle_orphans_per_group)
-                {
-                    findings.push(finding(Kind::Orphaned, verdict, reason));
-                }
+        for rule in RULES {
+            if let Rule::Process(kind, judge) = rule
+                && let Some((verdict, reason)) = judge(&facts, h)
+            {
+                findings.push(h.finding(*kind, verdict, reason));
             }
         }
     }
-
     for gpu in &snapshot.devices {
-        let Some(bytes) = gpu.memory.and_then(|m| m.unattributed_bytes) else {
-            continue;
-        };
-        if bytes >= policy.unattributed_min_bytes {
-            findings.push(Finding {
-                kind: Kind::Unattributed,
-                verdict: Verdict::Report,
-                identity: None,
-                gpus: vec![gpu.index],
-                bytes: Some(bytes),
-                reason: "in use but held by no listed process: a context the driver has not \
-                         released yet, or a process in another PID namespace; if it stays \
-                         with no processes on the GPU, reset the GPU"
-                    .into(),
-            });
+        for rule in RULES {
+            if let Rule::Gpu(judge) = rule
+                && let Some(finding) = judge(&facts, gpu)
+            {
+                findings.push(finding);
+            }
         }
     }
     findings
 }
 
-/// Each process once, with what it holds across its GPUs, by ascending pid.
+/// Each confirmed process once, with what it holds across its GPUs, by ascending pid. An
+/// unconfirmed process is not judged: nothing is known of it.
 fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
     let mut at: PidMap<u32, usize> = PidMap::default();
     let mut held: Vec<Held> = Vec::new();
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
+            let (Some(_), Some(start_ticks)) = (process.host.state, process.host.start_ticks)
+            else {
+                continue;
+            };
             let index = *at.entry(process.pid).or_insert_with(|| {
                 held.push(Held {
                     process,
+                    identity: Identity::new(process.pid, start_ticks),
                     gpus: Vec::new(),
                     bytes: Some(0),
                     busy_pct: Some(0),
@@ -261,109 +277,10 @@ fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
     held
 }
 
-/// The ancestry of a leftover: its group's leader is gone and it was reparented out of its
-/// run, to init or to a process outside its group and session (a subreaper).
-fn is_reparented_orphan(process: &GpuProcess, lineage: &Lineage) -> bool {
-    let leader_gone = matches!(lineage.leader, LeaderState::Gone | LeaderState::Zombie);
-    let (pgid, sid) = (process.host.pgid, process.host.sid);
-    let reparented = process.host.ppid == Some(1)
-        || lineage
-            .parent
-            .as_ref()
-            .is_some_and(|parent| Some(parent.pgid) != pgid && Some(parent.sid) != sid);
-    leader_gone && reparented
-}
-
-/// Evidence of life clears an orphan; positive evidence of a dead run makes it reclaimable.
-fn judge_orphan(
-    h: &Held,
-    lineage: &Lineage,
-    identity: Identity,
-    history: Option<&History>,
-    idle_orphans_per_group: &PidMap<u32, usize>,
-) -> Option<(Verdict, String)> {
-    let host = &h.process.host;
-    let pgid = host.pgid.unwrap_or(0);
-    let parent = match (&lineage.parent, host.ppid) {
-        (Some(parent), _) => format!("pid {} ({})", parent.pid, parent.comm),
-        (None, Some(ppid)) => format!("pid {ppid}"),
-        (None, None) => "another process".into(),
-    };
-    let ancestry = format!(
-        "its process group leader (pid {pgid}) is {} and it was reparented to {parent}",
-        if lineage.leader == LeaderState::Zombie {
-            "a zombie"
-        } else {
-            "gone"
-        }
-    );
-    match h.busy_pct {
-        Some(pct) if pct > 0 => return None, // busy on the GPU: alive
-        _ => {}
-    }
-    if lineage.live_children.is_some_and(|n| n > 0) {
-        return None; // it runs workers of its own: alive
-    }
-    let parent_died = history.is_some_and(|history| history.parent_died.contains(&identity));
-    let siblings = idle_orphans_per_group.get(&pgid).copied().unwrap_or(0);
-    let worker = host
-        .argv
-        .as_deref()
-        .is_some_and(|argv| argv.iter().any(|arg| is_multiprocessing_worker(arg)));
-    if h.busy_pct.is_none() {
-        return Some((
-            Verdict::Report,
-            format!(
-                "looks orphaned ({ancestry}), but the driver does not report per-process \
-                 utilization, so activity cannot be ruled out"
-            ),
-        ));
-    }
-    if lineage.live_children.is_none() {
-        return Some((
-            Verdict::Report,
-            format!("looks orphaned ({ancestry}), but its children cannot be listed"),
-        ));
-    }
-    let evidence = if parent_died {
-        Some("its parent was seen to die while it held the GPU".to_string())
-    } else if siblings >= 2 {
-        Some(format!(
-            "{siblings} idle orphans of the same group: the workers of a run that crashed"
-        ))
-    } else if worker {
-        Some("it is a multiprocessing worker, which lives only for its parent".to_string())
-    } else {
-        None
-    };
-    Some(match evidence {
-        Some(evidence) => (
-            Verdict::Reclaim,
-            format!("orphaned: {ancestry}; idle on the GPU, no children; {evidence}"),
-        ),
-        None => (
-            Verdict::Report,
-            format!(
-                "possibly orphaned: {ancestry}; idle, no children; alone in its group, it \
-                 may be a background job between GPU phases, so it is not reclaimed \
-                 (end it with: gpuctl kill --pid {})",
-                identity.pid
-            ),
-        ),
-    })
-}
-
-/// Command lines of Python multiprocessing children (spawn and forkserver start methods).
-fn is_multiprocessing_worker(arg: &str) -> bool {
-    arg.contains("multiprocessing.spawn")
-        || arg.contains("multiprocessing.forkserver")
-        || arg == "--multiprocessing-fork"
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::{HostProcess, Relative};
+    use crate::host::{HostProcess, LeaderState, ProcState, Relative};
     use crate::snapshot::{GpuSnapshot, Memory, ProcessType};
 
     /// A process as a test describes it.

@@ -1,0 +1,127 @@
+//! Above its share: a process holding more of a GPU than the `[fraction]` policy in force
+//! for it (by GPU, user or default) allows.
+
+use super::{Facts, Held, Verdict};
+use crate::config;
+use crate::units::bytes;
+
+/// The first of its GPUs on which it holds more than its share, said as a sentence.
+pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
+    let loaded = facts.policy.fraction.as_deref()?;
+    for gpu in &facts.snapshot.devices {
+        let Some(memory) = gpu.memory else { continue };
+        let Some(process) = gpu.processes.iter().find(|p| p.pid == h.process.pid) else {
+            continue;
+        };
+        let Some(used) = process.used_bytes else {
+            continue;
+        };
+        let Some(share) = config::fraction_for(
+            loaded,
+            gpu.index,
+            gpu.uuid.as_deref(),
+            process.host.user.as_deref(),
+        ) else {
+            continue;
+        };
+        let limit = (memory.total_bytes as f64 * share.value) as u64;
+        if used > limit {
+            return Some((
+                Verdict::Reclaim,
+                format!(
+                    "holds {} on GPU {}, above its share {} ({}, set by {})",
+                    bytes(used),
+                    gpu.index,
+                    share.value,
+                    bytes(limit),
+                    share.describe()
+                ),
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::classify::{Kind, Policy, Verdict, classify};
+    use crate::config::{self, Loaded, Source};
+    use crate::host::HostProcess;
+    use crate::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType, Snapshot};
+
+    fn holding(pid: u32, user: &str, gib: u64) -> GpuProcess {
+        let mut host = HostProcess::unconfirmed("test");
+        host.confirmed = true;
+        host.unconfirmed_reason = None;
+        host.user = Some(user.into());
+        host.state = Some(crate::host::ProcState::Sleeping);
+        host.start_ticks = Some(1000 + u64::from(pid));
+        GpuProcess {
+            pid,
+            used_bytes: Some(gib << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: Some(50),
+            host: Arc::new(host),
+        }
+    }
+
+    fn policy(text: &str) -> Policy {
+        let path = std::path::Path::new("/etc/gpuctl/gpuctl.toml");
+        let loaded = Loaded {
+            system: Some((
+                Source::new(config::Origin::System, path),
+                config::parse(text, path).unwrap(),
+            )),
+            user: None,
+        };
+        Policy {
+            fraction: Some(Arc::new(loaded)),
+            ..Policy::default()
+        }
+    }
+
+    fn findings(policy: &Policy) -> Vec<(u32, Kind, Verdict, String)> {
+        let snapshot = Snapshot::of(vec![GpuSnapshot {
+            memory: Some(Memory {
+                total_bytes: 80 << 30,
+                used_bytes: 70 << 30,
+                free_bytes: 10 << 30,
+                reserved_bytes: 0,
+                unattributed_bytes: Some(0),
+            }),
+            processes: vec![holding(10, "alice", 50), holding(11, "bob", 20)],
+            ..GpuSnapshot::unread(0)
+        }]);
+        classify(&snapshot, &Default::default(), None, policy)
+            .into_iter()
+            .map(|f| (f.identity.unwrap().pid, f.kind, f.verdict, f.reason))
+            .collect()
+    }
+
+    #[test]
+    fn a_process_above_its_share_is_found_with_the_key_that_set_it() {
+        let found = findings(&policy("[fraction]\ndefault = 0.5\n"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        let (pid, kind, verdict, reason) = &found[0];
+        assert_eq!(
+            (*pid, *kind, *verdict),
+            (10, Kind::AboveFraction, Verdict::Reclaim)
+        );
+        assert_eq!(
+            reason,
+            "holds 50.0 GiB on GPU 0, above its share 0.5 (40.0 GiB, set by system \
+             /etc/gpuctl/gpuctl.toml: fraction.default)"
+        );
+    }
+
+    #[test]
+    fn a_user_entry_beats_the_default_and_no_policy_finds_nothing() {
+        let found = findings(&policy("[fraction]\ndefault = 0.9\nuser.bob = 0.2\n"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, 11);
+        assert!(found[0].3.contains("fraction.user.bob"), "{found:?}");
+        assert!(findings(&Policy::default()).is_empty());
+    }
+}

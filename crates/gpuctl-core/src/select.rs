@@ -1,0 +1,581 @@
+//! The `select` step: which processes of a snapshot a request names. A [`Selector`] is
+//! never empty, so "no criterion" (which would read as "every process") cannot be written;
+//! every process chosen is a [`Target`] carrying why it was chosen.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::act::Identity;
+use crate::classify::{Finding, Verdict};
+use crate::owner::Owner;
+use crate::snapshot::{GpuProcess, Snapshot};
+
+/// One process to act on, as selected from a snapshot.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub pid: u32,
+    pub start_ticks: Option<u64>,
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    pub command: String,
+    /// GPU indices it holds memory on, and how much in all (where known).
+    pub gpus: Vec<u32>,
+    pub used_bytes: Option<u64>,
+    /// Why it was selected: the findings' reasons, or the selectors it matched.
+    pub reasons: Vec<String>,
+    #[serde(skip)]
+    pub(crate) owner: Option<Owner>,
+    #[serde(skip)]
+    pub(crate) comm: Option<String>,
+    #[serde(skip)]
+    pub(crate) argv0: Option<String>,
+}
+
+impl Target {
+    /// The target for a process on the GPUs of `snapshot`.
+    pub fn of(snapshot: &Snapshot, pid: u32) -> Option<Target> {
+        let mut target: Option<Target> = None;
+        for gpu in &snapshot.devices {
+            let Some(process) = gpu.processes.iter().find(|p| p.pid == pid) else {
+                continue;
+            };
+            let target = target.get_or_insert_with(|| Target::new(process));
+            target.gpus.push(gpu.index);
+            if let (Some(total), Some(used)) = (target.used_bytes, process.used_bytes) {
+                target.used_bytes = Some(total + used);
+            } else {
+                target.used_bytes = None;
+            }
+        }
+        target
+    }
+
+    fn new(process: &GpuProcess) -> Target {
+        let host = &process.host;
+        Target {
+            pid: process.pid,
+            start_ticks: host.start_ticks,
+            uid: host.uid,
+            user: host.user.clone(),
+            command: host.display_command(),
+            gpus: Vec::new(),
+            used_bytes: Some(0),
+            reasons: Vec::new(),
+            owner: host.owner.clone(),
+            comm: host.comm.clone(),
+            argv0: host
+                .argv
+                .as_ref()
+                .and_then(|argv| argv.first())
+                .map(|a| a.rsplit('/').next().unwrap_or(a).to_string()),
+        }
+    }
+
+    pub fn identity(&self) -> Option<Identity> {
+        Some(Identity {
+            pid: self.pid,
+            start_ticks: self.start_ticks?,
+        })
+    }
+
+    /// "alice" or "uid 1000".
+    pub fn owner_name(&self) -> String {
+        match (&self.user, self.uid) {
+            (Some(user), _) => user.clone(),
+            (None, Some(uid)) => format!("uid {uid}"),
+            (None, None) => "an unknown user".into(),
+        }
+    }
+}
+
+/// One thing a request may select by. Criteria combine as AND; repeating one widens it (OR
+/// within it). An empty list inside a criterion matches nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Criterion {
+    /// Processes on these GPU indices.
+    Gpus(Vec<u32>),
+    Pids(Vec<u32>),
+    /// Exactly these processes: pid and start time, so a reused pid is not one of them.
+    Processes(Vec<Identity>),
+    Uids(Vec<u32>),
+    /// Processes of these owners (from their cgroup): a Slurm job, a pod, a container, a unit.
+    Owners(Vec<OwnerMatch>),
+    /// Only processes with a reclaim finding.
+    Stale,
+    MinBytes(u64),
+    OlderThan(Duration),
+    /// Every process: must be said, never implied.
+    All,
+}
+
+/// What a request selects: at least one [`Criterion`], so an empty selection (which would
+/// read as "every process") cannot be expressed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Selector {
+    gpus: Option<Vec<u32>>,
+    pids: Option<Vec<u32>>,
+    processes: Option<Vec<Identity>>,
+    uids: Option<Vec<u32>>,
+    owners: Option<Vec<OwnerMatch>>,
+    stale: bool,
+    min_bytes: Option<u64>,
+    older_than: Option<Duration>,
+    all: bool,
+}
+
+/// A selector was asked for with no criterion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoCriterion;
+
+impl std::fmt::Display for NoCriterion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no process selected: give at least one selector")
+    }
+}
+
+impl std::error::Error for NoCriterion {}
+
+impl Selector {
+    pub fn by(criterion: Criterion) -> Selector {
+        Selector::default().and(criterion)
+    }
+
+    /// The selector of all of `criteria`; an error when there are none.
+    pub fn all_of(criteria: impl IntoIterator<Item = Criterion>) -> Result<Selector, NoCriterion> {
+        let mut criteria = criteria.into_iter();
+        let first = criteria.next().ok_or(NoCriterion)?;
+        Ok(criteria.fold(Selector::by(first), Selector::and))
+    }
+
+    /// Adds a criterion (AND); a kind given again widens it (OR).
+    pub fn and(mut self, criterion: Criterion) -> Selector {
+        fn widen<T>(slot: &mut Option<Vec<T>>, more: Vec<T>) {
+            slot.get_or_insert_with(Vec::new).extend(more);
+        }
+        match criterion {
+            Criterion::Gpus(gpus) => widen(&mut self.gpus, gpus),
+            Criterion::Pids(pids) => widen(&mut self.pids, pids),
+            Criterion::Processes(ids) => widen(&mut self.processes, ids),
+            Criterion::Uids(uids) => widen(&mut self.uids, uids),
+            Criterion::Owners(owners) => widen(&mut self.owners, owners),
+            Criterion::Stale => self.stale = true,
+            Criterion::MinBytes(min) => {
+                self.min_bytes = Some(self.min_bytes.map_or(min, |m| m.min(min)))
+            }
+            Criterion::OlderThan(age) => {
+                self.older_than = Some(self.older_than.map_or(age, |a| a.min(age)))
+            }
+            Criterion::All => self.all = true,
+        }
+        self
+    }
+
+    /// Whether it names every process (--all), or processes of several users may match.
+    pub fn is_all(&self) -> bool {
+        self.all
+    }
+
+    fn on_gpus(&self, gpus: &[u32]) -> bool {
+        self.gpus
+            .as_ref()
+            .is_none_or(|wanted| gpus.iter().any(|g| wanted.contains(g)))
+    }
+}
+
+/// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
+/// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
+/// least 8 characters, as `docker ps` shows 12.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerMatch {
+    SlurmJob(u64),
+    Pod(String),
+    Container(String),
+    Unit(String),
+    Scope(String),
+}
+
+impl std::str::FromStr for OwnerMatch {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<OwnerMatch, String> {
+        let usage = || {
+            format!(
+                "'{text}' is not an owner: give slurm:JOBID, pod:UID, container:ID, unit:NAME or \
+                 scope:NAME"
+            )
+        };
+        let (kind, id) = text.split_once(':').ok_or_else(usage)?;
+        let id = id.trim();
+        if id.is_empty() {
+            return Err(usage());
+        }
+        let prefix = |id: &str| {
+            if id.len() >= 8 {
+                Ok(id.to_ascii_lowercase())
+            } else {
+                Err(format!("'{text}': give at least 8 characters of the id"))
+            }
+        };
+        match kind {
+            "slurm" | "slurm-job" => id
+                .parse()
+                .map(OwnerMatch::SlurmJob)
+                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
+            "pod" => prefix(id).map(OwnerMatch::Pod),
+            "container" => prefix(id).map(OwnerMatch::Container),
+            "unit" => Ok(OwnerMatch::Unit(id.to_string())),
+            "scope" => Ok(OwnerMatch::Scope(id.to_string())),
+            _ => Err(usage()),
+        }
+    }
+}
+
+impl OwnerMatch {
+    pub fn matches(&self, owner: &Owner) -> bool {
+        match (self, owner) {
+            (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
+                pod_uid.to_ascii_lowercase().starts_with(wanted)
+            }
+            (OwnerMatch::Container(wanted), Owner::Container { id, .. })
+            | (
+                OwnerMatch::Container(wanted),
+                Owner::KubernetesPod {
+                    container_id: Some(id),
+                    ..
+                },
+            ) => id.to_ascii_lowercase().starts_with(wanted),
+            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit })
+            | (OwnerMatch::Unit(wanted), Owner::SystemdUserUnit { unit, .. }) => wanted == unit,
+            (OwnerMatch::Scope(wanted), Owner::SystemdScope { scope, .. }) => wanted == scope,
+            _ => false,
+        }
+    }
+}
+
+/// Something asked for that will not be acted on, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub pid: u32,
+    pub reason: String,
+}
+
+/// The processes `selector` matches in `snapshot`, and a refusal for each pid it names that
+/// is not a confirmed GPU process on the selected GPUs.
+pub fn select(
+    snapshot: &Snapshot,
+    findings: &[Finding],
+    selector: &Selector,
+) -> (Vec<Target>, Vec<Refusal>) {
+    let reclaimable: HashMap<u32, Vec<&Finding>> = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Reclaim)
+        .filter_map(|f| Some((f.identity?.pid, f)))
+        .fold(HashMap::new(), |mut map, (pid, f)| {
+            map.entry(pid).or_default().push(f);
+            map
+        });
+    let mut pids: Vec<u32> = snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| gpu.processes.iter().map(|p| p.pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+
+    let named = selector.pids.iter().flatten().copied();
+    let named_processes = selector.processes.iter().flatten().map(|id| id.pid);
+    let mut refusals = Vec::new();
+    for pid in named.chain(named_processes) {
+        let reason = match Target::of(snapshot, pid) {
+            None => format!("pid {pid} is not using a GPU"),
+            Some(t) if !selector.on_gpus(&t.gpus) => {
+                format!("pid {pid} is not on the selected GPUs")
+            }
+            Some(t) if t.start_ticks.is_none() => format!(
+                "pid {pid} cannot be tied to a local process: {}",
+                unconfirmed_reason(snapshot, pid)
+            ),
+            Some(_) => continue,
+        };
+        refusals.push(Refusal { pid, reason });
+    }
+
+    let mut targets = Vec::new();
+    for pid in pids {
+        let Some(mut target) = Target::of(snapshot, pid) else {
+            continue;
+        };
+        // Nothing is done to a process whose identity is not confirmed.
+        let Some(identity) = target.identity() else {
+            continue;
+        };
+        if !selector.on_gpus(&target.gpus) {
+            continue;
+        }
+        if selector.pids.as_ref().is_some_and(|p| !p.contains(&pid)) {
+            continue;
+        }
+        if selector
+            .processes
+            .as_ref()
+            .is_some_and(|ids| !ids.contains(&identity))
+        {
+            continue;
+        }
+        if selector
+            .uids
+            .as_ref()
+            .is_some_and(|uids| !target.uid.is_some_and(|u| uids.contains(&u)))
+        {
+            continue;
+        }
+        if selector.owners.as_ref().is_some_and(|owners| {
+            !target
+                .owner
+                .as_ref()
+                .is_some_and(|owner| owners.iter().any(|m| m.matches(owner)))
+        }) {
+            continue;
+        }
+        if let Some(min) = selector.min_bytes
+            && target.used_bytes.is_none_or(|used| used < min)
+        {
+            continue;
+        }
+        if let Some(older) = selector.older_than
+            && age_of(snapshot, pid).is_none_or(|age| age < older.as_secs())
+        {
+            continue;
+        }
+        if selector.stale {
+            match reclaimable.get(&pid) {
+                Some(found) => target
+                    .reasons
+                    .extend(found.iter().map(|f| f.reason.clone())),
+                None => continue,
+            }
+        }
+        target
+            .reasons
+            .extend(matched_criteria(selector, &target, age_of(snapshot, pid)));
+        targets.push(target);
+    }
+    (targets, refusals)
+}
+
+/// Why a target was selected, in the selectors' own terms (a dry run prints them).
+fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> Vec<String> {
+    let mut matched = Vec::new();
+    if selector
+        .pids
+        .as_ref()
+        .is_some_and(|p| p.contains(&target.pid))
+    {
+        matched.push(format!("selected: --pid {}", target.pid));
+    }
+    if let Some(gpus) = &selector.gpus {
+        let on: Vec<String> = target
+            .gpus
+            .iter()
+            .filter(|g| gpus.contains(g))
+            .map(u32::to_string)
+            .collect();
+        matched.push(format!("selected: on GPU {}", on.join(", ")));
+    }
+    if selector.uids.is_some() {
+        matched.push(format!("selected: --user {}", target.owner_name()));
+    }
+    if let (Some(min), Some(used)) = (selector.min_bytes, target.used_bytes) {
+        matched.push(format!(
+            "selected: holds {} MiB, at least --min-mem {} MiB",
+            used >> 20,
+            min >> 20
+        ));
+    }
+    if let (Some(older), Some(age)) = (selector.older_than, age) {
+        matched.push(format!(
+            "selected: running {age}s, at least --older-than {}s",
+            older.as_secs()
+        ));
+    }
+    if let (true, Some(owner)) = (selector.owners.is_some(), &target.owner) {
+        matched.push(format!("selected: owner {}", owner.label()));
+    }
+    if matched.is_empty() && !selector.stale && selector.all {
+        matched.push("selected: --all".into());
+    }
+    matched
+}
+
+/// A target for each process with a reclaim finding (on `gpus`, when given), carrying the
+/// findings' reasons: what `clear`, the watchdog and its policy rules act on.
+pub fn from_findings(
+    snapshot: &Snapshot,
+    findings: &[Finding],
+    gpus: Option<&[u32]>,
+) -> Vec<Target> {
+    let mut targets: Vec<Target> = Vec::new();
+    for finding in findings.iter().filter(|f| f.verdict == Verdict::Reclaim) {
+        let Some(identity) = finding.identity else {
+            continue;
+        };
+        if gpus.is_some_and(|wanted| !finding.gpus.iter().any(|g| wanted.contains(g))) {
+            continue;
+        }
+        if let Some(existing) = targets.iter_mut().find(|t| t.pid == identity.pid) {
+            existing.reasons.push(finding.reason.clone());
+        } else if let Some(mut target) = Target::of(snapshot, identity.pid) {
+            target.reasons.push(finding.reason.clone());
+            targets.push(target);
+        }
+    }
+    targets
+}
+
+fn age_of(snapshot: &Snapshot, pid: u32) -> Option<u64> {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| &gpu.processes)
+        .find(|p| p.pid == pid)?
+        .host
+        .age_seconds
+}
+
+fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| &gpu.processes)
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.host.unconfirmed_reason.clone())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::owner::ContainerRuntime;
+
+    #[test]
+    fn owner_selectors_parse_and_match() {
+        let job: OwnerMatch = "slurm:42".parse().unwrap();
+        let slurm = Owner::SlurmJob {
+            job_id: 42,
+            step: Some("0".into()),
+            uid: Some(1000),
+        };
+        assert!(job.matches(&slurm));
+        assert!(!"slurm:43".parse::<OwnerMatch>().unwrap().matches(&slurm));
+        let container = Owner::Container {
+            runtime: ContainerRuntime::Docker,
+            id: "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d".into(),
+        };
+        assert!(
+            "container:9EC39B91F3D7"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&container)
+        );
+        assert!(!job.matches(&container));
+        let unit = Owner::SystemdUnit {
+            unit: "jupyter.service".into(),
+        };
+        assert!(
+            "unit:jupyter.service"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&unit)
+        );
+        for bad in [
+            "",
+            "slurm",
+            "slurm:",
+            "slurm:abc",
+            "pod:1234",
+            "vm:x",
+            ":42",
+        ] {
+            assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
+        }
+    }
+
+    fn process(pid: u32, uid: u32, used_mib: u64, confirmed: bool) -> GpuProcess {
+        let mut host = crate::host::HostProcess::unconfirmed("test");
+        if confirmed {
+            host.confirmed = true;
+            host.unconfirmed_reason = None;
+            host.uid = Some(uid);
+            host.start_ticks = Some(1000 + u64::from(pid));
+            host.age_seconds = Some(60);
+        }
+        GpuProcess {
+            pid,
+            used_bytes: Some(used_mib << 20),
+            kind: crate::snapshot::ProcessType::Compute,
+            sm_util_pct: Some(0),
+            host: std::sync::Arc::new(host),
+        }
+    }
+
+    fn two_gpus() -> Snapshot {
+        let mut gpu0 = crate::snapshot::GpuSnapshot::unread(0);
+        gpu0.processes = vec![process(10, 1000, 512, true), process(11, 1001, 2048, true)];
+        let mut gpu1 = crate::snapshot::GpuSnapshot::unread(1);
+        gpu1.processes = vec![process(12, 1000, 4096, true), process(13, 1000, 64, false)];
+        Snapshot::of(vec![gpu0, gpu1])
+    }
+
+    fn pids(targets: &[Target]) -> Vec<u32> {
+        targets.iter().map(|t| t.pid).collect()
+    }
+
+    #[test]
+    fn a_selector_cannot_be_empty() {
+        assert_eq!(Selector::all_of([]), Err(NoCriterion));
+        assert!(Selector::all_of([Criterion::Stale]).is_ok());
+    }
+
+    #[test]
+    fn criteria_combine_as_and_and_widen_when_repeated() {
+        let snapshot = two_gpus();
+        let on_gpu0 = Selector::by(Criterion::Gpus(vec![0]));
+        assert_eq!(pids(&select(&snapshot, &[], &on_gpu0).0), vec![10, 11]);
+        let widened = on_gpu0.clone().and(Criterion::Gpus(vec![1]));
+        assert_eq!(pids(&select(&snapshot, &[], &widened).0), vec![10, 11, 12]);
+        let narrowed = widened.and(Criterion::Uids(vec![1000]));
+        assert_eq!(pids(&select(&snapshot, &[], &narrowed).0), vec![10, 12]);
+        let big = narrowed.and(Criterion::MinBytes(1 << 30));
+        assert_eq!(pids(&select(&snapshot, &[], &big).0), vec![12]);
+    }
+
+    #[test]
+    fn an_empty_list_matches_nothing_and_unconfirmed_processes_are_never_targets() {
+        let snapshot = two_gpus();
+        let nothing = Selector::by(Criterion::Pids(Vec::new()));
+        assert!(select(&snapshot, &[], &nothing).0.is_empty());
+        let all = Selector::by(Criterion::All);
+        let (targets, _) = select(&snapshot, &[], &all);
+        assert_eq!(pids(&targets), vec![10, 11, 12], "13 is unconfirmed");
+        assert_eq!(targets[0].reasons, vec!["selected: --all".to_string()]);
+        let (_, refused) = select(&snapshot, &[], &Selector::by(Criterion::Pids(vec![13, 99])));
+        let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+        assert!(
+            reasons[0].starts_with("pid 13 cannot be tied"),
+            "{reasons:?}"
+        );
+        assert_eq!(reasons[1], "pid 99 is not using a GPU");
+    }
+
+    #[test]
+    fn a_process_criterion_skips_a_reused_pid() {
+        let snapshot = two_gpus();
+        let same = Selector::by(Criterion::Processes(vec![Identity::new(10, 1010)]));
+        assert_eq!(pids(&select(&snapshot, &[], &same).0), vec![10]);
+        let reused = Selector::by(Criterion::Processes(vec![Identity::new(10, 5)]));
+        assert!(select(&snapshot, &[], &reused).0.is_empty());
+    }
+}

@@ -1,0 +1,165 @@
+//! The `verify` step: re-reads NVML until what was ended has left its GPUs and its memory
+//! came back, and "wait until free" for a launcher's pre-run check. Both read only memory
+//! and process lists ([`SnapshotOptions::only_memory_and_processes`]).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::act::Ended;
+use crate::error::Result;
+use crate::nvml::Gpus;
+use crate::plan::Outcome;
+use crate::snapshot::{GpuSnapshot, Snapshot, SnapshotOptions};
+use crate::units::Amount;
+
+/// With no minimum free amount, a GPU is free when no process is left and less than this
+/// is in use.
+pub const CLEAN_USED_BYTES: u64 = 256 << 20;
+
+/// How often NVML is read again while waiting for a GPU to be free.
+const FREE_POLL: Duration = Duration::from_millis(100);
+
+/// How often NVML is read again while verifying a release.
+const RELEASE_POLL: Duration = Duration::from_millis(20);
+
+/// Re-reads NVML until every ended target has left its GPUs and their used memory fell by
+/// what it held, or until `limit`.
+pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit: Duration) {
+    let ended: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| {
+            matches!(
+                outcomes[i].ended,
+                Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone)
+            )
+        })
+        .collect();
+    if ended.is_empty() {
+        return;
+    }
+    // Used memory each GPU should come down to once the ended targets' memory is free; other
+    // processes may allocate meanwhile, so a little slack is allowed.
+    let mut expected: HashMap<u32, u64> = HashMap::new();
+    for gpu in &before.devices {
+        let Some(memory) = gpu.memory else { continue };
+        let freed: u64 = ended
+            .iter()
+            .filter_map(|&i| {
+                gpu.processes
+                    .iter()
+                    .find(|p| p.pid == outcomes[i].target.pid)
+                    .and_then(|p| p.used_bytes)
+            })
+            .sum();
+        if freed > 0 {
+            let slack = (64 << 20).max(memory.total_bytes / 100);
+            expected.insert(gpu.index, memory.used_bytes.saturating_sub(freed) + slack);
+        }
+    }
+    let indices: Vec<u32> = before.devices.iter().map(|g| g.index).collect();
+    let options = SnapshotOptions {
+        gpus: Some(indices),
+        utilization_window: None,
+        only_memory_and_processes: true,
+    };
+    let deadline = Instant::now() + limit;
+    while let Ok(now) = Snapshot::take(gpus, &options) {
+        let listed: HashSet<u32> = now
+            .devices
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let released: HashSet<u32> = now
+            .devices
+            .iter()
+            .filter(|g| {
+                expected
+                    .get(&g.index)
+                    .is_none_or(|&limit| g.memory.is_some_and(|m| m.used_bytes <= limit))
+            })
+            .map(|g| g.index)
+            .collect();
+        let mut all_done = true;
+        for &i in &ended {
+            let outcome = &mut outcomes[i];
+            let left = !listed.contains(&outcome.target.pid);
+            let freed = outcome.target.gpus.iter().all(|g| released.contains(g));
+            outcome.left_gpu = Some(left);
+            outcome.memory_released = Some(left && freed);
+            all_done &= left && freed;
+        }
+        if all_done || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(RELEASE_POLL);
+    }
+}
+
+/// The result of waiting for GPUs to be free.
+#[derive(Debug, Serialize, Clone)]
+pub struct WaitReport {
+    pub met: bool,
+    pub waited_ms: u64,
+    pub gpus: Vec<GpuState>,
+}
+
+/// One GPU as the wait last saw it.
+#[derive(Debug, Serialize, Clone)]
+pub struct GpuState {
+    pub index: u32,
+    pub free: bool,
+    pub used_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub processes: Vec<u32>,
+}
+
+/// Polls NVML until every selected GPU (`None`: every GPU) is free, or `limit` passes.
+/// Free: at least `min_free` free, or with none given, no process left and under
+/// [`CLEAN_USED_BYTES`] in use.
+pub fn wait_until_free(
+    gpus: &Gpus,
+    selected: Option<&[u32]>,
+    limit: Duration,
+    min_free: Option<Amount>,
+) -> Result<WaitReport> {
+    let start = Instant::now();
+    let options = SnapshotOptions {
+        gpus: selected.map(<[u32]>::to_vec),
+        utilization_window: None,
+        only_memory_and_processes: true,
+    };
+    loop {
+        let snapshot = Snapshot::take(gpus, &options)?;
+        let states: Vec<GpuState> = snapshot
+            .devices
+            .iter()
+            .map(|gpu| gpu_state(gpu, min_free))
+            .collect();
+        let met = states.iter().all(|s| s.free);
+        if met || start.elapsed() >= limit {
+            return Ok(WaitReport {
+                met,
+                waited_ms: start.elapsed().as_millis() as u64,
+                gpus: states,
+            });
+        }
+        std::thread::sleep(FREE_POLL);
+    }
+}
+
+fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
+    let processes: Vec<u32> = gpu.processes.iter().map(|p| p.pid).collect();
+    let free = match (gpu.memory, min_free) {
+        (Some(memory), Some(amount)) => memory.free_bytes >= amount.bytes_of(memory.total_bytes),
+        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
+        (None, _) => false,
+    };
+    GpuState {
+        index: gpu.index,
+        free,
+        used_bytes: gpu.memory.map(|m| m.used_bytes),
+        free_bytes: gpu.memory.map(|m| m.free_bytes),
+        processes,
+    }
+}
