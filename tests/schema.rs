@@ -1,6 +1,9 @@
 //! The `--json` documents against their published JSON Schemas (docs/schema/). The schemas
 //! require every field and forbid unknown ones, so a field added, renamed or dropped without
-//! a schema change fails here.
+//! a schema change fails here. Each document goes through two validators: `validate` below
+//! (a subset, with short messages these tests match on) and `conforms`, a complete JSON
+//! Schema 2020-12 validator (the jsonschema crate), which also holds the schemas themselves
+//! to the 2020-12 meta-schema.
 
 use std::os::unix::process::CommandExt;
 
@@ -8,11 +11,39 @@ use serde_json::{Map, Value};
 
 use crate::util::{Proc, Sim};
 
+fn schema_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema")
+}
+
 fn schema(name: &str) -> Value {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/schema")
-        .join(name);
+    let path = schema_dir().join(name);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// `schema`, held to its meta-schema (2020-12, which `$schema` names), compiled by a complete
+/// JSON Schema validator.
+fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::meta::validate(schema).map_err(|e| {
+        format!(
+            "the schema is not valid JSON Schema: at '{}': {e}",
+            e.instance_path()
+        )
+    })?;
+    jsonschema::draft202012::new(schema).map_err(|e| format!("the schema does not compile: {e}"))
+}
+
+/// `doc` against `schema` with the complete validator. `Err` holds every violation, one a
+/// line, in the validator's words with the JSON pointer of the offending value.
+pub fn conforms(schema: &Value, doc: &Value) -> Result<(), String> {
+    let errors: Vec<String> = compile(schema)?
+        .iter_errors(doc)
+        .map(|e| format!("at '{}': {e}", e.instance_path()))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("\n"))
+    }
 }
 
 /// Validates `value` against the subset of JSON Schema the published schemas use: type,
@@ -141,6 +172,7 @@ fn info_json_matches_its_schema_in_every_shape() {
     let doc: Value = serde_json::from_str(&run.stdout).unwrap();
     let schema = schema("info-v1.schema.json");
     validate(&schema, &schema, &doc, "$").unwrap();
+    conforms(&schema, &doc).unwrap_or_else(|e| panic!("{e}"));
 
     // The shapes the document was meant to exercise are really there.
     let devices = doc["devices"].as_array().unwrap();
@@ -159,11 +191,17 @@ fn the_validator_rejects_unknown_and_missing_fields() {
     let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
     let doc = sim.json(&["info"]);
     validate(&schema, &schema, &doc, "$").unwrap();
+    conforms(&schema, &doc).unwrap_or_else(|e| panic!("{e}"));
 
     let mut extra = doc.clone();
     extra["devices"][0]["surprise"] = Value::Bool(true);
     let error = validate(&schema, &schema, &extra, "$").unwrap_err();
     assert!(error.contains("unknown field 'surprise'"), "{error}");
+    let error = conforms(&schema, &extra).unwrap_err();
+    assert!(
+        error.contains("at '/devices/0'") && error.contains("'surprise'"),
+        "{error}"
+    );
 
     let mut missing = doc.clone();
     missing["devices"][0]["memory"]
@@ -172,10 +210,42 @@ fn the_validator_rejects_unknown_and_missing_fields() {
         .remove("free_bytes");
     let error = validate(&schema, &schema, &missing, "$").unwrap_err();
     assert!(error.contains("missing field 'free_bytes'"), "{error}");
+    let error = conforms(&schema, &missing).unwrap_err();
+    assert!(
+        error.contains("at '/devices/0/memory'") && error.contains("\"free_bytes\""),
+        "{error}"
+    );
 
     let mut wrong = doc;
     wrong["schema"] = Value::from(2);
     assert!(validate(&schema, &schema, &wrong, "$").is_err());
+    let error = conforms(&schema, &wrong).unwrap_err();
+    assert!(error.contains("at '/schema'"), "{error}");
+}
+
+#[test]
+fn the_published_schemas_are_valid_json_schema() {
+    let mut names: Vec<_> = std::fs::read_dir(schema_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".schema.json"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 5, "{names:?}");
+    for name in names {
+        let schema = schema(&name);
+        assert_eq!(
+            schema["$schema"], "https://json-schema.org/draft/2020-12/schema",
+            "{name}"
+        );
+        compile(&schema).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    // The meta-schema check has teeth.
+    let typo = serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "strnig"
+    });
+    assert!(compile(&typo).is_err());
 }
 
 #[test]
@@ -221,6 +291,7 @@ fn kill_and_clear_json_match_their_schema() {
         let doc: Value = serde_json::from_str(&run.stdout)
             .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", run.stdout, run.stderr));
         validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        conforms(&schema, &doc).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     }
     // No cleanup by pid: the workers were reclaimed above, and a pid once freed may already
     // belong to someone else. A straggler ends by itself within a minute.
@@ -249,5 +320,6 @@ fn reset_fraction_and_enable_json_match_their_schemas() {
             .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", run.stdout, run.stderr));
         let schema = schema(schema_file);
         validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        conforms(&schema, &doc).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     }
 }

@@ -1,45 +1,71 @@
-//! C types and constants of the NVML ABI (layouts as in nvml.h / nvml-wrapper-sys).
+//! C types and constants of the NVML ABI.
+//!
+//! Everything nvml-wrapper-sys (the bindgen output of nvml.h that nvml-wrapper uses) defines
+//! with the driver's layout is taken from there; what it lacks is declared here, each with
+//! the reason. Const assertions at the end pin sizes, offsets and values to nvml.h, so a change
+//! on either side fails the build.
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 use std::os::raw::{c_char, c_uint, c_ulonglong};
 
-pub type nvmlReturn_t = c_uint;
-pub type nvmlDevice_t = *mut std::ffi::c_void;
+use nvml_wrapper_sys::bindings as sys;
 
-pub const NVML_SUCCESS: nvmlReturn_t = 0;
-pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
-pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
-pub const NVML_ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
-pub const NVML_ERROR_NO_PERMISSION: nvmlReturn_t = 4;
-pub const NVML_ERROR_ALREADY_INITIALIZED: nvmlReturn_t = 5;
-pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
-pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
-pub const NVML_ERROR_INSUFFICIENT_POWER: nvmlReturn_t = 8;
-pub const NVML_ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
-pub const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
-pub const NVML_ERROR_IRQ_ISSUE: nvmlReturn_t = 11;
-pub const NVML_ERROR_LIBRARY_NOT_FOUND: nvmlReturn_t = 12;
-pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
-pub const NVML_ERROR_CORRUPTED_INFOROM: nvmlReturn_t = 14;
-pub const NVML_ERROR_GPU_IS_LOST: nvmlReturn_t = 15;
-pub const NVML_ERROR_RESET_REQUIRED: nvmlReturn_t = 16;
-pub const NVML_ERROR_OPERATING_SYSTEM: nvmlReturn_t = 17;
-pub const NVML_ERROR_LIB_RM_VERSION_MISMATCH: nvmlReturn_t = 18;
-pub const NVML_ERROR_IN_USE: nvmlReturn_t = 19;
-pub const NVML_ERROR_MEMORY: nvmlReturn_t = 20;
-pub const NVML_ERROR_NO_DATA: nvmlReturn_t = 21;
-pub const NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: nvmlReturn_t = 22;
-pub const NVML_ERROR_INSUFFICIENT_RESOURCES: nvmlReturn_t = 23;
-pub const NVML_ERROR_FREQ_NOT_SUPPORTED: nvmlReturn_t = 24;
-pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
-pub const NVML_ERROR_DEPRECATED: nvmlReturn_t = 26;
-pub const NVML_ERROR_NOT_READY: nvmlReturn_t = 27;
-pub const NVML_ERROR_GPU_NOT_FOUND: nvmlReturn_t = 28;
-pub const NVML_ERROR_INVALID_STATE: nvmlReturn_t = 29;
-pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
+pub use sys::{
+    nvmlBAR1Memory_t, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationInfo_v1_t,
+    nvmlProcessUtilizationSample_t, nvmlProcessesUtilizationInfo_t, nvmlReturn_t,
+    nvmlUtilization_t,
+};
+
+pub const NVML_SUCCESS: nvmlReturn_t = sys::nvmlReturn_enum_NVML_SUCCESS;
+pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+pub const NVML_ERROR_NOT_SUPPORTED: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+pub const NVML_ERROR_NO_PERMISSION: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION;
+pub const NVML_ERROR_ALREADY_INITIALIZED: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED;
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+pub const NVML_ERROR_INSUFFICIENT_POWER: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_POWER;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
+pub const NVML_ERROR_TIMEOUT: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+pub const NVML_ERROR_IRQ_ISSUE: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE;
+pub const NVML_ERROR_LIBRARY_NOT_FOUND: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND;
+pub const NVML_ERROR_CORRUPTED_INFOROM: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM;
+pub const NVML_ERROR_GPU_IS_LOST: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+pub const NVML_ERROR_RESET_REQUIRED: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
+pub const NVML_ERROR_OPERATING_SYSTEM: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_OPERATING_SYSTEM;
+pub const NVML_ERROR_LIB_RM_VERSION_MISMATCH: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+pub const NVML_ERROR_IN_USE: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_IN_USE;
+pub const NVML_ERROR_MEMORY: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_MEMORY;
+pub const NVML_ERROR_NO_DATA: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_NO_DATA;
+pub const NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_VGPU_ECC_NOT_SUPPORTED;
+pub const NVML_ERROR_INSUFFICIENT_RESOURCES: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
+pub const NVML_ERROR_FREQ_NOT_SUPPORTED: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_FREQ_NOT_SUPPORTED;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t =
+    sys::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+pub const NVML_ERROR_DEPRECATED: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_DEPRECATED;
+pub const NVML_ERROR_NOT_READY: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_NOT_READY;
+pub const NVML_ERROR_GPU_NOT_FOUND: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND;
+pub const NVML_ERROR_INVALID_STATE: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_INVALID_STATE;
+pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 
 /// Every return code: (symbolic name without the `NVML_ERROR_` prefix, code, NVIDIA's wording).
+/// The wording is libnvidia-ml's `nvmlErrorString`, which the bindings do not carry.
 pub const RETURN_CODES: &[(&str, nvmlReturn_t, &std::ffi::CStr)] = &[
     ("SUCCESS", NVML_SUCCESS, c"Success"),
     ("UNINITIALIZED", NVML_ERROR_UNINITIALIZED, c"Uninitialized"),
@@ -158,23 +184,33 @@ pub const RETURN_CODES: &[(&str, nvmlReturn_t, &std::ffi::CStr)] = &[
     ("UNKNOWN", NVML_ERROR_UNKNOWN, c"Unknown Error"),
 ];
 
-pub const NVML_VALUE_NOT_AVAILABLE_ULL: u64 = u64::MAX;
-pub const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
+/// nvml.h documents "not available" for the `unsigned long long` fields (e.g.
+/// `usedGpuMemory`) as `NVML_VALUE_NOT_AVAILABLE`, the int -1; C converts it to all ones.
+pub const NVML_VALUE_NOT_AVAILABLE_ULL: c_ulonglong = sys::NVML_VALUE_NOT_AVAILABLE as c_ulonglong;
+/// `gpuInstanceId`/`computeInstanceId` without MIG: nvml.h gives 0xFFFFFFFF in prose only
+/// (no macro, so nothing for bindgen to carry).
+pub const NO_INSTANCE_ID: c_uint = 0xFFFF_FFFF;
 
-pub const NVML_CLOCK_GRAPHICS: c_uint = 0;
-pub const NVML_CLOCK_SM: c_uint = 1;
-pub const NVML_CLOCK_MEM: c_uint = 2;
-pub const NVML_CLOCK_VIDEO: c_uint = 3;
+pub const NVML_CLOCK_GRAPHICS: c_uint = sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS;
+pub const NVML_CLOCK_SM: c_uint = sys::nvmlClockType_enum_NVML_CLOCK_SM;
+pub const NVML_CLOCK_MEM: c_uint = sys::nvmlClockType_enum_NVML_CLOCK_MEM;
+pub const NVML_CLOCK_VIDEO: c_uint = sys::nvmlClockType_enum_NVML_CLOCK_VIDEO;
 
-pub const NVML_TEMPERATURE_GPU: c_uint = 0;
+pub const NVML_TEMPERATURE_GPU: c_uint = sys::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU;
 
-pub const NVML_COMPUTEMODE_DEFAULT: c_uint = 0;
-pub const NVML_COMPUTEMODE_EXCLUSIVE_THREAD: c_uint = 1;
-pub const NVML_COMPUTEMODE_PROHIBITED: c_uint = 2;
-pub const NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: c_uint = 3;
+pub const NVML_COMPUTEMODE_DEFAULT: c_uint = sys::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT;
+pub const NVML_COMPUTEMODE_EXCLUSIVE_THREAD: c_uint =
+    sys::nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD;
+pub const NVML_COMPUTEMODE_PROHIBITED: c_uint =
+    sys::nvmlComputeMode_enum_NVML_COMPUTEMODE_PROHIBITED;
+pub const NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: c_uint =
+    sys::nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS;
 
-pub const NVML_BRAND_NVIDIA: c_uint = 14;
+pub const NVML_BRAND_NVIDIA: c_uint = sys::nvmlBrandType_enum_NVML_BRAND_NVIDIA;
 
+/// The `nvmlPciInfo_t` of `nvmlDeviceGetPciInfo` (v1): `reserved[4]` where v2/v3 have the
+/// 32-byte `busId`. The bindings keep only the current layout (v2/v3, `nvmlPciInfo_t`), and
+/// old clients still call the unversioned symbol with this smaller struct.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct nvmlPciInfo_v1_t {
@@ -187,144 +223,95 @@ pub struct nvmlPciInfo_v1_t {
     pub reserved: [c_uint; 4],
 }
 
-/// v2 and v3 share this layout (`nvmlPciInfo_t`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlPciInfo_t {
-    pub busIdLegacy: [c_char; 16],
-    pub domain: c_uint,
-    pub bus: c_uint,
-    pub device: c_uint,
-    pub pciDeviceId: c_uint,
-    pub pciSubSystemId: c_uint,
-    pub busId: [c_char; 32],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlMemory_t {
-    pub total: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlMemory_v2_t {
-    pub version: c_uint,
-    pub total: c_ulonglong,
-    pub reserved: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
+/// `NVML_STRUCT_VERSION(Memory, 2)`: a function-like macro, which bindgen does not translate.
 pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlBAR1Memory_t {
-    pub bar1Total: c_ulonglong,
-    pub bar1Free: c_ulonglong,
-    pub bar1Used: c_ulonglong,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlUtilization_t {
-    pub gpu: c_uint,
-    pub memory: c_uint,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlProcessInfo_v1_t {
-    pub pid: c_uint,
-    pub usedGpuMemory: c_ulonglong,
-}
-
-/// The struct of the `_v2` and `_v3` process queries.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlProcessInfo_t {
-    pub pid: c_uint,
-    pub usedGpuMemory: c_ulonglong,
-    pub gpuInstanceId: c_uint,
-    pub computeInstanceId: c_uint,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlProcessUtilizationSample_t {
-    pub pid: c_uint,
-    pub timeStamp: c_ulonglong,
-    pub smUtil: c_uint,
-    pub memUtil: c_uint,
-    pub encUtil: c_uint,
-    pub decUtil: c_uint,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct nvmlProcessUtilizationInfo_v1_t {
-    pub timeStamp: c_ulonglong,
-    pub pid: c_uint,
-    pub smUtil: c_uint,
-    pub memUtil: c_uint,
-    pub encUtil: c_uint,
-    pub decUtil: c_uint,
-    pub jpgUtil: c_uint,
-    pub ofaUtil: c_uint,
-}
-
-#[repr(C)]
-pub struct nvmlProcessesUtilizationInfo_t {
-    pub version: c_uint,
-    pub processSamplesCount: c_uint,
-    pub lastSeenTimeStamp: c_ulonglong,
-    pub procUtilArray: *mut nvmlProcessUtilizationInfo_v1_t,
-}
-
+/// `NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)` (a function-like macro, as above).
 pub const NVML_PROCESSES_UTILIZATION_INFO_V1: c_uint =
     (std::mem::size_of::<nvmlProcessesUtilizationInfo_t>() as c_uint) | (1 << 24);
 
-#[cfg(test)]
-mod layout {
-    use super::*;
-    use nvml_wrapper_sys::bindings as b;
-    use std::mem::{align_of, size_of};
+/// The layouts nvml.h gives on LP64 Linux (x86_64, aarch64), pinned: a drift in
+/// nvml-wrapper-sys (or in the types kept here) fails the build instead of corrupting a
+/// client's memory.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
 
-    macro_rules! same {
-        ($($ours:ty => $theirs:ty),* $(,)?) => {$(
-            assert_eq!(size_of::<$ours>(), size_of::<$theirs>(), stringify!($ours));
-            assert_eq!(align_of::<$ours>(), align_of::<$theirs>(), stringify!($ours));
+    macro_rules! layout {
+        ($($t:ty: size $size:literal, align $align:literal { $($f:ident @ $off:literal),* })*) => {$(
+            assert!(size_of::<$t>() == $size);
+            assert!(align_of::<$t>() == $align);
+            $(assert!(offset_of!($t, $f) == $off);)*
         )*};
     }
 
-    #[test]
-    fn layouts_match_nvml_wrapper_sys() {
-        same! {
-            nvmlPciInfo_t => b::nvmlPciInfo_t,
-            nvmlMemory_t => b::nvmlMemory_t,
-            nvmlMemory_v2_t => b::nvmlMemory_v2_t,
-            nvmlBAR1Memory_t => b::nvmlBAR1Memory_t,
-            nvmlUtilization_t => b::nvmlUtilization_t,
-            nvmlProcessInfo_v1_t => b::nvmlProcessInfo_v1_t,
-            nvmlProcessInfo_t => b::nvmlProcessInfo_t,
-            nvmlProcessUtilizationSample_t => b::nvmlProcessUtilizationSample_t,
-            nvmlProcessUtilizationInfo_v1_t => b::nvmlProcessUtilizationInfo_v1_t,
-            nvmlProcessesUtilizationInfo_t => b::nvmlProcessesUtilizationInfo_t,
+    layout! {
+        nvmlPciInfo_v1_t: size 52, align 4 {
+            busId @ 0, domain @ 16, bus @ 20, device @ 24, pciDeviceId @ 28,
+            pciSubSystemId @ 32, reserved @ 36
         }
-        // nvml.h v1 nvmlPciInfo_t: busId[16], five uints, four reserved uints.
-        assert_eq!(size_of::<nvmlPciInfo_v1_t>(), 52);
-        assert_eq!(
-            b::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
-            NVML_ERROR_GPU_IS_LOST
-        );
-        assert_eq!(b::nvmlReturn_enum_NVML_ERROR_UNKNOWN, NVML_ERROR_UNKNOWN);
-        assert_eq!(
-            b::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-            NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-        );
-        assert_eq!(b::nvmlBrandType_enum_NVML_BRAND_NVIDIA, NVML_BRAND_NVIDIA);
+        nvmlPciInfo_t: size 68, align 4 {
+            busIdLegacy @ 0, domain @ 16, bus @ 20, device @ 24, pciDeviceId @ 28,
+            pciSubSystemId @ 32, busId @ 36
+        }
+        nvmlMemory_t: size 24, align 8 { total @ 0, free @ 8, used @ 16 }
+        nvmlMemory_v2_t: size 40, align 8 {
+            version @ 0, total @ 8, reserved @ 16, free @ 24, used @ 32
+        }
+        nvmlBAR1Memory_t: size 24, align 8 { bar1Total @ 0, bar1Free @ 8, bar1Used @ 16 }
+        nvmlUtilization_t: size 8, align 4 { gpu @ 0, memory @ 4 }
+        nvmlProcessInfo_v1_t: size 16, align 8 { pid @ 0, usedGpuMemory @ 8 }
+        nvmlProcessInfo_t: size 24, align 8 {
+            pid @ 0, usedGpuMemory @ 8, gpuInstanceId @ 16, computeInstanceId @ 20
+        }
+        nvmlProcessUtilizationSample_t: size 32, align 8 {
+            pid @ 0, timeStamp @ 8, smUtil @ 16, memUtil @ 20, encUtil @ 24, decUtil @ 28
+        }
+        nvmlProcessUtilizationInfo_v1_t: size 40, align 8 {
+            timeStamp @ 0, pid @ 8, smUtil @ 12, memUtil @ 16, encUtil @ 20, decUtil @ 24,
+            jpgUtil @ 28, ofaUtil @ 32
+        }
+        nvmlProcessesUtilizationInfo_t: size 24, align 8 {
+            version @ 0, processSamplesCount @ 4, lastSeenTimeStamp @ 8, procUtilArray @ 16
+        }
+        nvmlDevice_t: size 8, align 8 {}
+        nvmlReturn_t: size 4, align 4 {}
+    }
+
+    // The versions pynvml (nvidia-ml-py) sends.
+    assert!(NVML_MEMORY_V2 == 0x0200_0028);
+    assert!(NVML_PROCESSES_UTILIZATION_INFO_V1 == 0x0100_0018);
+    assert!(NVML_VALUE_NOT_AVAILABLE_ULL == u64::MAX);
+};
+
+/// Enum values as nvml.h numbers them (the return codes are pinned by the test below).
+const _: () = {
+    assert!(NVML_CLOCK_GRAPHICS == 0);
+    assert!(NVML_CLOCK_SM == 1);
+    assert!(NVML_CLOCK_MEM == 2);
+    assert!(NVML_CLOCK_VIDEO == 3);
+    assert!(NVML_TEMPERATURE_GPU == 0);
+    assert!(NVML_COMPUTEMODE_DEFAULT == 0);
+    assert!(NVML_COMPUTEMODE_EXCLUSIVE_THREAD == 1);
+    assert!(NVML_COMPUTEMODE_PROHIBITED == 2);
+    assert!(NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == 3);
+    assert!(NVML_BRAND_NVIDIA == 14);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nvml.h numbers the return codes 0..=29 in the order of `RETURN_CODES`, then
+    /// UNKNOWN = 999.
+    #[test]
+    fn return_codes_have_nvml_h_values() {
+        let (unknown, numbered) = RETURN_CODES.split_last().unwrap();
+        for (i, (name, code, _)) in numbered.iter().enumerate() {
+            assert_eq!(*code as usize, i, "NVML_ERROR_{name}");
+        }
+        assert_eq!(unknown.0, "UNKNOWN");
+        assert_eq!(unknown.1, 999);
+        assert_eq!(numbered.len(), 30);
     }
 }
