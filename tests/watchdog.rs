@@ -503,9 +503,12 @@ fn sd_notify_ready_watchdog_status_and_stopping() {
     let listen = |messages: &mut Vec<(Instant, String)>, buffer: &mut [u8], until: Instant| {
         while Instant::now() < until {
             if let Ok(n) = socket.recv(buffer) {
+                // sd_notify(3) takes newline-separated assignments; the sd-notify crate ends
+                // the last one with a newline too, which systemd ignores: so do we.
+                let text = String::from_utf8_lossy(&buffer[..n]);
                 messages.push((
                     Instant::now(),
-                    String::from_utf8_lossy(&buffer[..n]).into_owned(),
+                    text.strip_suffix('\n').unwrap_or(&text).to_owned(),
                 ));
             }
         }

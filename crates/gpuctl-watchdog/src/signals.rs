@@ -1,52 +1,33 @@
-//! SIGTERM, SIGINT and SIGHUP as flags: the handlers only store to atomics and write one byte
-//! to a non-blocking self-pipe, which the daemon's sleep polls, so a signal wakes it at once.
+//! SIGTERM, SIGINT and SIGHUP as flags, through signal-hook: each signal sets its flag, then
+//! writes one byte to a self-pipe (a socket pair) whose read end the daemon's sleep blocks on,
+//! so a signal wakes it at once.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 static RELOAD: AtomicBool = AtomicBool::new(false);
-static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
-static PIPE_READ: AtomicI32 = AtomicI32::new(-1);
+/// The read end of the self-pipe, once the handlers are installed.
+static WAKE: OnceLock<UnixStream> = OnceLock::new();
 
-extern "C" fn on_signal(signal: libc::c_int) {
-    match signal {
-        libc::SIGHUP => RELOAD.store(true, Ordering::SeqCst),
-        _ => STOP.store(true, Ordering::SeqCst),
-    }
-    let fd = PIPE_WRITE.load(Ordering::SeqCst);
-    if fd >= 0 {
-        let byte = 1u8;
-        // SAFETY: write(2) is async-signal-safe; errno is saved and restored around it.
-        unsafe {
-            let errno = *libc::__errno_location();
-            libc::write(fd, (&byte as *const u8).cast(), 1);
-            *libc::__errno_location() = errno;
-        }
-    }
-}
-
-/// Installs the handlers. Call once, before any other thread starts.
+/// Installs the handlers. Call once, before any other thread starts; a second call does
+/// nothing.
 pub fn install() -> std::io::Result<()> {
-    let mut fds = [-1; 2];
-    // SAFETY: pipe2 writes two descriptors into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    if WAKE.get().is_some() {
+        return Ok(());
     }
-    PIPE_READ.store(fds[0], Ordering::SeqCst);
-    PIPE_WRITE.store(fds[1], Ordering::SeqCst);
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction with our handler, an empty mask and SA_RESTART.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
+    let (read, write) = UnixStream::pair()?;
+    for (signal, flag) in [(SIGTERM, &STOP), (SIGINT, &STOP), (SIGHUP, &RELOAD)] {
+        // The flag first, then the byte: a woken sleeper always finds the flag set.
+        signal_hook::flag::register(signal, flag)?;
+        signal_hook::low_level::pipe::register(signal, write.try_clone()?)?;
     }
+    let _ = WAKE.set(read);
     Ok(())
 }
 
@@ -61,24 +42,55 @@ pub fn take_reload() -> bool {
 
 /// Sleeps up to `limit`, waking early when a signal arrives.
 pub fn sleep(limit: Duration) {
-    let fd = PIPE_READ.load(Ordering::SeqCst);
-    if fd < 0 {
+    let Some(mut wake) = WAKE.get() else {
+        std::thread::sleep(limit);
+        return;
+    };
+    if limit.is_zero() {
+        return;
+    }
+    // A blocking read with a timeout: it returns with the bytes of the signals that came
+    // (up to 64 at once, more than the three signals can queue), or at the timeout. The
+    // timeout has microsecond resolution, so a short remainder never turns into a spin.
+    if wake.set_read_timeout(Some(limit)).is_err() {
         std::thread::sleep(limit);
         return;
     }
-    let mut poll = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = limit.as_millis().min(i32::MAX as u128) as i32;
-    // A sub-millisecond remainder rounds up, so the caller never spins.
-    let ms = if ms == 0 && !limit.is_zero() { 1 } else { ms };
-    // SAFETY: one valid pollfd.
-    let ready = unsafe { libc::poll(&mut poll, 1, ms) };
-    if ready > 0 {
-        let mut buffer = [0u8; 64];
-        // SAFETY: reading into a local buffer from our non-blocking pipe, until empty.
-        while unsafe { libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len()) } > 0 {}
+    let mut buffer = [0u8; 64];
+    let _ = wake.read(&mut buffer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_signal_cuts_the_sleep_short_and_sets_its_flag() {
+        install().unwrap();
+        install().unwrap();
+        assert!(!take_reload());
+        let raiser = std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            signal_hook::low_level::raise(SIGHUP).unwrap();
+        });
+        let start = Instant::now();
+        sleep(Duration::from_secs(20));
+        let slept = start.elapsed();
+        raiser.join().unwrap();
+        assert!(slept < Duration::from_secs(5), "slept {slept:?}");
+        assert!(take_reload());
+        assert!(!take_reload(), "taken once");
+        assert!(!stop_requested());
+
+        // Without a signal, the sleep lasts its limit.
+        let start = Instant::now();
+        sleep(Duration::from_millis(150));
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+        sleep(Duration::ZERO);
     }
 }
