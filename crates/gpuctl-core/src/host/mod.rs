@@ -297,9 +297,12 @@ impl ProcView {
             return Err(format!("/proc/{pid}/stat names another pid ({})", stat.pid));
         }
         let uid = match process.uid() {
-            Ok(owner) if self.procfs && owner != 0 => owner,
-            // Root-owned: root, as the directory shows the effective uid; the status file
-            // confirms it (it is the only source on a fixture tree).
+            // On procfs the /proc/PID directory is owned by the effective uid, root's
+            // included: the kernel's task_dump_owner gives a non-dumpable process's files to
+            // root but exempts its world-readable directories ("before /proc/pid/status
+            // existed, stat of /proc/pid was the way to read the effective uid"). One fstat.
+            Ok(owner) if self.procfs => owner,
+            // A fixture tree: the status file is the only source.
             _ => {
                 Status::from_read(read_relative(&process, "status", pid)?.as_slice())
                     .map_err(|e| not_visible(pid, e))?
@@ -428,5 +431,57 @@ mod tests {
         } else {
             assert!(!fact.confirmed);
         }
+    }
+
+    /// The effective uid comes from one fstat of /proc/PID even for a process that cannot be
+    /// dumped, whose files procfs gives to root: what lets `info` skip /proc/PID/status.
+    #[test]
+    fn a_non_dumpable_process_keeps_its_own_uid() {
+        use std::os::unix::process::CommandExt;
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return;
+        }
+        let expected = if nix::unistd::geteuid().is_root() {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        // PR_SET_DUMPABLE (4) to 0, then say so and wait.
+        let script = "import ctypes, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); \
+                      print('ready', flush=True); sys.stdin.read()";
+        let mut command = std::process::Command::new("python3");
+        command.args(["-c", script]);
+        if nix::unistd::geteuid().is_root() {
+            command.uid(65534).gid(65534).current_dir("/");
+        }
+        let mut child = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let pid = child.id();
+        let stat_owner = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/{pid}/stat"))
+                .unwrap()
+                .uid()
+        };
+        assert_eq!(
+            stat_owner, 0,
+            "procfs gives a non-dumpable process's files to root"
+        );
+        let fact = &view.processes(&[pid])[&pid];
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert_eq!(fact.uid, Some(expected), "{fact:?}");
     }
 }

@@ -1,0 +1,207 @@
+//! Deserializers that check values as they are read, so that the error carries the
+//! value's position (and so its line and key path).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+struct Share(f64);
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Share, D::Error> {
+        struct ShareVisitor;
+        impl Visitor<'_> for ShareVisitor {
+            type Value = Share;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a share in (0, 1]")
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Share, E> {
+                super::check_share(value).map(Share).map_err(E::custom)
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Share, E> {
+                self.visit_f64(value as f64)
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Share, E> {
+                self.visit_f64(value as f64)
+            }
+        }
+        deserializer.deserialize_any(ShareVisitor)
+    }
+}
+
+struct GpuKey(String);
+
+impl<'de> Deserialize<'de> for GpuKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<GpuKey, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        super::check_gpu_key(&key).map_err(de::Error::custom)?;
+        Ok(GpuKey(key))
+    }
+}
+
+struct UserKey(String);
+
+impl<'de> Deserialize<'de> for UserKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<UserKey, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        super::check_user_name(&key).map_err(de::Error::custom)?;
+        Ok(UserKey(key))
+    }
+}
+
+impl PartialEq for GpuKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for GpuKey {}
+impl PartialOrd for GpuKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for GpuKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+impl PartialEq for UserKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for UserKey {}
+impl PartialOrd for UserKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for UserKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+struct Name(String);
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Name, D::Error> {
+        struct NameVisitor;
+        impl Visitor<'_> for NameVisitor {
+            type Value = Name;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a name (a non-empty string)")
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Name, E> {
+                if value.trim().is_empty() {
+                    Err(E::custom("empty name: give a non-empty string"))
+                } else {
+                    Ok(Name(value.to_string()))
+                }
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+pub(super) fn share_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    Share::deserialize(d).map(|share| Some(share.0))
+}
+
+pub(super) fn gpu_shares<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, f64>, D::Error> {
+    let map = BTreeMap::<GpuKey, Share>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(key, share)| (key.0, share.0))
+        .collect())
+}
+
+pub(super) fn user_shares<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, f64>, D::Error> {
+    let map = BTreeMap::<UserKey, Share>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(key, share)| (key.0, share.0))
+        .collect())
+}
+
+/// Durations: `"60s"`, `"500ms"`, `"1h 30m"`, or a number of seconds.
+pub(super) mod duration {
+    use std::fmt;
+    use std::time::Duration;
+
+    use serde::de::{self, Deserializer, Visitor};
+    use serde::ser::Serializer;
+
+    pub(in super::super) fn serialize<S: Serializer>(
+        value: &Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*value).to_string())
+    }
+
+    pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        struct DurationVisitor;
+        impl Visitor<'_> for DurationVisitor {
+            type Value = Duration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration, like \"60s\" or \"500ms\"")
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Duration, E> {
+                crate::units::parse_duration(value).map_err(E::custom)
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Duration, E> {
+                Duration::try_from_secs_f64(value).map_err(|_| {
+                    E::custom(format!("{value} is not a duration (like 10s, 500ms, 2m)"))
+                })
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Duration, E> {
+                self.visit_f64(value as f64)
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Duration, E> {
+                Ok(Duration::from_secs(value))
+            }
+        }
+        d.deserialize_any(DurationVisitor)
+    }
+}
+
+/// A duration that must be above zero (an interval, a timeout).
+pub(super) mod duration_positive {
+    use std::time::Duration;
+
+    use serde::de::{self, Deserializer};
+    use serde::ser::Serializer;
+
+    pub(in super::super) fn serialize<S: Serializer>(
+        value: &Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        super::duration::serialize(value, s)
+    }
+
+    pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        let value = super::duration::deserialize(d)?;
+        if value < Duration::from_millis(10) {
+            return Err(de::Error::custom(format!(
+                "{} is too short: give at least 10ms",
+                humantime::format_duration(value)
+            )));
+        }
+        Ok(value)
+    }
+}
+
+pub(super) fn names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<Name>::deserialize(d)?;
+    Ok(names.into_iter().map(|name| name.0).collect())
+}

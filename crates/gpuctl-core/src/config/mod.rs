@@ -1,0 +1,510 @@
+//! The configuration: `/etc/gpuctl/gpuctl.toml` (the system file, read by the CLI and the
+//! root watchdog) and `$XDG_CONFIG_HOME/gpuctl/gpuctl.toml` (a user's own defaults, which
+//! may only make the system's policy stricter). `GPUCTL_CONFIG`, or an explicit path such as
+//! the watchdog's `--config`, names one file that replaces both.
+//!
+//! A missing file is an empty policy. A present file is checked before it is believed: a file
+//! that steers root must be owned by root and writable by nobody else, as sudo demands of a
+//! sudoers file; the checks are made on the descriptor the text is read from. Unknown keys
+//! and bad values are errors naming the file, the line and the key.
+//!
+//! Adding a table (say `[watchdog]`) is one struct deriving `Deserialize` with
+//! `#[serde(default, deny_unknown_fields)]` and one field of [`Config`]; error messages,
+//! line numbers and key paths come for free.
+
+mod de;
+mod fraction;
+mod parse;
+mod trust;
+mod write;
+
+pub use fraction::{FractionInForce, fraction_for};
+use parse::*;
+pub use parse::{parse, parse_fraction};
+use trust::*;
+pub use write::{FractionScope, set_fraction};
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::unistd::{User, geteuid};
+use serde::{Deserialize, Serialize};
+
+/// The system file.
+pub const SYSTEM_PATH: &str = "/etc/gpuctl/gpuctl.toml";
+/// The environment variable naming one file that replaces both the system and the user file.
+pub const ENV_VAR: &str = "GPUCTL_CONFIG";
+/// Files larger than this are refused unread: a gpuctl config is a few lines.
+const MAX_SIZE: u64 = 1 << 20;
+
+/// One configuration file's content. `Default` is the empty policy (no limits, nothing
+/// protected beyond the built-in list).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub fraction: FractionPolicy,
+    pub protect: Protect,
+    pub watchdog: Watchdog,
+}
+
+/// `[fraction]`: the share of one GPU's memory a single process may hold, in (0, 1].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FractionPolicy {
+    /// `fraction.default`; absent: no limit.
+    #[serde(
+        deserialize_with = "de::share_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default: Option<f64>,
+    /// `[fraction.gpu]`: per GPU, keyed by index (`"0"`) or UUID (`"GPU-..."`, `"MIG-..."`).
+    #[serde(deserialize_with = "de::gpu_shares")]
+    pub gpu: BTreeMap<String, f64>,
+    /// `[fraction.user]`: per user, keyed by user name.
+    #[serde(deserialize_with = "de::user_shares")]
+    pub user: BTreeMap<String, f64>,
+}
+
+/// `[protect]`: processes never signalled by `clear` or the watchdog, in addition to
+/// [`crate::reclaim::DEFAULT_PROTECTED`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Protect {
+    /// Command names (matched like the built-in list).
+    #[serde(deserialize_with = "de::names")]
+    pub commands: Vec<String>,
+    /// User names.
+    #[serde(deserialize_with = "de::names")]
+    pub users: Vec<String>,
+}
+
+/// `[watchdog]`: the reclaim daemon's settings (`gpuctl-watchdog`). Durations are written as
+/// people write them (`"60s"`, `"500ms"`, `"2m"`) or as a number of seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Watchdog {
+    /// Time between two loops (snapshot, classify, act).
+    #[serde(with = "de::duration_positive")]
+    pub interval: std::time::Duration,
+    /// How long a process must stay stale (or above its share) before anything is done.
+    #[serde(with = "de::duration")]
+    pub grace: std::time::Duration,
+    /// Time between SIGTERM and SIGKILL, and the bound on verifying the memory came back.
+    #[serde(with = "de::duration_positive")]
+    pub term_timeout: std::time::Duration,
+    /// `report` (log only, the default: shared servers opt in) or `reclaim`.
+    pub mode: WatchdogMode,
+    /// Which kinds of stale process are reclaimed; other findings are only reported.
+    pub reclaim: Vec<ReclaimKind>,
+    /// Terminate a process that stays above its share (`[fraction]`) for `grace`; without
+    /// it such a process is only warned about.
+    pub enforce_fraction: bool,
+    /// Users whose processes the watchdog never signals, added to `protect.users`.
+    #[serde(deserialize_with = "de::names")]
+    pub protect_users: Vec<String>,
+    /// Commands the watchdog never signals, added to `protect.commands`.
+    #[serde(deserialize_with = "de::names")]
+    pub protect_commands: Vec<String>,
+    /// The Prometheus textfile written each loop (at least once a second when loops are
+    /// closer and nothing but the loop counter and poll time changed); empty disables it.
+    pub metrics_file: PathBuf,
+    /// Where the daemon keeps state (peak marks); empty disables it.
+    pub state_dir: PathBuf,
+}
+
+/// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
+pub const WATCHDOG_METRICS_FILE: &str = "/var/lib/prometheus/node-exporter/gpuctl.prom";
+/// Default of `watchdog.state_dir`.
+pub const WATCHDOG_STATE_DIR: &str = "/var/lib/gpuctl";
+
+impl Default for Watchdog {
+    fn default() -> Watchdog {
+        Watchdog {
+            interval: std::time::Duration::from_secs(5),
+            grace: std::time::Duration::from_secs(60),
+            term_timeout: std::time::Duration::from_secs(10),
+            mode: WatchdogMode::Report,
+            reclaim: vec![ReclaimKind::Orphaned, ReclaimKind::Zombie],
+            enforce_fraction: false,
+            protect_users: Vec::new(),
+            protect_commands: Vec::new(),
+            metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
+            state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+        }
+    }
+}
+
+impl Watchdog {
+    /// The metrics file, `None` when disabled (`metrics_file = ""`).
+    pub fn metrics_path(&self) -> Option<&Path> {
+        (!self.metrics_file.as_os_str().is_empty()).then_some(self.metrics_file.as_path())
+    }
+
+    /// The state directory, `None` when disabled (`state_dir = ""`).
+    pub fn state_path(&self) -> Option<&Path> {
+        (!self.state_dir.as_os_str().is_empty()).then_some(self.state_dir.as_path())
+    }
+}
+
+/// `watchdog.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchdogMode {
+    /// Log what would be done; signal nothing.
+    #[default]
+    Report,
+    /// Reclaim stale processes (and, with `enforce_fraction`, processes above their share).
+    Reclaim,
+}
+
+impl WatchdogMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchdogMode::Report => "report",
+            WatchdogMode::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// An entry of `watchdog.reclaim`: a kind of stale process the watchdog ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimKind {
+    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]).
+    Orphaned,
+    /// A zombie leader whose threads still hold the context.
+    Zombie,
+    /// Stopped (state T) for longer than the grace.
+    Stopped,
+}
+
+/// Where a file comes from, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// `/etc/gpuctl/gpuctl.toml`.
+    System,
+    /// `$XDG_CONFIG_HOME/gpuctl/gpuctl.toml`.
+    User,
+    /// The file named by `GPUCTL_CONFIG`.
+    Env,
+    /// A path given on the command line (the watchdog's `--config`).
+    Explicit,
+}
+
+impl Origin {
+    /// Whether a file of this origin is trusted like a sudoers file by this process: always
+    /// for the system file, and for a file named by `GPUCTL_CONFIG` or `--config` when the
+    /// reader is root.
+    fn steers_root(self) -> bool {
+        match self {
+            Origin::System => true,
+            Origin::User => false,
+            Origin::Env | Origin::Explicit => geteuid().is_root(),
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Origin::System => "system",
+            Origin::User => "user",
+            Origin::Env => ENV_VAR,
+            Origin::Explicit => "--config",
+        })
+    }
+}
+
+/// A configuration file: where it comes from and its path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Source {
+    pub origin: Origin,
+    pub path: PathBuf,
+}
+
+impl Source {
+    pub fn new(origin: Origin, path: impl Into<PathBuf>) -> Source {
+        Source {
+            origin,
+            path: path.into(),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    /// `system /etc/gpuctl/gpuctl.toml`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.origin, self.path.display())
+    }
+}
+
+/// What [`load`] found: `system` holds the system file, or the `GPUCTL_CONFIG` / `--config`
+/// file that replaces both (then `user` is `None`). A missing file is `None`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Loaded {
+    pub system: Option<(Source, Config)>,
+    pub user: Option<(Source, Config)>,
+}
+
+impl Loaded {
+    /// Whether any file sets a memory share ([`fraction_for`] is `None` everywhere if not).
+    pub fn has_fraction_policy(&self) -> bool {
+        self.files().any(|(_, config)| {
+            let fraction = &config.fraction;
+            fraction.default.is_some() || !fraction.gpu.is_empty() || !fraction.user.is_empty()
+        })
+    }
+
+    /// The files that were found, system first.
+    pub fn files(&self) -> impl Iterator<Item = &(Source, Config)> {
+        self.system.iter().chain(self.user.iter())
+    }
+
+    /// The protect lists of both files together (a user file may add to them: protecting
+    /// more only makes gpuctl gentler), without duplicates, system entries first.
+    pub fn protect(&self) -> Protect {
+        let mut protect = Protect::default();
+        for (_, config) in self.files() {
+            for command in &config.protect.commands {
+                if !protect.commands.contains(command) {
+                    protect.commands.push(command.clone());
+                }
+            }
+            for user in &config.protect.users {
+                if !protect.users.contains(user) {
+                    protect.users.push(user.clone());
+                }
+            }
+        }
+        protect
+    }
+}
+
+/// Failures to read, trust, parse or write a configuration file. Every message is one line
+/// and names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be opened or read.
+    #[error("{}: cannot read: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Not TOML, an unknown key, or a bad value. `message` starts with the key path when
+    /// there is one (`fraction.user.alice: 1.5 is out of range: give a share in (0, 1]`).
+    #[error("{}: {}{message}", .path.display(), .line.map(|line| format!("line {line}: ")).unwrap_or_default())]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        key: Option<String>,
+        message: String,
+    },
+    /// The file, or its directory, could be changed by someone it must not trust.
+    #[error("{message}")]
+    Untrusted { path: PathBuf, message: String },
+    /// A value or key given to [`set_fraction`] that the file may not hold.
+    #[error("{0}")]
+    Value(String),
+    /// The file could not be written.
+    #[error("{}: cannot write: {source}{hint}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+        hint: &'static str,
+    },
+}
+
+impl ConfigError {
+    /// The file the error is about, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            ConfigError::Read { path, .. }
+            | ConfigError::Invalid { path, .. }
+            | ConfigError::Untrusted { path, .. }
+            | ConfigError::Write { path, .. } => Some(path),
+            ConfigError::Value(_) => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Paths and loading
+
+/// The files to read: the system file (or the `GPUCTL_CONFIG` file) and the user file (None
+/// when `GPUCTL_CONFIG` is set, or no home directory is known).
+pub fn paths() -> (Source, Option<Source>) {
+    paths_with(&|name| std::env::var_os(name))
+}
+
+/// [`paths`] with the environment given as a function (for tests and callers that hold
+/// their own environment).
+pub fn paths_with(env: &dyn Fn(&str) -> Option<OsString>) -> (Source, Option<Source>) {
+    if let Some(path) = env(ENV_VAR).filter(|path| !path.is_empty()) {
+        return (Source::new(Origin::Env, path), None);
+    }
+    let system = Source::new(Origin::System, SYSTEM_PATH);
+    // XDG: a relative $XDG_CONFIG_HOME is to be ignored.
+    let config_home = env("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+        .or_else(|| {
+            env("HOME")
+                .filter(|home| !home.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| {
+                    User::from_uid(geteuid())
+                        .ok()
+                        .flatten()
+                        .map(|user| user.dir)
+                })
+                .filter(|home| home.is_absolute())
+                .map(|home| home.join(".config"))
+        });
+    let user = config_home.map(|dir| Source::new(Origin::User, dir.join("gpuctl/gpuctl.toml")));
+    (system, user)
+}
+
+/// Reads the configuration `GPUCTL_CONFIG` or the default paths name.
+pub fn load() -> Result<Loaded, ConfigError> {
+    let (system, user) = paths();
+    load_sources(&system, user.as_ref())
+}
+
+/// Reads one explicitly named file (the watchdog's `--config`), which replaces both the
+/// system and the user file.
+pub fn load_explicit(path: &Path) -> Result<Loaded, ConfigError> {
+    load_sources(&Source::new(Origin::Explicit, path), None)
+}
+
+/// Reads the given files; a missing one is left out of the result.
+pub fn load_sources(system: &Source, user: Option<&Source>) -> Result<Loaded, ConfigError> {
+    let system = load_file(system)?.map(|config| (system.clone(), config));
+    let user = match user {
+        Some(user) => load_file(user)?.map(|config| (user.clone(), config)),
+        None => None,
+    };
+    Ok(Loaded { system, user })
+}
+
+/// Reads, checks and parses one file; `None` when it does not exist.
+pub fn load_file(source: &Source) -> Result<Option<Config>, ConfigError> {
+    match read_checked(source)? {
+        Some(file) => parse(&file.text, &source.path).map(Some),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_from_command_lines() {
+        assert_eq!(parse_fraction("0.8"), Ok(0.8));
+        assert_eq!(parse_fraction(" .5 "), Ok(0.5));
+        assert_eq!(parse_fraction("1"), Ok(1.0));
+        assert_eq!(parse_fraction("80%"), Ok(0.8));
+        assert_eq!(parse_fraction("100 %"), Ok(1.0));
+        let hint = "give a share in (0, 1], like 0.8, or a percentage, like 80%";
+        assert_eq!(
+            parse_fraction("0"),
+            Err(format!("'0' is out of range: {hint}"))
+        );
+        assert_eq!(
+            parse_fraction("-0.1"),
+            Err(format!("'-0.1' is out of range: {hint}"))
+        );
+        assert_eq!(
+            parse_fraction("1.5"),
+            Err(format!("'1.5' is out of range: {hint}"))
+        );
+        assert_eq!(
+            parse_fraction("150%"),
+            Err("'150%' is out of range: give a percentage in (0%, 100%]".to_string())
+        );
+        for garbage in [
+            "abc", "nan", "NaN", "inf", "infinity", "", "%", "0.5x", "1e999",
+        ] {
+            assert_eq!(
+                parse_fraction(garbage),
+                Err(format!("'{garbage}' is not a share: {hint}")),
+                "{garbage}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_paths() {
+        let path = |keys: &[&str]| {
+            render_path(
+                &keys
+                    .iter()
+                    .map(|key| Segment::Key(key.to_string()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(path(&["fraction", "gpu", "0"]), "fraction.gpu.\"0\"");
+        assert_eq!(
+            path(&["fraction", "user", "alice smith"]),
+            "fraction.user.\"alice smith\""
+        );
+        assert_eq!(
+            path(&["fraction", "user", "a\"b"]),
+            "fraction.user.\"a\\\"b\""
+        );
+        assert_eq!(
+            render_path(&[
+                Segment::Key("protect".into()),
+                Segment::Key("users".into()),
+                Segment::Index(1)
+            ]),
+            "protect.users[1]"
+        );
+    }
+
+    #[test]
+    fn env_and_xdg() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| OsString::from(value))
+            }
+        };
+        let (system, user) = paths_with(&env(&[
+            ("GPUCTL_CONFIG", "/tmp/x.toml"),
+            ("HOME", "/home/a"),
+        ]));
+        assert_eq!(system, Source::new(Origin::Env, "/tmp/x.toml"));
+        assert_eq!(user, None);
+        let (system, user) = paths_with(&env(&[("GPUCTL_CONFIG", ""), ("HOME", "/home/a")]));
+        assert_eq!(system, Source::new(Origin::System, SYSTEM_PATH));
+        assert_eq!(
+            user,
+            Some(Source::new(
+                Origin::User,
+                "/home/a/.config/gpuctl/gpuctl.toml"
+            ))
+        );
+        let (_, user) = paths_with(&env(&[("XDG_CONFIG_HOME", "/x/cfg"), ("HOME", "/home/a")]));
+        assert_eq!(
+            user,
+            Some(Source::new(Origin::User, "/x/cfg/gpuctl/gpuctl.toml"))
+        );
+        // A relative XDG_CONFIG_HOME is ignored, as the spec says.
+        let (_, user) = paths_with(&env(&[("XDG_CONFIG_HOME", "cfg"), ("HOME", "/home/a")]));
+        assert_eq!(
+            user,
+            Some(Source::new(
+                Origin::User,
+                "/home/a/.config/gpuctl/gpuctl.toml"
+            ))
+        );
+    }
+}
