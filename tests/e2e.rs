@@ -2,6 +2,7 @@
 
 mod util;
 
+mod exit_codes;
 mod info;
 mod kill_clear;
 mod schema;

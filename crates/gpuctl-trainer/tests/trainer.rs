@@ -847,3 +847,18 @@ fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
     );
     assert!(theirs.running());
 }
+
+#[test]
+fn help_lists_the_exit_table_in_gpuctl_core() {
+    let out = Command::new(trainer_bin()).arg("--help").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed = gpuctl_core::exit::parse_help(&String::from_utf8_lossy(&out.stdout));
+    let table: Vec<(u8, String)> = gpuctl_core::exit::TRAINER
+        .iter()
+        .map(|(exit, meaning)| {
+            let words: Vec<&str> = meaning.split_whitespace().collect();
+            (exit.code(), words.join(" "))
+        })
+        .collect();
+    assert_eq!(listed, table);
+}
