@@ -323,3 +323,23 @@ fn reset_fraction_and_enable_json_match_their_schemas() {
         conforms(&schema, &doc).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     }
 }
+
+/// Every finding kind classify defines is one the reclaim schema allows, under its name.
+#[test]
+fn the_reclaim_schema_names_every_finding_kind() {
+    let schema = schema("reclaim-v1.schema.json");
+    let listed: Vec<&str> = schema["$defs"]["finding"]["properties"]["kind"]["enum"]
+        .as_array()
+        .expect("finding.kind is an enum")
+        .iter()
+        .map(|kind| kind.as_str().unwrap())
+        .collect();
+    let defined: Vec<&str> = gpuctl_core::classify::Kind::ALL
+        .iter()
+        .map(|kind| kind.name())
+        .collect();
+    assert_eq!(listed, defined);
+    for kind in gpuctl_core::classify::Kind::ALL {
+        assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
+    }
+}
