@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::plan::{Action, Outcome};
 use crate::sys::{pidfd, procfile};
 
 /// How often the kill(2) fallback looks at /proc while it waits.
@@ -637,26 +636,6 @@ fn take_done(
         } else {
             live.push(pending);
         }
-    }
-}
-
-/// Carries out a plan: every target planned to be signalled is ended with `how`, all at
-/// once; the others are left as planned.
-pub fn carry_out(outcomes: &mut [Outcome], how: &Escalation) {
-    let signalled: Vec<usize> = (0..outcomes.len())
-        .filter(|&i| outcomes[i].action == Action::Signal)
-        .collect();
-    if signalled.is_empty() {
-        return;
-    }
-    // The plan signals only targets with an identity, so the results line up.
-    let identities: Vec<Identity> = signalled
-        .iter()
-        .filter_map(|&i| outcomes[i].target.identity())
-        .collect();
-    debug_assert_eq!(identities.len(), signalled.len());
-    for (&i, ended) in signalled.iter().zip(end_all(&identities, how)) {
-        outcomes[i].ended = Some(ended);
     }
 }
 

@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
-use crate::act::{self, Escalation};
+use crate::act::{self, Escalation, Identity};
 use crate::nvml::Gpus;
-use crate::plan::{self, Guard, Outcome};
+use crate::plan::{self, Action, Guard, Outcome};
 use crate::select::Target;
 use crate::snapshot::Snapshot;
 use crate::verify;
@@ -38,8 +38,28 @@ impl Reclaim<'_> {
         if self.dry_run {
             return outcomes;
         }
-        act::carry_out(&mut outcomes, &self.how);
+        carry_out(&mut outcomes, &self.how);
         verify::released(self.gpus, before, &mut outcomes, self.verify_for);
         outcomes
+    }
+}
+
+/// Carries out a plan: every target planned to be signalled is ended with `how`, all at
+/// once; the others are left as planned.
+fn carry_out(outcomes: &mut [Outcome], how: &Escalation) {
+    let signalled: Vec<usize> = (0..outcomes.len())
+        .filter(|&i| outcomes[i].action == Action::Signal)
+        .collect();
+    if signalled.is_empty() {
+        return;
+    }
+    // The plan signals only targets with an identity, so the results line up.
+    let identities: Vec<Identity> = signalled
+        .iter()
+        .filter_map(|&i| outcomes[i].target.identity())
+        .collect();
+    debug_assert_eq!(identities.len(), signalled.len());
+    for (&i, ended) in signalled.iter().zip(act::end_all(&identities, how)) {
+        outcomes[i].ended = Some(ended);
     }
 }

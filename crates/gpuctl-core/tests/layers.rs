@@ -1,0 +1,97 @@
+//! The module picture of gpuctl-core has no cycles: no module reaches one that reaches it
+//! back (DESIGN.md: "arrows point one way"). Read from the source, so a new `use` that
+//! closes a loop fails here with the loop named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Top-level module -> the top-level modules its non-test code names through `crate::`.
+fn imports() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|ext| ext != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(&src).unwrap();
+            let first = relative.components().next().unwrap().as_os_str();
+            let module = first.to_string_lossy().trim_end_matches(".rs").to_string();
+            if module == "lib" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Tests may reach anything; only what the library itself uses counts.
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            let names = graph.entry(module.clone()).or_default();
+            for (at, _) in code.match_indices("crate::") {
+                let rest = &code[at + "crate::".len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..end];
+                let is_comment = code[..at]
+                    .rsplit('\n')
+                    .next()
+                    .is_some_and(|line| line.trim_start().starts_with("//"));
+                if name != module && !name.is_empty() && !is_comment {
+                    names.insert(name.to_string());
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle through `start`, if any, as the modules along it.
+fn cycle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+    let mut path = vec![start.to_string()];
+    fn walk(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        start: &str,
+        path: &mut Vec<String>,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        let last = path.last().unwrap().clone();
+        for next in graph.get(&last).into_iter().flatten() {
+            if next == start {
+                path.push(next.clone());
+                return true;
+            }
+            if seen.insert(next.clone()) {
+                path.push(next.clone());
+                if walk(graph, start, path, seen) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        false
+    }
+    walk(graph, start, &mut path, &mut BTreeSet::new()).then_some(path)
+}
+
+#[test]
+fn no_module_reaches_one_that_reaches_it_back() {
+    let graph = imports();
+    assert!(graph.contains_key("snapshot") && graph.contains_key("sys"));
+    let cycles: Vec<String> = graph
+        .keys()
+        .filter_map(|module| cycle_from(&graph, module))
+        .map(|cycle| cycle.join(" -> "))
+        .collect();
+    assert!(cycles.is_empty(), "cycles: {cycles:#?}");
+}
+
+#[test]
+fn the_bottom_layer_uses_nothing_above_it() {
+    let graph = imports();
+    let sys: Vec<&String> = graph["sys"].iter().filter(|m| *m != "pidmap").collect();
+    assert!(sys.is_empty(), "sys uses {sys:?}");
+}
