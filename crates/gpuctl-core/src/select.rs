@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::act::Identity;
-use crate::classify::{Finding, Verdict};
+use crate::classify::{Finding, Remedy, Verdict};
 use crate::owner::Owner;
 use crate::snapshot::{GpuProcess, Snapshot};
 
@@ -269,9 +269,10 @@ pub fn select(
     findings: &[Finding],
     selector: &Selector,
 ) -> (Vec<Target>, Vec<Refusal>) {
+    // Stale: a leftover's finding, not a policy breach.
     let reclaimable: HashMap<u32, Vec<&Finding>> = findings
         .iter()
-        .filter(|f| f.verdict == Verdict::Reclaim)
+        .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Reclaim)
         .filter_map(|f| Some((f.identity?.pid, f)))
         .fold(HashMap::new(), |mut map, (pid, f)| {
             map.entry(pid).or_default().push(f);

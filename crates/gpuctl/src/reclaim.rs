@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use gpuctl_core::act::Escalation;
-use gpuctl_core::classify::{self, Finding, Policy, Verdict};
+use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
 use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
 use gpuctl_core::nvml::Gpus;
@@ -150,7 +150,13 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     };
     let (snapshot, findings) = classified(&gpus, &policy)?;
     let guard = Guard::for_this_process(protection()?);
-    let mut targets = select::from_findings(&snapshot, &findings, selected.as_deref());
+    // Leftovers of dead runs; clear enforces no policy.
+    let leftovers: Vec<Finding> = findings
+        .iter()
+        .filter(|f| f.kind.remedy() == Remedy::Reclaim)
+        .cloned()
+        .collect();
+    let mut targets = select::from_findings(&snapshot, &leftovers, selected.as_deref());
     // Only root reclaims other users' leftovers; the caller's others are reported.
     let others = guard.keep_callers_own(&mut targets, &findings);
     let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
