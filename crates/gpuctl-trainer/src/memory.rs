@@ -1,7 +1,7 @@
 //! Memory monitoring: the caching allocator's figures (allocated, reserved, peak) on CUDA,
 //! the host tensors' (the bridge's counting CPU allocator) on the host, and at milestones
-//! this process's resident memory and what NVML says it holds. A per-micro-step trace of the
-//! cheap figures becomes the CSV and the plot.
+//! this process's resident memory (sysinfo; its peak from procfs) and what NVML says it holds.
+//! A per-micro-step trace of the cheap figures becomes the CSV and the plot.
 
 use std::cell::Cell;
 use std::fmt::Write as _;
@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuctl_core::nvml::Gpus;
+use sysinfo::{MemoryRefreshKind, Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 use crate::alloc::{self, AllocatorStats};
 
@@ -28,6 +29,9 @@ pub struct Monitor {
     cuda: Option<usize>,
     /// Opened at the first milestone that asks; `None` inside when NVML is unavailable.
     nvml: Option<Option<Gpus>>,
+    /// Host memory and this process's resident set, refreshed at milestones only; made at the
+    /// first that asks (making one reads the boot time from /proc/stat).
+    host: Option<System>,
     /// The allocator's peak before the last reset of its peak marks.
     earlier_peak: u64,
     /// Time spent in `read`: what the per-micro-step hooks cost, for the summary.
@@ -39,6 +43,7 @@ impl Monitor {
         Monitor {
             cuda,
             nvml: None,
+            host: None,
             earlier_peak: 0,
             spent: Cell::new(Duration::ZERO),
         }
@@ -72,6 +77,29 @@ impl Monitor {
         gpus.used_by(std::process::id()).ok().flatten()
     }
 
+    fn host(&mut self) -> &mut System {
+        self.host.get_or_insert_with(System::new)
+    }
+
+    /// Host memory available for new allocations (MemAvailable), in bytes.
+    pub fn host_available(&mut self) -> Option<u64> {
+        let host = self.host();
+        host.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        Some(host.available_memory()).filter(|&available| available > 0)
+    }
+
+    /// This process's resident set in bytes (milestones only, never per micro-step).
+    fn rss(&mut self) -> u64 {
+        let pid = Pid::from_u32(std::process::id());
+        let host = self.host();
+        host.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&[pid]),
+            false,
+            ProcessRefreshKind::nothing().with_memory(),
+        );
+        host.process(pid).map_or(0, |process| process.memory())
+    }
+
     /// A log line's figures for a milestone.
     pub fn milestone(&mut self) -> String {
         let reading = self.read();
@@ -93,7 +121,7 @@ impl Monitor {
                     "allocated {} (host tensors), peak {}; resident {}, peak resident {}",
                     bytes(reading.host_allocated_bytes as i64),
                     bytes(alloc::host_stats().1),
-                    bytes(rss() as i64),
+                    bytes(self.rss() as i64),
                     bytes(peak_rss() as i64)
                 );
             }
@@ -140,30 +168,13 @@ impl Monitor {
     }
 }
 
-/// This process's resident set in bytes (/proc/self/statm: short, cheap to read).
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|field| field.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    pages * page
-}
-
-/// The resident set's high-water mark (VmHWM) in bytes.
+/// The resident set's high-water mark (VmHWM) in bytes: procfs, since sysinfo has no peak.
 fn peak_rss() -> u64 {
-    kib_field("/proc/self/status", "VmHWM:").unwrap_or(0)
-}
-
-/// A `Name:   1234 kB` line of a /proc file, in bytes.
-fn kib_field(path: &str, name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let rest = text.lines().find_map(|line| line.strip_prefix(name))?;
-    let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib * 1024)
+    procfs::process::Process::myself()
+        .and_then(|me| me.status())
+        .ok()
+        .and_then(|status| status.vmhwm)
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// "1.5 GiB", "320 MiB", "12 KiB".
@@ -177,11 +188,6 @@ pub fn bytes(value: i64) -> String {
     } else {
         format!("{:.0} KiB", value / KIB)
     }
-}
-
-/// Host memory available for new allocations (MemAvailable), in bytes.
-pub fn host_available() -> Option<u64> {
-    kib_field("/proc/meminfo", "MemAvailable:")
 }
 
 /// When in a step a trace row was taken.
@@ -264,6 +270,51 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hand-written readings that sysinfo and procfs replaced: the reference that the
+    /// readings are checked against.
+    mod by_hand {
+        pub fn rss() -> u64 {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            let pages: u64 = statm
+                .split_whitespace()
+                .nth(1)
+                .and_then(|field| field.parse().ok())
+                .unwrap_or(0);
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+            pages * page
+        }
+
+        pub fn kib_field(path: &str, name: &str) -> Option<u64> {
+            let text = std::fs::read_to_string(path).ok()?;
+            let rest = text.lines().find_map(|line| line.strip_prefix(name))?;
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some(kib * 1024)
+        }
+    }
+
+    /// Within 64 MiB: host memory moves between two readings, by other processes too.
+    fn close(a: u64, b: u64) -> bool {
+        a.abs_diff(b) < 64 << 20
+    }
+
+    #[test]
+    fn host_readings_match_the_kernels_figures() {
+        let mut monitor = Monitor::new(None);
+        let available = monitor.host_available().expect("MemAvailable");
+        let by_hand = by_hand::kib_field("/proc/meminfo", "MemAvailable:").unwrap();
+        assert!(close(available, by_hand), "{available} vs {by_hand}");
+
+        let rss = monitor.rss();
+        assert!(rss > 0 && close(rss, by_hand::rss()), "{rss}");
+        let peak = peak_rss();
+        let peak_by_hand = by_hand::kib_field("/proc/self/status", "VmHWM:").unwrap();
+        assert!(
+            peak >= rss && close(peak, peak_by_hand),
+            "{peak} vs {peak_by_hand}"
+        );
+    }
 
     #[test]
     fn sizes_read_as_people_write_them() {
