@@ -330,7 +330,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         MicroBatch::Auto => {
             let free = match cuda_index {
                 Some(index) => alloc::memory_info(index).map(|(free, _)| free).ok(),
-                None => memory::host_available(),
+                None => monitor.host_available(),
             };
             let Some(free) = free else {
                 return Err(Failure::Failed(
