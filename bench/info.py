@@ -11,7 +11,12 @@ The stand-in processes belong to a user, as GPU jobs on a shared server do: run 
 script starts them as `nobody` (setpriv). `--root-owned` keeps them root's, which costs gpuctl
 one more /proc file per process (see docs/performance.md).
 
-Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned]
+Per phase (GPUCTL_TIMINGS, printed by gpuctl itself): opening NVML, the NVML reads, the /proc
+reads, peak marks and rendering, medians over the same runs; the rest of the wall time is
+exec, dynamic linking and exit. `--baseline PATH` also times another gpuctl binary (an older
+build, say), alternating with this one, and prints the ratio.
+
+Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned] [--baseline PATH]
 Needs release builds: cargo build --release -p gpuctl -p nvml-sim
 Python reference: PYTHON=.venv/bin/python (scripts/test creates it), else python3 with pynvml.
 """
@@ -58,6 +63,29 @@ def time_command(argv, env, runs):
     return samples
 
 
+def time_gpuctl(binaries, env, runs):
+    """Wall times of each binary's `info --json`, run alternately, and the phase times the
+    first one reports (GPUCTL_TIMINGS)."""
+    env = dict(env, GPUCTL_TIMINGS="1")
+    walls = {b: [] for b in binaries}
+    phases = {}
+    for _ in range(runs):
+        for binary in binaries:
+            start = time.perf_counter()
+            done = subprocess.run([binary, "info", "--json"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=True)
+            walls[binary].append(time.perf_counter() - start)
+            if binary != binaries[0]:
+                continue
+            for line in done.stderr.splitlines():
+                if "timings:" not in line:
+                    continue
+                for part in line.split("timings:", 1)[1].split(","):
+                    name, value, _unit = part.split()
+                    phases.setdefault(name, []).append(float(value))
+    return walls, {name: statistics.median(v) for name, v in phases.items()}
+
+
 def proc_floor_ms(pids, runs):
     """The kernel's share: reading stat, cmdline and cgroup of every pid once, one thread,
     with bare os.open/os.read (gpuctl reads the same files, spread over the cores)."""
@@ -79,6 +107,7 @@ def main():
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--counts", default="64,128,256,512")
     parser.add_argument("--root-owned", action="store_true")
+    parser.add_argument("--baseline", help="another gpuctl binary to time alongside")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     python = os.environ.get("PYTHON", "python3")
@@ -117,7 +146,9 @@ def main():
                 f.write("\n".join(lines) + "\n")
             check = subprocess.run([gpuctl, "info", "--json"], env=env, capture_output=True, text=True, check=True)
             assert check.stdout.count('"pid"') == count, "not every process was reported"
-            ours = median_ms(time_command([gpuctl, "info", "--json"], env, args.runs))
+            binaries = [gpuctl] + ([args.baseline] if args.baseline else [])
+            walls, phases = time_gpuctl(binaries, env, args.runs)
+            ours = median_ms(walls[gpuctl])
             fresh = median_ms(time_command([python, "-c", PY_QUERY + "query()"], env, max(10, args.runs // 5)))
             warm_script = PY_QUERY + (
                 "import time,statistics\nquery()\ns=[]\n"
@@ -128,6 +159,14 @@ def main():
             floor = proc_floor_ms([p.pid for p in holders], 10)
             results[count] = ours
             print(f"{count:>9}  {ours:>7.2f}ms  {ours * 1000 / count:>8.1f}  {floor:>9.2f}ms  {fresh:>7.2f}ms  {warm:>6.2f}ms  {ours / fresh:>6.2f}")
+            if phases:
+                named = sum(phases.values())
+                print("           phases (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                      + f"; exec, linking and exit {max(0.0, ours - named):.2f}")
+            if args.baseline:
+                base = median_ms(walls[args.baseline])
+                print(f"           baseline {args.baseline}: {base:.2f}ms, {base / fresh:.2f} of py fresh; "
+                      f"this build / baseline {ours / base:.2f}")
         finally:
             for p in holders:
                 p.kill()

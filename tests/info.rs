@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim, wait_until};
+use crate::util::{Proc, Run, Sim, wait_until};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -394,4 +394,42 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
             .contains("PID namespace"),
         "{p}"
     );
+}
+
+#[test]
+fn timings_are_one_stderr_line_only_when_asked_for() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&format!(
+        "{}{}\n{}",
+        header(),
+        gpus(2),
+        process(job.pid(), "1", 2048)
+    ));
+    let quiet = sim.run(&["info", "--json"]);
+    assert_eq!((quiet.code, quiet.stderr.as_str()), (0, ""));
+    let timed = Run::from(
+        sim.gpuctl(&["info", "--json"])
+            .env("GPUCTL_TIMINGS", "1")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(timed.code, 0, "{}", timed.stderr);
+    assert_eq!(timed.stdout.lines().count(), quiet.stdout.lines().count());
+    let line = timed.stderr.trim_end();
+    assert_eq!(timed.stderr.lines().count(), 1, "{line}");
+    let phases: Vec<(&str, f64)> = line
+        .strip_prefix("gpuctl: timings: ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .split(", ")
+        .map(|part| {
+            let mut words = part.split(' ');
+            let name = words.next().unwrap();
+            let ms: f64 = words.next().unwrap().parse().unwrap();
+            assert_eq!(words.next(), Some("ms"), "{part}");
+            (name, ms)
+        })
+        .collect();
+    let names: Vec<&str> = phases.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, ["open", "nvml", "proc", "peaks", "render"]);
+    assert!(phases.iter().all(|(_, ms)| *ms >= 0.0), "{line}");
 }

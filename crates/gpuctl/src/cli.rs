@@ -21,7 +21,8 @@ Environment:
   GPUCTL_CONFIG    the one configuration file to read (default /etc/gpuctl/gpuctl.toml and
                    $XDG_CONFIG_HOME/gpuctl/gpuctl.toml)
   GPUCTL_STATE_DIR where peak marks are kept (default /var/lib/gpuctl as root,
-                   $XDG_STATE_HOME/gpuctl otherwise)";
+                   $XDG_STATE_HOME/gpuctl otherwise)
+  GPUCTL_TIMINGS   when set and not empty, info says on stderr where its time went";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]

@@ -1,7 +1,7 @@
 //! `gpuctl info`: every GPU and every process holding memory on it.
 
 use std::io::{self, Write};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 use gpuctl_core::nvml::Gpus;
@@ -15,6 +15,11 @@ use crate::Exit;
 use crate::render::{self, Color, Style};
 use gpuctl::cli::InfoArgs;
 
+/// When set (and not empty), `info` says on stderr where its time went: opening NVML, the
+/// NVML reads, the /proc reads (and the /proc view's setup), peak marks, rendering.
+/// bench/info.py reads it.
+const TIMINGS_ENV: &str = "GPUCTL_TIMINGS";
+
 /// Version of the `gpuctl info --json` document; fields are only added within a version.
 pub const INFO_SCHEMA: u32 = 1;
 
@@ -27,7 +32,9 @@ struct InfoDocument<'a> {
 }
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
+    let started = Instant::now();
     let gpus = Gpus::open()?;
+    let opened = started.elapsed();
     let options = SnapshotOptions {
         gpus: (!args.gpus.is_empty())
             .then(|| gpus.resolve(&args.gpus))
@@ -46,8 +53,24 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         Ok(snapshot)
     };
     let Some(interval) = args.watch else {
+        let taking = Instant::now();
         let snapshot = take()?;
+        let taken = taking.elapsed();
+        let rendering = Instant::now();
         render::emit(args.json, &document(&snapshot), || table(&snapshot, &style))?;
+        if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
+            let reads = snapshot.read_times;
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            eprintln!(
+                "gpuctl: timings: open {:.3} ms, nvml {:.3} ms, proc {:.3} ms, peaks {:.3} ms, \
+                 render {:.3} ms",
+                ms(opened),
+                ms(reads.nvml),
+                ms(reads.host),
+                ms(taken.saturating_sub(reads.nvml + reads.host)),
+                ms(rendering.elapsed()),
+            );
+        }
         return Ok(failed_gpus(&snapshot));
     };
     let mut out = io::stdout().lock();

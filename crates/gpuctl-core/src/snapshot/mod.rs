@@ -6,7 +6,7 @@ pub mod peaks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{ComputeMode, TemperatureSensor};
@@ -45,6 +45,17 @@ pub struct Snapshot {
     /// unconfirmed.
     pub host_pid_namespace: bool,
     pub devices: Vec<GpuSnapshot>,
+    /// How long its reads took, for benchmarks.
+    #[serde(skip)]
+    pub read_times: ReadTimes,
+}
+
+/// How long a snapshot's two reads took: NVML (every GPU, its processes, the driver's
+/// versions) and /proc (every process's facts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadTimes {
+    pub nvml: Duration,
+    pub host: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -150,6 +161,7 @@ impl Snapshot {
         options: &SnapshotOptions,
         cache: Option<&mut FactCache>,
     ) -> Result<Snapshot> {
+        let started = Instant::now();
         let nvml = gpus.nvml();
         let indices = match &options.gpus {
             Some(indices) => indices.clone(),
@@ -192,6 +204,7 @@ impl Snapshot {
                     .collect();
             }
         };
+        let nvml_read = started.elapsed();
         match cache {
             Some(cache) => {
                 let facts = view.processes_cached(&pids, cache);
@@ -207,7 +220,8 @@ impl Snapshot {
             }
         }
 
-        Ok(Snapshot {
+        let host_read = started.elapsed() - nvml_read;
+        let mut snapshot = Snapshot {
             taken_at: SystemTime::now(),
             driver_version: nvml.sys_driver_version().ok(),
             cuda_driver_version: nvml.sys_cuda_driver_version().ok().map(|v| {
@@ -220,7 +234,13 @@ impl Snapshot {
             nvml_version: nvml.sys_nvml_version().ok(),
             host_pid_namespace: view.host_pid_namespace(),
             devices,
-        })
+            read_times: ReadTimes::default(),
+        };
+        snapshot.read_times = ReadTimes {
+            nvml: started.elapsed() - host_read,
+            host: host_read,
+        };
+        Ok(snapshot)
     }
 }
 
@@ -236,6 +256,7 @@ impl Snapshot {
             nvml_version: None,
             host_pid_namespace: true,
             devices,
+            read_times: ReadTimes::default(),
         }
     }
 

@@ -77,8 +77,12 @@ pub fn read_stat_line(file: &std::fs::File) -> io::Result<StatLine> {
 
 /// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
 /// so `File::read_to_end` asks for the size and position first and then probes with
-/// 32-byte reads. A 4 KiB read takes most files at once. Read from offset 0, so a file
-/// kept open can be read again.
+/// 32-byte reads. A 4 KiB read takes most files at once. A read that comes back short is
+/// the end: the per-process files gpuctl reads fill a read as far as they go (seq_file's
+/// single-record files: stat, status, cgroup; cmdline loops over the argument pages until
+/// the buffer is full), so the 0-byte read that would confirm it is not made (256 fewer
+/// syscalls per file kind at 256 processes). Read from offset 0, so a file kept open can
+/// be read again.
 pub fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     // 4 KiB: one read for any stat, status, cmdline or cgroup file of a usual process.
@@ -90,7 +94,12 @@ pub fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
         }
         match file.read_at(&mut bytes[len..], len as u64) {
             Ok(0) => break,
-            Ok(n) => len += n,
+            Ok(n) => {
+                len += n;
+                if len < bytes.len() {
+                    break;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -147,5 +156,33 @@ mod tests {
         assert_eq!(ours.session, i64::from(theirs.session));
         assert_eq!(ours.num_threads, theirs.num_threads);
         assert_eq!(ours.starttime, theirs.starttime);
+    }
+
+    #[test]
+    fn whole_files_are_read_in_as_few_reads_as_they_fill() {
+        // A command line longer than one read (4 KiB), and the single-record files.
+        let long = "x".repeat(10_000);
+        let mut child = std::process::Command::new("sleep")
+            .args(["30", &long])
+            .spawn()
+            .unwrap();
+        let path = format!("/proc/{}/cmdline", child.id());
+        let ours = pread_all(&std::fs::File::open(&path).unwrap()).unwrap();
+        let theirs = std::fs::read(&path).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(ours.len(), "sleep 30 ".len() + long.len() + 1);
+        assert_eq!(ours, theirs);
+        for name in ["status", "cgroup", "stat"] {
+            let path = format!("/proc/self/{name}");
+            let ours = pread_all(&std::fs::File::open(&path).unwrap()).unwrap();
+            let theirs = std::fs::read(&path).unwrap();
+            // Counters in status and stat move between two reads; their lines do not.
+            assert_eq!(
+                ours.split(|&b| b == b'\n').count(),
+                theirs.split(|&b| b == b'\n').count()
+            );
+            assert!(ours.ends_with(b"\n"), "{name}");
+        }
     }
 }
