@@ -14,7 +14,8 @@ mod runfile;
 mod train;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -62,11 +63,13 @@ impl Failure {
     }
 }
 
-/// The signal that asked this run to stop (SIGTERM from Slurm or systemd, SIGINT), if any.
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// The signal that asked this run to stop (SIGTERM from Slurm or systemd, SIGINT), if any;
+/// 0 until one comes.
+static STOP_SIGNAL: LazyLock<Arc<AtomicUsize>> = LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
 
-extern "C" fn on_stop_signal(signal: libc::c_int) {
-    STOP_SIGNAL.store(signal, Ordering::SeqCst);
+/// The stop signal received so far, 0 for none.
+fn stop_signal() -> i32 {
+    STOP_SIGNAL.load(Ordering::SeqCst) as i32
 }
 
 fn main() {
@@ -191,16 +194,10 @@ fn run(args: &Args) -> Result<(), Failure> {
         .record(&record)
         .map_err(|e| Failure::Failed(e.to_string()))?;
 
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGTERM,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGINT,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
+    // SIGTERM and SIGINT store their number: the loop finishes its step, checkpoints, stops.
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        signal_hook::flag::register_usize(signal, Arc::clone(&STOP_SIGNAL), signal as usize)
+            .map_err(|e| Failure::Failed(format!("cannot handle signal {signal}: {e}")))?;
     }
     if let Some(threads) = args.threads {
         tch::set_num_threads(threads as i32);
@@ -414,8 +411,8 @@ fn run(args: &Args) -> Result<(), Failure> {
             Ok(tokens) => tokens,
             // A stop sent to the whole process group (Slurm's scancel, systemd's stop) ends
             // the workers too: stop after the last completed step, as asked.
-            Err(_) if STOP_SIGNAL.load(Ordering::SeqCst) != 0 => {
-                let stop = STOP_SIGNAL.load(Ordering::SeqCst);
+            Err(_) if stop_signal() != 0 => {
+                let stop = stop_signal();
                 if let Some(dir) = &args.checkpoint
                     && saved_at != Some(step)
                     && step > start_step
@@ -475,7 +472,7 @@ fn run(args: &Args) -> Result<(), Failure> {
             // Each epoch's log shows its own peak; the summary keeps the run's.
             trainer.monitor.reset_peak();
         }
-        let stop = STOP_SIGNAL.load(Ordering::SeqCst);
+        let stop = stop_signal();
         let save_now = args.checkpoint_every > 0 && step % args.checkpoint_every == 0;
         if let Some(dir) = &args.checkpoint
             && (save_now || stop != 0 || step == total_steps)
