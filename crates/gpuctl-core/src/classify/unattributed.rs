@@ -17,3 +17,39 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Option<Finding> {
             .into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::classify::{Kind, Policy, Verdict, classify};
+    use crate::snapshot::{GpuSnapshot, Memory, Snapshot};
+
+    fn gpu(index: u32, unattributed_mib: Option<u64>) -> GpuSnapshot {
+        GpuSnapshot {
+            memory: Some(Memory {
+                total_bytes: 80 << 30,
+                used_bytes: 4 << 30,
+                free_bytes: 76 << 30,
+                reserved_bytes: 0,
+                unattributed_bytes: unattributed_mib.map(|mib| mib << 20),
+            }),
+            ..GpuSnapshot::unread(index)
+        }
+    }
+
+    #[test]
+    fn memory_no_process_holds_is_reported_above_the_noise_floor_only() {
+        let snapshot = Snapshot::of(vec![gpu(0, Some(4096)), gpu(1, Some(255)), gpu(2, None)]);
+        let findings = classify(&snapshot, &Default::default(), None, &Policy::default());
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        let finding = &findings[0];
+        assert_eq!(
+            (finding.kind, finding.verdict, finding.identity),
+            (Kind::Unattributed, Verdict::Report, None)
+        );
+        assert_eq!(
+            (finding.gpus.as_slice(), finding.bytes),
+            (&[0][..], Some(4 << 30))
+        );
+        assert_eq!(Kind::Unattributed.remedy(), crate::classify::Remedy::Report);
+    }
+}

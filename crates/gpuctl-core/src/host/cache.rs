@@ -289,6 +289,7 @@ impl ProcView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::tests::{not_root, spawn_reading_line};
 
     #[test]
     fn a_held_stat_file_follows_its_process_and_dies_with_it() {
@@ -355,33 +356,8 @@ mod tests {
 
     /// `command`, as a user other than root: nobody (65534) when the tests run as root,
     /// with a PATH of system directories that user can reach.
-    fn not_root(mut command: std::process::Command) -> std::process::Command {
-        use std::os::unix::process::CommandExt;
-        if nix::unistd::geteuid().is_root() {
-            command
-                .uid(65534)
-                .gid(65534)
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-                .current_dir("/");
-        }
-        command
-    }
 
     /// Starts `command` with piped stdin and stdout and returns it with its first line.
-    fn spawn_reading_line(mut command: std::process::Command) -> (std::process::Child, String) {
-        let mut child = command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        (child, line)
-    }
 
     /// `sh` (as `shell` runs it) with a `sleep` in the background: the shell and the sleep's
     /// pid. The shell waits for a line on its stdin.

@@ -437,7 +437,6 @@ mod tests {
     /// dumped, whose files procfs gives to root: what lets `info` skip /proc/PID/status.
     #[test]
     fn a_non_dumpable_process_keeps_its_own_uid() {
-        use std::os::unix::process::CommandExt;
         let view = ProcView::system().unwrap();
         if !view.host_pid_namespace() {
             eprintln!("skipped: not in the host PID namespace");
@@ -449,24 +448,13 @@ mod tests {
             nix::unistd::geteuid().as_raw()
         };
         // PR_SET_DUMPABLE (4) to 0, then say so and wait.
-        let script = "import ctypes, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); \
-                      print('ready', flush=True); sys.stdin.read()";
         let mut command = std::process::Command::new("python3");
-        command.args(["-c", script]);
-        if nix::unistd::geteuid().is_root() {
-            command.uid(65534).gid(65534).current_dir("/");
-        }
-        let mut child = command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        command.args([
+            "-c",
+            "import ctypes, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); \
+             print('ready', flush=True); sys.stdin.read()",
+        ]);
+        let (mut child, line) = spawn_reading_line(not_root(command));
         assert_eq!(line.trim(), "ready");
         let pid = child.id();
         let stat_owner = {
@@ -483,5 +471,36 @@ mod tests {
         drop(child.stdin.take());
         child.wait().unwrap();
         assert_eq!(fact.uid, Some(expected), "{fact:?}");
+    }
+
+    /// `command` as uid 65534 when the tests run as root (a process not run by root).
+    pub(super) fn not_root(mut command: std::process::Command) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        if nix::unistd::geteuid().is_root() {
+            command
+                .uid(65534)
+                .gid(65534)
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .current_dir("/");
+        }
+        command
+    }
+
+    /// `command` started, and the first line it prints.
+    pub(super) fn spawn_reading_line(
+        mut command: std::process::Command,
+    ) -> (std::process::Child, String) {
+        let mut child = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        (child, line)
     }
 }

@@ -388,7 +388,7 @@ fn read_gpu_fields(
 
 impl GpuSnapshot {
     /// GPU `index` with nothing read yet.
-    pub(crate) fn unread(index: u32) -> GpuSnapshot {
+    pub fn unread(index: u32) -> GpuSnapshot {
         GpuSnapshot {
             index,
             uuid: None,
