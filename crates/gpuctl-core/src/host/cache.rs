@@ -354,11 +354,6 @@ mod tests {
         assert_eq!(once.unwrap().parent, None);
     }
 
-    /// `command`, as a user other than root: nobody (65534) when the tests run as root,
-    /// with a PATH of system directories that user can reach.
-
-    /// Starts `command` with piped stdin and stdout and returns it with its first line.
-
     /// `sh` (as `shell` runs it) with a `sleep` in the background: the shell and the sleep's
     /// pid. The shell waits for a line on its stdin.
     fn sleep_in_a_shell(mut shell: std::process::Command) -> (std::process::Child, u32) {

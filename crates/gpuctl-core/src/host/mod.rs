@@ -473,7 +473,8 @@ mod tests {
         assert_eq!(fact.uid, Some(expected), "{fact:?}");
     }
 
-    /// `command` as uid 65534 when the tests run as root (a process not run by root).
+    /// `command`, as a user other than root: nobody (65534) when the tests run as root,
+    /// with a PATH of system directories that user can reach.
     pub(super) fn not_root(mut command: std::process::Command) -> std::process::Command {
         use std::os::unix::process::CommandExt;
         if nix::unistd::geteuid().is_root() {
@@ -486,7 +487,7 @@ mod tests {
         command
     }
 
-    /// `command` started, and the first line it prints.
+    /// Starts `command` with piped stdin and stdout and returns it with its first line.
     pub(super) fn spawn_reading_line(
         mut command: std::process::Command,
     ) -> (std::process::Child, String) {
