@@ -162,16 +162,31 @@ mod tests {
     fn whole_files_are_read_in_as_few_reads_as_they_fill() {
         // A command line longer than one read (4 KiB), and the single-record files.
         let long = "x".repeat(10_000);
-        let mut child = std::process::Command::new("sleep")
-            .args(["30", &long])
+        let script = "import time; time.sleep(30)";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script, &long])
             .spawn()
             .unwrap();
         let path = format!("/proc/{}/cmdline", child.id());
+        // Until the child has exec'd, its cmdline is the test's (or empty).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let tail = format!("{long}\0");
+        while !std::fs::read(&path).unwrap().ends_with(tail.as_bytes()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "python3 never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let ours = pread_all(&std::fs::File::open(&path).unwrap()).unwrap();
         let theirs = std::fs::read(&path).unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(ours.len(), "sleep 30 ".len() + long.len() + 1);
+        assert!(
+            ours.len() > 4096 && ours.ends_with(tail.as_bytes()),
+            "{}",
+            ours.len()
+        );
         assert_eq!(ours, theirs);
         for name in ["status", "cgroup", "stat"] {
             let path = format!("/proc/self/{name}");
