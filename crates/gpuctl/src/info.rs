@@ -386,8 +386,9 @@ fn row(process: &GpuProcess) -> Row {
         }
         None => ("?".to_string(), Some(Color::Yellow)),
     };
+    // Everything a process or user chose is escaped (`render::safe`); the rest is ours.
     let command = if host.confirmed {
-        host.display_command()
+        render::safe(&host.display_command()).into_owned()
     } else {
         format!(
             "(unconfirmed: {})",
@@ -398,7 +399,8 @@ fn row(process: &GpuProcess) -> Row {
         pid: process.pid.to_string(),
         user: host
             .user
-            .clone()
+            .as_deref()
+            .map(|user| render::safe(user).into_owned())
             .or_else(|| host.uid.map(|uid| uid.to_string()))
             .unwrap_or_else(|| "?".into()),
         memory: process
@@ -409,7 +411,10 @@ fn row(process: &GpuProcess) -> Row {
             .map_or_else(dash, |pct| format!("{pct}%")),
         age: host.age_seconds.map_or_else(dash, render::age),
         state,
-        owner: host.owner.as_ref().map_or_else(dash, |owner| owner.label()),
+        owner: host
+            .owner
+            .as_ref()
+            .map_or_else(dash, |owner| render::safe(&owner.label()).into_owned()),
         command,
         state_color,
         dim: !host.confirmed,

@@ -308,7 +308,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                 let t = &o.target;
                 [
                     t.pid.to_string(),
-                    t.owner_name(),
+                    render::safe(&t.owner_name()).into_owned(),
                     t.gpus
                         .iter()
                         .map(u32::to_string)
@@ -316,10 +316,10 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                         .join(","),
                     t.used_bytes.map_or("n/a".into(), units::bytes),
                     match &o.skipped {
-                        Some(reason) => format!("skipped: {reason}"),
+                        Some(reason) => format!("skipped: {}", render::safe(reason)),
                         None => o.summary(),
                     },
-                    t.command.clone(),
+                    render::safe(&t.command).into_owned(),
                 ]
             })
             .collect();
@@ -367,13 +367,15 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
             out.push('\n');
             if with_reasons {
                 for reason in &outcome.target.reasons {
-                    out.push_str(&format!("         {}\n", style.paint(Color::Dim, reason)));
+                    let reason = render::safe(reason);
+                    out.push_str(&format!("         {}\n", style.paint(Color::Dim, &reason)));
                 }
             }
         }
     }
     for refusal in document.refused {
-        out.push_str(&style.paint(Color::Red, &format!("  refused: {}", refusal.reason)));
+        let reason = render::safe(&refusal.reason);
+        out.push_str(&style.paint(Color::Red, &format!("  refused: {reason}")));
         out.push('\n');
     }
     if !document.reported.is_empty() {
@@ -395,7 +397,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                     finding.bytes.map_or("memory".into(), units::bytes)
                 ),
             };
-            out.push_str(&format!("  {subject}: {}\n", finding.reason));
+            out.push_str(&format!("  {subject}: {}\n", render::safe(&finding.reason)));
         }
     }
     if let Some(wait) = &document.wait {

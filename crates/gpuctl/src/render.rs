@@ -1,5 +1,6 @@
 //! Terminal presentation: colors, widths and human-readable figures.
 
+use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use gpuctl::cli::ColorChoice;
@@ -133,6 +134,49 @@ pub fn age(seconds: u64) -> String {
     }
 }
 
+/// The most characters of one process-supplied field (a command line, a reason quoting
+/// one) that plain output shows: a 100 KiB command line stays one readable row.
+pub const FIELD_CAP: usize = 4096;
+
+/// Text a process or a user chose (a command line, a user, unit or cgroup name), made safe
+/// to print on a terminal, as htop and nvitop do: control characters (C0, DEL, C1), which
+/// could move the cursor, retitle or repaint the terminal, hide a row or start a new one,
+/// and the bidirectional controls that reorder what is shown, are written as escapes (`\n`,
+/// `\t`, `\e`, `\x7f`, `\u{9b}`, `\u{202e}`); then it is cut to [`FIELD_CAP`] characters.
+/// JSON output is never passed through this: serde escapes it exactly.
+pub fn safe(text: &str) -> Cow<'_, str> {
+    let needs_escape = |c: char| c.is_control() || is_bidi_control(c);
+    if !text.chars().any(needs_escape) && text.len() <= FIELD_CAP {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len().min(FIELD_CAP) + 8);
+    let mut shown = 0;
+    for c in text.chars() {
+        if shown >= FIELD_CAP {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\x1b' => out.push_str("\\e"),
+            c if (c as u32) < 0x80 && needs_escape(c) => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+        shown += 1;
+    }
+    Cow::Owned(out)
+}
+
+/// Unicode's explicit directional marks, embeddings, overrides and isolates.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Cuts `text` to `width` characters, marking the cut.
 pub fn cut(text: &str, width: usize, unicode: bool) -> String {
     if text.chars().count() <= width {
@@ -189,5 +233,27 @@ mod tests {
         assert_eq!(style.bar(0.5, 10), "#####.....");
         assert_eq!(style.bar(2.0, 4), "####");
         assert_eq!(style.bar(f64::NAN, 4).len(), 4);
+    }
+
+    #[test]
+    fn what_a_process_chose_cannot_reach_the_terminal() {
+        assert!(matches!(
+            safe("python3 train.py --lr 3e-4"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            safe("a\x1b]0;title\x07b\x1b[2Jc\nd\te\r"),
+            "a\\e]0;title\\x07b\\e[2Jc\\nd\\te\\r"
+        );
+        assert_eq!(
+            safe("x\u{7f}\u{9b}31m\u{202e}gpj.exe"),
+            "x\\x7f\\u{9b}31m\\u{202e}gpj.exe"
+        );
+        assert_eq!(safe("C:\\path ünïcode ✓ 日本"), "C:\\path ünïcode ✓ 日本");
+        let long = "y".repeat(100 * 1024);
+        let shown = safe(&long);
+        assert_eq!(shown.chars().count(), FIELD_CAP + 1);
+        assert!(shown.ends_with('…'));
+        assert!(!safe("\u{0}\u{1f}").chars().any(char::is_control));
     }
 }

@@ -1,0 +1,110 @@
+//! What a process chooses for itself (its command line) never reaches the admin's terminal
+//! as control characters: tables escape it, one row per process, and cap its length; JSON
+//! keeps it exact.
+
+use serde_json::Value;
+
+use crate::util::{Proc, Sim};
+
+/// An argument that would retitle the terminal, clear it, colour what follows, start a
+/// fake row, and reorder the rest with a right-to-left override.
+const HOSTILE: &str =
+    "\x1b]0;owned\x07\x1b[2J\x1b[31mred\nFAKE ROW 1 root\t\u{9b}1A\u{202e}txt.exe";
+
+fn scenario(processes: &[(u32, u64)]) -> String {
+    let mut text = String::from(
+        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\n[[gpu]]\nname = \"NVIDIA H200\"\n",
+    );
+    for (pid, mib) in processes {
+        text.push_str(&format!(
+            "\n[[process]]\npid = {pid}\ngpu = 0\nused_mib = {mib}\nsm_pct = 50\n"
+        ));
+    }
+    text
+}
+
+/// No byte of a control character (C0 other than the newlines between rows, DEL, the UTF-8
+/// of C1) nor a bidirectional override in `text`.
+fn assert_terminal_safe(text: &str) {
+    for (at, c) in text.char_indices() {
+        assert!(
+            c == '\n' || !(c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+            "{:?} at byte {at} of {text:?}",
+            c
+        );
+    }
+}
+
+fn command_of(doc: &Value, pid: u32) -> String {
+    doc["devices"][0]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {doc}"))["command"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn escape_sequences_and_newlines_are_shown_escaped_in_one_row_and_exact_in_json() {
+    let job = Proc::sleeper("python3", &["train.py", HOSTILE]);
+    let sim = Sim::new(&scenario(&[(job.pid(), 2048)]));
+    let table = sim.run(&["info", "--color", "never"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert_terminal_safe(&table.stdout);
+    let rows: Vec<&str> = table
+        .stdout
+        .lines()
+        .filter(|line| line.contains(&job.pid().to_string()))
+        .collect();
+    assert_eq!(rows.len(), 1, "{}", table.stdout);
+    assert!(!table.stdout.contains("\nFAKE ROW"), "{}", table.stdout);
+    assert!(
+        rows[0].contains("train.py \\e]0;owned\\x07\\e[2J\\e[31mred\\nFAKE ROW 1 root\\t\\u{9b}1A\\u{202e}txt.exe"),
+        "{}",
+        rows[0]
+    );
+
+    let doc = sim.json(&["info"]);
+    assert_eq!(
+        command_of(&doc, job.pid()),
+        format!("python3 train.py {HOSTILE}")
+    );
+
+    // The kill report names it the same way: escaped in the table, exact in JSON.
+    let pid = job.pid().to_string();
+    let dry = sim.run(&["kill", "--pid", &pid, "--dry-run", "--color", "never"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert_terminal_safe(&dry.stdout);
+    assert!(dry.stdout.contains("\\e]0;owned"), "{}", dry.stdout);
+    let dry = sim.json(&["kill", "--pid", &pid, "--dry-run"]);
+    assert_eq!(
+        dry["outcomes"][0]["command"],
+        format!("python3 train.py {HOSTILE}").as_str()
+    );
+}
+
+#[test]
+fn a_megabyte_command_line_is_one_capped_row_and_whole_in_json() {
+    // Eight arguments of 128 KiB (the kernel's limit for one), 1 MiB in all.
+    let chunk = "x".repeat(128 * 1024 - 1);
+    let args: Vec<&str> = std::iter::repeat_n(chunk.as_str(), 8).collect();
+    let job = Proc::sleeper("python3", &args);
+    let sim = Sim::new(&scenario(&[(job.pid(), 4096)]));
+    let table = sim.run(&["info", "--color", "never"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    let row = table
+        .stdout
+        .lines()
+        .find(|line| line.contains(&job.pid().to_string()))
+        .unwrap();
+    assert!(row.chars().count() < 4096 + 200, "{} characters", row.len());
+    assert!(row.ends_with('…'), "the cut is marked");
+    let doc = sim.json(&["info"]);
+    assert_eq!(
+        command_of(&doc, job.pid()).len(),
+        "python3 ".len() + 8 * chunk.len() + 7
+    );
+}
