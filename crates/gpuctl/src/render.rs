@@ -150,8 +150,7 @@ pub fn safe(text: &str) -> Cow<'_, str> {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len().min(FIELD_CAP) + 8);
-    let mut shown = 0;
-    for c in text.chars() {
+    for (shown, c) in text.chars().enumerate() {
         if shown >= FIELD_CAP {
             out.push('…');
             break;
@@ -167,7 +166,6 @@ pub fn safe(text: &str) -> Cow<'_, str> {
             c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
-        shown += 1;
     }
     Cow::Owned(out)
 }
