@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim, TrainingRun, alive, background_job, is_root, proc_state};
+use crate::util::{
+    Proc, RootOwnedProgram, Sim, TrainingRun, alive, background_job, is_root, proc_state,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -236,11 +238,14 @@ fn healthy_runs_and_background_jobs_are_never_touched() {
 // 3
 #[test]
 fn protected_daemons_are_skipped() {
-    let daemon = Proc::spawn_ready(
-        "sleep",
-        "nvidia-persistenced",
-        &["--user", "nvidia-persistenced"],
-    );
+    // The real program: a root-owned executable named nvidia-persistenced in root-owned
+    // directories (a copy of the test process; only root can make one).
+    if !is_root() {
+        eprintln!("skipped: needs root to install a root-owned program in a root-owned directory");
+        return;
+    }
+    let installed = RootOwnedProgram::install("nvidia-persistenced");
+    let daemon = Proc::spawn_program_ready(installed.path(), "sleep", "nvidia-persistenced", &[]);
     let comm = std::fs::read_to_string(format!("/proc/{}/comm", daemon.pid())).unwrap();
     assert_eq!(
         comm.trim(),
@@ -276,6 +281,61 @@ fn protected_daemons_are_skipped() {
     assert_eq!(outcome["skipped"], "protected: nvidia-persistenced");
     assert_eq!(outcome["ended"], Value::Null);
     assert!(alive(daemon.pid()));
+    let info = sim.json(&["info"]);
+    let shown = &info["devices"][0]["processes"][0];
+    assert_eq!(shown["protection"]["name"], "nvidia-persistenced");
+    assert_eq!(shown["protection"]["genuine"], true, "{shown}");
+}
+
+// 3b
+#[test]
+fn a_protected_name_alone_buys_no_protection() {
+    // argv[0] (exec -a) and comm (prctl PR_SET_NAME) claim every protected name in turn.
+    for name in [
+        "nvidia-persistenced",
+        "nv-hostengine",
+        "Xorg",
+        "gnome-shell",
+    ] {
+        let by_argv0 = Proc::spawn_ready("sleep", name, &["--user", name]);
+        let by_comm = Proc::spawn_ready_with_comm("sleep", "python3", name);
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", by_comm.pid())).unwrap();
+        assert_eq!(comm.trim(), &name[..name.len().min(15)]);
+        let sim = Sim::new(&scenario(
+            1,
+            0,
+            &[
+                process(by_argv0.pid(), 0, 39 * 1024, 0, ""),
+                process(by_comm.pid(), 0, 1024, 0, ""),
+            ],
+        ));
+
+        let table = sim.run(&["info", "--color", "never"]);
+        let claims = format!("[claims to be {name}]");
+        assert_eq!(table.stdout.matches(&claims).count(), 2, "{}", table.stdout);
+        let info = sim.json(&["info"]);
+        for shown in info["devices"][0]["processes"].as_array().unwrap() {
+            assert_eq!(shown["protection"]["name"], name, "{shown}");
+            assert_eq!(shown["protection"]["genuine"], false, "{shown}");
+            assert!(
+                shown["protection"]["why"]
+                    .as_str()
+                    .unwrap()
+                    .contains("executable")
+            );
+        }
+
+        for impostor in [&by_argv0, &by_comm] {
+            let pid = impostor.pid().to_string();
+            let (doc, code, stderr) =
+                json_with_code(&sim, &["kill", "--pid", &pid, "--yes", "--timeout", "2s"]);
+            assert_eq!(code, 0, "{name}: {doc} {stderr}");
+            let outcome = outcome_of(&doc, impostor.pid());
+            assert_eq!(outcome["action"], "signal", "{outcome}");
+            assert_eq!(outcome["skipped"], Value::Null);
+            assert!(!alive(impostor.pid()));
+        }
+    }
 }
 
 // 5

@@ -56,9 +56,12 @@ fn main() {
     }
 }
 
-/// prctl(PR_SET_NAME, basename(argv[0])): the kernel keeps the first 15 bytes.
+/// prctl(PR_SET_NAME, basename(argv[0])), or GPUCTL_TESTPROC_COMM when set (a process
+/// naming itself): the kernel keeps the first 15 bytes.
 fn set_comm_from_argv0() {
-    let Some(argv0) = std::env::args_os().next() else {
+    let Some(argv0) =
+        std::env::var_os("GPUCTL_TESTPROC_COMM").or_else(|| std::env::args_os().next())
+    else {
         return;
     };
     let bytes = std::os::unix::ffi::OsStrExt::as_bytes(argv0.as_os_str());

@@ -233,6 +233,47 @@ impl Proc {
         }
     }
 
+    /// A ready test process whose command name (comm) is `comm`, whatever its argv[0].
+    pub fn spawn_ready_with_comm(mode: &str, argv0: &str, comm: &str) -> Proc {
+        let mut proc = Proc::spawn_with(mode, argv0, &[], |command| {
+            command
+                .env("GPUCTL_TESTPROC_COMM", comm)
+                .env("GPUCTL_TESTPROC_READY", "1")
+                .stdout(Stdio::piped());
+        });
+        proc.expect_ready();
+        proc
+    }
+
+    /// A ready test process run from `program` (a copy of the test binary) as `argv0`.
+    pub fn spawn_program_ready(program: &Path, mode: &str, argv0: &str, args: &[&str]) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let spawn = || {
+            Command::new(program)
+                .arg0(argv0)
+                .args(args)
+                .env("GPUCTL_TESTPROC_MODE", mode)
+                .env("GPUCTL_TESTPROC_READY", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+        };
+        // A test thread forking while the copy was being written holds its descriptor until
+        // that child execs: exec fails with ETXTBSY for that moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                result => break result.expect("spawn the installed program"),
+            }
+        };
+        let mut proc = Proc { child };
+        proc.expect_ready();
+        proc
+    }
+
     /// A test process in `mode` (sleep, ignore-term) that has finished setting itself up
     /// (signal dispositions, comm) when this returns.
     pub fn spawn_ready(mode: &str, argv0: &str, args: &[&str]) -> Proc {
@@ -630,3 +671,47 @@ pub fn expect_text(received: &std::sync::mpsc::Receiver<Vec<u8>>, needle: &str) 
     }
     String::from_utf8_lossy(&text).into_owned()
 }
+
+/// A copy of the test process installed as a protected program would be: a root-owned,
+/// not group- or world-writable file named `name`, in a directory of the same kind under
+/// /var/lib (every directory up to / is root's on the machines the suite runs on as root).
+/// Removed on drop.
+pub struct RootOwnedProgram {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl RootOwnedProgram {
+    pub fn install(name: &str) -> RootOwnedProgram {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        assert!(is_root(), "a root-owned program needs root");
+        let unique = format!(
+            "gpuctl-tests-{}-{}",
+            std::process::id(),
+            NEXT_PROGRAM.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+        let dir = Path::new("/var/lib").join(unique);
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .expect("create a root-owned directory under /var/lib");
+        // The mode given may be narrowed by the umask, never widened.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.join(name);
+        std::fs::copy(testproc_bin(), &path).expect("copy the test process");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        RootOwnedProgram { dir, path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RootOwnedProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT_PROGRAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

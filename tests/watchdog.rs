@@ -697,12 +697,18 @@ fn once_exit_statuses_and_dry_run() {
     for &pid in &crashed.workers.pids {
         assert!(alive(pid));
     }
-    // A reclaim the guard refuses (a protected command): 1.
-    configure(&sim, "protect_commands = [\"python3\"]", "");
+    // A reclaim the guard refuses (a protected user, the one the workers run as; a command
+    // name alone protects nothing, see tests/kill_clear.rs): 1.
+    let user = user_name(unsafe { libc::geteuid() });
+    configure(&sim, &format!("protect_users = [\"{user}\"]"), "");
     let run = once(&sim, &["--mode", "reclaim"]);
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stderr.contains("ACTION=skipped"), "{}", run.stderr);
-    assert!(run.stderr.contains("protected: python3"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("protected user: {user}")),
+        "{}",
+        run.stderr
+    );
     // Reclaimed: 0, with no grace.
     configure(&sim, "", "");
     let run = once(&sim, &["--mode", "reclaim"]);
@@ -824,4 +830,36 @@ fn the_kubernetes_configmap_policy_is_accepted() {
         sim.dir.path().join("gpuctl.prom").exists(),
         "metrics_file was honoured"
     );
+}
+
+/// The name /etc/passwd (or NSS) gives `uid`.
+fn user_name(uid: u32) -> String {
+    let out = Command::new("id")
+        .args(["-nu", &uid.to_string()])
+        .output()
+        .expect("run id");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
+    let impostor = Proc::spawn_ready("sleep", "nvidia-persistenced", &[]);
+    let sim = Sim::new(&scenario(
+        1,
+        &[],
+        "",
+        &[process(impostor.pid(), 0, 4096, 30)],
+    ));
+    configure(&sim, "", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    let line = daemon.expect(&["ACTION=impostor"], Duration::from_secs(5));
+    assert!(
+        line.contains(&format!("pid {} ", impostor.pid()))
+            && line.contains("claims to be nvidia-persistenced but is not"),
+        "{line}"
+    );
+    // Several loops later (interval 200ms), still once.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(daemon.count(&["ACTION=impostor"]), 1, "{}", daemon.log());
+    daemon.assert_running();
 }

@@ -4,7 +4,7 @@
 //! NVML and /proc facts are joined into a [`snapshot::Snapshot`]; [`classify`] turns facts
 //! into findings with reasons; [`select`] picks targets; [`plan`] guards them; [`act`]
 //! signals by identity; [`verify`] checks through NVML that memory came back; [`report`]
-//! holds the documents. [`sys`] is the bottom layer of Linux primitives under them all.
+//! holds the documents. [`protect`] says which processes are the programs never signalled. [`sys`] is the bottom layer of Linux primitives under them all.
 //! This crate knows nothing of terminals, argument parsing or systemd.
 
 pub mod act;
@@ -20,6 +20,7 @@ pub mod nvml;
 pub mod owner;
 pub mod pidmap;
 pub mod plan;
+pub mod protect;
 pub mod reclaim;
 pub mod report;
 pub mod select;

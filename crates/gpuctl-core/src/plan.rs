@@ -8,63 +8,9 @@ use serde::Serialize;
 
 use crate::act::Ended;
 use crate::classify::{Finding, Verdict};
-use crate::config::Protect;
+use crate::protect::{Claim, Claimant, Protection};
 use crate::select::Target;
 use crate::sys::procfile;
-
-/// Processes that keep GPUs and displays working; never signalled. Matched against the
-/// kernel's command name (cut to 15 characters) and the basename of argv[0].
-pub const DEFAULT_PROTECTED: &[&str] = &[
-    "nvidia-persistenced",
-    "nv-hostengine",
-    "nvidia-fabricmanager",
-    "nvidia-powerd",
-    "Xorg",
-    "X",
-    "Xwayland",
-    "gnome-shell",
-    "kwin_wayland",
-    "kwin_x11",
-    "weston",
-    "sway",
-    "Hyprland",
-    "gdm-x-session",
-    "gdm-wayland-session",
-];
-
-/// What is never signalled: commands (by name) and users.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Protection {
-    pub commands: Vec<String>,
-    pub users: Vec<String>,
-}
-
-impl Protection {
-    /// The built-in commands and the configuration's `[protect]` lists.
-    pub fn configured(protect: &Protect) -> Protection {
-        let mut commands: Vec<String> = DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect();
-        commands.extend(protect.commands.iter().cloned());
-        Protection {
-            commands,
-            users: protect.users.clone(),
-        }
-    }
-
-    /// More commands and users on top (the watchdog's own lists).
-    pub fn with(mut self, commands: &[String], users: &[String]) -> Protection {
-        self.commands.extend(commands.iter().cloned());
-        self.users.extend(users.iter().cloned());
-        self
-    }
-
-    /// Commands only: an explicit `kill` is the admin's call, so users are not spared.
-    pub fn commands_only(self) -> Protection {
-        Protection {
-            users: Vec::new(),
-            ..self
-        }
-    }
-}
 
 /// Who is acting, and what must never be signalled.
 #[derive(Debug, Clone)]
@@ -97,6 +43,11 @@ impl Guard {
         self.caller_uid
     }
 
+    /// What it never signals.
+    pub fn protection(&self) -> &Protection {
+        &self.protection
+    }
+
     /// Why `target` must not be signalled, if it must not.
     pub fn check(&self, target: &Target) -> Option<String> {
         let pid = target.pid;
@@ -111,13 +62,14 @@ impl Guard {
                 "pid {pid} is an ancestor of gpuctl (the shell or launcher running it)"
             ));
         }
-        let names = [target.comm.as_deref(), target.argv0.as_deref()];
-        if let Some(name) = self.protection.commands.iter().find(|protected| {
-            names.iter().flatten().any(|name| {
-                // The kernel keeps 15 characters of a command name.
-                *name == protected.as_str() || (name.len() == 15 && protected.starts_with(name))
-            })
-        }) {
+        // Protected by what it is, not by the name it gives itself (see crate::protect).
+        let claimant = Claimant {
+            pid,
+            uid: target.uid,
+            comm: target.comm.as_deref(),
+            argv0: target.argv0.as_deref(),
+        };
+        if let Claim::Genuine(name) = self.protection.judge(&claimant) {
             return Some(format!("protected: {name}"));
         }
         if let Some(user) = target

@@ -11,7 +11,8 @@ use gpuctl_core::exit::Exit;
 use gpuctl_core::host::{FactCache, Lineage, ProcState, ProcView};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::pidmap::{PidMap, PidSet};
-use gpuctl_core::plan::{Action, Guard, Outcome, Protection};
+use gpuctl_core::plan::{Action, Guard, Outcome};
+use gpuctl_core::protect::{Claim, Claimant, Protection};
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::select::{self, Target};
 use gpuctl_core::snapshot::peaks::PeakStore;
@@ -197,6 +198,8 @@ pub struct Daemon {
     warned: PidSet<Identity>,
     handled: PidMap<(Identity, Remedy), Handled>,
     logged_findings: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
+    /// Processes whose claim to a protected name was judged (impostors are logged once).
+    claims_judged: PidSet<Identity>,
     // Reporting.
     metrics: Metrics,
     metrics_error: Option<String>,
@@ -243,6 +246,7 @@ impl Daemon {
             warned: PidSet::default(),
             handled: PidMap::default(),
             logged_findings: PidSet::default(),
+            claims_judged: PidSet::default(),
             metrics: Metrics::default(),
             metrics_error: None,
             metrics_written: None,
@@ -571,6 +575,7 @@ impl Daemon {
             &self.settings.policy,
         );
         self.log_findings(snapshot, &findings);
+        self.log_impostors(snapshot);
         let grace = self.settings.watchdog.grace;
 
         // Leftovers: a reclaim verdict of a kind the watchdog reclaims.
@@ -1000,6 +1005,61 @@ impl Daemon {
                 .iter()
                 .map(|(id, since)| (*id, now.saturating_duration_since(*since)))
                 .collect(),
+        }
+    }
+
+    /// Each process that names itself after a protected program without being it, once: it
+    /// is not protected. Judged once per process (its executable cannot change).
+    fn log_impostors(&mut self, snapshot: &Snapshot) {
+        let protection = self.settings.guard.protection();
+        let mut seen: PidSet<Identity> = PidSet::default();
+        let mut impostors = Vec::new();
+        for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
+            let host = &process.host;
+            let Some(ticks) = host.start_ticks else {
+                continue;
+            };
+            let argv0 = host
+                .argv
+                .as_ref()
+                .and_then(|argv| argv.first())
+                .map(|a| a.rsplit('/').next().unwrap_or(a));
+            let claimant = Claimant {
+                pid: process.pid,
+                uid: host.uid,
+                comm: host.comm.as_deref(),
+                argv0,
+            };
+            if protection.claimed(&claimant).is_none() {
+                continue;
+            }
+            let id = Identity::new(process.pid, ticks);
+            seen.insert(id);
+            if self.claims_judged.insert(id)
+                && let Claim::Impostor { name, why } = protection.judge(&claimant)
+            {
+                impostors.push((id, name, why));
+            }
+        }
+        self.claims_judged.retain(|id| seen.contains(id));
+        for (id, name, why) in impostors {
+            let fields = fields_of(
+                snapshot,
+                id,
+                &[("ACTION", "impostor".into()), ("REASON", why.clone())],
+            );
+            let user = fields
+                .iter()
+                .find(|(k, _)| *k == "USER")
+                .map_or("?".to_string(), |(_, v)| v.clone());
+            self.event(
+                Priority::Warning,
+                &format!(
+                    "pid {} ({user}) claims to be {name} but is not ({why}): not protected",
+                    id.pid
+                ),
+                &fields,
+            );
         }
     }
 

@@ -61,7 +61,16 @@ pub enum Command {
     /// through a pidfd), SIGTERM first, then SIGKILL after --timeout; then NVML is checked
     /// until it left the GPU and its memory was released. Never signalled: init, gpuctl and
     /// its ancestors, protected daemons (nvidia-persistenced, nv-hostengine,
-    /// nvidia-fabricmanager, display servers), and, unless root, other users' processes.
+    /// nvidia-fabricmanager, display servers, and the configuration's protect commands),
+    /// and, unless root, other users' processes.
+    ///
+    /// A daemon is protected by what it is, not by its name: a process that names itself
+    /// after one (command name or argv[0]) is spared only when its executable is a
+    /// root-owned file of that name (or linked from that name), writable by no one else, in
+    /// directories that are all root's and writable by no one else, and it runs as root or
+    /// as the daemon's own user (display servers and configured commands: any user). Any
+    /// other process using the name is not protected; `gpuctl info` shows it as "claims to
+    /// be NAME".
     Kill(KillArgs),
 
     /// Reclaim GPU memory that crashed runs left behind; with --wait, until it is free.

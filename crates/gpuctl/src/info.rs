@@ -1,10 +1,13 @@
 //! `gpuctl info`: every GPU and every process holding memory on it.
 
 use std::io::{self, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
+use gpuctl_core::config;
 use gpuctl_core::nvml::Gpus;
+use gpuctl_core::protect::{Claimant, Protection};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
 use gpuctl_core::units;
@@ -42,8 +45,10 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         ..SnapshotOptions::default()
     };
     let peaks = PeakStore::default_location();
+    let protection = protection();
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
+        mark_claims(&mut snapshot, &protection);
         if let Some(store) = &peaks {
             let marks = store.observe(&snapshot);
             for gpu in &mut snapshot.devices {
@@ -111,6 +116,43 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
         exit = Exit::Failed;
     }
     exit
+}
+
+/// The programs `kill`, `clear` and the watchdog never signal: the built-in ones and the
+/// configuration's `[protect]` commands, where the configuration can be read (`kill` and
+/// `clear` refuse to run with one that cannot; `info` still shows the GPUs).
+fn protection() -> Protection {
+    match config::load() {
+        Ok(loaded) => Protection::configured(&loaded.protect()),
+        Err(_) => Protection::built_in(),
+    }
+}
+
+/// Says, for each process that names itself after a protected program, whether it is that
+/// program (only those are read: /proc/PID/exe and the directories above it).
+fn mark_claims(snapshot: &mut Snapshot, protection: &Protection) {
+    for process in snapshot.devices.iter_mut().flat_map(|g| &mut g.processes) {
+        let host = &process.host;
+        if !host.confirmed {
+            continue;
+        }
+        let argv0 = host
+            .argv
+            .as_ref()
+            .and_then(|argv| argv.first())
+            .map(|a| a.rsplit('/').next().unwrap_or(a).to_string());
+        let claimant = Claimant {
+            pid: process.pid,
+            uid: host.uid,
+            comm: host.comm.as_deref(),
+            argv0: argv0.as_deref(),
+        };
+        if protection.claimed(&claimant).is_none() {
+            continue;
+        }
+        let claimed = protection.judge(&claimant).report();
+        Arc::make_mut(&mut process.host).protection = claimed;
+    }
 }
 
 fn document(snapshot: &Snapshot) -> InfoDocument<'_> {
@@ -388,7 +430,11 @@ fn row(process: &GpuProcess) -> Row {
     };
     // Everything a process or user chose is escaped (`render::safe`); the rest is ours.
     let command = if host.confirmed {
-        render::safe(&host.display_command()).into_owned()
+        let command = render::safe(&host.display_command()).into_owned();
+        match &host.protection {
+            Some(claim) if !claim.genuine => format!("[claims to be {}] {command}", claim.name),
+            _ => command,
+        }
     } else {
         format!(
             "(unconfirmed: {})",

@@ -10,7 +10,8 @@ use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
 use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::plan::{Guard, Outcome, Protection};
+use gpuctl_core::plan::{Guard, Outcome};
+use gpuctl_core::protect::Protection;
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
 use gpuctl_core::select::{self, Criterion, Selector, Target};
@@ -113,7 +114,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let (snapshot, findings) = classified(&gpus, &Policy::default())?;
     let (targets, refused) = select::select(&snapshot, &findings, &selector);
     // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let guard = Guard::for_this_process(protection()?.commands_only());
+    let guard = Guard::for_this_process(protection()?.programs_only());
 
     if targets.is_empty() && refused.is_empty() {
         eprintln!("gpuctl: no GPU process matches the selection");

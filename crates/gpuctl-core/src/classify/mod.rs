@@ -356,6 +356,7 @@ mod tests {
                         age_seconds: Some(60),
                         owner: None,
                         cgroup: None,
+                        protection: None,
                     }
                 } else {
                     HostProcess::unconfirmed("other namespace")

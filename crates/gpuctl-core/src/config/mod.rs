@@ -69,7 +69,7 @@ pub struct FractionPolicy {
 }
 
 /// `[protect]`: processes never signalled by `clear` or the watchdog, in addition to
-/// [`crate::plan::DEFAULT_PROTECTED`].
+/// [`crate::protect::BUILT_IN`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Protect {

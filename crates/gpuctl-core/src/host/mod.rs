@@ -16,6 +16,7 @@ use procfs::process::{Process, Status};
 use serde::Serialize;
 
 use crate::owner::{Owner, parse_cgroup};
+use crate::protect::Claimed;
 use crate::sys::procfile;
 
 /// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
@@ -90,6 +91,9 @@ pub struct HostProcess {
     pub age_seconds: Option<u64>,
     pub owner: Option<Owner>,
     pub cgroup: Option<String>,
+    /// Whether it is the protected program it names itself after (see [`crate::protect`]);
+    /// filled in by callers that show it (`gpuctl info`), `None` otherwise.
+    pub protection: Option<Claimed>,
 }
 
 impl HostProcess {
@@ -111,6 +115,7 @@ impl HostProcess {
             age_seconds: None,
             owner: None,
             cgroup: None,
+            protection: None,
         }
     }
 
@@ -338,6 +343,7 @@ impl ProcView {
             age_seconds: Some(age_seconds),
             owner: cgroup.as_ref().map(|c| c.owner.clone()),
             cgroup: cgroup.map(|c| c.path),
+            protection: None,
         })
     }
 }
