@@ -24,13 +24,27 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Resul
     temporary.push(name);
     temporary.push(format!(".{}.tmp", std::process::id()));
     let temporary = dir.join(temporary);
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
+    // Never through a link: the directory may be writable by others (a textfile collector's
+    // directory shared with a group), who could plant a symbolic link at the temporary name
+    // pointing at a file of root's. The temporary is created anew (O_EXCL, O_NOFOLLOW); a
+    // leftover of the same name (a crash, or planted) is unlinked first, which removes a link
+    // itself, never its target. The rename replaces whatever is at `path` without following.
+    let create = || {
+        fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
-            .open(&temporary)?;
+            .open(&temporary)
+    };
+    let result = (|| {
+        let mut file = match create() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                fs::remove_file(&temporary)?;
+                create()?
+            }
+            other => other?,
+        };
         file.write_all(bytes)?;
         if durable {
             file.sync_all()?;
@@ -58,5 +72,33 @@ mod tests {
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
         assert!(replace(&dir.path().join("missing/f"), b"x", 0o644, false).is_err());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"root's").unwrap();
+        let path = dir.path().join("gpuctl.prom");
+        let planted = dir
+            .path()
+            .join(format!(".gpuctl.prom.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        replace(&path, b"metrics", 0o644, false).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"root's");
+        assert_eq!(fs::read(&path).unwrap(), b"metrics");
+        assert!(fs::symlink_metadata(&planted).is_err(), "the link is gone");
+        // A link at the path itself is replaced, not followed.
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        replace(&path, b"again", 0o644, true).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"root's");
+        assert!(
+            !fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read(&path).unwrap(), b"again");
     }
 }
