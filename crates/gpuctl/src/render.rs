@@ -254,4 +254,16 @@ mod tests {
         assert!(shown.ends_with('…'));
         assert!(!safe("\u{0}\u{1f}").chars().any(char::is_control));
     }
+
+    proptest::proptest! {
+        /// Whatever a process puts in its command line, what is printed holds no control
+        /// character nor bidirectional control, and no more than the cap (an escape is at most 8
+        /// characters).
+        #[test]
+        fn nothing_a_process_chose_is_printed_raw(text in proptest::prelude::any::<String>()) {
+            let shown = safe(&text);
+            proptest::prop_assert!(!shown.chars().any(|c| c.is_control() || is_bidi_control(c)));
+            proptest::prop_assert!(shown.chars().count() <= FIELD_CAP * 8 + 1);
+        }
+    }
 }
