@@ -9,8 +9,8 @@ run's median. The hooks are the per-micro-step memory readings (--memory-trace):
 is also measured inside the trainer (memory_hook_seconds in its summary), which resolves far
 below the run-to-run noise of whole-run timings.
 
-On a machine without a GPU the device is cpu: there the hooks read malloc's counters and
-/proc/self/statm, and --empty-cache-every has no cache to empty (the trainer says so); on
+On a machine without a GPU the device is cpu: there the hooks read the trainer's counting
+CPU allocator (in-process counters), and --empty-cache-every has no cache to empty (the trainer says so); on
 CUDA they read the caching allocator's statistics and empty_cache returns blocks to the
 driver, which later steps must take back (scripts/gpu/trainer.sh).
 
