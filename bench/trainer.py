@@ -12,7 +12,7 @@ below the run-to-run noise of whole-run timings.
 On a machine without a GPU the device is cpu: there the hooks read the trainer's counting
 CPU allocator (in-process counters), and --empty-cache-every has no cache to empty (the trainer says so); on
 CUDA they read the caching allocator's statistics and empty_cache returns blocks to the
-driver, which later steps must take back (scripts/gpu/trainer.sh).
+driver, which later steps must take back (scripts/gpu/trainer.py).
 
 Usage: bench/trainer.py [--device cpu] [--steps 60] [--repeats 5] [-- TRAINER OPTIONS]
 Needs a release build: . scripts/libtorch-env && cargo build --release -p gpuctl-trainer
