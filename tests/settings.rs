@@ -308,11 +308,27 @@ fn enable_persistence_reaches_the_sim_and_a_refusal_stops_the_command() {
 
 #[test]
 fn protect_lists_from_the_config_spare_processes() {
-    let monitor = Proc::sleeper("my-monitor", &["--interval", "5"]);
+    // A configured command is spared when it is that program (a root-owned executable of
+    // that name in root-owned directories: only root can install one), not when a process
+    // merely takes the name.
+    if !crate::util::is_root() {
+        eprintln!("skipped: needs root to install a root-owned program in a root-owned directory");
+        return;
+    }
+    let installed = crate::util::RootOwnedProgram::install("my-monitor");
+    let monitor = Proc::spawn_program_ready(
+        installed.path(),
+        "sleep",
+        "my-monitor",
+        &["--interval", "5"],
+    );
+    let impostor = Proc::sleeper("my-monitor", &["--interval", "5"]);
     let sim = Sim::new(&format!(
         "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n\
+         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
          [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n",
-        monitor.pid()
+        monitor.pid(),
+        impostor.pid()
     ));
     std::fs::write(
         sim.config_path(),
@@ -336,4 +352,13 @@ fn protect_lists_from_the_config_spare_processes() {
         crate::util::proc_state(monitor.pid()).is_some(),
         "the protected process was signalled"
     );
+    let run = sim.run(&[
+        "kill",
+        "--pid",
+        &impostor.pid().to_string(),
+        "--timeout",
+        "1s",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(!run.stdout.contains("protected"), "{}", run.stdout);
 }
