@@ -108,3 +108,72 @@ fn a_megabyte_command_line_is_one_capped_row_and_whole_in_json() {
         "python3 ".len() + 8 * chunk.len() + 7
     );
 }
+
+/// Two H200s, GPU 1 blocking every call for `hang_ms`; a job on each.
+fn hanging(hang_ms: u64, jobs: &[(u32, u32)]) -> String {
+    let mut text = String::from(
+        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\n[[gpu]]\nname = \"NVIDIA H200\"\n\n[[gpu]]\nname = \"NVIDIA H200\"\n",
+    );
+    text.push_str(&format!("hang_ms = {hang_ms}\n"));
+    for (pid, gpu) in jobs {
+        text.push_str(&format!(
+            "\n[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = 1024\nsm_pct = 50\n"
+        ));
+    }
+    text
+}
+
+#[test]
+fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
+    let job0 = Proc::sleeper("python3", &["train.py"]);
+    let job1 = Proc::sleeper("python3", &["eval.py"]);
+    let sim = Sim::new(&hanging(60_000, &[(job0.pid(), 0), (job1.pid(), 1)]));
+
+    let started = std::time::Instant::now();
+    let table = sim.run(&["info", "--timeout", "1s", "--color", "never"]);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(3), "took {took:?}");
+    assert_eq!(table.code, 1, "{table:?}");
+    assert!(
+        table
+            .stdout
+            .contains("NOT ANSWERING: not answering after 1s"),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table.stdout.contains("train.py"),
+        "GPU 0 is shown: {}",
+        table.stdout
+    );
+    assert!(
+        table.stderr.contains("GPU 1: not answering after 1s"),
+        "{}",
+        table.stderr
+    );
+
+    // The environment sets it too; JSON marks the GPU.
+    let run = crate::util::Run::from(
+        sim.gpuctl(&["info", "--json"])
+            .env("GPUCTL_NVML_TIMEOUT", "500ms")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["devices"][0]["status"], "ok");
+    assert_eq!(doc["devices"][0]["processes"][0]["pid"], job0.pid());
+    assert_eq!(doc["devices"][1]["status"], "not_answering");
+    assert_eq!(doc["devices"][1]["error"], "not answering after 500ms");
+
+    // A timeout that is not a duration is a usage error, in one line.
+    let bad = crate::util::Run::from(
+        sim.gpuctl(&["info"])
+            .env("GPUCTL_NVML_TIMEOUT", "soon")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert_eq!(bad.stderr.lines().count(), 1, "{}", bad.stderr);
+    assert!(bad.stderr.contains("GPUCTL_NVML_TIMEOUT"), "{}", bad.stderr);
+}

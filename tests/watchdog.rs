@@ -866,3 +866,60 @@ fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
     assert_eq!(daemon.count(&["ACTION=impostor"]), 1, "{}", daemon.log());
     daemon.assert_running();
 }
+
+#[test]
+fn a_gpu_that_stops_answering_suspends_reclaim_and_the_daemon_keeps_going() {
+    let gpus = |hang_ms: u64| {
+        format!(
+            "[[gpu]]\nname = \"NVIDIA H200\"\n\n[[gpu]]\nname = \"NVIDIA H200\"\nhang_ms = {hang_ms}\n"
+        )
+    };
+    let sim = Sim::new(&format!("driver_version = \"570.133.20\"\n{}", gpus(0)));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut command = command(&sim, &[]);
+    command.env("GPUCTL_NVML_TIMEOUT", "1s");
+    let mut daemon = Daemon::start_with(command);
+    daemon.expect(&["ACTION=start"], Duration::from_secs(5));
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains("gpuctl_nvml_up 1")
+    });
+    let (run, entries) = crashed_run(2);
+    let with_jobs = |hang_ms: u64| {
+        format!(
+            "driver_version = \"570.133.20\"\n{}\n{}",
+            gpus(hang_ms),
+            entries.join("\n")
+        )
+    };
+    sim.write(&with_jobs(600_000));
+    daemon.expect(
+        &["ACTION=suspended", "GPU 1 not answering after 1s"],
+        Duration::from_secs(10),
+    );
+    // Well past grace + interval, loops go on (no wait behind the blocked call) and nothing
+    // is reclaimed from the incomplete snapshot.
+    let loops = |sim: &Sim| {
+        metrics(sim)
+            .lines()
+            .find_map(|l| l.strip_prefix("gpuctl_watchdog_loops_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = loops(&sim);
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(loops(&sim) >= before + 3, "{}", daemon.log());
+    for &pid in &run.workers.pids {
+        assert!(alive(pid), "{}", daemon.log());
+    }
+    assert_eq!(daemon.count(&["ACTION=reclaimed"]), 0, "{}", daemon.log());
+    daemon.assert_running();
+
+    // It answers again: reclaim resumes.
+    sim.write(&with_jobs(0));
+    daemon.expect(&["ACTION=resumed"], Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), || {
+        run.workers.pids.iter().all(|&pid| !alive(pid))
+    });
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}

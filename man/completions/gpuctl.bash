@@ -285,7 +285,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__info)
-            opts="-h --gpu --json --watch --color --help"
+            opts="-h --gpu --json --watch --timeout --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -296,6 +296,10 @@ _gpuctl() {
                     return 0
                     ;;
                 --watch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

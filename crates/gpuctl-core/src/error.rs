@@ -19,6 +19,9 @@ pub enum CoreError {
     /// A `--gpu` selector matched no GPU, or more than one.
     #[error("{0}")]
     GpuSelector(String),
+    /// A setting from the environment that cannot be read.
+    #[error("{0}")]
+    BadSetting(String),
     #[error("cannot read {path}: {source}")]
     Io {
         path: PathBuf,

@@ -1,9 +1,56 @@
 //! The NVML backend: loads libnvidia-ml (or nvml-sim) at run time, once per process.
+//!
+//! A GPU that falls off the bus can make every NVML call on it block for tens of seconds,
+//! and nvidia-smi with it. gpuctl bounds them: with a timeout, each GPU is read by a worker
+//! thread of its own, and a GPU whose worker has not answered by the deadline is reported
+//! as not answering while the others are shown. Its worker stays busy with the blocked
+//! call; later reads of that GPU do not queue behind it but report it at once, until it
+//! answers again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use crate::error::{CoreError, Result};
+
+/// Overrides the configuration's `nvml_timeout` (a duration: "2s", "500ms").
+pub const TIMEOUT_ENV: &str = "GPUCTL_NVML_TIMEOUT";
+
+/// How long an NVML call on one GPU may take when nothing says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The timeout in force: `flag` (a command line's), else GPUCTL_NVML_TIMEOUT, else
+/// `configured`, else [`DEFAULT_TIMEOUT`]. An unreadable environment value is an error
+/// naming it.
+pub fn timeout(flag: Option<Duration>, configured: Option<Duration>) -> Result<Duration> {
+    timeout_from(flag, std::env::var(TIMEOUT_ENV).ok().as_deref(), configured)
+}
+
+/// [`timeout`] with the environment's value given.
+fn timeout_from(
+    flag: Option<Duration>,
+    env: Option<&str>,
+    configured: Option<Duration>,
+) -> Result<Duration> {
+    if let Some(flag) = flag {
+        return Ok(flag);
+    }
+    match env {
+        Some(text) if !text.trim().is_empty() => crate::units::parse_duration(text)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                CoreError::BadSetting(format!(
+                    "{TIMEOUT_ENV}={text:?} is not a duration above zero (like 10s, 500ms)"
+                ))
+            }),
+        _ => Ok(configured.unwrap_or(DEFAULT_TIMEOUT)),
+    }
+}
 
 /// Names the NVML library to load instead of the system's `libnvidia-ml.so.1`.
 pub const LIB_ENV: &str = "GPUCTL_NVML_LIB";
@@ -18,10 +65,23 @@ pub fn library_path() -> String {
 }
 
 /// An initialised NVML library. Hold one for the life of the process (or until the driver
-/// goes away); NVML is shut down when it is dropped.
+/// goes away); NVML is shut down when it is dropped (and no call on it is still blocked).
 pub struct Gpus {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
     library: String,
+    /// How long a call on one GPU may take; `None`: as long as it takes.
+    timeout: Option<Duration>,
+    /// One worker a GPU, started at its first bounded read.
+    workers: Mutex<Vec<Option<Worker>>>,
+}
+
+/// A job for a GPU's worker.
+type Job = Box<dyn FnOnce(&Nvml) + Send>;
+
+/// The thread that reads one GPU, and whether it is inside a call now.
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+    busy: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Gpus {
@@ -44,13 +104,93 @@ impl Gpus {
             .init()
             .map_err(|error| unavailable(library, error))?;
         Ok(Gpus {
-            nvml,
+            nvml: Arc::new(nvml),
             library: library.to_string(),
+            timeout: None,
+            workers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Loads and initialises NVML, waiting at most `timeout` for the driver to answer (a
+    /// sick GPU can block initialisation too), and bounds every later per-GPU read by it.
+    pub fn open_within(timeout: Duration) -> Result<Gpus> {
+        let library = library_path();
+        let (answer, answered) = mpsc::channel();
+        let opening = library.clone();
+        std::thread::spawn(move || {
+            let _ = answer.send(Gpus::open_library(&opening));
+        });
+        match answered.recv_timeout(timeout) {
+            Ok(opened) => opened.map(|gpus| gpus.bounded_by(timeout)),
+            Err(_) => Err(CoreError::NvmlUnavailable {
+                library,
+                reason: format!(
+                    "the driver did not answer within {}",
+                    humantime::format_duration(timeout)
+                ),
+                hint: "A GPU may have fallen off the bus: check `dmesg | grep -i xid`.",
+            }),
+        }
+    }
+
+    /// Bounds every per-GPU read of snapshots by `timeout`.
+    pub fn bounded_by(mut self, timeout: Duration) -> Gpus {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     pub(crate) fn nvml(&self) -> &Nvml {
         &self.nvml
+    }
+
+    /// Starts `read` on GPU `index`'s worker; its answer comes on the receiver. `None` when
+    /// that worker is still inside an earlier call (the GPU stopped answering), or cannot
+    /// be started.
+    pub(crate) fn ask<T: Send + 'static>(
+        &self,
+        index: u32,
+        read: impl FnOnce(&Nvml) -> T + Send + 'static,
+    ) -> Option<mpsc::Receiver<T>> {
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = index as usize;
+        if workers.len() <= slot {
+            workers.resize_with(slot + 1, || None);
+        }
+        if workers[slot].is_none() {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let nvml = Arc::clone(&self.nvml);
+            std::thread::Builder::new()
+                .name(format!("nvml-gpu-{index}"))
+                .spawn(move || {
+                    for job in queue {
+                        job(&nvml);
+                    }
+                })
+                .ok()?;
+            workers[slot] = Some(Worker {
+                jobs,
+                busy: Arc::new(AtomicBool::new(false)),
+            });
+        }
+        let worker = workers[slot].as_ref()?;
+        if worker.busy.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let (answer, answered) = mpsc::channel();
+        let busy = Arc::clone(&worker.busy);
+        let job: Job = Box::new(move |nvml| {
+            let _ = answer.send(read(nvml));
+            busy.store(false, Ordering::SeqCst);
+        });
+        if worker.jobs.send(job).is_err() {
+            worker.busy.store(false, Ordering::SeqCst);
+            return None;
+        }
+        Some(answered)
     }
 
     pub fn count(&self) -> Result<u32> {
@@ -60,14 +200,37 @@ impl Gpus {
         })
     }
 
-    /// The UUID of each GPU, by index; `None` for a GPU that cannot be queried (lost).
+    /// The UUID of each GPU, by index; `None` for a GPU that cannot be queried (lost, or
+    /// not answering within the timeout).
     pub fn uuids(&self) -> Result<Vec<Option<String>>> {
-        let count = self.count()?;
-        Ok((0..count)
-            .map(|index| {
-                self.nvml
-                    .device_by_index(index)
+        Ok(self
+            .per_gpu(|nvml, index| {
+                nvml.device_by_index(index)
                     .and_then(|device| device.uuid())
+                    .ok()
+            })?
+            .into_iter()
+            .map(Option::flatten)
+            .collect())
+    }
+
+    /// `read` of every GPU, by index, each within the timeout (`None`: no answer in time).
+    fn per_gpu<T: Send + 'static>(&self, read: fn(&Nvml, u32) -> T) -> Result<Vec<Option<T>>> {
+        let count = self.count()?;
+        let Some(limit) = self.timeout else {
+            return Ok((0..count)
+                .map(|index| Some(read(&self.nvml, index)))
+                .collect());
+        };
+        let deadline = std::time::Instant::now() + limit;
+        let asked: Vec<_> = (0..count)
+            .map(|index| self.ask(index, move |nvml| read(nvml, index)))
+            .collect();
+        Ok(asked
+            .into_iter()
+            .map(|answer| {
+                answer?
+                    .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
                     .ok()
             })
             .collect())
@@ -107,14 +270,15 @@ impl Gpus {
     /// to sorted, distinct indices. An empty list selects every GPU.
     pub fn resolve(&self, selectors: &[String]) -> Result<Vec<u32>> {
         let uuids = self.uuids()?;
-        let buses: Vec<Option<String>> = (0..uuids.len() as u32)
-            .map(|index| {
-                self.nvml
-                    .device_by_index(index)
+        let buses: Vec<Option<String>> = self
+            .per_gpu(|nvml, index| {
+                nvml.device_by_index(index)
                     .and_then(|device| device.pci_info())
                     .ok()
                     .map(|pci| pci.bus_id)
-            })
+            })?
+            .into_iter()
+            .map(Option::flatten)
             .collect();
         resolve_selectors(selectors, &uuids, &buses)
     }
@@ -272,6 +436,22 @@ pub fn describe(error: &NvmlError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_timeout_comes_from_the_flag_then_the_environment_then_the_file() {
+        let s = Duration::from_secs;
+        assert_eq!(
+            timeout_from(Some(s(1)), Some("2s"), Some(s(3))).unwrap(),
+            s(1)
+        );
+        assert_eq!(timeout_from(None, Some("2s"), Some(s(3))).unwrap(), s(2));
+        assert_eq!(timeout_from(None, Some(" "), Some(s(3))).unwrap(), s(3));
+        assert_eq!(timeout_from(None, None, None).unwrap(), DEFAULT_TIMEOUT);
+        for bad in ["soon", "0", "-1s"] {
+            let error = timeout_from(None, Some(bad), None).unwrap_err().to_string();
+            assert!(error.starts_with("GPUCTL_NVML_TIMEOUT="), "{error}");
+        }
+    }
 
     fn uuids() -> Vec<Option<String>> {
         vec![

@@ -33,6 +33,8 @@ const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// The configuration in force, with the command line's overrides applied.
 pub struct Settings {
     pub watchdog: Watchdog,
+    /// How long NVML may take to answer for one GPU.
+    pub nvml_timeout: Duration,
     pub dry_run: bool,
     pub guard: Guard,
     pub policy: Policy,
@@ -78,7 +80,10 @@ impl Settings {
                 .then(|| std::sync::Arc::new(loaded.clone())),
             ..Policy::default()
         };
+        let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())
+            .map_err(|e| ConfigError::Value(e.to_string()))?;
         Ok(Settings {
+            nvml_timeout,
             watchdog,
             dry_run: cli.dry_run,
             guard,
@@ -382,7 +387,7 @@ impl Daemon {
         if Instant::now() < *retry_at && !once {
             return;
         }
-        match Gpus::open() {
+        match Gpus::open_within(self.settings.nvml_timeout) {
             Ok(gpus) => {
                 if let Some(reason) = self.last_nvml_down.take() {
                     self.event(
@@ -488,11 +493,18 @@ impl Daemon {
         };
         let now = Instant::now();
         let incomplete = self.note_incomplete(&snapshot);
+        // A GPU lost or failing may be a driver reload, which a new NVML session sees past;
+        // one that does not answer is not helped by one (its calls would block again).
+        let reopen_may_help = snapshot
+            .devices
+            .iter()
+            .any(|g| matches!(g.status, GpuStatus::Lost | GpuStatus::Error));
         match &incomplete {
             None => {
                 self.backoff = self.settings.watchdog.interval;
                 self.reopen_at = None;
             }
+            Some(_) if !reopen_may_help => self.reopen_at = None,
             Some(_) if !once => {
                 let at = *self.reopen_at.get_or_insert(now + self.backoff);
                 if now >= at {
@@ -503,7 +515,7 @@ impl Daemon {
             }
             Some(_) => {}
         }
-        let reopen = incomplete.is_some() && !once && self.reopen_at.is_none();
+        let reopen = reopen_may_help && !once && self.reopen_at.is_none();
         if !self.ready_sent {
             self.notify.send("READY=1");
             self.ready_sent = true;
@@ -1250,6 +1262,7 @@ mod tests {
         });
         let settings = Settings {
             watchdog,
+            nvml_timeout: Duration::from_secs(10),
             dry_run: true,
             guard: Guard::for_this_process(Protection::default()),
             policy: Policy {

@@ -22,7 +22,9 @@ Environment:
                    $XDG_CONFIG_HOME/gpuctl/gpuctl.toml)
   GPUCTL_STATE_DIR where peak marks are kept (default /var/lib/gpuctl as root,
                    $XDG_STATE_HOME/gpuctl otherwise)
-  GPUCTL_TIMINGS   when set and not empty, info says on stderr where its time went";
+  GPUCTL_TIMINGS   when set and not empty, info says on stderr where its time went
+  GPUCTL_NVML_TIMEOUT  how long NVML may take to answer for one GPU (default 10s, or the
+                   configuration's nvml_timeout)";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
@@ -342,6 +344,21 @@ pub struct InfoArgs {
     /// Refresh every SECONDS (fractions allowed) until interrupted.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, allow_negative_numbers = true)]
     pub watch: Option<Duration>,
+
+    /// How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the
+    /// configuration's nvml_timeout, else 10s). A GPU that has not answered by then is shown
+    /// as not answering (exit status 1) and the others as read; info never waits longer
+    /// than this and a second.
+    #[arg(long, value_name = "DURATION", value_parser = parse_nonzero_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// A duration above zero.
+fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        duration if duration.is_zero() => Err(format!("'{text}': give a duration above zero")),
+        duration => Ok(duration),
+    }
 }
 
 /// A positive, finite number of seconds, at least 0.1.

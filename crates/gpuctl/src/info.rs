@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 use gpuctl_core::config;
-use gpuctl_core::nvml::Gpus;
+use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::protect::{Claimant, Protection};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
@@ -36,7 +36,7 @@ struct InfoDocument<'a> {
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let started = Instant::now();
-    let gpus = Gpus::open()?;
+    let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured_timeout())?)?;
     let opened = started.elapsed();
     let options = SnapshotOptions {
         gpus: (!args.gpus.is_empty())
@@ -116,6 +116,11 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
         exit = Exit::Failed;
     }
     exit
+}
+
+/// The configuration's `nvml_timeout`, where the configuration can be read.
+fn configured_timeout() -> Option<Duration> {
+    config::load().ok().and_then(|loaded| loaded.nvml_timeout())
 }
 
 /// The programs `kill`, `clear` and the watchdog never signal: the built-in ones and the
@@ -214,11 +219,11 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     out.push_str(&style.paint(Color::Bold, &title));
     match gpu.status {
         GpuStatus::Ok => {}
-        GpuStatus::Lost | GpuStatus::Error => {
-            let label = if gpu.status == GpuStatus::Lost {
-                "LOST"
-            } else {
-                "ERROR"
+        GpuStatus::Lost | GpuStatus::Error | GpuStatus::NotAnswering => {
+            let label = match gpu.status {
+                GpuStatus::Lost => "LOST",
+                GpuStatus::NotAnswering => "NOT ANSWERING",
+                _ => "ERROR",
             };
             let message = gpu.error.as_deref().unwrap_or("");
             out.push_str(&format!(
@@ -228,7 +233,7 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
         }
     }
     out.push('\n');
-    if gpu.status == GpuStatus::Lost {
+    if matches!(gpu.status, GpuStatus::Lost | GpuStatus::NotAnswering) {
         return;
     }
 

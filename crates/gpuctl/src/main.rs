@@ -90,7 +90,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
     }
     let exit = match error.downcast_ref::<CoreError>() {
         Some(CoreError::NvmlUnavailable { .. }) => Exit::Unavailable,
-        Some(CoreError::GpuSelector(_)) => Exit::Usage,
+        Some(CoreError::GpuSelector(_) | CoreError::BadSetting(_)) => Exit::Usage,
         _ if error.downcast_ref::<Usage>().is_some() => Exit::Usage,
         // A configuration file that is invalid or not trusted is bad input, like a bad option.
         _ if error

@@ -9,7 +9,7 @@ use gpuctl_core::act::Escalation;
 use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
 use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
-use gpuctl_core::nvml::Gpus;
+use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::plan::{Guard, Outcome};
 use gpuctl_core::protect::Protection;
 use gpuctl_core::reclaim::Reclaim;
@@ -29,6 +29,13 @@ const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 /// The built-in protected commands and the configuration's `[protect]` lists.
 fn protection() -> Result<Protection> {
     Ok(Protection::configured(&config::load()?.protect()))
+}
+
+/// NVML, every per-GPU call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the
+/// configuration's nvml_timeout, 10 s).
+fn open_gpus() -> Result<Gpus> {
+    let configured = config::load()?.nvml_timeout();
+    Ok(Gpus::open_within(nvml::timeout(None, configured)?)?)
 }
 
 fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
@@ -79,7 +86,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         .iter()
         .map(|user| resolve_user(user))
         .collect::<Result<Vec<u32>>>()?;
-    let gpus = Gpus::open()?;
+    let gpus = open_gpus()?;
     let mut criteria = Vec::new();
     if let Some(indices) = resolve_gpus(&gpus, &args.gpus)? {
         criteria.push(Criterion::Gpus(indices));
@@ -143,7 +150,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
 }
 
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
-    let gpus = Gpus::open()?;
+    let gpus = open_gpus()?;
     let selected = resolve_gpus(&gpus, &args.gpus)?;
     let policy = Policy {
         include_stopped: args.include_stopped,

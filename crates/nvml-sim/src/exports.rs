@@ -30,12 +30,39 @@ fn with_sim(f: impl FnOnce(&mut Sim) -> nvmlReturn_t) -> nvmlReturn_t {
     }
 }
 
-/// Runs `f` for a valid, present (not lost) device; checks `feature` is supported.
+/// `f` of the sim, if initialised.
+fn with_sim_value<T>(f: impl FnOnce(&mut Sim) -> T) -> Option<T> {
+    sim::lock().as_mut().map(f)
+}
+
+/// Runs `f` for a valid, present (not lost) device; checks `feature` is supported. A GPU
+/// with `hang_ms` blocks the call that long first, outside the sim's lock, so calls on other
+/// GPUs go on meanwhile (as a real driver lets them, mostly).
 fn with_dev(
     device: nvmlDevice_t,
     feature: Option<Feature>,
     f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
+    // The scenario is read again while blocked: lowering hang_ms (to 0) lets blocked calls
+    // answer, as a GPU that recovers does.
+    let started = std::time::Instant::now();
+    loop {
+        let hang_ms = with_sim_value(|s| {
+            let index = index_of(device)?;
+            s.refresh();
+            (index < s.scenario.gpus.len()).then(|| s.gpu(index).hang_ms)
+        })
+        .flatten()
+        .unwrap_or(0);
+        let hang = std::time::Duration::from_millis(hang_ms);
+        let Some(left) = hang
+            .checked_sub(started.elapsed())
+            .filter(|left| !left.is_zero())
+        else {
+            break;
+        };
+        std::thread::sleep(left.min(std::time::Duration::from_millis(20)));
+    }
     with_sim(|s| {
         let Some(index) = index_of(device) else {
             return NVML_ERROR_INVALID_ARGUMENT;

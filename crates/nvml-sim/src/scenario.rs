@@ -57,6 +57,9 @@ struct RawGpu {
     fan_pct: Option<Pct>,
     #[serde(default)]
     lost: bool,
+    /// Every call on this GPU blocks this long (a GPU falling off the bus).
+    #[serde(default)]
+    hang_ms: u64,
     persistence_mode: Option<bool>,
     compute_mode: Option<ComputeMode>,
     #[serde(default)]
@@ -330,6 +333,8 @@ pub struct Gpu {
     pub power_limit_mw: u32,
     pub fan_pct: Option<u32>,
     pub lost: bool,
+    /// Every call on this GPU blocks this long before it answers; 0: none.
+    pub hang_ms: u64,
     pub persistence_mode: bool,
     pub compute_mode: ComputeMode,
     pub unsupported: Vec<Feature>,
@@ -576,6 +581,7 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
             power_limit_mw: g.power_limit_mw.unwrap_or(model.power_limit_mw),
             fan_pct: g.fan_pct.map(|p| p.0),
             lost: g.lost,
+            hang_ms: g.hang_ms,
             persistence_mode: g.persistence_mode.unwrap_or(false),
             compute_mode: g.compute_mode.unwrap_or(ComputeMode::Default),
             unsupported: g.unsupported,

@@ -205,3 +205,20 @@ pub(super) fn names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::E
     let names = Vec::<Name>::deserialize(d)?;
     Ok(names.into_iter().map(|name| name.0).collect())
 }
+
+/// An optional duration of at least 10 ms (a key that may be absent).
+pub(super) fn duration_positive_opt<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::time::Duration>, D::Error> {
+    duration_positive::deserialize(d).map(Some)
+}
+
+pub(super) fn serialize_duration_opt<S: serde::Serializer>(
+    value: &Option<std::time::Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => duration::serialize(value, s),
+        None => s.serialize_none(),
+    }
+}

@@ -45,6 +45,14 @@ const MAX_SIZE: u64 = 1 << 20;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// `nvml_timeout`: how long NVML may take to answer for one GPU, for the CLI and the
+    /// watchdog (GPUCTL_NVML_TIMEOUT and `info --timeout` override it); absent: 10 s.
+    #[serde(
+        deserialize_with = "de::duration_positive_opt",
+        serialize_with = "de::serialize_duration_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub nvml_timeout: Option<std::time::Duration>,
     pub fraction: FractionPolicy,
     pub protect: Protect,
     pub watchdog: Watchdog,
@@ -257,6 +265,14 @@ impl Loaded {
             let fraction = &config.fraction;
             fraction.default.is_some() || !fraction.gpu.is_empty() || !fraction.user.is_empty()
         })
+    }
+
+    /// The NVML timeout the files set: the shorter of theirs, a user file's included (a
+    /// shorter wait steers nothing of root's).
+    pub fn nvml_timeout(&self) -> Option<std::time::Duration> {
+        self.files()
+            .filter_map(|(_, config)| config.nvml_timeout)
+            .min()
     }
 
     /// The files that were found, system first.

@@ -66,6 +66,8 @@ pub enum GpuStatus {
     Lost,
     /// Some query this GPU needs failed; what was read is still shown.
     Error,
+    /// Its queries did not answer within the NVML timeout: nothing of it is shown.
+    NotAnswering,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -173,10 +175,10 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
-        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) = indices
-            .iter()
-            .map(|&i| read_gpu(gpus, i, since_us, options.only_memory_and_processes))
-            .unzip();
+        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) =
+            read_gpus(gpus, &indices, since_us, options.only_memory_and_processes)
+                .into_iter()
+                .unzip();
 
         // Each pid once (a process is listed by every GPU it is on).
         let mut seen = PidSet::default();
@@ -308,14 +310,53 @@ struct Listed {
 /// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
 /// host facts are read). Failures stay inside the returned entry so the other GPUs are
 /// still shown.
-fn read_gpu(
+/// Every GPU of `indices`, each within the Gpus' timeout when it has one: a GPU that has not
+/// answered by the deadline (or is still inside a call from an earlier read) is reported
+/// as not answering, the others as read.
+fn read_gpus(
     gpus: &Gpus,
+    indices: &[u32],
+    since_us: Option<u64>,
+    only_memory_and_processes: bool,
+) -> Vec<(GpuSnapshot, Vec<Listed>)> {
+    let Some(limit) = gpus.timeout() else {
+        return indices
+            .iter()
+            .map(|&i| read_gpu(gpus.nvml(), i, since_us, only_memory_and_processes))
+            .collect();
+    };
+    let deadline = Instant::now() + limit;
+    let asked: Vec<_> = indices
+        .iter()
+        .map(|&index| {
+            let answer = gpus.ask(index, move |nvml| {
+                read_gpu(nvml, index, since_us, only_memory_and_processes)
+            });
+            (index, answer)
+        })
+        .collect();
+    asked
+        .into_iter()
+        .map(|(index, answer)| {
+            answer
+                .and_then(|answer| {
+                    answer
+                        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                        .ok()
+                })
+                .unwrap_or_else(|| (GpuSnapshot::not_answering(index, limit), Vec::new()))
+        })
+        .collect()
+}
+
+fn read_gpu(
+    nvml: &nvml_wrapper::Nvml,
     index: u32,
     since_us: Option<u64>,
     only_memory_and_processes: bool,
 ) -> (GpuSnapshot, Vec<Listed>) {
     let mut gpu = GpuSnapshot::unread(index);
-    let device = match gpus.nvml().device_by_index(index) {
+    let device = match nvml.device_by_index(index) {
         Ok(device) => device,
         Err(error) => {
             gpu.fail(&error, "cannot open the GPU");
@@ -405,6 +446,18 @@ impl GpuSnapshot {
             compute_mode: None,
             peak: None,
             processes: Vec::new(),
+        }
+    }
+
+    /// A GPU whose read did not finish within `limit`: nothing of it is known.
+    pub fn not_answering(index: u32, limit: Duration) -> GpuSnapshot {
+        GpuSnapshot {
+            status: GpuStatus::NotAnswering,
+            error: Some(format!(
+                "not answering after {}",
+                humantime::format_duration(limit)
+            )),
+            ..GpuSnapshot::unread(index)
         }
     }
 
