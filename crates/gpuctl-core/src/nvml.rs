@@ -155,42 +155,60 @@ impl Gpus {
         index: u32,
         read: impl FnOnce(&Nvml) -> T + Send + 'static,
     ) -> Option<mpsc::Receiver<T>> {
+        let (answer, answered) = mpsc::channel();
+        self.run_on(Some(index), move |nvml| {
+            let _ = answer.send(read(nvml));
+        })
+        .then_some(answered)
+    }
+
+    /// Runs `job` on a worker: GPU `index`'s, or with `None` the one that reads every GPU in
+    /// turn when none is stuck (one hand-over a snapshot instead of one a GPU). False when
+    /// that worker is still inside an earlier call, or cannot be started.
+    pub(crate) fn run_on(
+        &self,
+        index: Option<u32>,
+        job: impl FnOnce(&Nvml) + Send + 'static,
+    ) -> bool {
         let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = index as usize;
+        // Slot 0 is the all-GPU worker; GPU i's is slot i + 1.
+        let slot = index.map_or(0, |i| i as usize + 1);
         if workers.len() <= slot {
             workers.resize_with(slot + 1, || None);
         }
         if workers[slot].is_none() {
             let (jobs, queue) = mpsc::channel::<Job>();
             let nvml = Arc::clone(&self.nvml);
-            std::thread::Builder::new()
-                .name(format!("nvml-gpu-{index}"))
-                .spawn(move || {
-                    for job in queue {
-                        job(&nvml);
-                    }
-                })
-                .ok()?;
+            let name = index.map_or("nvml-gpus".to_string(), |i| format!("nvml-gpu-{i}"));
+            let started = std::thread::Builder::new().name(name).spawn(move || {
+                for job in queue {
+                    job(&nvml);
+                }
+            });
+            if started.is_err() {
+                return false;
+            }
             workers[slot] = Some(Worker {
                 jobs,
                 busy: Arc::new(AtomicBool::new(false)),
             });
         }
-        let worker = workers[slot].as_ref()?;
+        let Some(worker) = workers[slot].as_ref() else {
+            return false;
+        };
         if worker.busy.swap(true, Ordering::SeqCst) {
-            return None;
+            return false;
         }
-        let (answer, answered) = mpsc::channel();
         let busy = Arc::clone(&worker.busy);
         let job: Job = Box::new(move |nvml| {
-            let _ = answer.send(read(nvml));
+            job(nvml);
             busy.store(false, Ordering::SeqCst);
         });
         if worker.jobs.send(job).is_err() {
             worker.busy.store(false, Ordering::SeqCst);
-            return None;
+            return false;
         }
-        Some(answered)
+        true
     }
 
     pub fn count(&self) -> Result<u32> {

@@ -310,41 +310,76 @@ struct Listed {
 /// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
 /// host facts are read). Failures stay inside the returned entry so the other GPUs are
 /// still shown.
-/// Every GPU of `indices`, each within the Gpus' timeout when it has one: a GPU that has not
-/// answered by the deadline (or is still inside a call from an earlier read) is reported
-/// as not answering, the others as read.
+/// Every GPU of `indices`, within the Gpus' timeout when it has one. One worker reads them
+/// all in turn, handing each over as it is read; if some are still missing at half the
+/// timeout (a GPU blocks the worker), each of those gets a worker of its own for the other
+/// half. A GPU with no answer by the deadline, or still inside a call from an earlier read,
+/// is reported as not answering; the others as read.
 fn read_gpus(
     gpus: &Gpus,
     indices: &[u32],
     since_us: Option<u64>,
     only_memory_and_processes: bool,
 ) -> Vec<(GpuSnapshot, Vec<Listed>)> {
+    type Read = (GpuSnapshot, Vec<Listed>);
     let Some(limit) = gpus.timeout() else {
         return indices
             .iter()
             .map(|&i| read_gpu(gpus.nvml(), i, since_us, only_memory_and_processes))
             .collect();
     };
-    let deadline = Instant::now() + limit;
-    let asked: Vec<_> = indices
-        .iter()
-        .map(|&index| {
-            let answer = gpus.ask(index, move |nvml| {
-                read_gpu(nvml, index, since_us, only_memory_and_processes)
-            });
-            (index, answer)
-        })
-        .collect();
-    asked
+    let started = Instant::now();
+    let deadline = started + limit;
+    let mut reads: Vec<Option<Read>> = indices.iter().map(|_| None).collect();
+    let (answer, answers) = std::sync::mpsc::channel::<(usize, Read)>();
+    let all = indices.to_vec();
+    let all_answer = answer.clone();
+    let shared = gpus.run_on(None, move |nvml| {
+        for (at, index) in all.into_iter().enumerate() {
+            let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
+            if all_answer.send((at, read)).is_err() {
+                return; // the snapshot is over: nobody waits for the rest
+            }
+        }
+    });
+    let mut missing = if shared { indices.len() } else { 0 };
+    let halfway = started + limit / 2;
+    while missing > 0 {
+        let Ok((at, read)) =
+            answers.recv_timeout(halfway.saturating_duration_since(Instant::now()))
+        else {
+            break;
+        };
+        reads[at].get_or_insert(read);
+        missing -= 1;
+    }
+    // The rest, one worker each (all of them when the shared worker is stuck itself).
+    for (at, &index) in indices.iter().enumerate() {
+        if reads[at].is_some() {
+            continue;
+        }
+        let answer = answer.clone();
+        gpus.run_on(Some(index), move |nvml| {
+            let _ = answer.send((
+                at,
+                read_gpu(nvml, index, since_us, only_memory_and_processes),
+            ));
+        });
+    }
+    drop(answer);
+    while reads.iter().any(Option::is_none) {
+        match answers.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((at, read)) => {
+                reads[at].get_or_insert(read);
+            }
+            Err(_) => break,
+        }
+    }
+    reads
         .into_iter()
-        .map(|(index, answer)| {
-            answer
-                .and_then(|answer| {
-                    answer
-                        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                        .ok()
-                })
-                .unwrap_or_else(|| (GpuSnapshot::not_answering(index, limit), Vec::new()))
+        .zip(indices)
+        .map(|(read, &index)| {
+            read.unwrap_or_else(|| (GpuSnapshot::not_answering(index, limit), Vec::new()))
         })
         .collect()
 }
