@@ -71,6 +71,9 @@ fn with_dev(
         if index >= s.scenario.gpus.len() || s.gpu(index).lost {
             return NVML_ERROR_GPU_IS_LOST;
         }
+        if let Some(fault) = s.inject_fault() {
+            return fault;
+        }
         if let Some(feature) = feature
             && !s.gpu(index).supports(feature)
         {

@@ -23,6 +23,14 @@ struct RawScenario {
     #[serde(default)]
     settings_require_root: bool,
     state_file: Option<PathBuf>,
+    /// The chance, per call on a GPU's handle, that it fails with one of `fault_errors`.
+    #[serde(default)]
+    fault_rate: f64,
+    #[serde(default)]
+    fault_seed: u64,
+    /// Which errors injected faults are (default UNKNOWN).
+    #[serde(default)]
+    fault_errors: Vec<InitError>,
     #[serde(default)]
     gpu: Vec<RawGpu>,
     #[serde(default)]
@@ -385,6 +393,11 @@ pub struct Scenario {
     pub init_error: Option<u32>,
     pub settings_require_root: bool,
     pub state_file: Option<PathBuf>,
+    /// Injected faults: each call on a GPU's handle fails with this chance, with one of
+    /// `fault_errors` (NVML return codes), drawn from a generator seeded by `fault_seed`.
+    pub fault_rate: f64,
+    pub fault_seed: u64,
+    pub fault_errors: Vec<u32>,
     pub gpus: Vec<Gpu>,
     pub processes: Vec<Process>,
     /// For each GPU, the positions in `processes` of the entries on it.
@@ -537,6 +550,12 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         .unwrap_or_else(|| format!("{}.{}", raw.cuda_driver_version / 1000, raw.driver_version));
     if nvml_version.len() >= 80 {
         return Err("nvml_version must be shorter than 80 bytes".into());
+    }
+    if !(0.0..=1.0).contains(&raw.fault_rate) {
+        return Err(format!(
+            "fault_rate must be between 0 and 1, not {}",
+            raw.fault_rate
+        ));
     }
     let mut gpus = Vec::with_capacity(raw.gpu.len());
     for (i, g) in raw.gpu.into_iter().enumerate() {
@@ -706,6 +725,13 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         init_error: raw.init_error.map(|e| e.0),
         settings_require_root: raw.settings_require_root,
         state_file,
+        fault_rate: raw.fault_rate,
+        fault_seed: raw.fault_seed,
+        fault_errors: if raw.fault_errors.is_empty() {
+            vec![NVML_ERROR_UNKNOWN]
+        } else {
+            raw.fault_errors.iter().map(|e| e.0).collect()
+        },
         gpus,
         processes,
         spawns,

@@ -130,6 +130,8 @@ pub struct Sim {
     alive: Option<(Instant, Arc<Vec<bool>>)>,
     /// When the scenario file was last checked for a change.
     checked_at: Option<Instant>,
+    /// The fault generator: the seed it was started from, and its state.
+    faults: Option<(u64, u64)>,
 }
 
 /// How often a long-running client re-checks the scenario file for a change.
@@ -165,6 +167,7 @@ impl Sim {
             views: Vec::new(),
             alive: None,
             checked_at: None,
+            faults: None,
         })
     }
 
@@ -209,6 +212,33 @@ impl Sim {
                 self.bad = Some(sig);
             }
         }
+    }
+
+    /// An injected fault for this call, drawn as the scenario's `fault_rate` says: one of
+    /// its `fault_errors`, or `None`. The same seed gives the same sequence of faults.
+    pub fn inject_fault(&mut self) -> Option<u32> {
+        let rate = self.scenario.fault_rate;
+        if rate <= 0.0 {
+            return None;
+        }
+        let seed = self.scenario.fault_seed;
+        let state = match self.faults {
+            Some((from, state)) if from == seed => state,
+            _ => seed ^ 0x9e37_79b9_7f4a_7c15,
+        };
+        // xorshift64*: plenty for choosing which calls fail.
+        let mut x = state.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.faults = Some((seed, x));
+        let draw = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let unit = (draw >> 11) as f64 / (1u64 << 53) as f64;
+        if unit >= rate {
+            return None;
+        }
+        let errors = &self.scenario.fault_errors;
+        Some(errors[(draw % errors.len() as u64) as usize])
     }
 
     pub fn gpu(&self, index: usize) -> &Gpu {

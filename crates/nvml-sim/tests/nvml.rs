@@ -258,6 +258,46 @@ fn scenario_is_reread_when_replaced() {
 }
 
 #[test]
+fn injected_faults_come_at_the_rate_asked_and_a_hang_blocks_only_its_gpu() {
+    let sim = Sim::new(
+        "fault_rate = 0.25\nfault_seed = 7\nfault_errors = [\"TIMEOUT\", \"GPU_IS_LOST\"]\n[[gpu]]\n",
+    );
+    let nvml = sim.nvml();
+    let d0 = nvml.device_by_index(0).unwrap();
+    let answers: Vec<Result<u64, NvmlError>> = (0..400)
+        .map(|_| d0.memory_info().map(|m| m.total))
+        .collect();
+    let failed = answers.iter().filter(|a| a.is_err()).count();
+    assert!(
+        (60..=140).contains(&failed),
+        "{failed} of 400 failed at rate 0.25"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(_) | Err(NvmlError::Timeout) | Err(NvmlError::GpuLost)))
+    );
+    assert!(answers.iter().any(|a| matches!(a, Err(NvmlError::Timeout))));
+    assert!(answers.iter().any(|a| matches!(a, Err(NvmlError::GpuLost))));
+
+    sim.replace("[[gpu]]\n[[gpu]]\nhang_ms = 400\n");
+    std::thread::sleep(Duration::from_millis(20));
+    let d0 = nvml.device_by_index(0).unwrap();
+    let d1 = nvml.device_by_index(1).unwrap();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let blocked = scope.spawn(|| d1.memory_info().map(|m| m.total));
+        std::thread::sleep(Duration::from_millis(50));
+        // GPU 0 answers while GPU 1's call is blocked.
+        let quick = Instant::now();
+        assert!(d0.memory_info().is_ok());
+        assert!(quick.elapsed() < Duration::from_millis(200));
+        assert!(blocked.join().unwrap().is_ok());
+    });
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+#[test]
 fn lost_gpu() {
     let sim = Sim::new("[[gpu]]\n[[gpu]]\nlost = true\n");
     let nvml = sim.nvml();
