@@ -578,7 +578,7 @@ impl Daemon {
         let history = if once {
             None
         } else {
-            Some(self.update_history(snapshot, now))
+            Some(self.update_history(snapshot, now, seen.incomplete.is_some()))
         };
         let findings = classify::classify(
             snapshot,
@@ -599,7 +599,17 @@ impl Daemon {
             .cloned()
             .collect();
         let stale_ids: PidSet<Identity> = stale.iter().filter_map(|f| f.identity).collect();
-        self.stale_since.retain(|id, _| stale_ids.contains(id));
+        // A GPU that failed this read lists no processes: its leftovers are not gone, so
+        // their grace goes on (a driver erring now and then must not restart it forever).
+        // A complete snapshot forgets what it does not show.
+        let listed: PidSet<u32> = snapshot
+            .devices
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let incomplete = seen.incomplete.is_some();
+        self.stale_since
+            .retain(|id, _| stale_ids.contains(id) || (incomplete && !listed.contains(&id.pid)));
         for f in &stale {
             let Some(id) = f.identity else { continue };
             let since = match f.kind {
@@ -969,7 +979,9 @@ impl Daemon {
 
     /// What the daemon has seen over time: parents that died under a GPU process, and how
     /// long processes have been stopped.
-    fn update_history(&mut self, snapshot: &Snapshot, now: Instant) -> History {
+    /// `incomplete`: some GPU failed this read, so a process it does not list may still be
+    /// there; what was seen of those is kept.
+    fn update_history(&mut self, snapshot: &Snapshot, now: Instant, incomplete: bool) -> History {
         let mut seen: PidSet<Identity> = PidSet::default();
         for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
             let host = &process.host;
@@ -1007,9 +1019,14 @@ impl Daemon {
                 self.stopped_since.remove(&id);
             }
         }
-        self.parents.retain(|id, _| seen.contains(id));
-        self.parent_died.retain(|id| seen.contains(id));
-        self.stopped_since.retain(|id, _| seen.contains(id));
+        let listed: PidSet<u32> = seen.iter().map(|id| id.pid).collect();
+        let unlisted = |id: &Identity| incomplete && !listed.contains(&id.pid);
+        self.parents
+            .retain(|id, _| seen.contains(id) || unlisted(id));
+        self.parent_died
+            .retain(|id| seen.contains(id) || unlisted(id));
+        self.stopped_since
+            .retain(|id, _| seen.contains(id) || unlisted(id));
         History {
             parent_died: self.parent_died.clone(),
             stopped_for: self
