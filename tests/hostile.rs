@@ -177,3 +177,27 @@ fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
     assert_eq!(bad.stderr.lines().count(), 1, "{}", bad.stderr);
     assert!(bad.stderr.contains("GPUCTL_NVML_TIMEOUT"), "{}", bad.stderr);
 }
+
+#[test]
+fn reset_of_a_gpu_that_does_not_answer_fails_it_alone_within_the_deadline() {
+    let sim = Sim::new(&hanging(60_000, &[]));
+    let started = std::time::Instant::now();
+    let run = crate::util::Run::from(
+        sim.gpuctl(&["reset", "--compute-mode", "--json"])
+            .env("GPUCTL_NVML_TIMEOUT", "500ms")
+            .output()
+            .unwrap(),
+    );
+    let took = started.elapsed();
+    // Resolving the GPUs (their UUIDs) and the reset each wait at most the timeout.
+    assert!(took < std::time::Duration::from_secs(4), "took {took:?}");
+    assert_eq!(run.code, 1, "{run:?}");
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let gpus = doc["gpus"].as_array().unwrap();
+    assert_eq!(gpus[0]["items"][0]["outcome"], "done", "{doc}");
+    assert_eq!(gpus[1]["items"][0]["outcome"], "failed", "{doc}");
+    assert_eq!(
+        gpus[1]["items"][0]["error"], "not answering after 500ms",
+        "{doc}"
+    );
+}

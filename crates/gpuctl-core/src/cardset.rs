@@ -2,9 +2,9 @@
 //! epilogs do with nvidia-smi) and turning persistence mode on (`gpuctl enable
 //! --persistence`). Never resets the GPU itself.
 
-use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 use serde::Serialize;
 
 use crate::nvml::{Gpus, describe};
@@ -106,6 +106,8 @@ pub struct ItemResult {
 }
 
 /// Restores `items` on each GPU of `indices`; with `dry_run`, reports what would be reset.
+/// Each GPU's card settings are restored within the NVML timeout: a GPU that does not
+/// answer has every item failed, saying so.
 pub fn reset(
     gpus: &Gpus,
     indices: &[u32],
@@ -113,22 +115,36 @@ pub fn reset(
     dry_run: bool,
     peaks: Option<&PeakStore>,
 ) -> Vec<GpuItems> {
+    let wanted = items.to_vec();
+    let answers = gpus.on_each(indices, move |nvml, index| {
+        card_reset(nvml, index, &wanted, dry_run)
+    });
+    let silent = gpus.timeout().map_or_else(String::new, |limit| {
+        format!("not answering after {}", humantime::format_duration(limit))
+    });
     indices
         .iter()
-        .map(|&index| {
-            let device = gpus.nvml().device_by_index(index);
-            let uuid = device.as_ref().ok().and_then(|d| d.uuid().ok());
+        .zip(answers)
+        .map(|(&index, answer)| {
+            let (uuid, card) = answer.unwrap_or_else(|| {
+                let failed = ItemOutcome::Failed {
+                    error: silent.clone(),
+                };
+                (None, items.iter().map(|_| Some(failed.clone())).collect())
+            });
             let results = items
                 .iter()
-                .map(|&item| ItemResult {
+                .zip(card)
+                .map(|(&item, outcome)| ItemResult {
                     item,
-                    outcome: match (&device, dry_run) {
-                        (Err(error), _) => ItemOutcome::Failed {
-                            error: describe(error),
-                        },
-                        (Ok(_), true) => ItemOutcome::WouldDo,
-                        (Ok(_), false) => reset_item(gpus, index, uuid.as_deref(), item, peaks),
-                    },
+                    // Only peak marks are left: they are gpuctl's own, not the card's.
+                    outcome: outcome.unwrap_or_else(|| {
+                        if dry_run {
+                            ItemOutcome::WouldDo
+                        } else {
+                            reset_peaks(peaks, uuid.as_deref())
+                        }
+                    }),
                 })
                 .collect();
             GpuItems {
@@ -140,51 +156,78 @@ pub fn reset(
         .collect()
 }
 
-fn reset_item(
-    gpus: &Gpus,
+/// The card's part of a reset, on one GPU: its UUID, and each item's outcome (`None` for
+/// peak marks, which are not the card's).
+fn card_reset(
+    nvml: &Nvml,
     index: u32,
-    uuid: Option<&str>,
-    item: ResetItem,
-    peaks: Option<&PeakStore>,
-) -> ItemOutcome {
+    items: &[ResetItem],
+    dry_run: bool,
+) -> (Option<String>, Vec<Option<ItemOutcome>>) {
+    let device = nvml.device_by_index(index);
+    let uuid = device.as_ref().ok().and_then(|d| d.uuid().ok());
     // Setters take the device mutably; a fresh handle per item keeps each one independent.
     let card = |reset: fn(&mut Device<'_>) -> Result<(), NvmlError>| {
         ItemOutcome::of(
-            gpus.nvml()
-                .device_by_index(index)
+            nvml.device_by_index(index)
                 .and_then(|mut device| reset(&mut device)),
         )
     };
-    match item {
-        ResetItem::ApplicationClocks => card(|d| d.reset_applications_clocks()),
-        ResetItem::LockedClocks => card(|d| d.reset_gpu_locked_clocks()),
-        ResetItem::MemoryLockedClocks => card(|d| d.reset_mem_locked_clocks()),
-        ResetItem::ComputeMode => card(|d| d.set_compute_mode(ComputeMode::Default)),
-        ResetItem::AccountingPids => card(|d| d.clear_accounting_pids()),
-        ResetItem::PeakMarks => match (peaks, uuid) {
-            (Some(store), Some(uuid)) => match store.reset(uuid) {
-                Ok(()) => ItemOutcome::Done,
-                Err(error) => ItemOutcome::Failed { error },
-            },
-            (None, _) => ItemOutcome::Failed {
-                error: "no state directory for peak marks".into(),
-            },
-            (_, None) => ItemOutcome::Failed {
-                error: "the GPU's UUID cannot be read".into(),
-            },
+    let outcomes = items
+        .iter()
+        .map(|&item| match (&device, dry_run, item) {
+            (Err(error), _, _) => Some(ItemOutcome::Failed {
+                error: describe(error),
+            }),
+            (_, _, ResetItem::PeakMarks) => None,
+            (Ok(_), true, _) => Some(ItemOutcome::WouldDo),
+            (Ok(_), false, ResetItem::ApplicationClocks) => {
+                Some(card(|d| d.reset_applications_clocks()))
+            }
+            (Ok(_), false, ResetItem::LockedClocks) => Some(card(|d| d.reset_gpu_locked_clocks())),
+            (Ok(_), false, ResetItem::MemoryLockedClocks) => {
+                Some(card(|d| d.reset_mem_locked_clocks()))
+            }
+            (Ok(_), false, ResetItem::ComputeMode) => {
+                Some(card(|d| d.set_compute_mode(ComputeMode::Default)))
+            }
+            (Ok(_), false, ResetItem::AccountingPids) => Some(card(|d| d.clear_accounting_pids())),
+        })
+        .collect();
+    (uuid, outcomes)
+}
+
+fn reset_peaks(peaks: Option<&PeakStore>, uuid: Option<&str>) -> ItemOutcome {
+    match (peaks, uuid) {
+        (Some(store), Some(uuid)) => match store.reset(uuid) {
+            Ok(()) => ItemOutcome::Done,
+            Err(error) => ItemOutcome::Failed { error },
+        },
+        (None, _) => ItemOutcome::Failed {
+            error: "no state directory for peak marks".into(),
+        },
+        (_, None) => ItemOutcome::Failed {
+            error: "the GPU's UUID cannot be read".into(),
         },
     }
 }
 
-/// Turns persistence mode on for each GPU of `indices`.
+/// Turns persistence mode on for each GPU of `indices`, each within the NVML timeout.
 pub fn enable_persistence(gpus: &Gpus, indices: &[u32]) -> Vec<(u32, ItemOutcome)> {
+    let answers = gpus.on_each(indices, |nvml, index| match nvml.device_by_index(index) {
+        Ok(mut device) => ItemOutcome::of(device.set_persistent(true)),
+        Err(error) => ItemOutcome::of(Err(error)),
+    });
     indices
         .iter()
-        .map(|&index| {
-            let outcome = match gpus.nvml().device_by_index(index) {
-                Ok(mut device) => ItemOutcome::of(device.set_persistent(true)),
-                Err(error) => ItemOutcome::of(Err(error)),
-            };
+        .zip(answers)
+        .map(|(&index, answer)| {
+            let outcome = answer.unwrap_or_else(|| ItemOutcome::Failed {
+                error: format!(
+                    "not answering after {}",
+                    humantime::format_duration(gpus.timeout().unwrap_or_default())
+                ),
+            });
             (index, outcome)
         })
         .collect()

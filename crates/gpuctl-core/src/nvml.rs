@@ -234,24 +234,40 @@ impl Gpus {
 
     /// `read` of every GPU, by index, each within the timeout (`None`: no answer in time).
     fn per_gpu<T: Send + 'static>(&self, read: fn(&Nvml, u32) -> T) -> Result<Vec<Option<T>>> {
-        let count = self.count()?;
+        let indices: Vec<u32> = (0..self.count()?).collect();
+        Ok(self.on_each(&indices, read))
+    }
+
+    /// `work` on each GPU of `indices`, each on its own worker, all within one timeout;
+    /// `None` for a GPU that did not answer in time (or is still inside an earlier call).
+    /// Without a timeout, in turn on this thread.
+    pub fn on_each<T, F>(&self, indices: &[u32], work: F) -> Vec<Option<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&Nvml, u32) -> T + Clone + Send + 'static,
+    {
         let Some(limit) = self.timeout else {
-            return Ok((0..count)
-                .map(|index| Some(read(&self.nvml, index)))
-                .collect());
+            return indices
+                .iter()
+                .map(|&index| Some(work(&self.nvml, index)))
+                .collect();
         };
         let deadline = std::time::Instant::now() + limit;
-        let asked: Vec<_> = (0..count)
-            .map(|index| self.ask(index, move |nvml| read(nvml, index)))
+        let asked: Vec<_> = indices
+            .iter()
+            .map(|&index| {
+                let work = work.clone();
+                self.ask(index, move |nvml| work(nvml, index))
+            })
             .collect();
-        Ok(asked
+        asked
             .into_iter()
             .map(|answer| {
                 answer?
                     .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
                     .ok()
             })
-            .collect())
+            .collect()
     }
 
     /// The GPU memory NVML lists process `pid` as holding, summed over every GPU (a process

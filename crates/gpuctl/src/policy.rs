@@ -7,7 +7,7 @@ use anyhow::Result;
 use gpuctl_core::CoreError;
 use gpuctl_core::cardset;
 use gpuctl_core::config::{self, FractionInForce, FractionScope, Loaded, Origin};
-use gpuctl_core::nvml::Gpus;
+use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::settings::{self, EnvSetting, Shell};
 use serde::Serialize;
 
@@ -111,7 +111,8 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         })
         .collect();
     // Per GPU where NVML answers; without it, the entries that apply to every GPU.
-    let gpus: Vec<(u32, Option<String>)> = match Gpus::open() {
+    let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
+    let gpus: Vec<(u32, Option<String>)> = match Gpus::open_within(timeout) {
         Ok(gpus) => {
             let wanted: Vec<String> = args.gpu.iter().cloned().collect();
             let uuids = gpus.uuids()?;
@@ -211,8 +212,9 @@ struct PersistenceEntry {
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
     let loaded = config::load()?;
     let user = current_user();
+    let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
     let nvml = (args.persistence || !args.gpus.is_empty())
-        .then(Gpus::open)
+        .then(|| Gpus::open_within(timeout))
         .transpose()?;
     let indices = match &nvml {
         Some(gpus) => gpus.resolve(&args.gpus)?,

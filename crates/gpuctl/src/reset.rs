@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use gpuctl_core::cardset::{self, GpuItems, ResetItem};
-use gpuctl_core::nvml::Gpus;
+use gpuctl_core::config;
+use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use serde::Serialize;
 
@@ -37,7 +38,7 @@ pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
     } else {
         chosen
     };
-    let gpus = Gpus::open()?;
+    let gpus = Gpus::open_within(nvml::timeout(None, config::load()?.nvml_timeout())?)?;
     let indices = gpus.resolve(&args.gpus)?;
     let peaks = PeakStore::default_location();
     let results = cardset::reset(&gpus, &indices, &items, args.dry_run, peaks.as_ref());
