@@ -994,13 +994,13 @@ fn a_soak_under_injected_faults_and_hangs_kills_nothing_healthy_and_reclaims_eve
             sim.write(&scenario_of(hang_since.is_some(), &all));
             drop(done);
         }
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             let (mut run, gpu) = healthy.remove(0);
             run.crash();
             crashed.push((run, gpu, Instant::now()));
         }
         // GPU 1 stops answering every fourth round, for one round.
-        let hang = round % 4 == 0;
+        let hang = round.is_multiple_of(4);
         if hang_since.is_some() && !hang {
             answered_at = Instant::now();
         }
