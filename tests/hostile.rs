@@ -201,3 +201,30 @@ fn reset_of_a_gpu_that_does_not_answer_fails_it_alone_within_the_deadline() {
         "{doc}"
     );
 }
+
+#[test]
+fn bytes_that_are_not_utf8_are_shown_as_hex_in_tables_and_replaced_in_json() {
+    use std::os::unix::ffi::OsStrExt;
+    let job = Proc::spawn_with("sleep", "python3", &["train.py"], |command| {
+        command.arg(std::ffi::OsStr::from_bytes(b"--tag=\xff\xfe\x1bok"));
+    });
+    let pid = job.pid();
+    let path = format!("/proc/{pid}/cmdline");
+    crate::util::wait_until(std::time::Duration::from_secs(10), || {
+        std::fs::read(&path).is_ok_and(|bytes| bytes.ends_with(b"ok\0"))
+    });
+    let sim = Sim::new(&scenario(&[(pid, 1024)]));
+    let table = sim.run(&["info", "--color", "never"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert_terminal_safe(&table.stdout);
+    assert!(
+        table.stdout.contains("train.py --tag=\\xff\\xfe\\eok"),
+        "{}",
+        table.stdout
+    );
+    let doc = sim.json(&["info"]);
+    assert_eq!(
+        command_of(&doc, pid),
+        "python3 train.py --tag=\u{fffd}\u{fffd}\u{1b}ok"
+    );
+}

@@ -156,19 +156,24 @@ impl Gpus {
         read: impl FnOnce(&Nvml) -> T + Send + 'static,
     ) -> Option<mpsc::Receiver<T>> {
         let (answer, answered) = mpsc::channel();
-        self.run_on(Some(index), move |nvml| {
-            let _ = answer.send(read(nvml));
+        self.run_on(Some(index), move |nvml, release| {
+            let read = read(nvml);
+            // Free before answering: whoever gets the answer may ask this worker again.
+            release();
+            let _ = answer.send(read);
         })
         .then_some(answered)
     }
 
     /// Runs `job` on a worker: GPU `index`'s, or with `None` the one that reads every GPU in
-    /// turn when none is stuck (one hand-over a snapshot instead of one a GPU). False when
-    /// that worker is still inside an earlier call, or cannot be started.
+    /// turn when none is stuck (one hand-over a snapshot instead of one a GPU). The job is
+    /// given `release`, which frees the worker for the next job: a job calls it before its
+    /// last answer (it is called after the job too). False when that worker is still inside
+    /// an earlier call, or cannot be started.
     pub(crate) fn run_on(
         &self,
         index: Option<u32>,
-        job: impl FnOnce(&Nvml) + Send + 'static,
+        job: impl FnOnce(&Nvml, &dyn Fn()) + Send + 'static,
     ) -> bool {
         let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
         // Slot 0 is the all-GPU worker; GPU i's is slot i + 1.
@@ -201,8 +206,9 @@ impl Gpus {
         }
         let busy = Arc::clone(&worker.busy);
         let job: Job = Box::new(move |nvml| {
-            job(nvml);
-            busy.store(false, Ordering::SeqCst);
+            let release = || busy.store(false, Ordering::SeqCst);
+            job(nvml, &release);
+            release();
         });
         if worker.jobs.send(job).is_err() {
             worker.busy.store(false, Ordering::SeqCst);

@@ -31,6 +31,9 @@ pub struct Target {
     pub(crate) comm: Option<String>,
     #[serde(skip)]
     pub(crate) argv0: Option<String>,
+    /// `command` as tables show it (bytes that are not UTF-8 as `\xNN`).
+    #[serde(skip)]
+    shown_command: String,
 }
 
 impl Target {
@@ -60,6 +63,7 @@ impl Target {
             uid: host.uid,
             user: host.user.clone(),
             command: host.display_command(),
+            shown_command: host.shown_command(),
             gpus: Vec::new(),
             used_bytes: Some(0),
             reasons: Vec::new(),
@@ -71,6 +75,12 @@ impl Target {
                 .and_then(|argv| argv.first())
                 .map(|a| a.rsplit('/').next().unwrap_or(a).to_string()),
         }
+    }
+
+    /// The command as a table shows it: bytes that are not UTF-8 as `\xNN` (`command`, in
+    /// JSON, has U+FFFD in their place).
+    pub fn shown_command(&self) -> &str {
+        &self.shown_command
     }
 
     pub fn identity(&self) -> Option<Identity> {

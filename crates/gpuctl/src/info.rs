@@ -435,7 +435,7 @@ fn row(process: &GpuProcess) -> Row {
     };
     // Everything a process or user chose is escaped (`render::safe`); the rest is ours.
     let command = if host.confirmed {
-        let command = render::safe(&host.display_command()).into_owned();
+        let command = render::safe(&host.shown_command()).into_owned();
         match &host.protection {
             Some(claim) if !claim.genuine => format!("[claims to be {}] {command}", claim.name),
             _ => command,

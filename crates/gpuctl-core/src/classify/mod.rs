@@ -357,6 +357,7 @@ mod tests {
                         owner: None,
                         cgroup: None,
                         protection: None,
+                        command_not_utf8: None,
                     }
                 } else {
                     HostProcess::unconfirmed("other namespace")

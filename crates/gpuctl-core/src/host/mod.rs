@@ -94,6 +94,11 @@ pub struct HostProcess {
     /// Whether it is the protected program it names itself after (see [`crate::protect`]);
     /// filled in by callers that show it (`gpuctl info`), `None` otherwise.
     pub protection: Option<Claimed>,
+    /// The command line with each byte that is not UTF-8 written as `\xNN`, where it has
+    /// any: what tables show. JSON carries `command` and `argv`, with U+FFFD in their place
+    /// (a JSON string holds only UTF-8).
+    #[serde(skip)]
+    pub command_not_utf8: Option<String>,
 }
 
 impl HostProcess {
@@ -116,6 +121,7 @@ impl HostProcess {
             owner: None,
             cgroup: None,
             protection: None,
+            command_not_utf8: None,
         }
     }
 
@@ -128,6 +134,25 @@ impl HostProcess {
             _ => "?".to_string(),
         }
     }
+
+    /// [`HostProcess::display_command`] with bytes that are not UTF-8 shown as `\xNN`.
+    pub fn shown_command(&self) -> String {
+        self.command_not_utf8
+            .clone()
+            .unwrap_or_else(|| self.display_command())
+    }
+}
+
+/// `bytes` as text, each byte that is not part of UTF-8 written as `\xNN`.
+pub fn escape_not_utf8(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    out
 }
 
 /// How user names are found: through NSS (getpwuid_r, so LDAP and SSSD users on shared servers
@@ -315,13 +340,25 @@ impl ProcView {
             }
         };
         // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
-        let argv: Vec<String> = read_relative(&process, "cmdline", pid)
-            .unwrap_or_default()
+        let cmdline = read_relative(&process, "cmdline", pid).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline
             .split(|&byte| byte == 0)
             .filter(|arg| !arg.is_empty())
+            .collect();
+        let argv: Vec<String> = args
+            .iter()
             .map(|arg| String::from_utf8_lossy(arg).into_owned())
             .collect();
         let command = (!argv.is_empty()).then(|| argv.join(" "));
+        let command_not_utf8 = args
+            .iter()
+            .any(|arg| std::str::from_utf8(arg).is_err())
+            .then(|| {
+                args.iter()
+                    .map(|arg| escape_not_utf8(arg))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
         let cgroup = read_relative(&process, "cgroup", pid)
             .ok()
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
@@ -344,6 +381,7 @@ impl ProcView {
             owner: cgroup.as_ref().map(|c| c.owner.clone()),
             cgroup: cgroup.map(|c| c.path),
             protection: None,
+            command_not_utf8,
         })
     }
 }
@@ -509,5 +547,12 @@ mod tests {
         )
         .unwrap();
         (child, line)
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_shown_as_hex() {
+        assert_eq!(escape_not_utf8(b"train.py"), "train.py");
+        assert_eq!(escape_not_utf8(b"a\xffb\xc3"), "a\\xffb\\xc3");
+        assert_eq!(escape_not_utf8("é✓".as_bytes()), "é✓");
     }
 }

@@ -334,9 +334,14 @@ fn read_gpus(
     let (answer, answers) = std::sync::mpsc::channel::<(usize, Read)>();
     let all = indices.to_vec();
     let all_answer = answer.clone();
-    let shared = gpus.run_on(None, move |nvml| {
+    let shared = gpus.run_on(None, move |nvml, release| {
+        let last = all.len().saturating_sub(1);
         for (at, index) in all.into_iter().enumerate() {
             let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
+            if at == last {
+                // Free before the last answer: the next snapshot may follow at once.
+                release();
+            }
             if all_answer.send((at, read)).is_err() {
                 return; // the snapshot is over: nobody waits for the rest
             }
@@ -359,11 +364,10 @@ fn read_gpus(
             continue;
         }
         let answer = answer.clone();
-        gpus.run_on(Some(index), move |nvml| {
-            let _ = answer.send((
-                at,
-                read_gpu(nvml, index, since_us, only_memory_and_processes),
-            ));
+        gpus.run_on(Some(index), move |nvml, release| {
+            let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
+            release();
+            let _ = answer.send((at, read));
         });
     }
     drop(answer);
