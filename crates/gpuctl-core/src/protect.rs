@@ -278,6 +278,30 @@ mod tests {
         }
     }
 
+    /// `/usr/bin/sleep` (or `/bin/sleep`) started as `argv0`, once it runs that binary.
+    fn system_sleep(argv0: &str) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("no sleep binary in /usr/bin or /bin");
+        let child = std::process::Command::new(sleep)
+            .arg0(argv0)
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Until exec, its exe is this test's.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|exe| !exe.to_string_lossy().contains("sleep"))
+        {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child
+    }
+
     #[test]
     fn names_are_claimed_by_comm_cut_to_15_or_by_argv0() {
         let protection = Protection::built_in();
@@ -320,27 +344,8 @@ mod tests {
     /// root-owned directory is not enough, the file must be the program.
     #[test]
     fn a_system_binary_renamed_is_an_impostor() {
-        use std::os::unix::process::CommandExt;
-        let Some(sleep) = ["/usr/bin/sleep", "/bin/sleep"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-        else {
-            panic!("no sleep binary in /usr/bin or /bin");
-        };
-        let mut child = std::process::Command::new(sleep)
-            .arg0("nvidia-persistenced")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = system_sleep("nvidia-persistenced");
         let pid = child.id();
-        // Until exec, its exe is this test's.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while fs::read_link(format!("/proc/{pid}/exe"))
-            .is_ok_and(|exe| !exe.to_string_lossy().contains("sleep"))
-        {
-            assert!(std::time::Instant::now() < deadline);
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let judged = Protection::built_in().judge(&claimant(pid, "sleep", "nvidia-persistenced"));
         child.kill().unwrap();
         child.wait().unwrap();
@@ -352,29 +357,13 @@ mod tests {
 
     #[test]
     fn a_genuine_system_binary_under_its_own_name_is_protected() {
-        use std::os::unix::process::CommandExt;
-        let Some(sleep) = ["/usr/bin/sleep", "/bin/sleep"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-        else {
-            panic!("no sleep binary in /usr/bin or /bin");
-        };
-        if fs::metadata(sleep).is_ok_and(|meta| trusted(&meta).is_err()) {
-            panic!("{sleep} is not root's: this machine's system directories are not");
-        }
-        let mut child = std::process::Command::new(sleep)
-            .arg0("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = system_sleep("sleep");
+        let exe = fs::metadata(format!("/proc/{}/exe", child.id())).unwrap();
+        assert!(
+            trusted(&exe).is_ok(),
+            "the system's sleep is not root's: this machine's system directories are not"
+        );
         let pid = child.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while fs::read_link(format!("/proc/{pid}/exe"))
-            .is_ok_and(|exe| !exe.to_string_lossy().contains("sleep"))
-        {
-            assert!(std::time::Instant::now() < deadline);
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let protection = Protection::default().with(&["sleep".to_string()], &[]);
         let judged = protection.judge(&claimant(pid, "sleep", "sleep"));
         // A program with its own users refuses anyone else.
