@@ -114,6 +114,8 @@ impl Gpus {
     /// Loads and initialises NVML, waiting at most `timeout` for the driver to answer (a
     /// sick GPU can block initialisation too), and bounds every later per-GPU read by it.
     pub fn open_within(timeout: Duration) -> Result<Gpus> {
+        // Before the first thread: growing the table later waits on RCU (see the function).
+        crate::sys::limits::reserve_descriptors(1024);
         let library = library_path();
         let (answer, answered) = mpsc::channel();
         let opening = library.clone();

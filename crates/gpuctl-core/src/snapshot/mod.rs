@@ -330,34 +330,44 @@ fn read_gpus(
     };
     let started = Instant::now();
     let deadline = started + limit;
-    let mut reads: Vec<Option<Read>> = indices.iter().map(|_| None).collect();
-    let (answer, answers) = std::sync::mpsc::channel::<(usize, Read)>();
+    // The shared worker fills `done` as it goes and says so once, at the end: one wake-up
+    // of this thread a snapshot (waking an idle core costs far more than the hand-over on
+    // a VM). If it is not done at half the deadline, what it read so far is taken from
+    // `done`, and the rest get a worker each.
+    let done: Arc<std::sync::Mutex<Vec<Option<Read>>>> = Arc::new(std::sync::Mutex::new(
+        indices.iter().map(|_| None).collect(),
+    ));
+    let (finished, finish) = std::sync::mpsc::channel::<()>();
     let all = indices.to_vec();
-    let all_answer = answer.clone();
+    let filling = Arc::clone(&done);
     let shared = gpus.run_on(None, move |nvml, release| {
-        let last = all.len().saturating_sub(1);
         for (at, index) in all.into_iter().enumerate() {
             let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
-            if at == last {
-                // Free before the last answer: the next snapshot may follow at once.
-                release();
-            }
-            if all_answer.send((at, read)).is_err() {
-                return; // the snapshot is over: nobody waits for the rest
+            // Gone once the snapshot took what was read by half its deadline.
+            if let Some(slot) = filling
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(at)
+            {
+                *slot = Some(read);
             }
         }
+        // Free before saying so: the next snapshot may follow at once.
+        release();
+        let _ = finished.send(());
     });
-    let mut missing = if shared { indices.len() } else { 0 };
-    let halfway = started + limit / 2;
-    while missing > 0 {
-        let Ok((at, read)) =
-            answers.recv_timeout(halfway.saturating_duration_since(Instant::now()))
-        else {
-            break;
-        };
-        reads[at].get_or_insert(read);
-        missing -= 1;
+    if shared {
+        let _ = finish.recv_timeout(limit / 2);
     }
+    let mut reads: Vec<Option<Read>> =
+        std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
+    if reads.iter().all(Option::is_some) {
+        return reads
+            .into_iter()
+            .map(|read| read.expect("every GPU was read"))
+            .collect();
+    }
+    let (answer, answers) = std::sync::mpsc::channel::<(usize, Read)>();
     // The rest, one worker each (all of them when the shared worker is stuck itself).
     for (at, &index) in indices.iter().enumerate() {
         if reads[at].is_some() {
