@@ -63,12 +63,7 @@ impl Guard {
             ));
         }
         // Protected by what it is, not by the name it gives itself (see crate::protect).
-        let claimant = Claimant {
-            pid,
-            uid: target.uid,
-            comm: target.comm.as_deref(),
-            argv0: target.argv0.as_deref(),
-        };
+        let claimant = Claimant::of(pid, &target.host);
         if let Claim::Genuine(name) = self.protection.judge(&claimant) {
             return Some(format!("protected: {name}"));
         }

@@ -20,7 +20,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use crate::host::{Claimed, HostProcess};
 
 /// A program that is never signalled, and the users it may run as (none listed: any user).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,18 @@ pub struct Claimant<'a> {
     pub argv0: Option<&'a str>,
 }
 
+impl<'a> Claimant<'a> {
+    /// What process `pid`, with these host facts, says it is.
+    pub fn of(pid: u32, host: &'a HostProcess) -> Claimant<'a> {
+        Claimant {
+            pid,
+            uid: host.uid,
+            comm: host.comm.as_deref(),
+            argv0: host.argv0_name(),
+        }
+    }
+}
+
 /// Whether a process is one of the protected programs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -98,15 +110,6 @@ impl Claim {
             }),
         }
     }
-}
-
-/// A claim as reports carry it (`gpuctl info --json`'s `protection`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Claimed {
-    pub name: String,
-    pub genuine: bool,
-    /// Why it is not the program; `None` when it is.
-    pub why: Option<String>,
 }
 
 /// The programs never signalled, and the users whose processes automatic reclaim spares.

@@ -3,12 +3,14 @@
 //! every process chosen is a [`Target`] carrying why it was chosen.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::act::Identity;
 use crate::classify::{Finding, Remedy, Verdict};
+use crate::host::HostProcess;
 use crate::owner::Owner;
 use crate::snapshot::{GpuProcess, Snapshot};
 
@@ -25,15 +27,9 @@ pub struct Target {
     pub used_bytes: Option<u64>,
     /// Why it was selected: the findings' reasons, or the selectors it matched.
     pub reasons: Vec<String>,
+    /// What the host knows of it (owner, command name, argv[0]), shared with the snapshot.
     #[serde(skip)]
-    pub(crate) owner: Option<Owner>,
-    #[serde(skip)]
-    pub(crate) comm: Option<String>,
-    #[serde(skip)]
-    pub(crate) argv0: Option<String>,
-    /// `command` as tables show it (bytes that are not UTF-8 as `\xNN`).
-    #[serde(skip)]
-    shown_command: String,
+    pub(crate) host: Arc<HostProcess>,
 }
 
 impl Target {
@@ -63,24 +59,17 @@ impl Target {
             uid: host.uid,
             user: host.user.clone(),
             command: host.display_command(),
-            shown_command: host.shown_command(),
             gpus: Vec::new(),
             used_bytes: Some(0),
             reasons: Vec::new(),
-            owner: host.owner.clone(),
-            comm: host.comm.clone(),
-            argv0: host
-                .argv
-                .as_ref()
-                .and_then(|argv| argv.first())
-                .map(|a| a.rsplit('/').next().unwrap_or(a).to_string()),
+            host: Arc::clone(host),
         }
     }
 
     /// The command as a table shows it: bytes that are not UTF-8 as `\xNN` (`command`, in
     /// JSON, has U+FFFD in their place).
-    pub fn shown_command(&self) -> &str {
-        &self.shown_command
+    pub fn shown_command(&self) -> String {
+        self.host.shown_command()
     }
 
     pub fn identity(&self) -> Option<Identity> {
@@ -345,6 +334,7 @@ pub fn select(
         }
         if selector.owners.as_ref().is_some_and(|owners| {
             !target
+                .host
                 .owner
                 .as_ref()
                 .is_some_and(|owner| owners.iter().any(|m| m.matches(owner)))
@@ -412,7 +402,7 @@ fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> V
             older.as_secs()
         ));
     }
-    if let (true, Some(owner)) = (selector.owners.is_some(), &target.owner) {
+    if let (true, Some(owner)) = (selector.owners.is_some(), &target.host.owner) {
         matched.push(format!("selected: owner {}", owner.label()));
     }
     if matched.is_empty() && !selector.stale && selector.all {

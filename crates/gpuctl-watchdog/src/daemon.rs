@@ -1048,17 +1048,7 @@ impl Daemon {
             let Some(ticks) = host.start_ticks else {
                 continue;
             };
-            let argv0 = host
-                .argv
-                .as_ref()
-                .and_then(|argv| argv.first())
-                .map(|a| a.rsplit('/').next().unwrap_or(a));
-            let claimant = Claimant {
-                pid: process.pid,
-                uid: host.uid,
-                comm: host.comm.as_deref(),
-                argv0,
-            };
+            let claimant = Claimant::of(process.pid, host);
             if protection.claimed(&claimant).is_none() {
                 continue;
             }

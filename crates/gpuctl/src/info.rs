@@ -141,17 +141,7 @@ fn mark_claims(snapshot: &mut Snapshot, protection: &Protection) {
         if !host.confirmed {
             continue;
         }
-        let argv0 = host
-            .argv
-            .as_ref()
-            .and_then(|argv| argv.first())
-            .map(|a| a.rsplit('/').next().unwrap_or(a).to_string());
-        let claimant = Claimant {
-            pid: process.pid,
-            uid: host.uid,
-            comm: host.comm.as_deref(),
-            argv0: argv0.as_deref(),
-        };
+        let claimant = Claimant::of(process.pid, host);
         if protection.claimed(&claimant).is_none() {
             continue;
         }

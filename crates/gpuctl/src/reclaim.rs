@@ -327,7 +327,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                         Some(reason) => format!("skipped: {}", render::safe(reason)),
                         None => o.summary(),
                     },
-                    render::safe(t.shown_command()).into_owned(),
+                    render::safe(&t.shown_command()).into_owned(),
                 ]
             })
             .collect();

@@ -16,7 +16,6 @@ use procfs::process::{Process, Status};
 use serde::Serialize;
 
 use crate::owner::{Owner, parse_cgroup};
-use crate::protect::Claimed;
 use crate::sys::procfile;
 
 /// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
@@ -101,6 +100,16 @@ pub struct HostProcess {
     pub command_not_utf8: Option<String>,
 }
 
+/// A claim as reports carry it (`gpuctl info --json`'s `protection`): whether it is
+/// the protected program it names itself after, as [`crate::protect`] judges it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Claimed {
+    pub name: String,
+    pub genuine: bool,
+    /// Why it is not the program; `None` when it is.
+    pub why: Option<String>,
+}
+
 impl HostProcess {
     pub fn unconfirmed(reason: impl Into<String>) -> HostProcess {
         HostProcess {
@@ -133,6 +142,12 @@ impl HostProcess {
             (_, Some(comm)) => format!("[{comm}]"),
             _ => "?".to_string(),
         }
+    }
+
+    /// The basename of argv[0], which a process chooses for itself (`exec -a`).
+    pub fn argv0_name(&self) -> Option<&str> {
+        let argv0 = self.argv.as_ref()?.first()?;
+        Some(argv0.rsplit('/').next().unwrap_or(argv0))
     }
 
     /// [`HostProcess::display_command`] with bytes that are not UTF-8 shown as `\xNN`.
