@@ -36,7 +36,9 @@ struct InfoDocument<'a> {
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let started = Instant::now();
-    let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured_timeout())?)?;
+    let loaded = readable_config();
+    let configured = loaded.as_ref().and_then(config::Loaded::nvml_timeout);
+    let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
     let opened = started.elapsed();
     let options = SnapshotOptions {
         gpus: (!args.gpus.is_empty())
@@ -45,7 +47,10 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         ..SnapshotOptions::default()
     };
     let peaks = PeakStore::default_location();
-    let protection = protection();
+    // The programs `kill`, `clear` and the watchdog never signal.
+    let protection = loaded.as_ref().map_or_else(Protection::built_in, |loaded| {
+        Protection::configured(&loaded.protect())
+    });
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
         mark_claims(&mut snapshot, &protection);
@@ -118,19 +123,11 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
     exit
 }
 
-/// The configuration's `nvml_timeout`, where the configuration can be read.
-fn configured_timeout() -> Option<Duration> {
-    config::load().ok().and_then(|loaded| loaded.nvml_timeout())
-}
-
-/// The programs `kill`, `clear` and the watchdog never signal: the built-in ones and the
-/// configuration's `[protect]` commands, where the configuration can be read (`kill` and
-/// `clear` refuse to run with one that cannot; `info` still shows the GPUs).
-fn protection() -> Protection {
-    match config::load() {
-        Ok(loaded) => Protection::configured(&loaded.protect()),
-        Err(_) => Protection::built_in(),
-    }
+/// The configuration, where it can be read: `info` takes its `nvml_timeout` and `[protect]`
+/// commands from it, and still shows the GPUs with one that cannot be read (`kill` and
+/// `clear` refuse to run then).
+fn readable_config() -> Option<config::Loaded> {
+    config::load().ok()
 }
 
 /// Says, for each process that names itself after a protected program, whether it is that

@@ -26,16 +26,13 @@ use gpuctl::cli::{ClearArgs, KillArgs, SignalArgs};
 /// Per-process utilization is read over this window: activity in it is evidence of life.
 const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 
-/// The built-in protected commands and the configuration's `[protect]` lists.
-fn protection() -> Result<Protection> {
-    Ok(Protection::configured(&config::load()?.protect()))
-}
-
 /// NVML, every per-GPU call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the
 /// configuration's nvml_timeout, 10 s).
-fn open_gpus() -> Result<Gpus> {
-    let configured = config::load()?.nvml_timeout();
-    Ok(Gpus::open_within(nvml::timeout(None, configured)?)?)
+fn open_gpus(loaded: &config::Loaded) -> Result<Gpus> {
+    Ok(Gpus::open_within(nvml::timeout(
+        None,
+        loaded.nvml_timeout(),
+    )?)?)
 }
 
 fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
@@ -86,7 +83,8 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         .iter()
         .map(|user| resolve_user(user))
         .collect::<Result<Vec<u32>>>()?;
-    let gpus = open_gpus()?;
+    let loaded = config::load()?;
+    let gpus = open_gpus(&loaded)?;
     let mut criteria = Vec::new();
     if let Some(indices) = resolve_gpus(&gpus, &args.gpus)? {
         criteria.push(Criterion::Gpus(indices));
@@ -121,7 +119,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let (snapshot, findings) = classified(&gpus, &Policy::default())?;
     let (targets, refused) = select::select(&snapshot, &findings, &selector);
     // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let guard = Guard::for_this_process(protection()?.programs_only());
+    let guard = Guard::for_this_process(Protection::configured(&loaded.protect()).programs_only());
 
     if targets.is_empty() && refused.is_empty() {
         eprintln!("gpuctl: no GPU process matches the selection");
@@ -150,14 +148,15 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
 }
 
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
-    let gpus = open_gpus()?;
+    let loaded = config::load()?;
+    let gpus = open_gpus(&loaded)?;
     let selected = resolve_gpus(&gpus, &args.gpus)?;
     let policy = Policy {
         include_stopped: args.include_stopped,
         ..Policy::default()
     };
     let (snapshot, findings) = classified(&gpus, &policy)?;
-    let guard = Guard::for_this_process(protection()?);
+    let guard = Guard::for_this_process(Protection::configured(&loaded.protect()));
     // Leftovers of dead runs; clear enforces no policy.
     let leftovers: Vec<Finding> = findings
         .iter()
