@@ -254,13 +254,27 @@ impl Gpus {
         T: Send + 'static,
         F: Fn(&Nvml, u32) -> T + Clone + Send + 'static,
     {
-        let Some(limit) = self.timeout else {
+        let deadline = self.timeout.map(|limit| std::time::Instant::now() + limit);
+        self.on_each_until(indices, deadline, work)
+    }
+
+    /// [`Gpus::on_each`] with the deadline given (`None`: in turn on this thread).
+    pub(crate) fn on_each_until<T, F>(
+        &self,
+        indices: &[u32],
+        deadline: Option<std::time::Instant>,
+        work: F,
+    ) -> Vec<Option<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&Nvml, u32) -> T + Clone + Send + 'static,
+    {
+        let Some(deadline) = deadline else {
             return indices
                 .iter()
                 .map(|&index| Some(work(&self.nvml, index)))
                 .collect();
         };
-        let deadline = std::time::Instant::now() + limit;
         let asked: Vec<_> = indices
             .iter()
             .map(|&index| {

@@ -322,18 +322,21 @@ fn read_gpus(
     only_memory_and_processes: bool,
 ) -> Vec<(GpuSnapshot, Vec<Listed>)> {
     type Read = (GpuSnapshot, Vec<Listed>);
+    let read = move |nvml: &nvml_wrapper::Nvml, index: u32| {
+        read_gpu(nvml, index, since_us, only_memory_and_processes)
+    };
     let Some(limit) = gpus.timeout() else {
-        return indices
-            .iter()
-            .map(|&i| read_gpu(gpus.nvml(), i, since_us, only_memory_and_processes))
+        return gpus
+            .on_each(indices, read)
+            .into_iter()
+            .map(|read| read.expect("read in turn"))
             .collect();
     };
-    let started = Instant::now();
-    let deadline = started + limit;
+    let deadline = Instant::now() + limit;
     // The shared worker fills `done` as it goes and says so once, at the end: one wake-up
     // of this thread a snapshot (waking an idle core costs far more than the hand-over on
     // a VM). If it is not done at half the deadline, what it read so far is taken from
-    // `done`, and the rest get a worker each.
+    // `done`, and the rest get a worker each for the other half.
     let done: Arc<std::sync::Mutex<Vec<Option<Read>>>> = Arc::new(std::sync::Mutex::new(
         indices.iter().map(|_| None).collect(),
     ));
@@ -342,7 +345,7 @@ fn read_gpus(
     let filling = Arc::clone(&done);
     let shared = gpus.run_on(None, move |nvml, release| {
         for (at, index) in all.into_iter().enumerate() {
-            let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
+            let read = read(nvml, index);
             // Gone once the snapshot took what was read by half its deadline.
             if let Some(slot) = filling
                 .lock()
@@ -361,32 +364,14 @@ fn read_gpus(
     }
     let mut reads: Vec<Option<Read>> =
         std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
-    if reads.iter().all(Option::is_some) {
-        return reads
-            .into_iter()
-            .map(|read| read.expect("every GPU was read"))
-            .collect();
-    }
-    let (answer, answers) = std::sync::mpsc::channel::<(usize, Read)>();
-    // The rest, one worker each (all of them when the shared worker is stuck itself).
-    for (at, &index) in indices.iter().enumerate() {
-        if reads[at].is_some() {
-            continue;
-        }
-        let answer = answer.clone();
-        gpus.run_on(Some(index), move |nvml, release| {
-            let read = read_gpu(nvml, index, since_us, only_memory_and_processes);
-            release();
-            let _ = answer.send((at, read));
-        });
-    }
-    drop(answer);
-    while reads.iter().any(Option::is_none) {
-        match answers.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((at, read)) => {
-                reads[at].get_or_insert(read);
-            }
-            Err(_) => break,
+    let missing: Vec<usize> = (0..indices.len())
+        .filter(|&at| reads[at].is_none())
+        .collect();
+    if !missing.is_empty() {
+        let missing_indices: Vec<u32> = missing.iter().map(|&at| indices[at]).collect();
+        let late = gpus.on_each_until(&missing_indices, Some(deadline), read);
+        for (at, read) in missing.into_iter().zip(late) {
+            reads[at] = read;
         }
     }
     reads
