@@ -30,57 +30,54 @@ fn with_sim(f: impl FnOnce(&mut Sim) -> nvmlReturn_t) -> nvmlReturn_t {
     }
 }
 
-/// `f` of the sim, if initialised.
-fn with_sim_value<T>(f: impl FnOnce(&mut Sim) -> T) -> Option<T> {
-    sim::lock().as_mut().map(f)
-}
-
 /// Runs `f` for a valid, present (not lost) device; checks `feature` is supported. A GPU
 /// with `hang_ms` blocks the call that long first, outside the sim's lock, so calls on other
-/// GPUs go on meanwhile (as a real driver lets them, mostly).
+/// GPUs go on meanwhile (as a real driver lets them, mostly). The scenario is read again
+/// while blocked: lowering hang_ms (to 0) lets blocked calls answer, as a GPU that recovers
+/// does. A call that does not hang takes the lock once.
 fn with_dev(
     device: nvmlDevice_t,
     feature: Option<Feature>,
     f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
-    // The scenario is read again while blocked: lowering hang_ms (to 0) lets blocked calls
-    // answer, as a GPU that recovers does.
     let started = std::time::Instant::now();
+    let mut f = Some(f);
     loop {
-        let hang_ms = with_sim_value(|s| {
-            let index = index_of(device)?;
+        let mut blocked_for = None;
+        let code = with_sim(|s| {
+            let Some(index) = index_of(device) else {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            };
             s.refresh();
-            (index < s.scenario.gpus.len()).then(|| s.gpu(index).hang_ms)
-        })
-        .flatten()
-        .unwrap_or(0);
-        let hang = std::time::Duration::from_millis(hang_ms);
-        let Some(left) = hang
-            .checked_sub(started.elapsed())
-            .filter(|left| !left.is_zero())
-        else {
-            break;
-        };
-        std::thread::sleep(left.min(std::time::Duration::from_millis(20)));
+            if index >= s.scenario.gpus.len() || s.gpu(index).lost {
+                return NVML_ERROR_GPU_IS_LOST;
+            }
+            let hang = std::time::Duration::from_millis(s.gpu(index).hang_ms);
+            if let Some(left) = hang
+                .checked_sub(started.elapsed())
+                .filter(|left| !left.is_zero())
+            {
+                blocked_for = Some(left);
+                return NVML_SUCCESS;
+            }
+            if let Some(fault) = s.inject_fault() {
+                return fault;
+            }
+            if let Some(feature) = feature
+                && !s.gpu(index).supports(feature)
+            {
+                return NVML_ERROR_NOT_SUPPORTED;
+            }
+            match f.take() {
+                Some(f) => f(s, index),
+                None => NVML_ERROR_UNKNOWN,
+            }
+        });
+        match blocked_for {
+            Some(left) => std::thread::sleep(left.min(std::time::Duration::from_millis(20))),
+            None => return code,
+        }
     }
-    with_sim(|s| {
-        let Some(index) = index_of(device) else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        s.refresh();
-        if index >= s.scenario.gpus.len() || s.gpu(index).lost {
-            return NVML_ERROR_GPU_IS_LOST;
-        }
-        if let Some(fault) = s.inject_fault() {
-            return fault;
-        }
-        if let Some(feature) = feature
-            && !s.gpu(index).supports(feature)
-        {
-            return NVML_ERROR_NOT_SUPPORTED;
-        }
-        f(s, index)
-    })
 }
 
 /// Writes `v` through `p`; a null `p` is INVALID_ARGUMENT.
