@@ -602,14 +602,17 @@ impl Daemon {
         // A GPU that failed this read lists no processes: its leftovers are not gone, so
         // their grace goes on (a driver erring now and then must not restart it forever).
         // A complete snapshot forgets what it does not show.
-        let listed: PidSet<u32> = snapshot
-            .devices
-            .iter()
-            .flat_map(|g| g.processes.iter().map(|p| p.pid))
-            .collect();
-        let incomplete = seen.incomplete.is_some();
-        self.stale_since
-            .retain(|id, _| stale_ids.contains(id) || (incomplete && !listed.contains(&id.pid)));
+        if seen.incomplete.is_some() {
+            let listed: PidSet<u32> = snapshot
+                .devices
+                .iter()
+                .flat_map(|g| g.processes.iter().map(|p| p.pid))
+                .collect();
+            self.stale_since
+                .retain(|id, _| stale_ids.contains(id) || !listed.contains(&id.pid));
+        } else {
+            self.stale_since.retain(|id, _| stale_ids.contains(id));
+        }
         for f in &stale {
             let Some(id) = f.identity else { continue };
             let since = match f.kind {
@@ -1019,14 +1022,18 @@ impl Daemon {
                 self.stopped_since.remove(&id);
             }
         }
-        let listed: PidSet<u32> = seen.iter().map(|id| id.pid).collect();
-        let unlisted = |id: &Identity| incomplete && !listed.contains(&id.pid);
-        self.parents
-            .retain(|id, _| seen.contains(id) || unlisted(id));
-        self.parent_died
-            .retain(|id| seen.contains(id) || unlisted(id));
-        self.stopped_since
-            .retain(|id, _| seen.contains(id) || unlisted(id));
+        // Only a complete snapshot shows that a process is gone (the pid set only then).
+        let listed: Option<PidSet<u32>> =
+            incomplete.then(|| seen.iter().map(|id| id.pid).collect());
+        let kept = |id: &Identity| {
+            seen.contains(id)
+                || listed
+                    .as_ref()
+                    .is_some_and(|listed| !listed.contains(&id.pid))
+        };
+        self.parents.retain(|id, _| kept(id));
+        self.parent_died.retain(|id| kept(id));
+        self.stopped_since.retain(|id, _| kept(id));
         History {
             parent_died: self.parent_died.clone(),
             stopped_for: self
