@@ -8,6 +8,7 @@ pub mod live;
 pub mod scenario;
 pub mod sim;
 pub mod state;
+pub mod trace;
 pub mod types;
 
 use std::sync::atomic::Ordering;
@@ -28,6 +29,7 @@ macro_rules! not_supported {
     ($($name:ident)*) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() -> nvmlReturn_t {
+            trace::gap(stringify!($name), trace::Gap::NotModelled);
             unmodelled()
         }
     )*};

@@ -54,13 +54,10 @@ not_supported! {
     nvmlDeviceGetDefaultEccMode
     nvmlDeviceGetDetailedEccErrors
     nvmlDeviceGetDeviceHandleFromMigDeviceHandle
-    nvmlDeviceGetDisplayActive
-    nvmlDeviceGetDisplayMode
     nvmlDeviceGetDramEncryptionMode
     nvmlDeviceGetDriverModel
     nvmlDeviceGetDriverModel_v2
     nvmlDeviceGetDynamicPstatesInfo
-    nvmlDeviceGetEccMode
     nvmlDeviceGetEncoderCapacity
     nvmlDeviceGetEncoderSessions
     nvmlDeviceGetEncoderStats
@@ -103,7 +100,6 @@ not_supported! {
     nvmlDeviceGetLastBBXFlushTime
     nvmlDeviceGetMarginTemperature
     nvmlDeviceGetMaxCustomerBoostClock
-    nvmlDeviceGetMaxMigDeviceCount
     nvmlDeviceGetMaxPcieLinkGeneration
     nvmlDeviceGetMaxPcieLinkWidth
     nvmlDeviceGetMemClkMinMaxVfOffset
@@ -113,7 +109,6 @@ not_supported! {
     nvmlDeviceGetMemoryErrorCounter
     nvmlDeviceGetMemoryLimits_v1  // pynvml
     nvmlDeviceGetMigDeviceHandleByIndex
-    nvmlDeviceGetMigMode
     nvmlDeviceGetMinMaxClockOfPState
     nvmlDeviceGetMinMaxFanSpeed
     nvmlDeviceGetModuleId
@@ -163,7 +158,6 @@ not_supported! {
     nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     nvmlDeviceGetSupportedClocksEventReasons
     nvmlDeviceGetSupportedClocksThrottleReasons
-    nvmlDeviceGetSupportedEventTypes
     nvmlDeviceGetSupportedGraphicsClocks
     nvmlDeviceGetSupportedMemoryClocks
     nvmlDeviceGetSupportedPerformanceStates
@@ -193,8 +187,6 @@ not_supported! {
     nvmlDeviceGetVgpuTypeSupportedPlacements
     nvmlDeviceGetVgpuUtilization
     nvmlDeviceGetViolationStatus
-    nvmlDeviceGetVirtualizationMode
-    nvmlDeviceIsMigDeviceHandle
     nvmlDeviceModifyDrainState
     nvmlDeviceOnSameBoard
     nvmlDevicePerfMetricsGetSamples_v1  // pynvml
@@ -204,7 +196,6 @@ not_supported! {
     nvmlDeviceQueryDrainState
     nvmlDeviceReadPRMCounters_v1  // pynvml
     nvmlDeviceReadWritePRM_v1
-    nvmlDeviceRegisterEvents
     nvmlDeviceRemoveGpu
     nvmlDeviceRemoveGpu_v2
     nvmlDeviceResetNvLinkErrorCounters
@@ -242,22 +233,17 @@ not_supported! {
     nvmlDeviceSetVgpuSchedulerState
     nvmlDeviceSetVgpuSchedulerState_v2  // pynvml
     nvmlDeviceSetVirtualizationMode
-    nvmlDeviceValidateInforom
     nvmlDeviceVgpuForceGspUnload  // pynvml
     nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1  // pynvml
-    nvmlEventSetCreate
-    nvmlEventSetFree
     nvmlEventSetGetContextCount_v1  // pynvml
     nvmlEventSetGetContextData_v1  // pynvml
     nvmlEventSetGetContextInfo_v1  // pynvml
     nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1  // pynvml
     nvmlEventSetRegisterGpuOperationalEvents_v1  // pynvml
-    nvmlEventSetWait
-    nvmlEventSetWait_v2
     nvmlEventSetWait_v3  // pynvml
     nvmlGetExcludedDeviceCount
     nvmlGetExcludedDeviceInfoByIndex

@@ -22,6 +22,10 @@ macro_rules! guard {
 
 const MIB: u64 = 1024 * 1024;
 
+mod board;
+mod events;
+mod internal;
+
 fn with_sim(f: impl FnOnce(&mut Sim) -> nvmlReturn_t) -> nvmlReturn_t {
     let mut guard = sim::lock();
     match guard.as_mut() {
@@ -242,33 +246,34 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvm
 }
 
 /// The process's name as the driver gives it: argv[0] from /proc/PID/cmdline, else comm.
+fn process_name(pid: c_uint) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            let first = c.split(|b| *b == 0).next()?.to_vec();
+            (!first.is_empty()).then(|| String::from_utf8_lossy(&first).into_owned())
+        })
+        .or_else(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| c.trim_end().to_string())
+        })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetProcessName(
     pid: c_uint,
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_sim(|_| {
-        let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .ok()
-            .and_then(|c| {
-                let first = c.split(|b| *b == 0).next()?.to_vec();
-                (!first.is_empty()).then(|| String::from_utf8_lossy(&first).into_owned())
-            })
-            .or_else(|| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .ok()
-                    .map(|c| c.trim_end().to_string())
-            });
-        match argv0 {
-            None => NVML_ERROR_NOT_FOUND,
-            Some(n) => {
-                let n: String = n
-                    .chars()
-                    .take((length as usize).saturating_sub(1))
-                    .collect();
-                unsafe { put_str(name, length, &n) }
-            }
+    guard!(with_sim(|_| match process_name(pid) {
+        None => NVML_ERROR_NOT_FOUND,
+        Some(n) => {
+            let n: String = n
+                .chars()
+                .take((length as usize).saturating_sub(1))
+                .collect();
+            unsafe { put_str(name, length, &n) }
         }
     }))
 }

@@ -1,0 +1,115 @@
+//! Board facts and modes that nvidia-smi reads for every GPU. None has a scenario key: each
+//! answers what a non-MIG HGX H100/H200 answers, and is named in `NVML_SIM_TRACE` as a
+//! default.
+
+use super::*;
+use crate::trace::{self, Gap};
+
+/// `with_dev` for an answer that does not come from the scenario: traced as a default.
+fn fixed(
+    name: &str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    trace::gap(name, Gap::Default);
+    with_dev(device, None, f)
+}
+
+const DISABLED: c_uint = 0;
+const ENABLED: c_uint = 1;
+
+/// No display is attached to a data-center GPU.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDisplayActive(
+    d: nvmlDevice_t,
+    active: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetDisplayActive", d, |_, _| unsafe {
+        put(active, DISABLED)
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDisplayMode(
+    d: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetDisplayMode", d, |_, _| unsafe {
+        put(mode, DISABLED)
+    }))
+}
+
+/// HBM GPUs ship with ECC on, and it cannot be turned off on H100/H200 HBM3.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEccMode(
+    d: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetEccMode", d, |_, _| {
+        if current.is_null() || pending.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe {
+            put(current, ENABLED);
+            put(pending, ENABLED)
+        }
+    }))
+}
+
+/// MIG is off (current and pending).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    d: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetMigMode", d, |_, _| {
+        if current.is_null() || pending.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe {
+            put(current, DISABLED);
+            put(pending, DISABLED)
+        }
+    }))
+}
+
+/// "Returns zero if MIG is not supported or enabled" (nvml.h).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetMaxMigDeviceCount", d, |_, _| unsafe {
+        put(count, 0)
+    }))
+}
+
+/// Every handle the sim gives out is a whole GPU.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    d: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceIsMigDeviceHandle", d, |_, _| unsafe {
+        put(is_mig, 0)
+    }))
+}
+
+/// Bare metal: NVML_GPU_VIRTUALIZATION_MODE_NONE.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
+    d: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceGetVirtualizationMode", d, |_, _| unsafe {
+        put(mode, 0)
+    }))
+}
+
+/// The inforom checksum is valid.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceValidateInforom(d: nvmlDevice_t) -> nvmlReturn_t {
+    guard!(fixed("nvmlDeviceValidateInforom", d, |_, _| NVML_SUCCESS))
+}

@@ -1,0 +1,200 @@
+//! nvidia-smi's private entry points: the export table behind `nvmlInternalGetExportTable`.
+//!
+//! nvidia-smi (535) asks the library for one private table (the id below) right after
+//! `nvmlInitWithFlags`, and refuses to run without it ("Mismatch in versions between
+//! nvidia-smi and NVML"). The table is an array of words: word 0 is its size in bytes, every
+//! other word a function pointer, called by position ("slot").
+//!
+//! How the slots were found: every slot gets its own trampoline (`slot::<N>`), and with
+//! `NVML_SIM_TRACE` set each slot that is called and not modelled is named once. Running
+//! nvidia-smi 535.309.01's views shows which slots each view calls and with what arguments
+//! (a slot's arguments are read as six machine words: what a SysV caller leaves in the
+//! argument registers, whatever it passed). A slot's meaning was then read from where its
+//! answer lands in the output. The modelled slots:
+//!
+//! | slot | called as | meaning |
+//! |---|---|---|
+//! | 26 | `(const char *fmt, ...)` | the library's debug log: nvidia-smi reports each step through it (`"nvidia-smi %s: %s\n"`); nothing is written |
+//! | 81 | `(unsigned index, nvmlDevice_t *out, 0x22)` | a handle by index, as `nvmlDeviceGetHandleByIndex_v2` |
+//! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below) |
+//!
+//! Every other slot answers NOT_SUPPORTED, which nvidia-smi prints as N/A, and is traced.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use super::*;
+use crate::trace::{self, Gap};
+
+/// The table id nvidia-smi 535 passes (16 bytes, as the CUDA export-table ids are).
+const SMI_TABLE_ID: [u8; 16] = [
+    0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4,
+];
+
+const SLOTS: usize = 256;
+const SLOT_LOG: usize = 26;
+const SLOT_HANDLE_BY_INDEX: usize = 81;
+const SLOT_COMPUTE_PROCESSES: usize = 213;
+const SLOT_GRAPHICS_PROCESSES: usize = 214;
+const SLOT_MPS_PROCESSES: usize = 215;
+
+/// One process record of slots 213–215: the numeric head of `nvmlProcessDetail_v1_t` (pid,
+/// used memory, GPU/compute instance ids, confidential-compute memory) and the process name
+/// inline, NUL-terminated. Found by stamping every word of a record with its own offset and
+/// reading back which offset each printed column came from. nvidia-smi drops a record with
+/// an empty name from the default view.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessRecord {
+    pid: c_uint,
+    _pad: c_uint,
+    used_bytes: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_protected_bytes: c_ulonglong,
+    name: [c_char; 4096],
+}
+
+pub(super) const RECORD_SIZE: usize = 4128;
+const _: () = {
+    assert!(std::mem::size_of::<ProcessRecord>() == RECORD_SIZE);
+    assert!(std::mem::offset_of!(ProcessRecord, used_bytes) == 8);
+    assert!(std::mem::offset_of!(ProcessRecord, gpu_instance_id) == 16);
+    assert!(std::mem::offset_of!(ProcessRecord, name) == 32);
+};
+
+type Args = [usize; 6];
+
+fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
+    match slot {
+        SLOT_LOG => NVML_SUCCESS,
+        // SAFETY (all three): nvidia-smi passes the pointers the slot's contract names.
+        SLOT_HANDLE_BY_INDEX => unsafe { by_index(a[0] as c_uint, a[1] as *mut nvmlDevice_t) },
+        SLOT_COMPUTE_PROCESSES => unsafe { process_list(a, is_compute) },
+        SLOT_GRAPHICS_PROCESSES => unsafe { process_list(a, is_graphics) },
+        SLOT_MPS_PROCESSES => unsafe { process_list(a, is_mps) },
+        _ => {
+            trace::gap(&format!("export table slot {slot}"), Gap::NotModelled);
+            unmodelled_slot()
+        }
+    }
+}
+
+fn unmodelled_slot() -> nvmlReturn_t {
+    crate::unmodelled()
+}
+
+unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> nvmlReturn_t {
+    let (device, count, out) = (
+        a[0] as nvmlDevice_t,
+        a[1] as *mut c_uint,
+        a[2] as *mut ProcessRecord,
+    );
+    with_dev(device, Some(Feature::Processes), |s, i| {
+        let records: Vec<ProcessRecord> = procs_of(s, i, want)
+            .into_iter()
+            .map(|p| ProcessRecord {
+                pid: p.pid,
+                _pad: 0,
+                used_bytes: p.used_bytes.unwrap_or(NVML_VALUE_NOT_AVAILABLE_ULL),
+                gpu_instance_id: NO_INSTANCE_ID,
+                compute_instance_id: NO_INSTANCE_ID,
+                used_protected_bytes: 0,
+                name: fill_chars(&process_name(p.pid).unwrap_or_default()),
+            })
+            .collect();
+        unsafe { put_list(count, out, &records) }
+    })
+}
+
+/// One trampoline per slot, so a call says which slot it came through.
+extern "C" fn slot<const N: usize>(
+    a0: usize,
+    a1: usize,
+    a2: usize,
+    a3: usize,
+    a4: usize,
+    a5: usize,
+) -> nvmlReturn_t {
+    guard!(dispatch(N, [a0, a1, a2, a3, a4, a5]))
+}
+
+type SlotFn = extern "C" fn(usize, usize, usize, usize, usize, usize) -> nvmlReturn_t;
+
+macro_rules! sixteen {
+    ($hi:literal) => {
+        [
+            slot::<{ $hi * 16 }> as SlotFn,
+            slot::<{ $hi * 16 + 1 }>,
+            slot::<{ $hi * 16 + 2 }>,
+            slot::<{ $hi * 16 + 3 }>,
+            slot::<{ $hi * 16 + 4 }>,
+            slot::<{ $hi * 16 + 5 }>,
+            slot::<{ $hi * 16 + 6 }>,
+            slot::<{ $hi * 16 + 7 }>,
+            slot::<{ $hi * 16 + 8 }>,
+            slot::<{ $hi * 16 + 9 }>,
+            slot::<{ $hi * 16 + 10 }>,
+            slot::<{ $hi * 16 + 11 }>,
+            slot::<{ $hi * 16 + 12 }>,
+            slot::<{ $hi * 16 + 13 }>,
+            slot::<{ $hi * 16 + 14 }>,
+            slot::<{ $hi * 16 + 15 }>,
+        ]
+    };
+}
+
+fn table() -> &'static [usize; SLOTS] {
+    static TABLE: OnceLock<[usize; SLOTS]> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let rows: [[SlotFn; 16]; 16] = [
+            sixteen!(0),
+            sixteen!(1),
+            sixteen!(2),
+            sixteen!(3),
+            sixteen!(4),
+            sixteen!(5),
+            sixteen!(6),
+            sixteen!(7),
+            sixteen!(8),
+            sixteen!(9),
+            sixteen!(10),
+            sixteen!(11),
+            sixteen!(12),
+            sixteen!(13),
+            sixteen!(14),
+            sixteen!(15),
+        ];
+        let mut words = [0usize; SLOTS];
+        for (word, f) in words.iter_mut().zip(rows.iter().flatten()) {
+            *word = *f as usize;
+        }
+        words[0] = SLOTS * std::mem::size_of::<usize>();
+        words
+    })
+}
+
+/// `nvmlReturn_t nvmlInternalGetExportTable(const void **table, const void *id)`: the table
+/// for nvidia-smi's id; any other id is one the sim does not know (INVALID_ARGUMENT, as the
+/// library answers an unknown id).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInternalGetExportTable(
+    out: *mut *const c_void,
+    id: *const c_void,
+) -> nvmlReturn_t {
+    guard!({
+        if out.is_null() || id.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: an export-table id is 16 bytes.
+        let id = unsafe { std::slice::from_raw_parts(id.cast::<u8>(), 16) };
+        if id != SMI_TABLE_ID {
+            trace::gap(
+                &format!("nvmlInternalGetExportTable({id:02x?})"),
+                Gap::NotModelled,
+            );
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { put(out, table().as_ptr().cast()) }
+    })
+}
