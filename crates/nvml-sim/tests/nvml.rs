@@ -530,7 +530,7 @@ fn size_query_conventions() {
     let name: Name = raw.f("nvmlDeviceGetName");
     let mem1: Mem1 = raw.f("nvmlDeviceGetMemoryInfo");
     let err_str: ErrStr = raw.f("nvmlErrorString");
-    let stub: Stub = raw.f("nvmlDeviceGetEccMode");
+    let stub: Stub = raw.f("nvmlDeviceGetVgpuUtilization");
     // SAFETY: calls with the C signatures of nvml.h and valid buffers.
     unsafe {
         let mut dev: Dev = std::ptr::null_mut();
