@@ -15,7 +15,6 @@ not_supported! {
     nvmlDeviceDiscoverGpus
     nvmlDeviceFreezeNvLinkUtilizationCounter
     nvmlDeviceGetAPIRestriction
-    nvmlDeviceGetAccountingBufferSize
     nvmlDeviceGetAccountingStats
     nvmlDeviceGetAccountingStats_v2  // pynvml
     nvmlDeviceGetActiveVgpus
@@ -27,30 +26,21 @@ not_supported! {
     nvmlDeviceGetAutoBoostedClocksEnabled
     nvmlDeviceGetBBXTimeData_v1  // pynvml
     nvmlDeviceGetBankRemapperStatus_v1  // pynvml
-    nvmlDeviceGetBoardId
-    nvmlDeviceGetBoardPartNumber
     nvmlDeviceGetBridgeChipInfo
     nvmlDeviceGetBusType
     nvmlDeviceGetC2cModeInfoV
     nvmlDeviceGetCapabilities
     nvmlDeviceGetClkMonStatus
-    nvmlDeviceGetClock
     nvmlDeviceGetClockOffsets
     nvmlDeviceGetComputeInstanceId
     nvmlDeviceGetConfComputeGpuAttestationReport
     nvmlDeviceGetConfComputeGpuCertificate
     nvmlDeviceGetConfComputeMemSizeInfo
-    nvmlDeviceGetConfComputeProtectedMemoryUsage
     nvmlDeviceGetCoolerInfo
     nvmlDeviceGetCpuAffinity
     nvmlDeviceGetCpuAffinityWithinScope
     nvmlDeviceGetCreatableVgpus
-    nvmlDeviceGetCurrPcieLinkGeneration
-    nvmlDeviceGetCurrPcieLinkWidth
     nvmlDeviceGetCurrentClockFreqs
-    nvmlDeviceGetCurrentClocksEventReasons
-    nvmlDeviceGetCurrentClocksThrottleReasons
-    nvmlDeviceGetDecoderUtilization
     nvmlDeviceGetDefaultEccMode
     nvmlDeviceGetDetailedEccErrors
     nvmlDeviceGetDeviceHandleFromMigDeviceHandle
@@ -60,16 +50,11 @@ not_supported! {
     nvmlDeviceGetDynamicPstatesInfo
     nvmlDeviceGetEncoderCapacity
     nvmlDeviceGetEncoderSessions
-    nvmlDeviceGetEncoderStats
-    nvmlDeviceGetEncoderUtilization
     nvmlDeviceGetFBCSessions
-    nvmlDeviceGetFBCStats
     nvmlDeviceGetFanControlPolicy_v2
     nvmlDeviceGetFanSpeedRPM
-    nvmlDeviceGetFieldValues
     nvmlDeviceGetGpcClkMinMaxVfOffset
     nvmlDeviceGetGpcClkVfOffset
-    nvmlDeviceGetGpuFabricInfo
     nvmlDeviceGetGpuFabricInfoV
     nvmlDeviceGetGpuFabricInfo_v4  // pynvml
     nvmlDeviceGetGpuInstanceById
@@ -81,38 +66,28 @@ not_supported! {
     nvmlDeviceGetGpuInstanceProfileInfoV
     nvmlDeviceGetGpuInstanceRemainingCapacity
     nvmlDeviceGetGpuInstances
-    nvmlDeviceGetGpuMaxPcieLinkGeneration
     nvmlDeviceGetGpuOperationMode
     nvmlDeviceGetGridLicensableFeatures
     nvmlDeviceGetGridLicensableFeatures_v2
     nvmlDeviceGetGridLicensableFeatures_v3
     nvmlDeviceGetGridLicensableFeatures_v4
     nvmlDeviceGetGspFirmwareMode
-    nvmlDeviceGetGspFirmwareVersion
     nvmlDeviceGetHandleByUUIDV
     nvmlDeviceGetHostVgpuMode
     nvmlDeviceGetHostname_v1  // pynvml
     nvmlDeviceGetInforomConfigurationChecksum
-    nvmlDeviceGetInforomImageVersion
-    nvmlDeviceGetInforomVersion
     nvmlDeviceGetIrqNum
-    nvmlDeviceGetJpgUtilization
     nvmlDeviceGetLastBBXFlushTime
     nvmlDeviceGetMarginTemperature
     nvmlDeviceGetMaxCustomerBoostClock
-    nvmlDeviceGetMaxPcieLinkGeneration
-    nvmlDeviceGetMaxPcieLinkWidth
     nvmlDeviceGetMemClkMinMaxVfOffset
     nvmlDeviceGetMemClkVfOffset
     nvmlDeviceGetMemoryAffinity
     nvmlDeviceGetMemoryBusWidth
-    nvmlDeviceGetMemoryErrorCounter
     nvmlDeviceGetMemoryLimits_v1  // pynvml
     nvmlDeviceGetMigDeviceHandleByIndex
     nvmlDeviceGetMinMaxClockOfPState
     nvmlDeviceGetMinMaxFanSpeed
-    nvmlDeviceGetModuleId
-    nvmlDeviceGetMultiGpuBoard
     nvmlDeviceGetNumFans
     nvmlDeviceGetNumGpuCores
     nvmlDeviceGetNumaNodeId
@@ -129,13 +104,10 @@ not_supported! {
     nvmlDeviceGetNvLinkVersion
     nvmlDeviceGetNvlinkBwMode
     nvmlDeviceGetNvlinkSupportedBwModes
-    nvmlDeviceGetOfaUtilization
     nvmlDeviceGetP2PStatus
     nvmlDeviceGetPciInfoExt
     nvmlDeviceGetPcieLinkMaxSpeed
-    nvmlDeviceGetPcieReplayCounter
     nvmlDeviceGetPcieSpeed
-    nvmlDeviceGetPcieThroughput
     nvmlDeviceGetPdi
     nvmlDeviceGetPerformanceModes
     nvmlDeviceGetPgpuMetadataString
@@ -145,33 +117,24 @@ not_supported! {
     nvmlDeviceGetPowerMizerMode_v1
     nvmlDeviceGetPowerSource
     nvmlDeviceGetPowerState
-    nvmlDeviceGetRemappedRows
     nvmlDeviceGetRemappedRows_v2  // pynvml
     nvmlDeviceGetRepairStatus
     nvmlDeviceGetRetiredPages
     nvmlDeviceGetRetiredPagesPendingStatus
     nvmlDeviceGetRetiredPages_v2
-    nvmlDeviceGetRowRemapperHistogram
     nvmlDeviceGetRunningProcessDetailList
-    nvmlDeviceGetSamples
-    nvmlDeviceGetSramEccErrorStatus
     nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
-    nvmlDeviceGetSupportedClocksEventReasons
-    nvmlDeviceGetSupportedClocksThrottleReasons
     nvmlDeviceGetSupportedGraphicsClocks
     nvmlDeviceGetSupportedMemoryClocks
     nvmlDeviceGetSupportedPerformanceStates
     nvmlDeviceGetSupportedVgpus
     nvmlDeviceGetTargetFanSpeed
-    nvmlDeviceGetTemperatureThreshold
     nvmlDeviceGetTemperatureV
     nvmlDeviceGetThermalSettings
     nvmlDeviceGetTopologyCommonAncestor
     nvmlDeviceGetTopologyNearestGpus
-    nvmlDeviceGetTotalEccErrors
     nvmlDeviceGetTotalEnergyConsumption
     nvmlDeviceGetUnrepairableMemoryFlag_v1  // pynvml
-    nvmlDeviceGetVbiosVersion
     nvmlDeviceGetVgpuCapabilities
     nvmlDeviceGetVgpuHeterogeneousMode
     nvmlDeviceGetVgpuInstancesUtilizationInfo

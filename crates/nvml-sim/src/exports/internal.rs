@@ -17,8 +17,19 @@
 //! | 26 | `(const char *fmt, ...)` | the library's debug log: nvidia-smi reports each step through it (`"nvidia-smi %s: %s\n"`); nothing is written |
 //! | 81 | `(unsigned index, nvmlDevice_t *out, 0x22)` | a handle by index, as `nvmlDeviceGetHandleByIndex_v2` |
 //! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below) |
+//! | 209 | `(nvmlDevice_t, unsigned *uv)` | graphics voltage in µV (`-q`: Voltage) |
+//! | 230 | `(nvmlDevice_t, unsigned *gen)` | the host's maximum PCIe generation (`-q`: Host Max) |
+//! | 231 | `(nvmlDevice_t, char *buf, unsigned len)` | the GPU part number |
+//! | 240 | `(nvmlDevice_t, int *margin)` | the T.Limit temperature: degrees below the maximum operating temperature; when it answers, `-q` also asks the T.Limit field values (193–196) |
+//! | 242 | `(nvmlDevice_t, unsigned *mode)` | the addressing mode: 0 None, 1 HMM, 2 ATS |
+//! | 243 | `(nvmlDevice_t, unsigned *mode)` | the sparse operation mode: 0 Disabled, 1 Enabled |
 //!
-//! Every other slot answers NOT_SUPPORTED, which nvidia-smi prints as N/A, and is traced.
+//! Found this way and left NOT_SUPPORTED, because an HGX H100/H200 prints N/A there too:
+//! 165 (the IBM NPU relaxed-ordering mode of POWER hosts), 226 (PCIe atomic capabilities),
+//! 232 (deferred memory clocks), 237 (the FRU part number of OEM boards).
+//!
+//! Every slot not modelled answers NOT_SUPPORTED, which nvidia-smi prints as N/A, and is
+//! traced.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -34,6 +45,21 @@ const SMI_TABLE_ID: [u8; 16] = [
 const SLOTS: usize = 256;
 const SLOT_LOG: usize = 26;
 const SLOT_HANDLE_BY_INDEX: usize = 81;
+const SLOT_VOLTAGE: usize = 209;
+const SLOT_HOST_MAX_PCIE_GEN: usize = 230;
+const SLOT_GPU_PART_NUMBER: usize = 231;
+const SLOT_TLIMIT_TEMPERATURE: usize = 240;
+const SLOT_ADDRESSING_MODE: usize = 242;
+const SLOT_SPARSE_OPERATION_MODE: usize = 243;
+/// The slots answered with a fixed value rather than from the scenario.
+const FIXED_SLOTS: [usize; 6] = [
+    SLOT_VOLTAGE,
+    SLOT_HOST_MAX_PCIE_GEN,
+    SLOT_GPU_PART_NUMBER,
+    SLOT_TLIMIT_TEMPERATURE,
+    SLOT_ADDRESSING_MODE,
+    SLOT_SPARSE_OPERATION_MODE,
+];
 const SLOT_COMPUTE_PROCESSES: usize = 213;
 const SLOT_GRAPHICS_PROCESSES: usize = 214;
 const SLOT_MPS_PROCESSES: usize = 215;
@@ -66,6 +92,9 @@ const _: () = {
 type Args = [usize; 6];
 
 fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
+    if FIXED_SLOTS.contains(&slot) {
+        trace::gap(&format!("export table slot {slot}"), Gap::Default);
+    }
     match slot {
         SLOT_LOG => NVML_SUCCESS,
         // SAFETY (all three): nvidia-smi passes the pointers the slot's contract names.
@@ -73,11 +102,34 @@ fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
         SLOT_COMPUTE_PROCESSES => unsafe { process_list(a, is_compute) },
         SLOT_GRAPHICS_PROCESSES => unsafe { process_list(a, is_graphics) },
         SLOT_MPS_PROCESSES => unsafe { process_list(a, is_mps) },
+        SLOT_VOLTAGE => fixed_uint(a, |_, _| 670_000),
+        SLOT_HOST_MAX_PCIE_GEN => fixed_uint(a, |_, _| 5),
+        SLOT_GPU_PART_NUMBER => {
+            let (device, buf, len) = (a[0] as nvmlDevice_t, a[1] as *mut c_char, a[2] as c_uint);
+            with_dev(device, None, |s, i| {
+                // The part number begins with the PCI device id (0x2330 H100 SXM, 0x2335 H200).
+                let part = format!("{:04X}-885-A1", s.gpu(i).pci_device_id >> 16);
+                unsafe { put_str(buf, len, &part) }
+            })
+        }
+        SLOT_TLIMIT_TEMPERATURE => fixed_uint(a, |s, i| {
+            (super::details::GPU_MAX_OPERATING_C as i32 - temperature(s, i) as i32) as c_uint
+        }),
+        SLOT_ADDRESSING_MODE => fixed_uint(a, |_, _| 0),
+        SLOT_SPARSE_OPERATION_MODE => fixed_uint(a, |_, _| 0),
         _ => {
             trace::gap(&format!("export table slot {slot}"), Gap::NotModelled);
             unmodelled_slot()
         }
     }
+}
+
+/// A slot of shape `(nvmlDevice_t, unsigned *out)` answered without a scenario key.
+fn fixed_uint(a: Args, value: impl FnOnce(&mut Sim, usize) -> c_uint) -> nvmlReturn_t {
+    with_dev(a[0] as nvmlDevice_t, None, |s, i| {
+        let v = value(s, i);
+        unsafe { put(a[1] as *mut c_uint, v) }
+    })
 }
 
 fn unmodelled_slot() -> nvmlReturn_t {

@@ -23,6 +23,7 @@ macro_rules! guard {
 const MIB: u64 = 1024 * 1024;
 
 mod board;
+mod details;
 mod events;
 mod internal;
 
@@ -629,6 +630,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     }))
 }
 
+/// The GPU's core temperature (°C): the scenario's, else rising with utilization.
+fn temperature(s: &mut Sim, i: usize) -> c_uint {
+    match s.gpu(i).temperature_c {
+        Some(t) => t,
+        None => 30 + s.utilization(i).0 * 2 / 5,
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     d: nvmlDevice_t,
@@ -639,10 +648,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != NVML_TEMPERATURE_GPU || out.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let t = match s.gpu(i).temperature_c {
-            Some(t) => t,
-            None => 30 + s.utilization(i).0 * 2 / 5,
-        };
+        let t = temperature(s, i);
         unsafe { put(out, t) }
     }))
 }
