@@ -6,6 +6,7 @@ mod exit_codes;
 mod hostile;
 mod info;
 mod kill_clear;
+mod nvidia_smi;
 mod schema;
 mod settings;
 mod slurm;

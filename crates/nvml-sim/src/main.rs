@@ -28,7 +28,10 @@ usage:
 the resolved scenario (real pids) to a temporary file and runs COMMAND with:
   NVML_SIM_SCENARIO  the resolved scenario
   GPUCTL_NVML_LIB    the simulated library (libnvml_sim.so next to this binary)
-  LD_LIBRARY_PATH    a directory holding libnvidia-ml.so.1 -> that library (pynvml, nvitop)
+  LD_LIBRARY_PATH    a directory holding libnvidia-ml.so.1 -> that library (pynvml, nvitop,
+                     nvidia-smi)
+  PATH               with the nvidia-smi that scripts/fetch-nvidia-smi cached appended, when
+                     none is on PATH (~/.cache/gpuctl/nvidia-smi, or $GPUCTL_CACHE/nvidia-smi)
 Without COMMAND it runs $SHELL, for an interactive rehearsal. It exits with COMMAND's status
 and stops the stand-ins when COMMAND ends or when it gets SIGTERM/SIGHUP (SIGINT goes to
 COMMAND, which decides). Bad usage or a bad scenario: one line on stderr, exit status 2.
@@ -334,6 +337,30 @@ fn resolve(
     toml::to_string(&table).map_err(|e| format!("cannot write the resolved scenario: {e}"))
 }
 
+/// Where scripts/fetch-nvidia-smi keeps NVIDIA's nvidia-smi.
+fn cached_nvidia_smi_dir() -> Option<PathBuf> {
+    let cache = std::env::var_os("GPUCTL_CACHE")
+        .filter(|c| !c.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/gpuctl")))?;
+    Some(cache.join("nvidia-smi"))
+}
+
+/// The PATH for COMMAND: the caller's, with the cached nvidia-smi's directory appended when no
+/// nvidia-smi is on it, so `nvml-sim run S -- nvidia-smi` and a script that calls nvidia-smi
+/// work as typed on a machine without the driver. `None`: PATH unchanged.
+fn path_with_cached_nvidia_smi() -> Option<OsString> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let on_path = std::env::split_paths(&path).any(|dir| dir.join("nvidia-smi").is_file());
+    let cached = cached_nvidia_smi_dir()?;
+    if on_path || !cached.join("nvidia-smi").is_file() {
+        return None;
+    }
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    dirs.push(cached);
+    std::env::join_paths(dirs).ok()
+}
+
 fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read the scenario: {e}", path.display()))?;
@@ -407,7 +434,11 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
     } else {
         command
     };
-    let child = Command::new(&command[0])
+    let mut child = Command::new(&command[0]);
+    if let Some(path) = path_with_cached_nvidia_smi() {
+        child.env("PATH", path);
+    }
+    let child = child
         .args(&command[1..])
         .env("NVML_SIM_SCENARIO", &scenario_file)
         .env("GPUCTL_NVML_LIB", &lib)
@@ -420,7 +451,15 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
         Ok(c) => c,
         Err(e) => {
             stop(&standins_of(started));
-            return Err(format!("cannot run {}: {e}", command[0].to_string_lossy()));
+            let hint = if command[0] == "nvidia-smi" {
+                " (none on PATH or in the cache: fetch NVIDIA's with scripts/fetch-nvidia-smi)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "cannot run {}: {e}{hint}",
+                command[0].to_string_lossy()
+            ));
         }
     };
     let cpid = child.id() as i32;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use nvml_wrapper::Device;
-use nvml_wrapper::enum_wrappers::device::{ComputeMode, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, ComputeMode, PerformanceState, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -83,6 +85,10 @@ pub struct GpuSnapshot {
     pub temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
     pub power_limit_mw: Option<u32>,
+    /// Current SM and memory clocks.
+    pub clocks: Option<Clocks>,
+    /// Performance state, as nvidia-smi names it: "P0" (maximum) … "P15" (minimum).
+    pub pstate: Option<String>,
     pub persistence_mode: Option<bool>,
     pub compute_mode: Option<&'static str>,
     /// gpuctl's own "peak since reset" mark for this GPU (see [`peaks`]); filled in by
@@ -100,6 +106,12 @@ pub struct Memory {
     /// Used memory that no listed process accounts for: leaked by dead contexts, or held by
     /// processes NVML does not list to us. `None` when a process's usage is not reported.
     pub unattributed_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Clocks {
+    pub sm_mhz: u32,
+    pub memory_mhz: u32,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -430,6 +442,12 @@ fn read_gpu_fields(
         gpu.temperature_c = optional(device.temperature(TemperatureSensor::Gpu))?;
         gpu.power_mw = optional(device.power_usage())?;
         gpu.power_limit_mw = optional(device.enforced_power_limit())?;
+        let sm = optional(device.clock_info(Clock::SM))?;
+        let memory = optional(device.clock_info(Clock::Memory))?;
+        gpu.clocks = sm
+            .zip(memory)
+            .map(|(sm_mhz, memory_mhz)| Clocks { sm_mhz, memory_mhz });
+        gpu.pstate = optional(device.performance_state())?.and_then(pstate_name);
         gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
         gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
     }
@@ -476,6 +494,8 @@ impl GpuSnapshot {
             temperature_c: None,
             power_mw: None,
             power_limit_mw: None,
+            clocks: None,
+            pstate: None,
             persistence_mode: None,
             compute_mode: None,
             peak: None,
@@ -588,6 +608,14 @@ fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
         attributed = attributed.saturating_add(process.used_bytes?);
     }
     Some(used.saturating_sub(attributed))
+}
+
+/// "P0" … "P15"; NVML's "unknown" state is no state.
+fn pstate_name(state: PerformanceState) -> Option<String> {
+    match state {
+        PerformanceState::Unknown => None,
+        known => Some(format!("P{}", known.as_c())),
+    }
 }
 
 fn compute_mode_name(mode: ComputeMode) -> &'static str {

@@ -14,7 +14,9 @@
 //!
 //! | slot | called as | meaning |
 //! |---|---|---|
+//! | 12 | `(const char *bus_id, unsigned *domain, unsigned *bus, unsigned *device, unsigned *function)` | parses a PCI bus id (`-i 00000000:18:00.0`); INVALID_ARGUMENT is "Invalid PCI bus id format" |
 //! | 26 | `(const char *fmt, ...)` | the library's debug log: nvidia-smi reports each step through it (`"nvidia-smi %s: %s\n"`); nothing is written |
+//! | 75 | `(unsigned index, unsigned *domain, unsigned *bus, unsigned *device)` | a GPU's PCI location by index: `-i BUS_ID` walks the GPUs with it, comparing what slot 12 parsed |
 //! | 81 | `(unsigned index, nvmlDevice_t *out, 0x22)` | a handle by index, as `nvmlDeviceGetHandleByIndex_v2` |
 //! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below) |
 //! | 209 | `(nvmlDevice_t, unsigned *uv)` | graphics voltage in µV (`-q`: Voltage) |
@@ -43,7 +45,9 @@ const SMI_TABLE_ID: [u8; 16] = [
 ];
 
 const SLOTS: usize = 256;
+const SLOT_PARSE_PCI_BUS_ID: usize = 12;
 const SLOT_LOG: usize = 26;
+const SLOT_PCI_LOCATION_BY_INDEX: usize = 75;
 const SLOT_HANDLE_BY_INDEX: usize = 81;
 const SLOT_VOLTAGE: usize = 209;
 const SLOT_HOST_MAX_PCIE_GEN: usize = 230;
@@ -97,6 +101,8 @@ fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
     }
     match slot {
         SLOT_LOG => NVML_SUCCESS,
+        SLOT_PARSE_PCI_BUS_ID => unsafe { parse_pci_bus_id(a) },
+        SLOT_PCI_LOCATION_BY_INDEX => unsafe { pci_location(a) },
         // SAFETY (all three): nvidia-smi passes the pointers the slot's contract names.
         SLOT_HANDLE_BY_INDEX => unsafe { by_index(a[0] as c_uint, a[1] as *mut nvmlDevice_t) },
         SLOT_COMPUTE_PROCESSES => unsafe { process_list(a, is_compute) },
@@ -122,6 +128,41 @@ fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
             unmodelled_slot()
         }
     }
+}
+
+unsafe fn parse_pci_bus_id(a: Args) -> nvmlReturn_t {
+    let parts = [a[1], a[2], a[3], a[4]].map(|p| p as *mut c_uint);
+    if parts.iter().any(|p| p.is_null()) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    match unsafe { c_str(a[0] as *const c_char) }.and_then(PciBusId::parse) {
+        None => NVML_ERROR_INVALID_ARGUMENT,
+        Some(id) => unsafe {
+            put(parts[0], id.domain);
+            put(parts[1], id.bus);
+            put(parts[2], id.device);
+            put(parts[3], id.function)
+        },
+    }
+}
+
+unsafe fn pci_location(a: Args) -> nvmlReturn_t {
+    let parts = [a[1], a[2], a[3]].map(|p| p as *mut c_uint);
+    with_sim(|s| {
+        s.refresh();
+        let index = a[0] as c_uint as usize;
+        if index >= s.scenario.gpus.len() || parts.iter().any(|p| p.is_null()) {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // A lost GPU's location is still known (the driver enumerated it at load), so
+        // `-i BUS_ID` of a healthy GPU passes it by.
+        let pci = s.gpu(index).pci;
+        unsafe {
+            put(parts[0], pci.domain);
+            put(parts[1], pci.bus);
+            put(parts[2], pci.device)
+        }
+    })
 }
 
 /// A slot of shape `(nvmlDevice_t, unsigned *out)` answered without a scenario key.
