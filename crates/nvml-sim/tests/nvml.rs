@@ -624,3 +624,229 @@ fn every_nvml_wrapper_sys_function_is_exported() {
     }
     assert!(n > 300, "{n}");
 }
+
+/// nvidia-smi's private table: handed out for its id only; the process-list slots follow
+/// the size-query convention with inline names; other slots are NOT_SUPPORTED.
+#[test]
+fn private_export_table_serves_nvidia_smi() {
+    let mut job = sleeper();
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[gpu]]\npci_bus_id = \"0001:2A:00.0\"\n[[process]]\npid = {}\ngpu = 0\nused_mib = 7\n",
+        job.id()
+    ));
+    let raw = Raw::open();
+    type Init = unsafe extern "C" fn() -> u32;
+    type Table = unsafe extern "C" fn(*mut *const usize, *const u8) -> u32;
+    type Slot = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> u32;
+    let init: Init = raw.f("nvmlInit_v2");
+    let shutdown: Init = raw.f("nvmlShutdown");
+    let get_table: Table = raw.f("nvmlInternalGetExportTable");
+    const ID: [u8; 16] = [
+        0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7,
+        0xc4,
+    ];
+    const RECORD: usize = 4128;
+    // SAFETY: the calls follow the slot contracts documented in src/exports/internal.rs.
+    unsafe {
+        assert_eq!(init(), 0);
+        let mut table: *const usize = std::ptr::null();
+        assert_eq!(get_table(&mut table, [0u8; 16].as_ptr()), 2, "unknown id");
+        assert_eq!(get_table(std::ptr::null_mut(), ID.as_ptr()), 2, "null out");
+        assert_eq!(get_table(&mut table, ID.as_ptr()), 0);
+        let size = *table;
+        assert!(
+            size >= 256 * 8,
+            "first word: the table's size in bytes ({size})"
+        );
+        let slot = |n: usize| -> Slot { std::mem::transmute(*table.add(n)) };
+
+        let mut dev: Dev = std::ptr::null_mut();
+        assert_eq!(slot(81)(0, &mut dev as *mut Dev as usize, 0x22, 0, 0, 0), 0);
+        assert!(!dev.is_null());
+        assert_eq!(slot(81)(9, &mut dev as *mut Dev as usize, 0x22, 0, 0, 0), 2);
+
+        // Process list: count query, short buffer, then the record itself.
+        let mut count: c_uint = 0;
+        assert_eq!(
+            slot(213)(dev as usize, &mut count as *mut _ as usize, 0, 0, 0, 0),
+            7
+        );
+        assert_eq!(count, 1, "INSUFFICIENT_SIZE with the needed count");
+        let mut records = vec![0u8; RECORD * 2];
+        count = 2;
+        let buf = records.as_mut_ptr() as usize;
+        assert_eq!(
+            slot(213)(dev as usize, &mut count as *mut _ as usize, buf, 0, 0, 0),
+            0
+        );
+        assert_eq!(count, 1);
+        let pid = u32::from_ne_bytes(records[0..4].try_into().unwrap());
+        let used = u64::from_ne_bytes(records[8..16].try_into().unwrap());
+        let gi = u32::from_ne_bytes(records[16..20].try_into().unwrap());
+        let name = CStr::from_bytes_until_nul(&records[32..RECORD]).unwrap();
+        assert_eq!(pid, job.id());
+        assert_eq!(used, 7 * MIB);
+        assert_eq!(gi, u32::MAX, "no GPU instance");
+        assert!(!name.to_bytes().is_empty(), "the name is inline");
+        count = 2;
+        assert_eq!(
+            slot(214)(dev as usize, &mut count as *mut _ as usize, buf, 0, 0, 0),
+            0
+        );
+        assert_eq!(count, 0, "no graphics processes");
+        assert_eq!(
+            slot(213)(0x10, &mut count as *mut _ as usize, buf, 0, 0, 0),
+            2,
+            "bad handle"
+        );
+
+        // -i BUS_ID: slot 12 parses, slot 75 gives each GPU's location.
+        let mut loc = [0u32; 4];
+        let base = loc.as_mut_ptr() as usize;
+        let p = |i: usize| base + 4 * i;
+        let bus = c"0001:2a:00.0";
+        assert_eq!(
+            slot(12)(bus.as_ptr() as usize, p(0), p(1), p(2), p(3), 0),
+            0
+        );
+        assert_eq!(loc, [1, 0x2a, 0, 0]);
+        assert_eq!(
+            slot(12)(c"nonsense".as_ptr() as usize, p(0), p(1), p(2), p(3), 0),
+            2
+        );
+        let mut at = [0u32; 3];
+        let base = at.as_mut_ptr() as usize;
+        let q = |i: usize| base + 4 * i;
+        assert_eq!(slot(75)(1, q(0), q(1), q(2), 0, 0), 0);
+        assert_eq!(at, [1, 0x2a, 0]);
+        assert_eq!(slot(75)(2, q(0), q(1), q(2), 0, 0), 2, "no GPU 2");
+
+        assert_eq!(slot(100)(0, 0, 0, 0, 0, 0), 3, "an unmodelled slot");
+        assert_eq!(shutdown(), 0);
+    }
+    drop(sim);
+    job.kill().ok();
+    job.wait().ok();
+}
+
+/// Versioned structs answer as the driver does for their version, and
+/// ARGUMENT_VERSION_MISMATCH (25) for any other; bad pointers are INVALID_ARGUMENT.
+#[test]
+fn versioned_structs_and_bad_pointers() {
+    let _sim = Sim::new("[[gpu]]\n");
+    let raw = Raw::open();
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(c_uint, *mut Dev) -> u32;
+    type WithPtr = unsafe extern "C" fn(Dev, *mut c_uint) -> u32;
+    use nvml_wrapper_sys::bindings as b;
+    let init: Init = raw.f("nvmlInit_v2");
+    let shutdown: Init = raw.f("nvmlShutdown");
+    let by_index: ByIndex = raw.f("nvmlDeviceGetHandleByIndex_v2");
+    // SAFETY: each call passes a struct of the named function's type, or null.
+    unsafe {
+        assert_eq!(init(), 0);
+        let mut dev: Dev = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut dev), 0);
+
+        let mem2: unsafe extern "C" fn(Dev, *mut b::nvmlMemory_v2_t) -> u32 =
+            raw.f("nvmlDeviceGetMemoryInfo_v2");
+        let mut m: b::nvmlMemory_v2_t = std::mem::zeroed();
+        m.version = (std::mem::size_of::<b::nvmlMemory_v2_t>() as u32) | (1 << 24);
+        assert_eq!(mem2(dev, &mut m), 25, "memory info v2 with version 1");
+        m.version = (std::mem::size_of::<b::nvmlMemory_v2_t>() as u32) | (2 << 24);
+        assert_eq!(mem2(dev, &mut m), 0);
+
+        let sram: unsafe extern "C" fn(Dev, *mut b::nvmlEccSramErrorStatus_v1_t) -> u32 =
+            raw.f("nvmlDeviceGetSramEccErrorStatus");
+        let mut e: b::nvmlEccSramErrorStatus_v1_t = std::mem::zeroed();
+        e.version = 7;
+        assert_eq!(
+            sram(dev, &mut e),
+            25,
+            "SRAM ECC status with a wrong version"
+        );
+        e.version = (std::mem::size_of::<b::nvmlEccSramErrorStatus_v1_t>() as u32) | (1 << 24);
+        assert_eq!(sram(dev, &mut e), 0);
+        assert_eq!(sram(dev, std::ptr::null_mut()), 2);
+
+        let putil: unsafe extern "C" fn(Dev, *mut b::nvmlProcessesUtilizationInfo_t) -> u32 =
+            raw.f("nvmlDeviceGetProcessesUtilizationInfo");
+        let mut u: b::nvmlProcessesUtilizationInfo_t = std::mem::zeroed();
+        u.version = 2 << 24;
+        assert_eq!(putil(dev, &mut u), 25);
+
+        // Everything nvidia-smi reads through one pointer: null is INVALID_ARGUMENT.
+        for name in [
+            "nvmlDeviceGetDisplayActive",
+            "nvmlDeviceGetDisplayMode",
+            "nvmlDeviceGetMaxMigDeviceCount",
+            "nvmlDeviceIsMigDeviceHandle",
+            "nvmlDeviceGetVirtualizationMode",
+            "nvmlDeviceGetMultiGpuBoard",
+            "nvmlDeviceGetBoardId",
+            "nvmlDeviceGetModuleId",
+            "nvmlDeviceGetAccountingBufferSize",
+            "nvmlDeviceGetMaxPcieLinkGeneration",
+            "nvmlDeviceGetCurrPcieLinkWidth",
+            "nvmlDeviceGetPcieReplayCounter",
+            "nvmlDeviceGetSupportedEventTypes",
+            "nvmlDeviceGetSupportedClocksThrottleReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+            "nvmlDeviceGetGpuFabricInfo",
+            "nvmlDeviceGetRowRemapperHistogram",
+            "nvmlDeviceGetConfComputeProtectedMemoryUsage",
+            "nvmlDeviceGetFBCStats",
+            "nvmlEventSetCreate",
+        ] {
+            let f: WithPtr = raw.f(name);
+            let code = if name == "nvmlEventSetCreate" {
+                let f: unsafe extern "C" fn(*mut c_uint) -> u32 = raw.f(name);
+                f(std::ptr::null_mut())
+            } else {
+                f(dev, std::ptr::null_mut())
+            };
+            assert_eq!(code, 2, "{name}(null)");
+            let mut out: [c_uint; 16] = [0; 16];
+            if name != "nvmlEventSetCreate" {
+                assert_eq!(
+                    f(std::ptr::null_mut(), out.as_mut_ptr()),
+                    2,
+                    "{name}(bad handle)"
+                );
+            }
+        }
+
+        // Field values: known fields answer, unknown ones fail alone.
+        let fields: unsafe extern "C" fn(Dev, i32, *mut b::nvmlFieldValue_t) -> u32 =
+            raw.f("nvmlDeviceGetFieldValues");
+        let mut values: [b::nvmlFieldValue_t; 2] = std::mem::zeroed();
+        values[0].fieldId = 190; // NVML_FI_DEV_POWER_CURRENT_LIMIT
+        values[1].fieldId = 9999;
+        assert_eq!(fields(dev, 2, values.as_mut_ptr()), 0);
+        assert_eq!(values[0].nvmlReturn, 0);
+        assert_eq!(values[0].value.uiVal, 700_000);
+        assert_eq!(values[1].nvmlReturn, 3, "an unknown field: NOT_SUPPORTED");
+        assert_eq!(fields(dev, 1, std::ptr::null_mut()), 2);
+
+        // Event sets: registered, waited on (nothing happens: TIMEOUT), freed once.
+        type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> u32;
+        type Register = unsafe extern "C" fn(Dev, u64, *mut std::ffi::c_void) -> u32;
+        type Wait =
+            unsafe extern "C" fn(*mut std::ffi::c_void, *mut b::nvmlEventData_t, c_uint) -> u32;
+        type Free = unsafe extern "C" fn(*mut std::ffi::c_void) -> u32;
+        let create: Create = raw.f("nvmlEventSetCreate");
+        let register: Register = raw.f("nvmlDeviceRegisterEvents");
+        let wait: Wait = raw.f("nvmlEventSetWait_v2");
+        let free: Free = raw.f("nvmlEventSetFree");
+        let mut set = std::ptr::null_mut();
+        assert_eq!(create(&mut set), 0);
+        assert_eq!(register(dev, 0x8, set), 0, "XID critical errors");
+        assert_eq!(register(dev, 0x4, set), 3, "P-state events: not on Linux");
+        let mut data: b::nvmlEventData_t = std::mem::zeroed();
+        assert_eq!(wait(set, &mut data, 10), 10, "TIMEOUT");
+        assert_eq!(free(set), 0);
+        assert_eq!(free(set), 2, "a freed set");
+        assert_eq!(wait(set, &mut data, 10), 2, "a freed set");
+        assert_eq!(shutdown(), 0);
+    }
+}
