@@ -800,3 +800,38 @@ fn live_scenario_edits_and_process_deaths_show_in_both_on_the_next_call() {
     let info = sim.json(&["info"]);
     assert_eq!(info["devices"][0]["processes"], serde_json::json!([]));
 }
+
+/// The README's rehearsal: a site epilog that parses nvidia-smi, run by `nvml-sim run` with
+/// the nvidia-smi it finds (on PATH, else the cached one), on the 8-GPU example and on an
+/// idle server.
+#[test]
+fn readme_epilog_rehearsal_parses_nvidia_smi_on_the_simulated_server() {
+    let cache_dir = nvidia_smi().parent().unwrap().to_path_buf();
+    let epilog = repo_root().join("crates/nvml-sim/examples/epilog-nvidia-smi.sh");
+    let rehearse = |scenario: &Path| {
+        let out = Command::new(target_dir().join("nvml-sim"))
+            .arg("run")
+            .arg(scenario)
+            .args(["--", "sh"])
+            .arg(&epilog)
+            // Only the cache holds nvidia-smi: the launcher must find it there.
+            .env("PATH", "/usr/bin:/bin")
+            .env("GPUCTL_CACHE", cache_dir.parent().unwrap())
+            .output()
+            .expect("run nvml-sim");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = rehearse(&repo_root().join("crates/nvml-sim/examples/h200x8.toml"));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.starts_with("epilog: 24 GPU processes left:"), "{err}");
+    assert!(err.contains("00000000:18:00.0, "), "{err}");
+
+    let idle = Sim::new("[[gpu]]\n[[gpu]]\n");
+    let (code, out, err) = rehearse(&idle.scenario_path());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "epilog: GPUs free\n");
+}
