@@ -433,3 +433,90 @@ fn timings_are_one_stderr_line_only_when_asked_for() {
     assert_eq!(names, ["open", "nvml", "proc", "peaks", "render"]);
     assert!(phases.iter().all(|(_, ms)| *ms >= 0.0), "{line}");
 }
+
+/// `--by user` and `--by owner`: each total is the sum of its rows in the per-GPU document,
+/// a process on two GPUs counts on both and once as a process.
+#[test]
+fn totals_by_user_and_owner_are_the_sums_of_the_rows() {
+    let mut holders = vec![
+        Proc::spawn_ready("sleep", "python3", &["train.py"]),
+        Proc::spawn_ready("sleep", "python3", &["eval.py"]),
+    ];
+    if crate::util::is_root() {
+        holders.push(Proc::spawn_as(65534, "sleep", &["serve.py"]));
+    }
+    let mut scenario = gpus(2);
+    scenario.push_str(&process(holders[0].pid(), "[0, 1]", 4096));
+    scenario.push_str(&process(holders[1].pid(), "1", 1024));
+    if let Some(other) = holders.get(2) {
+        scenario.push_str(&process(other.pid(), "0", 2048));
+    }
+    let sim = Sim::new(&scenario);
+    for by in ["user", "owner"] {
+        let doc = sim.json(&["info", "--by", by]);
+        let mut want: std::collections::BTreeMap<String, (u64, Vec<u64>, Vec<u64>)> =
+            Default::default();
+        let users: Vec<Value> = doc["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| {
+                let index = d["index"].as_u64().unwrap();
+                d["processes"].as_array().unwrap().iter().map(move |p| {
+                    let mut p = p.clone();
+                    p["gpu"] = index.into();
+                    p
+                })
+            })
+            .collect();
+        for p in &users {
+            let key = match by {
+                "user" => p["user"].as_str().unwrap().to_string(),
+                // Every test process runs in this test's own cgroup: one owner for all.
+                _ => "all".to_string(),
+            };
+            let entry = want.entry(key).or_default();
+            entry.0 += p["used_bytes"].as_u64().unwrap();
+            let gpu = p["gpu"].as_u64().unwrap();
+            if !entry.1.contains(&gpu) {
+                entry.1.push(gpu);
+            }
+            let pid = p["pid"].as_u64().unwrap();
+            if !entry.2.contains(&pid) {
+                entry.2.push(pid);
+            }
+        }
+        let totals = doc["totals"].as_array().expect("totals with --by");
+        assert_eq!(totals.len(), want.len(), "{by}: {totals:?}");
+        for t in totals {
+            let name = t[by].as_str().expect("the group's name under its key");
+            let key = if by == "user" { name } else { "all" };
+            let (bytes, gpus, pids) = &want[key];
+            assert_eq!(t["used_bytes"].as_u64().unwrap(), *bytes, "{by} {name}");
+            let mut gpus = gpus.clone();
+            gpus.sort();
+            assert_eq!(t["gpus"], serde_json::json!(gpus), "{by} {name}");
+            assert_eq!(t["processes"].as_u64().unwrap() as usize, pids.len());
+        }
+        let sum: u64 = totals
+            .iter()
+            .map(|t| t["used_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            sum,
+            (4096 * 2 + 1024 + if holders.len() > 2 { 2048 } else { 0 }) << 20
+        );
+
+        let table = sim.run(&["info", "--by", by]);
+        assert_eq!(table.code, 0, "{}", table.stderr);
+        assert!(
+            table.stdout.contains(&by.to_ascii_uppercase()),
+            "{}",
+            table.stdout
+        );
+    }
+    // Without --by the document has no totals.
+    assert!(sim.json(&["info"]).get("totals").is_none());
+    let bad = sim.run(&["info", "--by", "team"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+}

@@ -183,6 +183,15 @@ fn info_json_matches_its_schema_in_every_shape() {
         "a size is not available"
     );
     assert_eq!(devices[0]["processes"].as_array().unwrap().len(), 2);
+
+    // The totals of --by, under either key.
+    for by in ["user", "owner"] {
+        let run = sim.run(&["info", "--json", "--by", by]);
+        let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+        validate(&schema, &schema, &doc, "$").unwrap();
+        conforms(&schema, &doc).unwrap_or_else(|e| panic!("{e}"));
+        assert!(doc["totals"][0][by].is_string(), "{by}: {}", doc["totals"]);
+    }
 }
 
 #[test]

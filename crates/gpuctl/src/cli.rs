@@ -351,6 +351,19 @@ pub struct InfoArgs {
     /// than this and a second.
     #[arg(long, value_name = "DURATION", value_parser = parse_nonzero_duration)]
     pub timeout: Option<Duration>,
+
+    /// Totals instead of the per-GPU view: one row per user, or per owner (Slurm job,
+    /// systemd unit, container, Kubernetes pod), with the memory and the GPUs it holds. With
+    /// --json, the document gains a `totals` list.
+    #[arg(long, value_enum, value_name = "GROUP")]
+    pub by: Option<GroupBy>,
+}
+
+/// What `info --by` groups processes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GroupBy {
+    User,
+    Owner,
 }
 
 /// A duration above zero.

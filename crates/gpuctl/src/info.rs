@@ -9,6 +9,7 @@ use gpuctl_core::config;
 use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::protect::{Claimant, Protection};
 use gpuctl_core::snapshot::peaks::PeakStore;
+use gpuctl_core::snapshot::totals::{By, Total, totals};
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
 use gpuctl_core::units;
 use gpuctl_core::{Snapshot, SnapshotOptions};
@@ -16,7 +17,7 @@ use serde::Serialize;
 
 use crate::Exit;
 use crate::render::{self, Color, Style};
-use gpuctl::cli::InfoArgs;
+use gpuctl::cli::{GroupBy, InfoArgs};
 
 /// When set (and not empty), `info` says on stderr where its time went: opening NVML, the
 /// NVML reads, the /proc reads (and the /proc view's setup), peak marks, rendering.
@@ -32,6 +33,9 @@ struct InfoDocument<'a> {
     timestamp: String,
     #[serde(flatten)]
     snapshot: &'a Snapshot,
+    /// With `--by` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    totals: Option<Vec<Total>>,
 }
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
@@ -67,7 +71,10 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         let snapshot = take()?;
         let taken = taking.elapsed();
         let rendering = Instant::now();
-        render::emit(args.json, &document(&snapshot), || table(&snapshot, &style))?;
+        let by = group_by(args);
+        render::emit(args.json, &document(&snapshot, by), || {
+            view(&snapshot, by, &style)
+        })?;
         if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
             let reads = snapshot.read_times;
             let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -87,16 +94,16 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     loop {
         let snapshot = take()?;
         if args.json {
-            let mut line = serde_json::to_string(&document(&snapshot))?;
+            let mut line = serde_json::to_string(&document(&snapshot, group_by(args)))?;
             line.push('\n');
             out.write_all(line.as_bytes())?;
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
-            let frame = table(&snapshot, &style).replace('\n', "\x1b[K\n");
+            let frame = view(&snapshot, group_by(args), &style).replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
-            writeln!(out, "{}", table(&snapshot, &style))?;
+            writeln!(out, "{}", view(&snapshot, group_by(args), &style))?;
         }
         out.flush()?;
         std::thread::sleep(interval);
@@ -147,17 +154,32 @@ fn mark_claims(snapshot: &mut Snapshot, protection: &Protection) {
     }
 }
 
-fn document(snapshot: &Snapshot) -> InfoDocument<'_> {
+fn group_by(args: &InfoArgs) -> Option<By> {
+    args.by.map(|by| match by {
+        GroupBy::User => By::User,
+        GroupBy::Owner => By::Owner,
+    })
+}
+
+fn document(snapshot: &Snapshot, by: Option<By>) -> InfoDocument<'_> {
     InfoDocument {
         schema: INFO_SCHEMA,
         timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
         snapshot,
+        totals: by.map(|by| totals(snapshot, by)),
     }
 }
 
-/// The readable view: a header, then per GPU its figures and its processes.
-pub fn table(snapshot: &Snapshot, style: &Style) -> String {
-    let mut out = String::new();
+/// The readable view: per GPU, or the totals of `--by`.
+fn view(snapshot: &Snapshot, by: Option<By>, style: &Style) -> String {
+    match by {
+        None => table(snapshot, style),
+        Some(by) => totals_table(snapshot, by, style),
+    }
+}
+
+/// The header line every view starts with: driver, CUDA, GPU count, time.
+fn header(snapshot: &Snapshot, style: &Style) -> String {
     let header = [
         Some(format!(
             "driver {}",
@@ -174,11 +196,111 @@ pub fn table(snapshot: &Snapshot, style: &Style) -> String {
         Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string()),
     ];
     let dot = if style.unicode { " · " } else { " | " };
-    out.push_str(&style.paint(
+    let mut out = style.paint(
         Color::Bold,
         &header.into_iter().flatten().collect::<Vec<_>>().join(dot),
-    ));
+    );
     out.push('\n');
+    out
+}
+
+/// One row per user or owner: memory, GPUs, processes; then the memory no process accounts
+/// for, which has no user.
+fn totals_table(snapshot: &Snapshot, by: By, style: &Style) -> String {
+    let mut out = header(snapshot, style);
+    out.push('\n');
+    let mut rows: Vec<[String; 4]> = totals(snapshot, by)
+        .into_iter()
+        .map(|t| {
+            [
+                render::safe(&t.name).into_owned(),
+                units::bytes(t.used_bytes),
+                gpu_list(&t.gpus),
+                t.processes.to_string(),
+            ]
+        })
+        .collect();
+    let unattributed: Vec<(u32, u64)> = snapshot
+        .devices
+        .iter()
+        .filter_map(|g| Some((g.index, g.memory?.unattributed_bytes?)))
+        .filter(|&(_, bytes)| bytes >= 1024 * 1024)
+        .collect();
+    let dim_from = rows.len();
+    if !unattributed.is_empty() {
+        let gpus: Vec<u32> = unattributed.iter().map(|&(i, _)| i).collect();
+        let bytes = unattributed.iter().map(|&(_, b)| b).sum();
+        rows.push([
+            "(unattributed)".into(),
+            units::bytes(bytes),
+            gpu_list(&gpus),
+            "-".into(),
+        ]);
+    }
+    let header_cells = [
+        by.key().to_ascii_uppercase(),
+        "MEMORY".into(),
+        "GPUS".into(),
+        "PROCESSES".into(),
+    ];
+    let widths: Vec<usize> = (0..4)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .chain([header_cells[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let name_width = match style.width {
+        Some(width) => widths[0].min(
+            width
+                .saturating_sub(widths[1] + widths[2] + widths[3] + 8)
+                .max(12),
+        ),
+        None => widths[0],
+    };
+    let line = |cells: &[String; 4]| {
+        format!(
+            "  {}  {}  {}  {}",
+            render::pad(
+                &render::cut(&cells[0], name_width, style.unicode),
+                name_width
+            ),
+            render::pad_left(&cells[1], widths[1]),
+            render::pad(&cells[2], widths[2]),
+            render::pad_left(&cells[3], widths[3]),
+        )
+    };
+    out.push_str(&style.paint(Color::Dim, line(&header_cells).trim_end()));
+    out.push('\n');
+    if rows.is_empty() {
+        out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+    }
+    for (i, row) in rows.iter().enumerate() {
+        let text = line(row);
+        if i >= dim_from {
+            out.push_str(&style.paint(Color::Dim, text.trim_end()));
+        } else {
+            out.push_str(text.trim_end());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// GPU indices as nvidia-smi's `-i` takes a list: `0,1,3`.
+fn gpu_list(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The readable view: a header, then per GPU its figures and its processes.
+pub fn table(snapshot: &Snapshot, style: &Style) -> String {
+    let mut out = header(snapshot, style);
+    let dot = if style.unicode { " · " } else { " | " };
     if !snapshot.host_pid_namespace {
         out.push_str(&style.paint(
             Color::Yellow,

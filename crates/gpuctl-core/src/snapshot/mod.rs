@@ -3,6 +3,7 @@
 //! a snapshot; none queries NVML or /proc on its own.
 
 pub mod peaks;
+pub mod totals;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,0 +1,209 @@
+//! Per-user and per-owner totals of a snapshot: who holds how much GPU memory, on which GPUs.
+//! What a fair-share conversation on a shared server starts from (`gpuctl info --by`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+use super::Snapshot;
+use crate::host::HostProcess;
+use crate::owner::Owner;
+
+/// What the totals are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    User,
+    Owner,
+}
+
+impl By {
+    /// The JSON key and the table header of the group's name.
+    pub fn key(self) -> &'static str {
+        match self {
+            By::User => "user",
+            By::Owner => "owner",
+        }
+    }
+}
+
+/// One user's or owner's holdings. A process on several GPUs counts on each, as NVML
+/// reports its memory per GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Total {
+    pub by: By,
+    pub name: String,
+    pub used_bytes: u64,
+    pub gpus: Vec<u32>,
+    /// Distinct processes (a process on two GPUs is one).
+    pub processes: usize,
+}
+
+impl Serialize for Total {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry(self.by.key(), &self.name)?;
+        map.serialize_entry("used_bytes", &self.used_bytes)?;
+        map.serialize_entry("gpus", &self.gpus)?;
+        map.serialize_entry("processes", &self.processes)?;
+        map.end()
+    }
+}
+
+/// The group a process belongs to: its user name (else uid, else "?"), or its owner at the
+/// level people share by: the Slurm job (not the step), the pod (not the container);
+/// "(no owner)" for a process in no unit, container or job, "?" where it cannot be read.
+pub fn group_of(host: &HostProcess, by: By) -> String {
+    match by {
+        By::User => host
+            .user
+            .clone()
+            .or_else(|| host.uid.map(|uid| uid.to_string()))
+            .unwrap_or_else(|| "?".to_string()),
+        By::Owner => match &host.owner {
+            None => "?".to_string(),
+            Some(Owner::None) => "(no owner)".to_string(),
+            Some(Owner::SlurmJob { job_id, .. }) => format!("slurm {job_id}"),
+            Some(owner) => owner.label(),
+        },
+    }
+}
+
+/// Totals, largest first (then by name).
+pub fn totals(snapshot: &Snapshot, by: By) -> Vec<Total> {
+    struct Acc {
+        used_bytes: u64,
+        gpus: BTreeSet<u32>,
+        pids: BTreeSet<u32>,
+    }
+    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    for gpu in &snapshot.devices {
+        for process in &gpu.processes {
+            let acc = groups
+                .entry(group_of(&process.host, by))
+                .or_insert_with(|| Acc {
+                    used_bytes: 0,
+                    gpus: BTreeSet::new(),
+                    pids: BTreeSet::new(),
+                });
+            acc.used_bytes = acc
+                .used_bytes
+                .saturating_add(process.used_bytes.unwrap_or(0));
+            acc.gpus.insert(gpu.index);
+            acc.pids.insert(process.pid);
+        }
+    }
+    let mut out: Vec<Total> = groups
+        .into_iter()
+        .map(|(name, acc)| Total {
+            by,
+            name,
+            used_bytes: acc.used_bytes,
+            gpus: acc.gpus.into_iter().collect(),
+            processes: acc.pids.len(),
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.used_bytes
+            .cmp(&a.used_bytes)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+
+    fn process(pid: u32, used_gib: Option<u64>, user: Option<&str>, owner: Owner) -> GpuProcess {
+        let mut host = HostProcess::unconfirmed("fixture");
+        host.confirmed = true;
+        host.user = user.map(str::to_string);
+        host.uid = Some(1000 + pid);
+        host.owner = Some(owner);
+        GpuProcess {
+            pid,
+            used_bytes: used_gib.map(|g| g << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: None,
+            host: Arc::new(host),
+        }
+    }
+
+    fn job(job_id: u64, step: &str) -> Owner {
+        Owner::SlurmJob {
+            job_id,
+            step: Some(step.to_string()),
+            uid: None,
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let unit = Owner::SystemdUnit {
+            unit: "vllm.service".into(),
+        };
+        Snapshot::of(vec![
+            GpuSnapshot {
+                processes: vec![
+                    process(10, Some(40), Some("alice"), job(7, "0")),
+                    process(11, Some(1), Some("alice"), job(7, "batch")),
+                    process(20, Some(30), Some("bob"), unit.clone()),
+                ],
+                ..GpuSnapshot::unread(0)
+            },
+            GpuSnapshot {
+                // pid 10 on a second GPU: counted there too, one process.
+                processes: vec![
+                    process(10, Some(40), Some("alice"), job(7, "0")),
+                    process(30, None, None, Owner::None),
+                ],
+                ..GpuSnapshot::unread(1)
+            },
+        ])
+    }
+
+    #[test]
+    fn users_sum_their_processes_on_every_gpu() {
+        let by_user = totals(&snapshot(), By::User);
+        let view: Vec<(&str, u64, Vec<u32>, usize)> = by_user
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.used_bytes >> 30,
+                    t.gpus.clone(),
+                    t.processes,
+                )
+            })
+            .collect();
+        assert_eq!(
+            view,
+            vec![
+                ("alice", 81, vec![0, 1], 2),
+                ("bob", 30, vec![0], 1),
+                // No user name: the uid; memory not reported counts as none.
+                ("1030", 0, vec![1], 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn owners_group_a_jobs_steps_together() {
+        let by_owner = totals(&snapshot(), By::Owner);
+        let names: Vec<(&str, u64)> = by_owner
+            .iter()
+            .map(|t| (t.name.as_str(), t.used_bytes >> 30))
+            .collect();
+        assert_eq!(
+            names,
+            vec![("slurm 7", 81), ("vllm.service", 30), ("(no owner)", 0)]
+        );
+        let json = serde_json::to_value(&by_owner[0]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"owner": "slurm 7", "used_bytes": 81u64 << 30, "gpus": [0, 1], "processes": 2})
+        );
+    }
+}
