@@ -23,6 +23,8 @@ struct RawScenario {
     #[serde(default)]
     settings_require_root: bool,
     state_file: Option<PathBuf>,
+    /// Where the sim makes the GPUs' device files (nvidia0, nvidiactl, ...).
+    device_dir: Option<PathBuf>,
     /// The chance, per call on a GPU's handle, that it fails with one of `fault_errors`.
     #[serde(default)]
     fault_rate: f64,
@@ -74,6 +76,8 @@ struct RawGpu {
     unsupported: Vec<Feature>,
     #[serde(default)]
     no_permission: Vec<Feature>,
+    /// The device minor number (`/dev/nvidia<minor>`); default: the index.
+    minor: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,6 +98,11 @@ struct RawProcess {
     worker_used_mib: Option<u64>,
     #[serde(default)]
     worker_sm_pct: Pct,
+    /// Holds memory but is in no process list (a holder NVML cannot attribute).
+    #[serde(default)]
+    unlisted: bool,
+    /// The pid NVML reports instead of `pid` (the process's pid in another PID namespace).
+    listed_pid: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,6 +356,8 @@ pub struct Gpu {
     pub compute_mode: ComputeMode,
     pub unsupported: Vec<Feature>,
     pub no_permission: Vec<Feature>,
+    /// The device minor number: `nvmlDeviceGetMinorNumber`, `/dev/nvidia<minor>`.
+    pub minor: u32,
     pub architecture: u32,
     pub cuda_cc: (i32, i32),
     pub max_graphics_mhz: u32,
@@ -371,6 +382,10 @@ pub struct Process {
     pub mem_pct: u32,
     pub kind: ProcKind,
     pub teardown_ms: Option<u64>,
+    /// Counted in the GPU's used memory while alive, but in no process list.
+    pub unlisted: bool,
+    /// The pid the process lists report; liveness is still judged on `pid`.
+    pub listed_pid: Option<u32>,
 }
 
 /// A `spawn` entry, for the launcher.
@@ -393,6 +408,9 @@ pub struct Scenario {
     pub init_error: Option<u32>,
     pub settings_require_root: bool,
     pub state_file: Option<PathBuf>,
+    /// Where the GPUs' device files are made; relative paths already resolved against the
+    /// scenario's directory.
+    pub device_dir: Option<PathBuf>,
     /// Injected faults: each call on a GPU's handle fails with this chance, with one of
     /// `fault_errors` (NVML return codes), drawn from a generator seeded by `fault_seed`.
     pub fault_rate: f64,
@@ -577,6 +595,10 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
                 "{at}: no_permission lists {f:?}, which is not a setting (persistence_mode, compute_mode, applications_clocks, locked_clocks, memory_locked_clocks, accounting)"
             ));
         }
+        let minor = g.minor.unwrap_or(index);
+        if minor > 255 {
+            return Err(format!("{at}: minor must be in 0..=255, not {minor}"));
+        }
         let serial = g
             .serial
             .unwrap_or_else(|| format!("165{:010}", 2_400_000 + u64::from(index)));
@@ -605,6 +627,7 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
             compute_mode: g.compute_mode.unwrap_or(ComputeMode::Default),
             unsupported: g.unsupported,
             no_permission: g.no_permission,
+            minor,
             architecture: model.arch,
             cuda_cc: model.cc,
             max_graphics_mhz: model.max_graphics,
@@ -619,6 +642,12 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
                 return Err(format!(
                     "gpu[{}] and gpu[{}] share the uuid {}",
                     b.index, a.index, a.uuid
+                ));
+            }
+            if a.minor == b.minor {
+                return Err(format!(
+                    "gpu[{}] and gpu[{}] share the minor {}",
+                    b.index, a.index, a.minor
                 ));
             }
             if a.pci == b.pci {
@@ -684,6 +713,16 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
                 }
             }
         }
+        if let Some(lp) = p.listed_pid {
+            if lp == 0 || lp > i32::MAX as u32 {
+                return Err(format!("{at}: listed_pid must be in 1..={}", i32::MAX));
+            }
+            if p.unlisted {
+                return Err(format!(
+                    "{at}: listed_pid and unlisted = true contradict (an unlisted process is reported under no pid)"
+                ));
+            }
+        }
         if p.workers.unwrap_or(0) > 256 {
             return Err(format!("{at}: at most 256 workers"));
         }
@@ -701,15 +740,26 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
             mem_pct: p.mem_pct.0,
             kind: p.kind,
             teardown_ms: p.teardown_ms,
+            unlisted: p.unlisted,
+            listed_pid: p.listed_pid,
         });
     }
-    let state_file = raw.state_file.map(|f| {
+    let beside_scenario = |f: PathBuf| {
         if f.is_relative() {
             path.parent().unwrap_or(Path::new(".")).join(f)
         } else {
             f
         }
-    });
+    };
+    let state_file = raw.state_file.map(beside_scenario);
+    if raw
+        .device_dir
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        return Err("device_dir must not be empty".into());
+    }
+    let device_dir = raw.device_dir.map(beside_scenario);
     let mut by_gpu = vec![Vec::new(); gpus.len()];
     for (k, p) in processes.iter().enumerate() {
         for g in &p.gpus {
@@ -725,6 +775,7 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         init_error: raw.init_error.map(|e| e.0),
         settings_require_root: raw.settings_require_root,
         state_file,
+        device_dir,
         fault_rate: raw.fault_rate,
         fault_seed: raw.fault_seed,
         fault_errors: if raw.fault_errors.is_empty() {
@@ -792,6 +843,61 @@ mod tests {
             p("[[gpu]]\n[[gpu]]\n[[process]]\npid = 5\ngpu = [0, 1]\ntype = \"compute+graphics\"")
                 .unwrap();
         assert_eq!(s.processes[0].gpus, vec![0, 1]);
+    }
+
+    #[test]
+    fn minor_device_dir_and_process_keys() {
+        let s = p("device_dir = \"dev\"\n[[gpu]]\nminor = 7\n[[gpu]]\n").unwrap();
+        assert_eq!(s.device_dir.as_deref(), Some(Path::new("/tmp/dev")));
+        assert_eq!((s.gpus[0].minor, s.gpus[1].minor), (7, 1));
+        let s = p("device_dir = \"/abs/dev\"").unwrap();
+        assert_eq!(s.device_dir.as_deref(), Some(Path::new("/abs/dev")));
+        assert!(p("").unwrap().device_dir.is_none());
+        let s = p(
+            "[[gpu]]\n[[process]]\npid = 5\ngpu = 0\nunlisted = true\n[[process]]\npid = 6\ngpu = 0\nlisted_pid = 1\n",
+        )
+        .unwrap();
+        assert!(s.processes[0].unlisted && s.processes[0].listed_pid.is_none());
+        assert!(!s.processes[1].unlisted);
+        assert_eq!(s.processes[1].listed_pid, Some(1));
+    }
+
+    #[test]
+    fn bad_minor_device_dir_and_process_keys() {
+        let one_line = |e: String| {
+            assert!(e.starts_with("/tmp/x.toml: "), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+            e
+        };
+        let e = one_line(p("[[gpu]]\n[[gpu]]\nminor = 0\n").unwrap_err());
+        assert!(e.contains("gpu[0] and gpu[1] share the minor 0"), "{e}");
+        let e = one_line(p("[[gpu]]\nminor = 256\n").unwrap_err());
+        assert!(e.contains("gpu[0]: minor must be in 0..=255"), "{e}");
+        let e = one_line(p("[[gpu]]\nminor = -1\n").unwrap_err());
+        assert!(e.contains("line 2"), "{e}");
+        let e = one_line(p("[[gpu]]\nminor = \"3\"\n").unwrap_err());
+        assert!(e.contains("line 2"), "{e}");
+        let e = one_line(p("device_dir = \"\"\n").unwrap_err());
+        assert!(e.contains("device_dir must not be empty"), "{e}");
+        let e = one_line(p("device_dir = 3\n").unwrap_err());
+        assert!(e.contains("line 1"), "{e}");
+        let proc_ = "[[gpu]]\n[[process]]\npid = 5\ngpu = 0\n";
+        let e = one_line(p(&format!("{proc_}unlisted = \"yes\"\n")).unwrap_err());
+        assert!(e.contains("line 5"), "{e}");
+        let e = one_line(p(&format!("{proc_}listed_pid = 0\n")).unwrap_err());
+        assert!(
+            e.contains("process[0] (pid 5): listed_pid must be in 1..="),
+            "{e}"
+        );
+        let e = one_line(p(&format!("{proc_}listed_pid = 4294967295\n")).unwrap_err());
+        assert!(e.contains("listed_pid must be in 1..="), "{e}");
+        let e = one_line(p(&format!("{proc_}listed_pid = -2\n")).unwrap_err());
+        assert!(e.contains("line 5"), "{e}");
+        let e = one_line(p(&format!("{proc_}listed_pid = 9\nunlisted = true\n")).unwrap_err());
+        assert!(
+            e.contains("process[0] (pid 5): listed_pid and unlisted"),
+            "{e}"
+        );
     }
 
     #[test]
