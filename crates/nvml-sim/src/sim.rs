@@ -95,6 +95,14 @@ pub fn state_path(scenario: &Scenario) -> PathBuf {
         .unwrap_or_else(|| default_state_path(&scenario.path))
 }
 
+/// Makes the scenario's device files, if it names a `device_dir`. A failure is one line on
+/// stderr: NVML calls do not depend on the files.
+fn make_device_dir(scenario: &Scenario) {
+    if let Err(e) = crate::devdir::create_device_dir(scenario) {
+        eprintln!("nvml-sim: {e}");
+    }
+}
+
 /// A process as reported now on one GPU.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcNow {
@@ -152,6 +160,7 @@ impl Sim {
             eprintln!("nvml-sim: {e}");
             NVML_ERROR_UNKNOWN
         })?;
+        make_device_dir(&scenario);
         if let Some(code) = scenario.init_error {
             return Err(code);
         }
@@ -197,6 +206,7 @@ impl Sim {
         };
         match loaded {
             Ok(s) => {
+                make_device_dir(&s);
                 let new_state = state_path(&s);
                 if new_state != self.state.path {
                     self.state = StateStore::new(new_state);

@@ -466,6 +466,79 @@ fn settings_child() {
     println!("SETTINGS-OK");
 }
 
+const DEVDIR_CHILD: &str = "NVML_SIM_TEST_DEVDIR_CHILD";
+
+/// `device_dir`: init makes the device files (named by `minor`, which the minor-number
+/// query returns), a reload makes the files of new GPUs and leaves the others as they are.
+#[test]
+fn device_dir_is_made_on_load_and_reload() {
+    let sim = Sim::new("device_dir = \"dev\"\n[[gpu]]\nminor = 4\n[[gpu]]\n");
+    let dir = sim.dir.path().join("dev");
+    assert!(!dir.exists());
+    let nvml = sim.nvml();
+    assert_eq!(nvml.device_by_index(0).unwrap().minor_number().unwrap(), 4);
+    assert_eq!(nvml.device_by_index(1).unwrap().minor_number().unwrap(), 1);
+    assert_device_files(
+        &dir,
+        &[
+            ("nvidia1", (1, 3)),
+            ("nvidia4", (1, 5)),
+            ("nvidiactl", (1, 7)),
+            ("nvidia-uvm", (1, 8)),
+        ],
+    );
+    // Another process's leftovers, and a file someone replaced: kept.
+    std::fs::remove_file(dir.join("nvidiactl")).unwrap();
+    sim.replace("device_dir = \"dev\"\n[[gpu]]\nminor = 4\n[[gpu]]\n[[gpu]]\nminor = 0\n");
+    assert_eq!(nvml.device_count().unwrap(), 3);
+    assert_eq!(nvml.device_by_index(2).unwrap().minor_number().unwrap(), 0);
+    assert_device_files(
+        &dir,
+        &[
+            ("nvidia0", (1, 3)),
+            ("nvidia1", (1, 3)),
+            ("nvidia4", (1, 5)),
+            ("nvidiactl", (1, 8)),
+            ("nvidia-uvm", (1, 8)),
+        ],
+    );
+    drop(nvml);
+
+    // A directory that cannot be made: one line on stderr, and NVML works.
+    std::fs::write(sim.dir.path().join("blocker"), "").unwrap();
+    sim.replace("device_dir = \"blocker/dev\"\n[[gpu]]\n");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "devdir_child", "--nocapture", "--test-threads=1"])
+        .env(DEVDIR_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("DEVDIR-CHILD 1 GPU"), "{stdout}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("nvml-sim: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains(&sim.scenario.display().to_string())
+            && lines[0].contains("device_dir ")
+            && lines[0].contains("cannot create it"),
+        "{stderr}"
+    );
+}
+
+/// Runs only as the second process of `device_dir_is_made_on_load_and_reload`.
+#[test]
+fn devdir_child() {
+    if std::env::var_os(DEVDIR_CHILD).is_none() {
+        return;
+    }
+    let nvml = open_nvml();
+    println!("DEVDIR-CHILD {} GPU", nvml.device_count().unwrap());
+}
+
 // Raw ABI conventions, through dlsym.
 
 type Dev = *mut std::ffi::c_void;

@@ -408,8 +408,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::MinorNumber), |_, i| unsafe {
-        put(out, i as c_uint)
+    guard!(with_dev(d, Some(Feature::MinorNumber), |s, i| unsafe {
+        put(out, s.gpu(i).minor)
     }))
 }
 

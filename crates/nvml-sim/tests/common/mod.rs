@@ -116,3 +116,48 @@ pub fn kill_and_reap(child: &mut std::process::Child) {
 pub fn exists(path: &Path) -> bool {
     path.exists()
 }
+
+/// Whether this process can make device nodes (root with CAP_MKNOD): what the sim's device
+/// files are then.
+pub fn can_mknod() -> bool {
+    // SAFETY: geteuid never fails.
+    if unsafe { libc::geteuid() } != 0 {
+        return false;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = std::ffi::CString::new(dir.path().join("probe").as_os_str().as_encoded_bytes())
+        .expect("path");
+    // SAFETY: a NUL-terminated path; makes a /dev/null node in our own temp dir.
+    unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) == 0 }
+}
+
+/// Asserts that `dir` holds exactly these device files: character devices with these
+/// numbers where the test may make device nodes, else empty regular files; mode 0666.
+pub fn assert_device_files(dir: &Path, want: &[(&str, (u32, u32))]) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let devices = can_mknod();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut wanted: Vec<String> = want.iter().map(|(n, _)| n.to_string()).collect();
+    wanted.sort();
+    assert_eq!(names, wanted, "in {}", dir.display());
+    for (name, (major, minor)) in want {
+        let meta = std::fs::symlink_metadata(dir.join(name)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o666, "{name}");
+        if devices {
+            assert!(meta.file_type().is_char_device(), "{name}: {meta:?}");
+            let rdev = meta.rdev();
+            assert_eq!(
+                (libc::major(rdev), libc::minor(rdev)),
+                (*major, *minor),
+                "{name}"
+            );
+        } else {
+            assert!(meta.file_type().is_file(), "{name}: {meta:?}");
+            assert_eq!(meta.len(), 0, "{name}");
+        }
+    }
+}
