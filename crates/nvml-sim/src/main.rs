@@ -319,8 +319,12 @@ fn resolve(
                 if let Some(g) = p.get("gpu") {
                     wt.insert("gpu".into(), g.clone());
                 }
-                if let Some(t) = p.get("type") {
-                    wt.insert("type".into(), t.clone());
+                // Workers share their leader's fate in NVML's eyes: hidden with it. Not its
+                // listed_pid: each has its own pid in any namespace.
+                for key in ["type", "unlisted"] {
+                    if let Some(v) = p.get(key) {
+                        wt.insert(key.into(), v.clone());
+                    }
                 }
                 if let Some(m) = spec.worker_used_mib {
                     wt.insert("used_mib".into(), toml::Value::Integer(m as i64));

@@ -106,7 +106,10 @@ fn make_device_dir(scenario: &Scenario) {
 /// A process as reported now on one GPU.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcNow {
+    /// The pid NVML reports: the scenario's `listed_pid`, else the real pid.
     pub pid: u32,
+    /// The process's pid in our PID namespace, where /proc has it.
+    pub real_pid: u32,
     pub used_bytes: Option<u64>,
     pub sm_pct: u32,
     pub mem_pct: u32,
@@ -115,8 +118,12 @@ pub struct ProcNow {
 
 #[derive(Debug, Default, Clone)]
 pub struct GpuNow {
+    /// The processes NVML lists (every process list goes through this).
     pub procs: Vec<ProcNow>,
     pub used_mib: u64,
+    /// Summed `sm_pct` and `mem_pct` of the live `unlisted` processes: the GPU is busy
+    /// with them even though no list names them.
+    pub unlisted_pct: (u32, u32),
 }
 
 pub struct Sim {
@@ -306,6 +313,7 @@ impl Sim {
         let mut out = GpuNow {
             procs: Vec::with_capacity(sc.by_gpu[index].len()),
             used_mib: gpu.leaked_mib,
+            unlisted_pct: (0, 0),
         };
         let mut state_fresh = false;
         let mut stale_records: Vec<u32> = Vec::new();
@@ -316,13 +324,19 @@ impl Sim {
             let p = &sc.processes[p_index];
             if alive[p_index] {
                 out.used_mib += p.used_mib.unwrap_or(0);
-                out.procs.push(ProcNow {
-                    pid: p.pid,
-                    used_bytes: p.used_mib.map(|m| m * MIB),
-                    sm_pct: p.sm_pct,
-                    mem_pct: p.mem_pct,
-                    kind: p.kind,
-                });
+                if p.unlisted {
+                    out.unlisted_pct.0 += p.sm_pct;
+                    out.unlisted_pct.1 += p.mem_pct;
+                } else {
+                    out.procs.push(ProcNow {
+                        pid: p.listed_pid.unwrap_or(p.pid),
+                        real_pid: p.pid,
+                        used_bytes: p.used_mib.map(|m| m * MIB),
+                        sm_pct: p.sm_pct,
+                        mem_pct: p.mem_pct,
+                        kind: p.kind,
+                    });
+                }
                 if p.teardown_ms.is_some() {
                     if !state_fresh {
                         self.state.refresh();
@@ -402,8 +416,8 @@ impl Sim {
         (total, reserved, free, used)
     }
 
-    /// GPU and memory utilization: the scenario's values, else the sum over the reported
-    /// processes (capped at 100).
+    /// GPU and memory utilization: the scenario's values, else the sum over the live
+    /// processes, listed or not (capped at 100).
     pub fn utilization(&mut self, index: usize) -> (u32, u32) {
         let g = self.gpu(index);
         let (gu, mu) = (g.utilization_pct, g.memory_utilization_pct);
@@ -411,8 +425,8 @@ impl Sim {
             return (a, b);
         }
         let now = self.gpu_now(index);
-        let sm: u32 = now.procs.iter().map(|p| p.sm_pct).sum();
-        let mem: u32 = now.procs.iter().map(|p| p.mem_pct).sum();
+        let sm: u32 = now.procs.iter().map(|p| p.sm_pct).sum::<u32>() + now.unlisted_pct.0;
+        let mem: u32 = now.procs.iter().map(|p| p.mem_pct).sum::<u32>() + now.unlisted_pct.1;
         (gu.unwrap_or(sm.min(100)), mu.unwrap_or(mem.min(100)))
     }
 

@@ -77,6 +77,79 @@ fn launcher_child() {
     }
 }
 
+const LISTS_CHILD: &str = "NVML_SIM_TEST_LAUNCHER_LISTS_CHILD";
+
+/// `unlisted` and `listed_pid` on `spawn` entries survive the launcher's resolution; the
+/// workers of an unlisted stand-in are unlisted too.
+#[test]
+fn unlisted_and_listed_pid_work_on_spawn_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+[[gpu]]
+[[gpu]]
+[[process]]
+spawn = ["python3", "infer.py"]
+gpu = 0
+used_mib = 30720
+unlisted = true
+workers = 2
+worker_used_mib = 100
+[[process]]
+spawn = ["python3", "train.py"]
+gpu = 1
+used_mib = 2048
+listed_pid = 4242
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin_path())
+        .arg("run")
+        .arg(&scenario)
+        .arg("--")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "lists_child", "--nocapture", "--test-threads=1"])
+        .env(LISTS_CHILD, "1")
+        .env_remove("NVML_SIM_STATE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "launcher failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("GPU0 used=30920 pids=[]\n"), "{stdout}");
+    assert!(stdout.contains("GPU1 used=2048 pids=[4242]\n"), "{stdout}");
+}
+
+/// Runs only under the launcher: each GPU's used memory and listed pids.
+#[test]
+fn lists_child() {
+    if std::env::var_os(LISTS_CHILD).is_none() {
+        return;
+    }
+    let lib = std::env::var("GPUCTL_NVML_LIB").unwrap();
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(&lib))
+        .init()
+        .unwrap();
+    for i in 0..nvml.device_count().unwrap() {
+        let d = nvml.device_by_index(i).unwrap();
+        let pids: Vec<u32> = d
+            .running_compute_processes()
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let used = d.memory_info().unwrap().used / (1024 * 1024);
+        println!("GPU{i} used={used} pids={pids:?}");
+    }
+}
+
 #[test]
 fn bad_scenario_is_one_line_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();

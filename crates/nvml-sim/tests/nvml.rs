@@ -560,6 +560,263 @@ impl Raw {
     }
 }
 
+/// Every process list NVML has, by name: the public exports (every version), both
+/// process-utilization calls and the private table's slots 213-215 (compute, graphics, MPS).
+const LISTS: [&str; 14] = [
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetProcessesUtilizationInfo",
+    "slot 213",
+    "slot 214",
+    "slot 215",
+];
+
+/// The pids each of [`LISTS`] reports on GPU `index` now, and the names the private table
+/// gives them, through the raw ABI.
+fn every_list(raw: &Raw, index: u32) -> Vec<(&'static str, Vec<u32>, Vec<String>)> {
+    use nvml_wrapper_sys::bindings as b;
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(c_uint, *mut Dev) -> u32;
+    type V1 = unsafe extern "C" fn(Dev, *mut c_uint, *mut b::nvmlProcessInfo_v1_t) -> u32;
+    type V2 = unsafe extern "C" fn(Dev, *mut c_uint, *mut b::nvmlProcessInfo_t) -> u32;
+    type Util =
+        unsafe extern "C" fn(Dev, *mut b::nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> u32;
+    type UtilInfo = unsafe extern "C" fn(Dev, *mut b::nvmlProcessesUtilizationInfo_t) -> u32;
+    type Table = unsafe extern "C" fn(*mut *const usize, *const u8) -> u32;
+    type Slot = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> u32;
+    const ID: [u8; 16] = [
+        0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7,
+        0xc4,
+    ];
+    const RECORD: usize = 4128;
+    const CAP: usize = 16;
+    let init: Init = raw.f("nvmlInit_v2");
+    let shutdown: Init = raw.f("nvmlShutdown");
+    let by_index: ByIndex = raw.f("nvmlDeviceGetHandleByIndex_v2");
+    let mut out = Vec::new();
+    // SAFETY: each call passes buffers of CAP entries of the named function's type.
+    unsafe {
+        assert_eq!(init(), 0);
+        let mut dev: Dev = std::ptr::null_mut();
+        assert_eq!(by_index(index, &mut dev), 0);
+        for name in LISTS {
+            let mut count = CAP as c_uint;
+            let mut names = Vec::new();
+            let (rc, pids): (u32, Vec<u32>) = if name.ends_with("Processes") {
+                let mut buf: [b::nvmlProcessInfo_v1_t; CAP] = std::mem::zeroed();
+                let rc = raw.f::<V1>(name)(dev, &mut count, buf.as_mut_ptr());
+                (rc, buf.iter().map(|p| p.pid).collect())
+            } else if name.contains("RunningProcesses_v") {
+                let mut buf: [b::nvmlProcessInfo_t; CAP] = std::mem::zeroed();
+                let rc = raw.f::<V2>(name)(dev, &mut count, buf.as_mut_ptr());
+                (rc, buf.iter().map(|p| p.pid).collect())
+            } else if name == "nvmlDeviceGetProcessUtilization" {
+                let mut buf: [b::nvmlProcessUtilizationSample_t; CAP] = std::mem::zeroed();
+                let rc = raw.f::<Util>(name)(dev, buf.as_mut_ptr(), &mut count, 0);
+                (rc, buf.iter().map(|p| p.pid).collect())
+            } else if name == "nvmlDeviceGetProcessesUtilizationInfo" {
+                let mut buf: [b::nvmlProcessUtilizationInfo_v1_t; CAP] = std::mem::zeroed();
+                let mut info: b::nvmlProcessesUtilizationInfo_t = std::mem::zeroed();
+                info.version = 0x0100_0018;
+                info.processSamplesCount = count;
+                info.procUtilArray = buf.as_mut_ptr();
+                let rc = raw.f::<UtilInfo>(name)(dev, &mut info);
+                count = info.processSamplesCount;
+                (rc, buf.iter().map(|p| p.pid).collect())
+            } else {
+                let n: usize = name["slot ".len()..].parse().unwrap();
+                let mut table: *const usize = std::ptr::null();
+                assert_eq!(
+                    raw.f::<Table>("nvmlInternalGetExportTable")(&mut table, ID.as_ptr()),
+                    0
+                );
+                let slot: Slot = std::mem::transmute(*table.add(n));
+                let mut records = vec![0u8; RECORD * CAP];
+                let rc = slot(
+                    dev as usize,
+                    &mut count as *mut c_uint as usize,
+                    records.as_mut_ptr() as usize,
+                    0,
+                    0,
+                    0,
+                );
+                let records: Vec<&[u8]> = records.chunks(RECORD).collect();
+                for r in records.iter().take(count as usize) {
+                    let name = CStr::from_bytes_until_nul(&r[32..]).unwrap();
+                    names.push(name.to_string_lossy().into_owned());
+                }
+                let pids = records
+                    .iter()
+                    .map(|r| u32::from_ne_bytes(r[0..4].try_into().unwrap()))
+                    .collect();
+                (rc, pids)
+            };
+            // An empty process-utilization answer is NOT_FOUND (6), every other is SUCCESS.
+            let empty_ok = rc == 6 && name.contains("Utilization");
+            assert!(rc == 0 || empty_ok, "{name}: {rc}");
+            let n = if empty_ok { 0 } else { count as usize };
+            out.push((name, pids[..n].to_vec(), names));
+        }
+        assert_eq!(shutdown(), 0);
+    }
+    out
+}
+
+/// What [`every_list`] should say when these (pid, kind) are listed: compute lists name
+/// the compute processes, graphics lists the graphics ones, MPS lists nothing and the
+/// utilization calls every one.
+fn expect_lists(procs: &[(u32, &str)]) -> Vec<(&'static str, Vec<u32>)> {
+    LISTS
+        .iter()
+        .map(|name| {
+            let pids = procs
+                .iter()
+                .filter(|(_, kind)| {
+                    if name.contains("MPS") || *name == "slot 215" {
+                        false
+                    } else if name.contains("Compute") || *name == "slot 213" {
+                        kind.contains("compute")
+                    } else if name.contains("Graphics") || *name == "slot 214" {
+                        kind.contains("graphics")
+                    } else {
+                        true
+                    }
+                })
+                .map(|(pid, _)| *pid)
+                .collect();
+            (*name, pids)
+        })
+        .collect()
+}
+
+fn pids_only(lists: Vec<(&'static str, Vec<u32>, Vec<String>)>) -> Vec<(&'static str, Vec<u32>)> {
+    lists.into_iter().map(|(n, p, _)| (n, p)).collect()
+}
+
+/// `unlisted = true`: the memory is used while the process lives (and through its
+/// teardown), but no list, public or private, names it.
+#[test]
+fn unlisted_process_holds_memory_in_no_list() {
+    let mut job = sleeper();
+    let mut hidden = sleeper();
+    let mut tearing = sleeper();
+    let sim = Sim::new(&format!(
+        r#"
+[[gpu]]
+[[gpu]]
+[[process]]
+pid = {job}
+gpu = 0
+used_mib = 1000
+sm_pct = 10
+[[process]]
+pid = {hidden}
+gpu = 0
+used_mib = 30720
+sm_pct = 30
+type = "compute+graphics"
+unlisted = true
+[[process]]
+pid = {tearing}
+gpu = 1
+used_mib = 500
+teardown_ms = 300
+unlisted = true
+"#,
+        job = job.id(),
+        hidden = hidden.id(),
+        tearing = tearing.id()
+    ));
+    let nvml = sim.nvml();
+    let raw = Raw::open();
+    let d0 = nvml.device_by_index(0).unwrap();
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d0.memory_info().unwrap().used, 31_720 * MIB);
+    assert_eq!(d1.memory_info().unwrap().used, 500 * MIB);
+    // The GPU is busy with it all the same.
+    assert_eq!(d0.utilization_rates().unwrap().gpu, 40);
+    assert_eq!(
+        pids_only(every_list(&raw, 0)),
+        expect_lists(&[(job.id(), "compute")])
+    );
+    assert_eq!(pids_only(every_list(&raw, 1)), expect_lists(&[]));
+    let recorded = {
+        let mut d0 = nvml.device_by_index(0).unwrap();
+        d0.set_accounting(true).unwrap();
+        d0.accounting_pids().unwrap()
+    };
+    assert_eq!(recorded, vec![job.id()]);
+
+    // Dead: its memory is free at once, or after its teardown.
+    kill_and_reap(&mut hidden);
+    let freed = poll(Duration::from_secs(5), || {
+        (d0.memory_info().unwrap().used == 1000 * MIB).then_some(())
+    });
+    assert!(
+        freed.is_some(),
+        "a dead unlisted process still holds memory"
+    );
+    assert_eq!(d0.utilization_rates().unwrap().gpu, 10);
+    kill_and_reap(&mut tearing);
+    let started = Instant::now();
+    let freed = poll(Duration::from_secs(5), || {
+        (d1.memory_info().unwrap().used == 0).then(Instant::now)
+    })
+    .expect("the teardown never ended");
+    assert!(freed.duration_since(started) >= Duration::from_millis(250));
+    assert_eq!(pids_only(every_list(&raw, 1)), expect_lists(&[]));
+    drop(nvml);
+    kill_and_reap(&mut job);
+}
+
+/// `listed_pid`: every list reports that pid (the private table still names the real
+/// process); liveness is the real pid's.
+#[test]
+fn listed_pid_is_what_lists_report_and_the_real_pid_decides_liveness() {
+    let mut job = sleeper();
+    // Pid 1 is always alive: if liveness followed listed_pid, the entry would never go.
+    let sim = Sim::new(&format!(
+        "[[gpu]]\n[[process]]\npid = {}\ngpu = 0\nused_mib = 700\nlisted_pid = 1\ntype = \"compute+graphics\"\n",
+        job.id()
+    ));
+    let nvml = sim.nvml();
+    let raw = Raw::open();
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.memory_info().unwrap().used, 700 * MIB);
+    let lists = every_list(&raw, 0);
+    for (name, _, names) in &lists {
+        if *name == "slot 213" || *name == "slot 214" {
+            assert_eq!(names, &["sleep".to_string()], "{name}");
+        }
+    }
+    assert_eq!(pids_only(lists), expect_lists(&[(1, "compute+graphics")]));
+    let pids: Vec<u32> = d
+        .running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(pids, vec![1]);
+    kill_and_reap(&mut job);
+    let gone = poll(Duration::from_secs(5), || {
+        let used = d.memory_info().unwrap().used;
+        (used == 0 && d.running_compute_processes().unwrap().is_empty()).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "listed under pid 1, it outlived its real pid"
+    );
+    assert_eq!(pids_only(every_list(&raw, 0)), expect_lists(&[]));
+}
+
 #[test]
 fn size_query_conventions() {
     let mut a = sleeper();

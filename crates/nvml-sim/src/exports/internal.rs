@@ -193,7 +193,8 @@ unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> 
                 gpu_instance_id: NO_INSTANCE_ID,
                 compute_instance_id: NO_INSTANCE_ID,
                 used_protected_bytes: 0,
-                name: fill_chars(&process_name(p.pid).unwrap_or_default()),
+                // The driver knows the task itself, whatever pid its namespace gives it.
+                name: fill_chars(&process_name(p.real_pid).unwrap_or_default()),
             })
             .collect();
         unsafe { put_list(count, out, &records) }
