@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use nvml_sim::scenario;
+use nvml_sim::{devdir, scenario};
 
 const STANDIN_ENV: &str = "NVML_SIM_STANDIN";
 const WORKERS_ENV: &str = "NVML_SIM_STANDIN_WORKERS";
@@ -32,6 +32,9 @@ the resolved scenario (real pids) to a temporary file and runs COMMAND with:
                      nvidia-smi)
   PATH               with the nvidia-smi that scripts/fetch-nvidia-smi cached appended, when
                      none is on PATH (~/.cache/gpuctl/nvidia-smi, or $GPUCTL_CACHE/nvidia-smi)
+  GPUCTL_DEV_DIR     the absolute path of the simulated GPUs' device files (nvidia<minor>,
+                     nvidiactl, nvidia-uvm; character devices when run as root): the
+                     scenario's device_dir, else a temporary directory; made before COMMAND
 Without COMMAND it runs $SHELL, for an interactive rehearsal. It exits with COMMAND's status
 and stops the stand-ins when COMMAND ends or when it gets SIGTERM/SIGHUP (SIGINT goes to
 COMMAND, which decides). Bad usage or a bad scenario: one line on stderr, exit status 2.
@@ -282,15 +285,21 @@ fn make_temp_dir() -> Result<TempDir, String> {
     Ok(TempDir(dir))
 }
 
-/// The scenario with every `spawn` entry given its real pid and its workers appended.
+/// The scenario with every `spawn` entry given its real pid and its workers appended, and
+/// `device_dir` set to `dev_dir` (absolute: the resolved file lives elsewhere).
 fn resolve(
     path: &Path,
     text: &str,
     sc: &scenario::Scenario,
     started: &[(usize, Standin)],
+    dev_dir: &Path,
 ) -> Result<String, String> {
     let mut table: toml::Table =
         toml::from_str(text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+    table.insert(
+        "device_dir".into(),
+        toml::Value::String(dev_dir.to_string_lossy().into_owned()),
+    );
     if let Some(sf) = &sc.state_file {
         let abs = std::path::absolute(sf).unwrap_or_else(|_| sf.clone());
         table.insert(
@@ -383,6 +392,20 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
     let tmp = make_temp_dir()?;
     std::os::unix::fs::symlink(&lib, tmp.0.join("libnvidia-ml.so.1"))
         .map_err(|e| format!("cannot create the libnvidia-ml.so.1 link: {e}"))?;
+    // COMMAND is told where the device files are, so there always are some.
+    let dev_dir = sc.device_dir.clone().unwrap_or_else(|| tmp.0.join("dev"));
+    let dev_dir = std::path::absolute(&dev_dir).unwrap_or(dev_dir);
+    let with_dev_dir = scenario::Scenario {
+        device_dir: Some(dev_dir.clone()),
+        ..sc.clone()
+    };
+    if let Err(e) = devdir::create_device_dir(&with_dev_dir) {
+        if !dev_dir.is_dir() {
+            return Err(e);
+        }
+        // Some files are missing or not devices: COMMAND may still get by.
+        eprintln!("nvml-sim: {e}");
+    }
     install_handlers();
 
     let mut started: Vec<(usize, Standin)> = Vec::new();
@@ -399,7 +422,7 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
     let standins_of = |started: Vec<(usize, Standin)>| -> Vec<Standin> {
         started.into_iter().map(|(_, s)| s).collect()
     };
-    let resolved = match resolve(path, &text, &sc, &started) {
+    let resolved = match resolve(path, &text, &sc, &started, &dev_dir) {
         Ok(r) => r,
         Err(e) => {
             stop(&standins_of(started));
@@ -427,10 +450,11 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
             .map(|p| p.to_string())
             .collect();
         eprintln!(
-            "nvml-sim: NVML_SIM_SCENARIO={} GPUCTL_NVML_LIB={} LD_LIBRARY_PATH={} ({} GPUs, stand-in pids: [{}]); exit the shell to stop",
+            "nvml-sim: NVML_SIM_SCENARIO={} GPUCTL_NVML_LIB={} LD_LIBRARY_PATH={} GPUCTL_DEV_DIR={} ({} GPUs, stand-in pids: [{}]); exit the shell to stop",
             scenario_file.display(),
             lib.display(),
             ld.to_string_lossy(),
+            dev_dir.display(),
             sc.gpus.len(),
             pids.join(" ")
         );
@@ -450,6 +474,7 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
         // gpuctl keeps per-GPU state (peak marks) by UUID; simulated GPUs' state must not
         // land in the machine's real state directory.
         .env("GPUCTL_STATE_DIR", tmp.0.join("gpuctl-state"))
+        .env("GPUCTL_DEV_DIR", &dev_dir)
         .spawn();
     let child = match child {
         Ok(c) => c,

@@ -150,6 +150,97 @@ fn lists_child() {
     }
 }
 
+/// COMMAND gets GPUCTL_DEV_DIR: the launcher's temporary directory without a device_dir,
+/// made and filled before COMMAND starts, and gone with the launcher.
+#[test]
+fn run_exports_a_device_dir() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/single.toml");
+    let out = std::process::Command::new(bin_path())
+        .args(["run", example, "--", "sh", "-c"])
+        .arg("echo \"DIR=$GPUCTL_DEV_DIR\"; ls \"$GPUCTL_DEV_DIR\"")
+        .env_remove("NVML_SIM_STATE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    let dir = lines.next().and_then(|l| l.strip_prefix("DIR=")).unwrap();
+    assert!(
+        dir.starts_with('/') && dir.ends_with("/dev"),
+        "GPUCTL_DEV_DIR={dir}"
+    );
+    let mut names: Vec<&str> = lines.collect();
+    names.sort();
+    assert_eq!(names, ["nvidia-uvm", "nvidia0", "nvidiactl"], "{stdout}");
+    assert!(
+        !std::path::Path::new(dir).exists(),
+        "the temporary {dir} outlived the run"
+    );
+}
+
+/// The scenario's own device_dir (relative to the scenario): exported as an absolute path,
+/// made before COMMAND, kept afterwards; one that cannot be made is a one-line error.
+#[test]
+fn run_uses_the_scenarios_device_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(
+        &scenario,
+        "device_dir = \"devs\"\n[[gpu]]\nminor = 3\n[[gpu]]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin_path())
+        .arg("run")
+        .arg(&scenario)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo \"$GPUCTL_DEV_DIR\"; ls \"$GPUCTL_DEV_DIR\" | wc -l",
+        ])
+        .current_dir("/")
+        .env_remove("NVML_SIM_STATE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let devs = dir.path().join("devs");
+    assert_eq!(stdout, format!("{}\n4\n", devs.display()));
+    assert_device_files(
+        &devs,
+        &[
+            ("nvidia1", (1, 3)),
+            ("nvidia3", (1, 5)),
+            ("nvidiactl", (1, 7)),
+            ("nvidia-uvm", (1, 8)),
+        ],
+    );
+
+    std::fs::write(dir.path().join("blocker"), "").unwrap();
+    std::fs::write(&scenario, "device_dir = \"blocker/dev\"\n[[gpu]]\n").unwrap();
+    let out = std::process::Command::new(bin_path())
+        .arg("run")
+        .arg(&scenario)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("nvml-sim: ") && stderr.contains("cannot create it"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bad_scenario_is_one_line_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
