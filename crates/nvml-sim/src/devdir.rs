@@ -158,7 +158,11 @@ fn make_device(dir: &OwnedFd, name: &CString, major: u32, minor: u32) -> io::Res
         )
     };
     if r != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("made, but its mode cannot be set to 0666: {e}"),
+        ));
     }
     Ok(())
 }
