@@ -2,6 +2,7 @@
 //! age and owner. Only the PIDs NVML names are read, never all of /proc.
 
 mod cache;
+pub mod devfiles;
 mod lineage;
 
 pub use cache::FactCache;

@@ -2,6 +2,7 @@
 //! poll, resource limits). Every other module may use this one; it uses none of them, so no
 //! two modules import each other through it.
 
+pub mod fds;
 pub mod limits;
 pub mod pidfd;
 pub mod procfile;
