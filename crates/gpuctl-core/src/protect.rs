@@ -36,6 +36,11 @@ pub const BUILT_IN: &[(&str, &[&str])] = &[
     ("nv-hostengine", &["root"]),
     ("nvidia-fabricmanager", &["root"]),
     ("nvidia-powerd", &["root"]),
+    // Monitoring clients: they open every GPU's device file and hold no memory.
+    ("nvidia-smi", &[]),
+    ("dcgmi", &[]),
+    ("dcgm-exporter", &[]),
+    ("nvidia_gpu_exporter", &[]),
     ("Xorg", &[]),
     ("X", &[]),
     ("Xwayland", &[]),
@@ -265,6 +270,31 @@ fn trusted(meta: &fs::Metadata) -> Result<(), &'static str> {
         Err("is writable by others than root")
     } else {
         Ok(())
+    }
+}
+
+/// Says, for each confirmed process of `snapshot` (listed or holding a device file) that
+/// names itself after a protected program, whether it is that program. Only those are read
+/// (/proc/PID/exe and the directories above it).
+pub fn mark_claims(snapshot: &mut crate::snapshot::Snapshot, protection: &Protection) {
+    let mark = |pid: u32, host: &mut std::sync::Arc<HostProcess>| {
+        if !host.confirmed {
+            return;
+        }
+        let claimant = Claimant::of(pid, host);
+        if protection.claimed(&claimant).is_none() {
+            return;
+        }
+        let claimed = protection.judge(&claimant).report();
+        std::sync::Arc::make_mut(host).protection = claimed;
+    };
+    for gpu in &mut snapshot.devices {
+        for process in &mut gpu.processes {
+            mark(process.pid, &mut process.host);
+        }
+        for holder in gpu.holders.iter_mut().flatten() {
+            mark(holder.pid, &mut holder.host);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::act::Identity;
 use crate::classify::{Finding, Remedy, Verdict};
 use crate::host::HostProcess;
 use crate::owner::Owner;
-use crate::snapshot::{GpuProcess, Snapshot};
+use crate::snapshot::Snapshot;
 
 /// One process to act on, as selected from a snapshot.
 #[derive(Debug, Clone, Serialize)]
@@ -40,7 +40,7 @@ impl Target {
             let Some(process) = gpu.processes.iter().find(|p| p.pid == pid) else {
                 continue;
             };
-            let target = target.get_or_insert_with(|| Target::new(process));
+            let target = target.get_or_insert_with(|| Target::new(process.pid, &process.host));
             target.gpus.push(gpu.index);
             if let (Some(total), Some(used)) = (target.used_bytes, process.used_bytes) {
                 target.used_bytes = Some(total + used);
@@ -48,13 +48,27 @@ impl Target {
                 target.used_bytes = None;
             }
         }
+        if target.is_some() {
+            return target;
+        }
+        // A device-file holder NVML does not list: what it holds is not known.
+        for gpu in &snapshot.devices {
+            let Some(holder) = gpu.holders.iter().flatten().find(|h| h.pid == pid) else {
+                continue;
+            };
+            let target = target.get_or_insert_with(|| {
+                let mut target = Target::new(pid, &holder.host);
+                target.used_bytes = None;
+                target
+            });
+            target.gpus.push(gpu.index);
+        }
         target
     }
 
-    fn new(process: &GpuProcess) -> Target {
-        let host = &process.host;
+    fn new(pid: u32, host: &Arc<HostProcess>) -> Target {
         Target {
-            pid: process.pid,
+            pid,
             start_ticks: host.start_ticks,
             uid: host.uid,
             user: host.user.clone(),
@@ -460,6 +474,7 @@ fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
 mod tests {
     use super::*;
     use crate::owner::ContainerRuntime;
+    use crate::snapshot::GpuProcess;
 
     #[test]
     fn owner_selectors_parse_and_match() {

@@ -77,6 +77,8 @@ fn the_example_file_is_valid() {
         config,
         Config {
             nvml_timeout: Some(std::time::Duration::from_secs(10)),
+            dev_dir: Some("/dev".into()),
+            holders_threshold: Some(1 << 30),
             fraction: FractionPolicy {
                 default: Some(0.9),
                 gpu: BTreeMap::from([
@@ -120,7 +122,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, fraction, protect, watchdog)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -136,7 +138,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, fraction, protect, watchdog)"
+        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.

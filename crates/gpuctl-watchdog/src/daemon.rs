@@ -470,6 +470,7 @@ impl Daemon {
                     gpus: None,
                     utilization_window: Some(ACTIVITY_WINDOW),
                     only_memory_and_processes: true,
+                    holders: None,
                 },
                 &mut self.facts,
             )

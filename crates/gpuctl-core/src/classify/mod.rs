@@ -12,6 +12,7 @@
 //! evidence that its run died. Without that evidence it is reported, not reclaimed.
 
 mod above_fraction;
+pub mod holders;
 mod orphaned;
 mod state;
 mod unattributed;
@@ -42,6 +43,9 @@ pub enum Kind {
     Unattributed,
     /// Holds more of a GPU than the `[fraction]` policy gives it.
     AboveFraction,
+    /// Holds a GPU's device file without NVML listing it there (found only when the
+    /// device-file scan ran: `info --holders`, `clear --holders`).
+    UnlistedHolder,
 }
 
 /// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
@@ -59,13 +63,14 @@ pub enum Remedy {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Orphaned,
         Kind::ZombieHolder,
         Kind::Stopped,
         Kind::Uninterruptible,
         Kind::Unattributed,
         Kind::AboveFraction,
+        Kind::UnlistedHolder,
     ];
 
     /// Its name in JSON, the journal and metrics.
@@ -77,12 +82,17 @@ impl Kind {
             Kind::Uninterruptible => "uninterruptible",
             Kind::Unattributed => "unattributed",
             Kind::AboveFraction => "above_fraction",
+            Kind::UnlistedHolder => "unlisted_holder",
         }
     }
 
     pub fn remedy(self) -> Remedy {
         match self {
-            Kind::Orphaned | Kind::ZombieHolder | Kind::Stopped => Remedy::Reclaim,
+            // An unlisted holder is ended only by `clear --holders`: the scan that finds it
+            // runs only when asked, and the watchdog has no reclaim kind for it.
+            Kind::Orphaned | Kind::ZombieHolder | Kind::Stopped | Kind::UnlistedHolder => {
+                Remedy::Reclaim
+            }
             Kind::AboveFraction => Remedy::Enforce,
             Kind::Uninterruptible | Kind::Unattributed => Remedy::Report,
         }
@@ -94,7 +104,10 @@ impl Kind {
             Kind::Orphaned => Some(ReclaimKind::Orphaned),
             Kind::ZombieHolder => Some(ReclaimKind::Zombie),
             Kind::Stopped => Some(ReclaimKind::Stopped),
-            Kind::Uninterruptible | Kind::Unattributed | Kind::AboveFraction => None,
+            Kind::Uninterruptible
+            | Kind::Unattributed
+            | Kind::AboveFraction
+            | Kind::UnlistedHolder => None,
         }
     }
 }
@@ -192,6 +205,8 @@ impl Held<'_> {
 enum Rule {
     Process(Kind, fn(&Facts, &Held) -> Option<(Verdict, String)>),
     Gpu(fn(&Facts, &GpuSnapshot) -> Option<Finding>),
+    /// Several findings for one GPU (one per device-file holder).
+    GpuMany(fn(&Facts, &GpuSnapshot) -> Vec<Finding>),
 }
 
 /// Every rule, in the order their findings are listed for a process.
@@ -202,6 +217,7 @@ const RULES: &[Rule] = &[
     Rule::Process(Kind::Orphaned, orphaned::judge),
     Rule::Process(Kind::AboveFraction, above_fraction::judge),
     Rule::Gpu(unattributed::judge),
+    Rule::GpuMany(holders::judge),
 ];
 
 /// Findings for every process and GPU of `snapshot`: each confirmed process by ascending
@@ -233,10 +249,10 @@ pub fn classify(
     }
     for gpu in &snapshot.devices {
         for rule in RULES {
-            if let Rule::Gpu(judge) = rule
-                && let Some(finding) = judge(&facts, gpu)
-            {
-                findings.push(finding);
+            match rule {
+                Rule::Gpu(judge) => findings.extend(judge(&facts, gpu)),
+                Rule::GpuMany(judge) => findings.extend(judge(&facts, gpu)),
+                Rule::Process(..) => {}
             }
         }
     }

@@ -222,3 +222,38 @@ pub(super) fn serialize_duration_opt<S: serde::Serializer>(
         None => s.serialize_none(),
     }
 }
+
+/// An absolute path (a key that may be absent).
+pub(super) fn absolute_path_opt<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::path::PathBuf>, D::Error> {
+    let text = String::deserialize(d)?;
+    let path = std::path::PathBuf::from(&text);
+    if !path.is_absolute() {
+        return Err(de::Error::custom(format!(
+            "'{text}' is not an absolute path"
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// A size: "1GiB", "512MiB", "40G", or a number of bytes (a key that may be absent).
+pub(super) fn size_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct SizeVisitor;
+    impl Visitor<'_> for SizeVisitor {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a size like \"1GiB\" or a number of bytes")
+        }
+        fn visit_str<E: de::Error>(self, value: &str) -> Result<u64, E> {
+            crate::units::parse_size(value).map_err(E::custom)
+        }
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<u64, E> {
+            Ok(value)
+        }
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<u64, E> {
+            u64::try_from(value).map_err(|_| E::custom(format!("{value} is not a size")))
+        }
+    }
+    d.deserialize_any(SizeVisitor).map(Some)
+}

@@ -37,6 +37,21 @@ use serde::{Deserialize, Serialize};
 pub const SYSTEM_PATH: &str = "/etc/gpuctl/gpuctl.toml";
 /// The environment variable naming one file that replaces both the system and the user file.
 pub const ENV_VAR: &str = "GPUCTL_CONFIG";
+/// The environment variable naming the device directory (before the `dev_dir` key).
+pub const DEV_DIR_ENV: &str = "GPUCTL_DEV_DIR";
+/// Unattributed memory from which `info` looks for device-file holders unasked.
+pub const DEFAULT_HOLDERS_THRESHOLD: u64 = 1 << 30;
+
+/// Where the NVIDIA device files are: `GPUCTL_DEV_DIR`, else the configuration's `dev_dir`,
+/// else /dev.
+pub fn device_dir(loaded: Option<&Loaded>) -> PathBuf {
+    std::env::var_os(DEV_DIR_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| loaded.and_then(Loaded::dev_dir).map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("/dev"))
+}
+
 /// Files larger than this are refused unread: a gpuctl config is a few lines.
 const MAX_SIZE: u64 = 1 << 20;
 
@@ -53,6 +68,22 @@ pub struct Config {
         skip_serializing_if = "Option::is_none"
     )]
     pub nvml_timeout: Option<std::time::Duration>,
+    /// `dev_dir`: where the NVIDIA device files are (`nvidia<minor>`, `nvidiactl`,
+    /// `nvidia-uvm`); absent: /dev. A containerized watchdog sees the host's /dev mounted
+    /// elsewhere. GPUCTL_DEV_DIR overrides it.
+    #[serde(
+        deserialize_with = "de::absolute_path_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dev_dir: Option<PathBuf>,
+    /// `holders_threshold`: `info` looks for the processes holding a GPU's device file
+    /// without NVML listing them when the GPU has at least this much memory no listed
+    /// process accounts for (a size: "1GiB", "512MiB"); absent: 1 GiB.
+    #[serde(
+        deserialize_with = "de::size_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub holders_threshold: Option<u64>,
     pub fraction: FractionPolicy,
     pub protect: Protect,
     pub watchdog: Watchdog,
@@ -272,6 +303,20 @@ impl Loaded {
     pub fn nvml_timeout(&self) -> Option<std::time::Duration> {
         self.files()
             .filter_map(|(_, config)| config.nvml_timeout)
+            .min()
+    }
+
+    /// The device directory the files name (the system file's first): `None` for /dev.
+    pub fn dev_dir(&self) -> Option<&Path> {
+        self.files()
+            .find_map(|(_, config)| config.dev_dir.as_deref())
+    }
+
+    /// The unattributed memory above which `info` scans for device-file holders: the lower
+    /// of the files' (scanning more only shows more).
+    pub fn holders_threshold(&self) -> Option<u64> {
+        self.files()
+            .filter_map(|(_, config)| config.holders_threshold)
             .min()
     }
 

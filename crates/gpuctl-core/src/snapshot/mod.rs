@@ -6,6 +6,7 @@ pub mod peaks;
 pub mod totals;
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -35,6 +36,19 @@ pub struct SnapshotOptions {
     /// or compute mode. For readers that poll (the watchdog each loop, the wait for memory
     /// to be released), each NVML query saved is one fewer driver call per GPU.
     pub only_memory_and_processes: bool,
+    /// Whether to look for the processes holding a GPU's device file that NVML does not
+    /// list on it (`None`: never). The scan reads every process's descriptors.
+    pub holders: Option<HolderScan>,
+}
+
+/// When to scan for device-file holders, and where the device files are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderScan {
+    /// `/dev`, or where the host's /dev is mounted (`GPUCTL_DEV_DIR`, `dev_dir`).
+    pub dev_dir: PathBuf,
+    /// Scan only when some GPU has at least this much memory no listed process accounts
+    /// for; `None`: always.
+    pub above_unattributed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,6 +73,8 @@ pub struct Snapshot {
 pub struct ReadTimes {
     pub nvml: Duration,
     pub host: Duration,
+    /// The device-file scan, when it ran.
+    pub holders: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -96,6 +112,26 @@ pub struct GpuSnapshot {
     /// callers that keep marks, `None` otherwise.
     pub peak: Option<peaks::Peak>,
     pub processes: Vec<GpuProcess>,
+    /// Processes holding this GPU's device file (`/dev/nvidia<minor>`) that NVML does not
+    /// list on it; present only when the scan ran ([`SnapshotOptions::holders`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holders: Option<Vec<Holder>>,
+    /// The device's minor number (its file is `nvidia<minor>`), read with the full figures.
+    #[serde(skip)]
+    pub minor: Option<u32>,
+}
+
+/// A process holding a GPU's device file without NVML listing it on that GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    /// What it is suspected to be (`classify::holders` names it): `tool`,
+    /// `listed_elsewhere`, `job_process` or `unknown`; `None` until classified.
+    pub suspect: Option<&'static str>,
+    /// Why, in a sentence; `None` until classified.
+    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub host: Arc<HostProcess>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -236,6 +272,14 @@ impl Snapshot {
         }
 
         let host_read = started.elapsed() - nvml_read;
+        let holders_read = match &options.holders {
+            Some(scan) if scan.wanted(&devices) => {
+                let scanning = Instant::now();
+                find_holders(&mut devices, view, &scan.dev_dir)?;
+                Some(scanning.elapsed())
+            }
+            _ => None,
+        };
         let mut snapshot = Snapshot {
             taken_at: SystemTime::now(),
             driver_version: nvml.sys_driver_version().ok(),
@@ -251,9 +295,11 @@ impl Snapshot {
             devices,
             read_times: ReadTimes::default(),
         };
+        let holders_took = holders_read.unwrap_or_default();
         snapshot.read_times = ReadTimes {
-            nvml: started.elapsed() - host_read,
+            nvml: started.elapsed() - host_read - holders_took,
             host: host_read,
+            holders: holders_read,
         };
         Ok(snapshot)
     }
@@ -449,6 +495,7 @@ fn read_gpu_fields(
             .zip(memory)
             .map(|(sm_mhz, memory_mhz)| Clocks { sm_mhz, memory_mhz });
         gpu.pstate = optional(device.performance_state())?.and_then(pstate_name);
+        gpu.minor = optional(device.minor_number())?;
         gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
         gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
     }
@@ -501,6 +548,8 @@ impl GpuSnapshot {
             compute_mode: None,
             peak: None,
             processes: Vec::new(),
+            holders: None,
+            minor: None,
         }
     }
 
@@ -609,6 +658,69 @@ fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
         attributed = attributed.saturating_add(process.used_bytes?);
     }
     Some(used.saturating_sub(attributed))
+}
+
+impl HolderScan {
+    fn wanted(&self, devices: &[GpuSnapshot]) -> bool {
+        match self.above_unattributed {
+            None => true,
+            Some(threshold) => devices.iter().any(|gpu| {
+                gpu.memory
+                    .and_then(|m| m.unattributed_bytes)
+                    .is_some_and(|bytes| bytes >= threshold)
+            }),
+        }
+    }
+}
+
+/// Fills each GPU's `holders`: the processes with its device file open that NVML does not
+/// list on it, this process excepted (gpuctl itself opens every GPU's file through NVML).
+/// A GPU whose minor number is unknown gets none.
+fn find_holders(devices: &mut [GpuSnapshot], view: &ProcView, dev_dir: &Path) -> Result<()> {
+    let found = crate::host::devfiles::scan(dev_dir).map_err(|source| CoreError::Io {
+        path: "/proc".into(),
+        source,
+    })?;
+    let me = std::process::id();
+    let per_gpu: Vec<Vec<u32>> = devices
+        .iter()
+        .map(|gpu| match gpu.minor {
+            None => Vec::new(),
+            Some(minor) => found
+                .of_gpu(minor)
+                .iter()
+                .copied()
+                .filter(|&pid| pid != me && !gpu.processes.iter().any(|p| p.pid == pid))
+                .collect(),
+        })
+        .collect();
+    let mut seen = PidSet::default();
+    let pids: Vec<u32> = per_gpu
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|&pid| seen.insert(pid))
+        .collect();
+    let facts: HashMap<u32, Arc<HostProcess>> = view
+        .processes(&pids)
+        .into_iter()
+        .map(|(pid, fact)| (pid, Arc::new(fact)))
+        .collect();
+    for (gpu, pids) in devices.iter_mut().zip(per_gpu) {
+        gpu.holders = Some(
+            pids.into_iter()
+                .map(|pid| Holder {
+                    pid,
+                    suspect: None,
+                    reason: None,
+                    host: facts.get(&pid).cloned().unwrap_or_else(|| {
+                        Arc::new(HostProcess::unconfirmed("gone before it was read"))
+                    }),
+                })
+                .collect(),
+        );
+    }
+    Ok(())
 }
 
 /// "P0" … "P15"; NVML's "unknown" state is no state.
