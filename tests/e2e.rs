@@ -3,6 +3,7 @@
 mod util;
 
 mod exit_codes;
+mod holders;
 mod hostile;
 mod info;
 mod kill_clear;

@@ -17,6 +17,8 @@
 //! interpreters and nvml-sim's stand-ins do, so comm and argv[0] agree. A mode that runs a
 //! worker prints "ready" on stdout once set up when GPUCTL_TESTPROC_READY=1 (its launcher sets
 //! that and waits for the line).
+//! With GPUCTL_TESTPROC_OPEN=PATH[:PATH...] it first opens those files and holds them open
+//! (a process holding a GPU's device file).
 //! Tests give it a realistic argv; the arguments are not read.
 
 use std::io::{BufRead, BufReader, Write};
@@ -26,6 +28,14 @@ use std::time::Duration;
 
 fn main() {
     set_comm_from_argv0();
+    if let Some(paths) = std::env::var_os("GPUCTL_TESTPROC_OPEN") {
+        for path in std::env::split_paths(&paths) {
+            let file = std::fs::File::open(&path)
+                .unwrap_or_else(|e| panic!("testproc: cannot open {}: {e}", path.display()));
+            // Held until the process ends, as a driver client holds its device files.
+            std::mem::forget(file);
+        }
+    }
     let mode = std::env::var("GPUCTL_TESTPROC_MODE").unwrap_or_default();
     match mode.as_str() {
         "zombie-leader" => {

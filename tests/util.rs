@@ -65,6 +65,12 @@ impl Sim {
         self.dir.path().join("gpuctl.toml")
     }
 
+    /// The device directory gpuctl is pointed at: a scenario that wants device files says
+    /// `device_dir = "<this>"`.
+    pub fn dev_dir(&self) -> PathBuf {
+        self.dir.path().join("dev")
+    }
+
     pub fn state_path(&self) -> PathBuf {
         self.dir.path().join("state.json")
     }
@@ -88,6 +94,8 @@ impl Sim {
             .env("GPUCTL_STATE_DIR", self.dir.path().join("gpuctl-state"))
             // Nothing of this machine's own configuration: a file the test may write, or none.
             .env("GPUCTL_CONFIG", self.config_path())
+            // Where a scenario's `device_dir` puts the device files, when it says so.
+            .env("GPUCTL_DEV_DIR", self.dev_dir())
             .env_remove("NO_COLOR")
             .env_remove("COLUMNS")
             .stdin(Stdio::null());
@@ -245,18 +253,49 @@ impl Proc {
         proc
     }
 
+    /// A ready test process in its own process group (a job of its own) holding `files` open.
+    pub fn spawn_holding(argv0: &str, args: &[&str], files: &[&Path]) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let paths = std::env::join_paths(files).expect("paths without ':'");
+        let mut proc = Proc::spawn_with("sleep", argv0, args, |command| {
+            command
+                .env("GPUCTL_TESTPROC_OPEN", paths)
+                .env("GPUCTL_TESTPROC_READY", "1")
+                .process_group(0)
+                .stdout(Stdio::piped());
+        });
+        proc.expect_ready();
+        proc
+    }
+
     /// A ready test process run from `program` (a copy of the test binary) as `argv0`.
     pub fn spawn_program_ready(program: &Path, mode: &str, argv0: &str, args: &[&str]) -> Proc {
+        Proc::spawn_program_with(program, mode, argv0, args, &[])
+    }
+
+    /// [`Proc::spawn_program_ready`], holding `files` open.
+    pub fn spawn_program_with(
+        program: &Path,
+        mode: &str,
+        argv0: &str,
+        args: &[&str],
+        files: &[&Path],
+    ) -> Proc {
         use std::os::unix::process::CommandExt;
+        let paths = std::env::join_paths(files).expect("paths without ':'");
         let spawn = || {
-            Command::new(program)
+            let mut command = Command::new(program);
+            command
                 .arg0(argv0)
                 .args(args)
                 .env("GPUCTL_TESTPROC_MODE", mode)
                 .env("GPUCTL_TESTPROC_READY", "1")
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
+                .stdout(Stdio::piped());
+            if !files.is_empty() {
+                command.env("GPUCTL_TESTPROC_OPEN", &paths);
+            }
+            command.spawn()
         };
         // A test thread forking while the copy was being written holds its descriptor until
         // that child execs: exec fails with ETXTBSY for that moment.

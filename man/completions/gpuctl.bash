@@ -83,7 +83,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__clear)
-            opts="-h --gpu --include-stopped --wait --min-free --signal --timeout --dry-run --json --color --help"
+            opts="-h --gpu --include-stopped --holders --wait --min-free --signal --timeout --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -285,7 +285,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__info)
-            opts="-h --gpu --json --watch --timeout --by --color --help"
+            opts="-h --gpu --json --watch --timeout --by --holders --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

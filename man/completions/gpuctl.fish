@@ -45,6 +45,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l color -d 'When to
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (schema version in its `schema` field; see docs/json.md). With --watch, one document per line at each refresh'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l holders -d 'Look for the processes holding each GPU\'s device file (/dev/nvidiaN) that NVML does not list on it, and say what each is suspected to be. Without it the scan runs only when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed process accounts for. With --json, each device then carries `holders`'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r
@@ -72,6 +73,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l color -d 'When t
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l include-stopped -d 'Also reclaim stopped processes (state T)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l holders -d 'Also end the processes holding a GPU\'s device file (/dev/nvidiaN) that NVML does not list on it and that no live job claims: a zombie or exiting process, one in a container\'s PID namespace, one nothing places (see `gpuctl info --holders`). Never a protected program, a process NVML lists on another GPU, or a process of a job NVML lists alive'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l dry-run -d 'Print what would be reclaimed and why, and signal nothing'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l json -d 'Print one JSON document (see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -283,6 +283,14 @@ pub struct ClearArgs {
     #[arg(long)]
     pub include_stopped: bool,
 
+    /// Also end the processes holding a GPU's device file (/dev/nvidiaN) that NVML does not
+    /// list on it and that no live job claims: a zombie or exiting process, one in a
+    /// container's PID namespace, one nothing places (see `gpuctl info --holders`). Never a
+    /// protected program, a process NVML lists on another GPU, or a process of a job NVML
+    /// lists alive.
+    #[arg(long)]
+    pub holders: bool,
+
     /// Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT
     /// (default 60s). Not free by then: exit status 4.
     #[arg(
@@ -357,6 +365,13 @@ pub struct InfoArgs {
     /// --json, the document gains a `totals` list.
     #[arg(long, value_enum, value_name = "GROUP")]
     pub by: Option<GroupBy>,
+
+    /// Look for the processes holding each GPU's device file (/dev/nvidiaN) that NVML does
+    /// not list on it, and say what each is suspected to be. Without it the scan runs only
+    /// when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed
+    /// process accounts for. With --json, each device then carries `holders`.
+    #[arg(long)]
+    pub holders: bool,
 }
 
 /// What `info --by` groups processes by.

@@ -1,16 +1,16 @@
 //! `gpuctl info`: every GPU and every process holding memory on it.
 
 use std::io::{self, Write};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
+use gpuctl_core::classify;
 use gpuctl_core::config;
 use gpuctl_core::nvml::{self, Gpus};
-use gpuctl_core::protect::{Claimant, Protection};
+use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::totals::{By, Total, totals};
-use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus};
+use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus, Holder, HolderScan};
 use gpuctl_core::units;
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
@@ -48,6 +48,15 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         gpus: (!args.gpus.is_empty())
             .then(|| gpus.resolve(&args.gpus))
             .transpose()?,
+        holders: Some(HolderScan {
+            dev_dir: config::device_dir(loaded.as_ref()),
+            above_unattributed: (!args.holders).then(|| {
+                loaded
+                    .as_ref()
+                    .and_then(config::Loaded::holders_threshold)
+                    .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD)
+            }),
+        }),
         ..SnapshotOptions::default()
     };
     let peaks = PeakStore::default_location();
@@ -57,7 +66,8 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     });
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
-        mark_claims(&mut snapshot, &protection);
+        protect::mark_claims(&mut snapshot, &protection);
+        classify::holders::annotate(&mut snapshot);
         if let Some(store) = &peaks {
             let marks = store.observe(&snapshot);
             for gpu in &mut snapshot.devices {
@@ -78,13 +88,19 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
             let reads = snapshot.read_times;
             let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            // The device-file scan is named only when it ran.
+            let holders = reads
+                .holders
+                .map(|took| format!("holders {:.3} ms, ", ms(took)))
+                .unwrap_or_default();
             eprintln!(
-                "gpuctl: timings: open {:.3} ms, nvml {:.3} ms, proc {:.3} ms, peaks {:.3} ms, \
-                 render {:.3} ms",
+                "gpuctl: timings: open {:.3} ms, nvml {:.3} ms, proc {:.3} ms, {holders}\
+                 peaks {:.3} ms, render {:.3} ms",
                 ms(opened),
                 ms(reads.nvml),
                 ms(reads.host),
-                ms(taken.saturating_sub(reads.nvml + reads.host)),
+                ms(taken
+                    .saturating_sub(reads.nvml + reads.host + reads.holders.unwrap_or_default())),
                 ms(rendering.elapsed()),
             );
         }
@@ -135,23 +151,6 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
 /// `clear` refuse to run then).
 fn readable_config() -> Option<config::Loaded> {
     config::load().ok()
-}
-
-/// Says, for each process that names itself after a protected program, whether it is that
-/// program (only those are read: /proc/PID/exe and the directories above it).
-fn mark_claims(snapshot: &mut Snapshot, protection: &Protection) {
-    for process in snapshot.devices.iter_mut().flat_map(|g| &mut g.processes) {
-        let host = &process.host;
-        if !host.confirmed {
-            continue;
-        }
-        let claimant = Claimant::of(process.pid, host);
-        if protection.claimed(&claimant).is_none() {
-            continue;
-        }
-        let claimed = protection.judge(&claimant).report();
-        Arc::make_mut(&mut process.host).protection = claimed;
-    }
 }
 
 fn group_by(args: &InfoArgs) -> Option<By> {
@@ -392,9 +391,106 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
         .filter(|&bytes| bytes >= 1024 * 1024);
     if gpu.processes.is_empty() && unattributed.is_none() {
         out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+    } else {
+        process_table(out, &gpu.processes, unattributed, style);
+    }
+    if let Some(holders) = &gpu.holders {
+        holder_lines(out, gpu, holders, style);
+    }
+}
+
+/// The processes holding the GPU's device file that NVML does not list, each with what it
+/// is suspected to be and why.
+fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: &Style) {
+    let file = gpu
+        .minor
+        .map_or_else(|| "its device file".to_string(), |m| format!("nvidia{m}"));
+    if holders.is_empty() {
+        out.push_str(&format!(
+            "  {}\n",
+            style.paint(
+                Color::Dim,
+                &format!("no process holds {file} without NVML listing it")
+            )
+        ));
         return;
     }
-    process_table(out, &gpu.processes, unattributed, style);
+    // Tools and processes NVML lists on other GPUs are explained in one line; the rest,
+    // where the memory may be, one by one.
+    let (innocent, suspected): (Vec<&Holder>, Vec<&Holder>) = holders
+        .iter()
+        .partition(|h| matches!(h.suspect, Some("tool" | "listed_elsewhere")));
+    if !suspected.is_empty() {
+        out.push_str(&format!(
+            "  {}\n",
+            style.paint(Color::Bold, &format!("holding {file}, not listed by NVML:"))
+        ));
+    }
+    for holder in suspected {
+        let host = &holder.host;
+        let user = host
+            .user
+            .as_deref()
+            .map(|user| render::safe(user).into_owned())
+            .or_else(|| host.uid.map(|uid| uid.to_string()))
+            .unwrap_or_else(|| "?".into());
+        let state = host.state.map_or("?", |state| state.as_str());
+        let owner = host.owner.as_ref().map_or_else(
+            || "-".to_string(),
+            |o| render::safe(&o.label()).into_owned(),
+        );
+        let command = if host.confirmed {
+            render::safe(&host.shown_command()).into_owned()
+        } else {
+            "(unconfirmed)".to_string()
+        };
+        let line = format!("    {}  {user}  {state}  {owner}  {command}", holder.pid);
+        let line = match style.width {
+            Some(width) => render::cut(&line, width.saturating_sub(1), style.unicode),
+            None => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
+        let why = format!(
+            "      {}: {}",
+            holder.suspect.unwrap_or("unknown"),
+            render::safe(holder.reason.as_deref().unwrap_or(""))
+        );
+        out.push_str(&style.paint(Color::Dim, &why));
+        out.push('\n');
+    }
+    if !innocent.is_empty() {
+        let tools: Vec<String> = innocent
+            .iter()
+            .filter(|h| h.suspect == Some("tool"))
+            .map(|h| {
+                let name = h
+                    .host
+                    .protection
+                    .as_ref()
+                    .map_or("tool", |claim| claim.name.as_str());
+                format!("{} ({})", render::safe(name), h.pid)
+            })
+            .collect();
+        let elsewhere = innocent.len() - tools.len();
+        let mut parts = Vec::new();
+        if elsewhere > 0 {
+            parts.push(format!(
+                "{elsewhere} process{} NVML lists on other GPUs",
+                if elsewhere == 1 { "" } else { "es" }
+            ));
+        }
+        if !tools.is_empty() {
+            parts.push(format!("monitoring tools: {}", tools.join(", ")));
+        }
+        out.push_str(&format!(
+            "  {}\n",
+            style.paint(
+                Color::Dim,
+                &format!("{file} is also open in {}", parts.join("; "))
+            )
+        ));
+    }
 }
 
 /// Joins figures with three spaces, starting a new line where the next would pass `width`

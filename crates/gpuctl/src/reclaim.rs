@@ -11,10 +11,11 @@ use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
 use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::plan::{Guard, Outcome};
-use gpuctl_core::protect::Protection;
+use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
 use gpuctl_core::select::{self, Criterion, Selector, Target};
+use gpuctl_core::snapshot::HolderScan;
 use gpuctl_core::units;
 use gpuctl_core::verify::{self, WaitReport};
 use gpuctl_core::{CoreError, Snapshot, SnapshotOptions};
@@ -41,18 +42,29 @@ fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, Core
         .transpose()
 }
 
-/// A snapshot with the evidence classification needs, and its findings.
-fn classified(gpus: &Gpus, policy: &Policy) -> Result<(Snapshot, Vec<Finding>)> {
+/// A snapshot with the evidence classification needs, and its findings. `holders`: also
+/// scan for device-file holders NVML does not list (`clear --holders`).
+fn classified(
+    gpus: &Gpus,
+    policy: &Policy,
+    holders: Option<HolderScan>,
+    protection: &Protection,
+) -> Result<(Snapshot, Vec<Finding>)> {
     let view = ProcView::system()?;
-    let snapshot = Snapshot::take_with(
+    let mut snapshot = Snapshot::take_with(
         gpus,
         &view,
         &SnapshotOptions {
             gpus: None,
             utilization_window: Some(ACTIVITY_WINDOW),
             only_memory_and_processes: false,
+            holders,
         },
     )?;
+    // Holders that are protected programs are tools, not suspects.
+    if snapshot.devices.iter().any(|gpu| gpu.holders.is_some()) {
+        protect::mark_claims(&mut snapshot, protection);
+    }
     let lineages = snapshot.lineages(&view);
     let findings = classify::classify(&snapshot, &lineages, None, policy);
     Ok((snapshot, findings))
@@ -116,10 +128,11 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
              --older-than or --all",
         )
     })?;
-    let (snapshot, findings) = classified(&gpus, &Policy::default())?;
-    let (targets, refused) = select::select(&snapshot, &findings, &selector);
     // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let guard = Guard::for_this_process(Protection::configured(&loaded.protect()).programs_only());
+    let protection = Protection::configured(&loaded.protect()).programs_only();
+    let (snapshot, findings) = classified(&gpus, &Policy::default(), None, &protection)?;
+    let (targets, refused) = select::select(&snapshot, &findings, &selector);
+    let guard = Guard::for_this_process(protection);
 
     if targets.is_empty() && refused.is_empty() {
         eprintln!("gpuctl: no GPU process matches the selection");
@@ -155,8 +168,13 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         include_stopped: args.include_stopped,
         ..Policy::default()
     };
-    let (snapshot, findings) = classified(&gpus, &policy)?;
-    let guard = Guard::for_this_process(Protection::configured(&loaded.protect()));
+    let protection = Protection::configured(&loaded.protect());
+    let holders = args.holders.then(|| HolderScan {
+        dev_dir: config::device_dir(Some(&loaded)),
+        above_unattributed: None,
+    });
+    let (snapshot, findings) = classified(&gpus, &policy, holders, &protection)?;
+    let guard = Guard::for_this_process(protection);
     // Leftovers of dead runs; clear enforces no policy.
     let leftovers: Vec<Finding> = findings
         .iter()
