@@ -62,43 +62,73 @@ impl DeviceHolders {
     }
 }
 
-/// Reads every process's descriptors (from /proc) for the device files in `dev_dir`.
+/// Reads every process's descriptors (from /proc) for the device files in `dev_dir`. The
+/// cost is one readlinkat per open descriptor on the host, so the processes are shared out
+/// among threads, one per CPU (at most 16).
 pub fn scan(dev_dir: &Path) -> std::io::Result<DeviceHolders> {
     let dev_dir = dev_dir.as_os_str().as_encoded_bytes();
     let dev_dir = match dev_dir {
         [rest @ .., b'/'] if !rest.is_empty() => rest,
         whole => whole,
     };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 16)
+        .min(pids.len().div_ceil(64).max(1));
+    let chunk = pids.len().div_ceil(threads).max(1);
+    let parts: Vec<Scanned> = std::thread::scope(|scope| {
+        let workers: Vec<_> = pids
+            .chunks(chunk)
+            .map(|pids| scope.spawn(move || scan_pids(pids, dev_dir)))
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().unwrap_or_default())
+            .collect()
+    });
     let mut out = DeviceHolders::default();
-    for entry in std::fs::read_dir("/proc")? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let mut held: Vec<DeviceFile> = Vec::new();
-        let read = fds::each_target(pid, |target| {
-            if let Some(file) = device_file(target, dev_dir)
-                && !held.contains(&file)
-            {
-                held.push(file);
+    for (held, scanned, unreadable) in parts {
+        out.scanned += scanned;
+        out.unreadable += unreadable;
+        for (pid, files) in held {
+            for file in files {
+                out.holders.entry(file).or_default().push(pid);
             }
-        });
-        match read {
-            Ok(()) => out.scanned += 1,
-            Err(_) => out.unreadable += 1,
-        }
-        for file in held {
-            out.holders.entry(file).or_default().push(pid);
         }
     }
     for pids in out.holders.values_mut() {
         pids.sort_unstable();
     }
     Ok(out)
+}
+
+/// The device files each process holds (those holding any), how many processes were read,
+/// and how many could not be.
+type Scanned = (Vec<(u32, Vec<DeviceFile>)>, usize, usize);
+
+fn scan_pids(pids: &[u32], dev_dir: &[u8]) -> Scanned {
+    let (mut held, mut scanned, mut unreadable) = (Vec::new(), 0, 0);
+    for &pid in pids {
+        let mut files: Vec<DeviceFile> = Vec::new();
+        let read = fds::each_target(pid, |target| {
+            if let Some(file) = device_file(target, dev_dir)
+                && !files.contains(&file)
+            {
+                files.push(file);
+            }
+        });
+        match read {
+            Ok(()) => scanned += 1,
+            Err(_) => unreadable += 1,
+        }
+        if !files.is_empty() {
+            held.push((pid, files));
+        }
+    }
+    (held, scanned, unreadable)
 }
 
 #[cfg(test)]
