@@ -62,6 +62,7 @@ pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit:
         gpus: Some(indices),
         utilization_window: None,
         only_memory_and_processes: true,
+        activity: false,
         holders: None,
     };
     let deadline = Instant::now() + limit;
@@ -129,6 +130,7 @@ pub fn wait_until_free(
         gpus: selected.map(<[u32]>::to_vec),
         utilization_window: None,
         only_memory_and_processes: true,
+        activity: false,
         holders: None,
     };
     loop {

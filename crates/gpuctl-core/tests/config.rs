@@ -802,8 +802,35 @@ fn watchdog_table() {
     };
     assert_eq!(
         error("[watchdog]\nintervall = \"5s\""),
-        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir)"
+        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir, stuck_after, stuck_util_pct, stuck_power_fraction)"
     );
+    // The stuck-GPU check: defaults, values, and bad values naming the key.
+    assert_eq!(defaults.stuck_after, Duration::from_secs(600));
+    assert_eq!(
+        (defaults.stuck_util_pct, defaults.stuck_power_fraction),
+        (95, 0.4)
+    );
+    let stuck = config::parse(
+        "[watchdog]\nstuck_after = \"0s\"\nstuck_util_pct = 90\nstuck_power_fraction = 0.25\n",
+        Path::new("FILE"),
+    )
+    .unwrap()
+    .watchdog;
+    assert_eq!(
+        (
+            stuck.stuck_after,
+            stuck.stuck_util_pct,
+            stuck.stuck_power_fraction
+        ),
+        (Duration::ZERO, 90, 0.25)
+    );
+    let bad = error("[watchdog]\nstuck_util_pct = 101");
+    assert!(
+        bad.contains("watchdog.stuck_util_pct") && bad.contains("0 to 100"),
+        "{bad}"
+    );
+    let bad = error("[watchdog]\nstuck_power_fraction = 1.5");
+    assert!(bad.contains("watchdog.stuck_power_fraction"), "{bad}");
     let bad = error("[watchdog]\ngrace = \"soon\"");
     assert!(
         bad.starts_with("FILE: line 2: watchdog.grace: 'soon' is not a duration"),

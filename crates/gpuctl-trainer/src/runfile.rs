@@ -293,6 +293,7 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
                 gpus: None,
                 utilization_window: None,
                 only_memory_and_processes: false,
+                activity: false,
                 holders: None,
             };
             match Snapshot::take(&gpus, &options) {

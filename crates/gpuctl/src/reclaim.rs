@@ -58,6 +58,7 @@ fn classified(
             gpus: None,
             utilization_window: Some(ACTIVITY_WINDOW),
             only_memory_and_processes: false,
+            activity: false,
             holders,
         },
     )?;

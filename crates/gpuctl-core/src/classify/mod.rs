@@ -15,6 +15,7 @@ mod above_fraction;
 pub mod holders;
 mod orphaned;
 mod state;
+pub mod stuck;
 mod unattributed;
 
 use std::sync::Arc;
@@ -46,6 +47,9 @@ pub enum Kind {
     /// Holds a GPU's device file without NVML listing it there (found only when the
     /// device-file scan ran: `info --holders`, `clear --holders`).
     UnlistedHolder,
+    /// A GPU busy at low power with steady memory for long: a job hung in a collective
+    /// (the watchdog's history only).
+    Stuck,
 }
 
 /// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
@@ -63,7 +67,7 @@ pub enum Remedy {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Orphaned,
         Kind::ZombieHolder,
         Kind::Stopped,
@@ -71,6 +75,7 @@ impl Kind {
         Kind::Unattributed,
         Kind::AboveFraction,
         Kind::UnlistedHolder,
+        Kind::Stuck,
     ];
 
     /// Its name in JSON, the journal and metrics.
@@ -83,6 +88,7 @@ impl Kind {
             Kind::Unattributed => "unattributed",
             Kind::AboveFraction => "above_fraction",
             Kind::UnlistedHolder => "unlisted_holder",
+            Kind::Stuck => "stuck",
         }
     }
 
@@ -94,7 +100,7 @@ impl Kind {
                 Remedy::Reclaim
             }
             Kind::AboveFraction => Remedy::Enforce,
-            Kind::Uninterruptible | Kind::Unattributed => Remedy::Report,
+            Kind::Uninterruptible | Kind::Unattributed | Kind::Stuck => Remedy::Report,
         }
     }
 
@@ -107,7 +113,8 @@ impl Kind {
             Kind::Uninterruptible
             | Kind::Unattributed
             | Kind::AboveFraction
-            | Kind::UnlistedHolder => None,
+            | Kind::UnlistedHolder
+            | Kind::Stuck => None,
         }
     }
 }
@@ -142,6 +149,8 @@ pub struct History {
     pub parent_died: PidSet<Identity>,
     /// How long each process has been seen stopped.
     pub stopped_for: PidMap<Identity, Duration>,
+    /// How long each GPU (by index) has looked stuck ([`stuck::StuckTracker`]).
+    pub stuck_for: PidMap<u32, Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +164,8 @@ pub struct Policy {
     pub unattributed_min_bytes: u64,
     /// The configuration whose `[fraction]` shares are checked; `None`: no share check.
     pub fraction: Option<Arc<Loaded>>,
+    /// The stuck-GPU check's thresholds; `None`: no check.
+    pub stuck: Option<stuck::StuckCriteria>,
 }
 
 impl Default for Policy {
@@ -164,6 +175,7 @@ impl Default for Policy {
             stopped_after: Duration::from_secs(300),
             unattributed_min_bytes: 256 * 1024 * 1024,
             fraction: None,
+            stuck: None,
         }
     }
 }
@@ -218,6 +230,7 @@ const RULES: &[Rule] = &[
     Rule::Process(Kind::AboveFraction, above_fraction::judge),
     Rule::Gpu(unattributed::judge),
     Rule::GpuMany(holders::judge),
+    Rule::Gpu(stuck::judge),
 ];
 
 /// Findings for every process and GPU of `snapshot`: each confirmed process by ascending

@@ -257,3 +257,17 @@ pub(super) fn size_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D
     }
     d.deserialize_any(SizeVisitor).map(Some)
 }
+
+/// A share in (0, 1] (a key with a default).
+pub(super) fn share<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Share::deserialize(d).map(|share| share.0)
+}
+
+/// A percentage, 0 to 100.
+pub(super) fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let value = i64::deserialize(d)?;
+    u32::try_from(value)
+        .ok()
+        .filter(|pct| *pct <= 100)
+        .ok_or_else(|| de::Error::custom(format!("{value} is not a percentage from 0 to 100")))
+}

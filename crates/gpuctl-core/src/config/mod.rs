@@ -150,8 +150,18 @@ pub struct Watchdog {
     /// The Prometheus textfile written each loop (at least once a second when loops are
     /// closer and nothing but the loop counter and poll time changed); empty disables it.
     pub metrics_file: PathBuf,
-    /// Where the daemon keeps state (peak marks); empty disables it.
+    /// Where the daemon keeps state (peak marks, its current findings for `gpuctl info`);
+    /// empty disables it.
     pub state_dir: PathBuf,
+    /// A GPU at or above `stuck_util_pct` utilization, drawing at most
+    /// `stuck_power_fraction` of its power limit, with memory steady (within 1 %), for this
+    /// long is reported as stuck (a job hung in a collective); "0s" disables the check.
+    #[serde(with = "de::duration")]
+    pub stuck_after: std::time::Duration,
+    #[serde(deserialize_with = "de::percent")]
+    pub stuck_util_pct: u32,
+    #[serde(deserialize_with = "de::share")]
+    pub stuck_power_fraction: f64,
 }
 
 /// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
@@ -172,6 +182,9 @@ impl Default for Watchdog {
             protect_commands: Vec::new(),
             metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
             state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+            stuck_after: std::time::Duration::from_secs(600),
+            stuck_util_pct: 95,
+            stuck_power_fraction: 0.4,
         }
     }
 }

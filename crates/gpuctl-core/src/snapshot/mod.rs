@@ -36,6 +36,9 @@ pub struct SnapshotOptions {
     /// or compute mode. For readers that poll (the watchdog each loop, the wait for memory
     /// to be released), each NVML query saved is one fewer driver call per GPU.
     pub only_memory_and_processes: bool,
+    /// With `only_memory_and_processes`: also utilization, power draw and limit, what the
+    /// watchdog's stuck-GPU check reads.
+    pub activity: bool,
     /// Whether to look for the processes holding a GPU's device file that NVML does not
     /// list on it (`None`: never). The scan reads every process's descriptors.
     pub holders: Option<HolderScan>,
@@ -225,7 +228,7 @@ impl Snapshot {
             now.saturating_sub(window).as_micros() as u64
         });
         let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) =
-            read_gpus(gpus, &indices, since_us, options.only_memory_and_processes)
+            read_gpus(gpus, &indices, since_us, Fields::of(options))
                 .into_iter()
                 .unzip();
 
@@ -378,12 +381,10 @@ fn read_gpus(
     gpus: &Gpus,
     indices: &[u32],
     since_us: Option<u64>,
-    only_memory_and_processes: bool,
+    fields: Fields,
 ) -> Vec<(GpuSnapshot, Vec<Listed>)> {
     type Read = (GpuSnapshot, Vec<Listed>);
-    let read = move |nvml: &nvml_wrapper::Nvml, index: u32| {
-        read_gpu(nvml, index, since_us, only_memory_and_processes)
-    };
+    let read = move |nvml: &nvml_wrapper::Nvml, index: u32| read_gpu(nvml, index, since_us, fields);
     let Some(limit) = gpus.timeout() else {
         return gpus
             .on_each(indices, read)
@@ -446,7 +447,7 @@ fn read_gpu(
     nvml: &nvml_wrapper::Nvml,
     index: u32,
     since_us: Option<u64>,
-    only_memory_and_processes: bool,
+    fields: Fields,
 ) -> (GpuSnapshot, Vec<Listed>) {
     let mut gpu = GpuSnapshot::unread(index);
     let device = match nvml.device_by_index(index) {
@@ -457,13 +458,7 @@ fn read_gpu(
         }
     };
     let mut listed = Vec::new();
-    if let Err(error) = read_gpu_fields(
-        &device,
-        &mut gpu,
-        &mut listed,
-        since_us,
-        only_memory_and_processes,
-    ) {
+    if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listed, since_us, fields) {
         gpu.fail(&error, "query failed");
     }
     (gpu, listed)
@@ -475,11 +470,19 @@ fn read_gpu_fields(
     gpu: &mut GpuSnapshot,
     listed: &mut Vec<Listed>,
     since_us: Option<u64>,
-    only_memory_and_processes: bool,
+    fields: Fields,
 ) -> Result<(), NvmlError> {
     gpu.uuid = optional(device.uuid())?;
     let memory = optional(device.memory_info())?;
-    if !only_memory_and_processes {
+    if fields == Fields::Activity {
+        gpu.utilization = optional(device.utilization_rates())?.map(|u| Utilization {
+            gpu_pct: u.gpu,
+            memory_pct: u.memory,
+        });
+        gpu.power_mw = optional(device.power_usage())?;
+        gpu.power_limit_mw = optional(device.enforced_power_limit())?;
+    }
+    if fields == Fields::All {
         gpu.name = optional(device.name())?;
         gpu.pci_bus_id = optional(device.pci_info())?.map(|pci| pci.bus_id);
         gpu.utilization = optional(device.utilization_rates())?.map(|u| Utilization {
@@ -658,6 +661,25 @@ fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
         attributed = attributed.saturating_add(process.used_bytes?);
     }
     Some(used.saturating_sub(attributed))
+}
+
+/// Which of a GPU's figures a snapshot reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fields {
+    All,
+    MemoryAndProcesses,
+    /// Memory, processes, utilization and power.
+    Activity,
+}
+
+impl Fields {
+    fn of(options: &SnapshotOptions) -> Fields {
+        match (options.only_memory_and_processes, options.activity) {
+            (false, _) => Fields::All,
+            (true, false) => Fields::MemoryAndProcesses,
+            (true, true) => Fields::Activity,
+        }
+    }
 }
 
 impl HolderScan {
