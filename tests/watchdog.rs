@@ -1094,3 +1094,87 @@ fn a_soak_under_injected_faults_and_hangs_kills_nothing_healthy_and_reclaims_eve
     daemon.assert_running();
     assert_eq!(daemon.stop(), 0);
 }
+
+/// A job hung in a collective: GPU 0 at 100 % utilization, low power, steady memory. It is
+/// reported once as stuck after `stuck_after` (journal line with "stuck", the index and the
+/// UUID; `gpuctl_gpu_stuck` 1), `gpuctl info` shows it from the state directory, nothing is
+/// killed; a GPU drawing real power, or whose memory moves, is not stuck.
+#[test]
+fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
+    let job = Proc::spawn_ready("sleep", "python3", &["train.py", "--backend", "nccl"]);
+    let at = |power_mw: u32, used_mib: u64| {
+        format!(
+            "driver_version = \"570.133.20\"\n[[gpu]]\nutilization_pct = 100\npower_mw = {power_mw}\n\
+             [[gpu]]\n[[process]]\npid = {}\ngpu = 0\nused_mib = {used_mib}\n",
+            job.pid()
+        )
+    };
+    let sim = Sim::new(&at(650_000, 40960));
+    let uuid = sim.json(&["info"])["devices"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    configure(
+        &sim,
+        "mode = \"reclaim\"\nstuck_after = \"1s\"\nstuck_util_pct = 95\nstuck_power_fraction = 0.4",
+        "",
+    );
+    let stuck_metric = |value: u8| format!("gpuctl_gpu_stuck{{gpu=\"0\",uuid=\"{uuid}\"}} {value}");
+    let mut daemon = Daemon::start(&sim, &[]);
+    wait_until(Duration::from_secs(5), || {
+        metrics(&sim).contains(&stuck_metric(0))
+    });
+
+    // Busy at 650 W of 700: working, not stuck, however long.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(daemon.count(&["stuck"]), 0, "{}", daemon.log());
+
+    // Power falls to 100 W (14 %): reported within stuck_after and a loop or two.
+    sim.write(&at(100_000, 40960));
+    let line = daemon.expect(&["stuck for", "GPU 0", &uuid], Duration::from_secs(5));
+    assert!(line.contains(&format!("pid {}", job.pid())), "{line}");
+    wait_until(Duration::from_secs(3), || {
+        metrics(&sim).contains(&stuck_metric(1))
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        daemon.count(&["stuck for"]),
+        1,
+        "reported once: {}",
+        daemon.log()
+    );
+    assert!(alive(job.pid()), "nothing is killed for being stuck");
+
+    // gpuctl info shows what the watchdog finds, with since when.
+    let table = sim.run(&["info"]);
+    assert!(table.stdout.contains("watchdog:"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("GPU 0: stuck since "),
+        "{}",
+        table.stdout
+    );
+    let doc = sim.json(&["info"]);
+    let findings = doc["watchdog"]["findings"].as_array().expect("findings");
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(findings[0]["kind"], "stuck");
+    assert_eq!(findings[0]["uuids"][0], uuid.as_str());
+    assert!(findings[0]["pid"].is_null());
+
+    // Memory moving by more than 1 % each loop: a working job, the spell starts over.
+    sim.write(&at(650_000, 40960));
+    wait_until(Duration::from_secs(3), || {
+        metrics(&sim).contains(&stuck_metric(0))
+    });
+    let reported = daemon.count(&["stuck for"]);
+    for step in 0..12u64 {
+        sim.write(&at(100_000, 40960 + (step % 2) * 4096));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(daemon.count(&["stuck for"]), reported, "{}", daemon.log());
+    assert!(
+        metrics(&sim).contains(&stuck_metric(0)),
+        "{}",
+        metrics(&sim)
+    );
+    daemon.assert_running();
+}

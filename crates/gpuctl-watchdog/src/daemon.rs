@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::act::{Escalation, Identity, Signal};
+use gpuctl_core::classify::stuck::{StuckCriteria, StuckTracker};
 use gpuctl_core::classify::{self, Finding, History, Kind, Policy, Remedy, Verdict};
 use gpuctl_core::config::{self, ConfigError, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::exit::Exit;
@@ -14,6 +15,7 @@ use gpuctl_core::pidmap::{PidMap, PidSet};
 use gpuctl_core::plan::{Action, Guard, Outcome};
 use gpuctl_core::protect::{Claim, Claimant, Protection};
 use gpuctl_core::reclaim::Reclaim;
+use gpuctl_core::report::{WatchdogFinding, WatchdogFindings, watchdog_findings_path};
 use gpuctl_core::select::{self, Target};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
@@ -78,6 +80,11 @@ impl Settings {
             fraction: loaded
                 .has_fraction_policy()
                 .then(|| std::sync::Arc::new(loaded.clone())),
+            stuck: (!watchdog.stuck_after.is_zero()).then_some(StuckCriteria {
+                after: watchdog.stuck_after,
+                util_pct: watchdog.stuck_util_pct,
+                power_fraction: watchdog.stuck_power_fraction,
+            }),
             ..Policy::default()
         };
         let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())
@@ -167,6 +174,9 @@ struct Judged {
     over_ids: PidSet<Identity>,
     /// Findings that lasted the grace, with what is done about them.
     due: Vec<(Finding, Remedy)>,
+    /// Processes above their share, and stuck GPUs (reported only).
+    over: Vec<Finding>,
+    stuck: Vec<Finding>,
 }
 
 /// The result of one pass, for `--once`.
@@ -205,6 +215,9 @@ pub struct Daemon {
     logged_findings: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
     /// Processes whose claim to a protected name was judged (impostors are logged once).
     claims_judged: PidSet<Identity>,
+    /// Each GPU's spell of looking stuck, and how long each has lasted (by index).
+    stuck: StuckTracker,
+    stuck_for: PidMap<u32, Duration>,
     // Reporting.
     metrics: Metrics,
     metrics_error: Option<String>,
@@ -215,6 +228,9 @@ pub struct Daemon {
     status: String,
     ready_sent: bool,
     peaks: Option<PeakStore>,
+    /// The findings file last written (its content but the time), and when.
+    findings_written: Option<(Instant, Vec<WatchdogFinding>)>,
+    findings_error: Option<String>,
 }
 
 impl Daemon {
@@ -252,12 +268,16 @@ impl Daemon {
             handled: PidMap::default(),
             logged_findings: PidSet::default(),
             claims_judged: PidSet::default(),
+            stuck: StuckTracker::default(),
+            stuck_for: PidMap::default(),
             metrics: Metrics::default(),
             metrics_error: None,
             metrics_written: None,
             last_reclaim: None,
             status: String::new(),
             ready_sent: false,
+            findings_written: None,
+            findings_error: None,
             peaks,
         }
     }
@@ -470,6 +490,8 @@ impl Daemon {
                     gpus: None,
                     utilization_window: Some(ACTIVITY_WINDOW),
                     only_memory_and_processes: true,
+                    // Utilization and power, for the stuck-GPU check.
+                    activity: self.settings.policy.stuck.is_some(),
                     holders: None,
                 },
                 &mut self.facts,
@@ -665,11 +687,23 @@ impl Daemon {
             .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
             .collect();
         self.handled.retain(|key, _| all_due.contains(key));
+        let over = findings
+            .iter()
+            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Enforce)
+            .cloned()
+            .collect();
+        let stuck = findings
+            .iter()
+            .filter(|f| f.kind == Kind::Stuck)
+            .cloned()
+            .collect();
         Judged {
             stale,
             stale_ids,
             over_ids,
             due,
+            over,
+            stuck,
         }
     }
 
@@ -783,6 +817,7 @@ impl Daemon {
                 total_bytes: g.memory.map(|m| m.total_bytes),
                 processes: g.processes.len(),
                 stale: stale_per_gpu(g.index),
+                stuck: judged.stuck.iter().any(|f| f.gpus.contains(&g.index)),
             })
             .collect();
         if seen.incomplete.is_none() {
@@ -813,6 +848,86 @@ impl Daemon {
         }
         self.status = status;
         self.publish();
+        self.write_findings(seen, judged);
+    }
+
+    /// The findings file in the state directory (`gpuctl info` shows it): stale processes,
+    /// processes above their share and stuck GPUs, each with since when. Written when it
+    /// changes, and at least every minute.
+    fn write_findings(&mut self, seen: &Seen, judged: &Judged) {
+        let Some(dir) = self.settings.watchdog.state_path().map(PathBuf::from) else {
+            return;
+        };
+        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let unix_at =
+            |since: Instant| unix_now() - now.saturating_duration_since(since).as_secs_f64();
+        let entry = |f: &Finding, since_unix: f64| WatchdogFinding {
+            kind: f.kind.name().to_string(),
+            gpus: f.gpus.clone(),
+            uuids: f
+                .gpus
+                .iter()
+                .map(|&i| {
+                    snapshot
+                        .devices
+                        .iter()
+                        .find(|g| g.index == i)
+                        .and_then(|g| g.uuid.clone())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            pid: f.identity.map(|id| id.pid),
+            // Seconds are enough, and keep the file unchanged while nothing changes.
+            since_unix: since_unix.floor(),
+            reason: f.reason.clone(),
+        };
+        let mut findings: Vec<WatchdogFinding> = Vec::new();
+        for f in &judged.stale {
+            let since = f.identity.and_then(|id| self.stale_since.get(&id).copied());
+            findings.push(entry(f, unix_at(since.unwrap_or(now))));
+        }
+        for f in &judged.over {
+            let since = f.identity.and_then(|id| self.over_since.get(&id).copied());
+            findings.push(entry(f, unix_at(since.unwrap_or(now))));
+        }
+        for f in &judged.stuck {
+            let lasted = f
+                .gpus
+                .first()
+                .and_then(|i| self.stuck_for.get(i).copied())
+                .unwrap_or_default();
+            findings.push(entry(f, unix_now() - lasted.as_secs_f64()));
+        }
+        if let Some((at, written)) = &self.findings_written
+            && *written == findings
+            && now.saturating_duration_since(*at) < Duration::from_secs(60)
+        {
+            return;
+        }
+        let document = WatchdogFindings {
+            written_unix: unix_now(),
+            interval_s: self.settings.watchdog.interval.as_secs_f64(),
+            findings: findings.clone(),
+        };
+        let path = watchdog_findings_path(&dir);
+        let result = serde_json::to_vec_pretty(&document)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                std::fs::create_dir_all(&dir)?;
+                gpuctl_core::files::replace(&path, &bytes, 0o644, false)
+            });
+        self.findings_written = result.is_ok().then_some((now, findings));
+        let error = result.err().map(|e| format!("{}: {e}", path.display()));
+        if error != self.findings_error {
+            if let Some(error) = &error {
+                self.event(
+                    Priority::Warning,
+                    &format!("cannot write the findings file: {error}"),
+                    &[("ACTION", "findings".into()), ("REASON", error.clone())],
+                );
+            }
+            self.findings_error = error;
+        }
     }
 
     fn finish_down(&mut self) {
@@ -1035,6 +1150,14 @@ impl Daemon {
         self.parents.retain(|id, _| kept(id));
         self.parent_died.retain(|id| kept(id));
         self.stopped_since.retain(|id, _| kept(id));
+        self.stuck_for = match &self.settings.policy.stuck {
+            Some(criteria) => self
+                .stuck
+                .observe(snapshot, criteria, now)
+                .into_iter()
+                .collect(),
+            None => PidMap::default(),
+        };
         History {
             parent_died: self.parent_died.clone(),
             stopped_for: self
@@ -1042,6 +1165,7 @@ impl Daemon {
                 .iter()
                 .map(|(id, since)| (*id, now.saturating_duration_since(*since)))
                 .collect(),
+            stuck_for: self.stuck_for.clone(),
         }
     }
 
@@ -1143,6 +1267,14 @@ impl Daemon {
                         format!("pid {} ({user}) on GPU {gpus}: {}{note}", id.pid, f.reason),
                         fields,
                     )
+                }
+                None if f.kind == Kind::Stuck => {
+                    let uuids = gpu_uuid_fields(snapshot, &f.gpus);
+                    let uuid = uuids
+                        .iter()
+                        .find(|(k, _)| *k == "GPU_UUID")
+                        .map_or("?".to_string(), |(_, v)| v.clone());
+                    (format!("GPU {gpus} ({uuid}) {}", f.reason), uuids)
                 }
                 None => (
                     format!(

@@ -15,6 +15,8 @@ pub struct GpuMetrics {
     pub total_bytes: Option<u64>,
     pub processes: usize,
     pub stale: usize,
+    /// Busy at low power with steady memory for `stuck_after` (a hung job).
+    pub stuck: bool,
 }
 
 #[derive(Default, Clone, PartialEq)]
@@ -89,6 +91,12 @@ pub fn render(m: &Metrics) -> String {
         "Processes on the GPU classified as stale (leftovers of crashed runs).",
         &|g| Some(g.stale as u64),
     ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_stuck",
+        "Whether the GPU has looked stuck for watchdog.stuck_after: busy at low power with \
+         steady memory, as a job hung in a collective looks (1), or not (0).",
+        &|g| Some(u64::from(g.stuck)),
+    ));
     let counters = [
         (
             "gpuctl_reclaims_total",
@@ -160,6 +168,7 @@ mod tests {
                 total_bytes: Some(10),
                 processes: 2,
                 stale: 1,
+                stuck: true,
             }],
             reclaims_total: 3,
             reclaimed_bytes_total: 7,
@@ -172,6 +181,12 @@ mod tests {
         assert!(text.contains("# TYPE gpuctl_gpu_memory_used_bytes gauge\ngpuctl_gpu_memory_used_bytes{gpu=\"0\",uuid=\"GPU-1\"} 5\n"), "{text}");
         assert!(
             text.contains("gpuctl_gpu_stale_processes{gpu=\"0\",uuid=\"GPU-1\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "# TYPE gpuctl_gpu_stuck gauge\ngpuctl_gpu_stuck{gpu=\"0\",uuid=\"GPU-1\"} 1\n"
+            ),
             "{text}"
         );
         assert!(

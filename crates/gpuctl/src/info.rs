@@ -8,6 +8,7 @@ use gpuctl_core::classify;
 use gpuctl_core::config;
 use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::protect::{self, Protection};
+use gpuctl_core::report::{WatchdogFindings, watchdog_findings_path};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::totals::{By, Total, totals};
 use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus, Holder, HolderScan};
@@ -36,6 +37,9 @@ struct InfoDocument<'a> {
     /// With `--by` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     totals: Option<Vec<Total>>,
+    /// The watchdog's current findings, where its state directory is readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watchdog: Option<WatchdogFindings>,
 }
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
@@ -82,9 +86,12 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         let taken = taking.elapsed();
         let rendering = Instant::now();
         let by = group_by(args);
-        render::emit(args.json, &document(&snapshot, by), || {
-            view(&snapshot, by, &style)
-        })?;
+        let watchdog = watchdog_findings(loaded.as_ref());
+        render::emit(
+            args.json,
+            &document(&snapshot, by, watchdog.clone()),
+            || view(&snapshot, by, watchdog.as_ref(), &style),
+        )?;
         if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
             let reads = snapshot.read_times;
             let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -110,16 +117,24 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     loop {
         let snapshot = take()?;
         if args.json {
-            let mut line = serde_json::to_string(&document(&snapshot, group_by(args)))?;
+            let watchdog = watchdog_findings(loaded.as_ref());
+            let mut line = serde_json::to_string(&document(&snapshot, group_by(args), watchdog))?;
             line.push('\n');
             out.write_all(line.as_bytes())?;
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
-            let frame = view(&snapshot, group_by(args), &style).replace('\n', "\x1b[K\n");
+            let watchdog = watchdog_findings(loaded.as_ref());
+            let frame = view(&snapshot, group_by(args), watchdog.as_ref(), &style)
+                .replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
-            writeln!(out, "{}", view(&snapshot, group_by(args), &style))?;
+            let watchdog = watchdog_findings(loaded.as_ref());
+            writeln!(
+                out,
+                "{}",
+                view(&snapshot, group_by(args), watchdog.as_ref(), &style)
+            )?;
         }
         out.flush()?;
         std::thread::sleep(interval);
@@ -160,20 +175,98 @@ fn group_by(args: &InfoArgs) -> Option<By> {
     })
 }
 
-fn document(snapshot: &Snapshot, by: Option<By>) -> InfoDocument<'_> {
+fn document(
+    snapshot: &Snapshot,
+    by: Option<By>,
+    watchdog: Option<WatchdogFindings>,
+) -> InfoDocument<'_> {
     InfoDocument {
         schema: INFO_SCHEMA,
         timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
         snapshot,
         totals: by.map(|by| totals(snapshot, by)),
+        watchdog,
     }
 }
 
-/// The readable view: per GPU, or the totals of `--by`.
-fn view(snapshot: &Snapshot, by: Option<By>, style: &Style) -> String {
-    match by {
+/// The watchdog's findings file in its state directory (the system configuration's
+/// `watchdog.state_dir`, else /var/lib/gpuctl), where it exists and can be read.
+fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFindings> {
+    let dir = match loaded.and_then(|l| l.system.as_ref()) {
+        Some((_, system)) => system.watchdog.state_path()?.to_path_buf(),
+        None => config::Watchdog::default().state_dir,
+    };
+    let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The readable view: per GPU, or the totals of `--by`; then the watchdog's findings.
+fn view(
+    snapshot: &Snapshot,
+    by: Option<By>,
+    watchdog: Option<&WatchdogFindings>,
+    style: &Style,
+) -> String {
+    let mut out = match by {
         None => table(snapshot, style),
         Some(by) => totals_table(snapshot, by, style),
+    };
+    if let Some(watchdog) = watchdog {
+        watchdog_lines(&mut out, watchdog, style);
+    }
+    out
+}
+
+/// One line per finding the watchdog holds, with since when; and how old the file is, so a
+/// stopped watchdog is not taken for a quiet one.
+fn watchdog_lines(out: &mut String, watchdog: &WatchdogFindings, style: &Style) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let age = |at: f64| Duration::from_secs((now - at).max(0.0) as u64);
+    let written = age(watchdog.written_unix);
+    // Rewritten at least every minute: older than two minutes (or three loops) is stale.
+    let stale =
+        written > Duration::from_secs(120).max(Duration::from_secs_f64(3.0 * watchdog.interval_s));
+    let title = if stale {
+        format!(
+            "watchdog: findings last written {} ago: is gpuctl-watchdog running?",
+            humantime::format_duration(written)
+        )
+    } else if watchdog.findings.is_empty() {
+        "watchdog: nothing found".to_string()
+    } else {
+        "watchdog:".to_string()
+    };
+    out.push('\n');
+    out.push_str(&style.paint(if stale { Color::Yellow } else { Color::Bold }, &title));
+    out.push('\n');
+    for finding in &watchdog.findings {
+        let gpus = finding
+            .gpus
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let what = match finding.pid {
+            Some(pid) => format!("pid {pid} on GPU {gpus}"),
+            None => format!("GPU {gpus}"),
+        };
+        let since = humantime::format_rfc3339_seconds(
+            SystemTime::UNIX_EPOCH + Duration::from_secs_f64(finding.since_unix.max(0.0)),
+        );
+        let line = format!(
+            "  {what}: {} since {since} ({}): {}",
+            finding.kind,
+            humantime::format_duration(age(finding.since_unix)),
+            render::safe(&finding.reason)
+        );
+        let line = match style.width {
+            Some(width) => render::cut(&line, width.saturating_sub(1), style.unicode),
+            None => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
     }
 }
 
