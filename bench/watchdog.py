@@ -79,7 +79,7 @@ def next_loops(metrics_file, pid):
         time.sleep(0.002)
 
 
-def measure(processes, seconds, interval, gpus=8, spread=False):
+def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None):
     testproc = built("gpuctl-testproc")
     stand_ins = []
     for i in range(processes):
@@ -111,6 +111,7 @@ def measure(processes, seconds, interval, gpus=8, spread=False):
             f.write(
                 f'[watchdog]\ninterval = "{interval}"\nmode = "report"\n'
                 f'metrics_file = "{metrics_file}"\nstate_dir = "{tmp}/state"\n'
+                + (f'stuck_after = "{stuck_after}"\n' if stuck_after else "")
             )
         os.chmod(config, 0o644)
         env = dict(os.environ)
@@ -163,6 +164,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--spread", action="store_true",
                         help="each process on one GPU (round robin) instead of on all 8")
+    parser.add_argument("--stuck-after", default=None,
+                        help='watchdog.stuck_after; "0s" turns the stuck-GPU check (and its '
+                             'utilization and power reads) off')
     parser.add_argument("--interval", default="100ms",
                         help="the watchdog's interval; from 1s on, every loop reads every "
                         "process's stat again (the refresh period is at most a second)")
@@ -174,7 +178,8 @@ def main():
         TARGET = os.path.abspath(args.target)
     print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
     for processes in (0, args.processes):
-        r = measure(processes, args.seconds, args.interval, spread=args.spread)
+        r = measure(processes, args.seconds, args.interval, spread=args.spread,
+                    stuck_after=args.stuck_after)
         print(
             f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
             f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"

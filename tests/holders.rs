@@ -260,3 +260,33 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(bad.stderr.contains("holders_threshold"), "{}", bad.stderr);
 }
+
+/// A zombie leader whose other threads still hold the device file (its own descriptor
+/// table is gone): found through its threads, suspected as a job's exiting process, and
+/// cleared with --holders.
+#[test]
+fn a_zombie_leader_holding_a_device_file_through_its_threads_is_found_and_cleared() {
+    let (sim, dev) = sim_with_devices(1);
+    let zombie = Proc::spawn_with("zombie-leader", "python3", &["train.py"], |command| {
+        use std::os::unix::process::CommandExt;
+        command
+            .env("GPUCTL_TESTPROC_OPEN", dev.join("nvidia0"))
+            .process_group(0);
+    });
+    zombie.wait_for_state('Z');
+    sim.write(&devices_scenario(
+        &dev,
+        1,
+        &format!(
+            "[[process]]\npid = {}\ngpu = 0\nused_mib = 8192\nunlisted = true\n",
+            zombie.pid()
+        ),
+    ));
+    let doc = sim.json(&["info"]);
+    let named = holder(&doc, 0, zombie.pid()).expect("found through its threads");
+    assert_eq!(named["suspect"], "job_process", "{named}");
+    assert_eq!(named["state"], "zombie");
+    let cleared = sim.run(&["clear", "--holders", "--wait=10s", "--json"]);
+    assert_eq!(cleared.code, 0, "{}\n{}", cleared.stdout, cleared.stderr);
+    wait_exited(zombie.pid());
+}

@@ -113,15 +113,23 @@ fn scan_pids(pids: &[u32], dev_dir: &[u8]) -> Scanned {
     let (mut held, mut scanned, mut unreadable) = (Vec::new(), 0, 0);
     for &pid in pids {
         let mut files: Vec<DeviceFile> = Vec::new();
-        let read = fds::each_target(pid, |target| {
+        let mut note = |target: &[u8]| {
             if let Some(file) = device_file(target, dev_dir)
                 && !files.contains(&file)
             {
                 files.push(file);
             }
-        });
-        match read {
-            Ok(()) => scanned += 1,
+        };
+        match fds::each_target(pid, &mut note) {
+            // No descriptors: a kernel thread, or a zombie leader whose other threads still
+            // hold the files (its own table is gone): look through its threads.
+            Ok(0) => {
+                scanned += 1;
+                for tid in threads(pid).into_iter().filter(|&tid| tid != pid) {
+                    let _ = fds::each_task_target(pid, tid, &mut note);
+                }
+            }
+            Ok(_) => scanned += 1,
             Err(_) => unreadable += 1,
         }
         if !files.is_empty() {
@@ -129,6 +137,17 @@ fn scan_pids(pids: &[u32], dev_dir: &[u8]) -> Scanned {
         }
     }
     (held, scanned, unreadable)
+}
+
+/// The thread ids of `pid` (none when it is gone).
+fn threads(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

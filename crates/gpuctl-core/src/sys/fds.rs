@@ -8,8 +8,19 @@ use std::io;
 /// one readlinkat per descriptor, relative to the open directory, so no path is walked
 /// twice. Descriptors closed while reading are skipped; a process that is gone, or whose
 /// descriptors this user may not read, is an error for the caller to skip.
-pub fn each_target(pid: u32, mut each: impl FnMut(&[u8])) -> io::Result<()> {
-    let path = format!("/proc/{pid}/fd\0");
+pub fn each_target(pid: u32, each: impl FnMut(&[u8])) -> io::Result<usize> {
+    each_target_in(&format!("/proc/{pid}/fd"), each)
+}
+
+/// [`each_target`] for one thread's view (`/proc/PID/task/TID/fd`): a zombie leader's own
+/// descriptor directory is empty while its other threads still hold the files.
+pub fn each_task_target(pid: u32, tid: u32, each: impl FnMut(&[u8])) -> io::Result<usize> {
+    each_target_in(&format!("/proc/{pid}/task/{tid}/fd"), each)
+}
+
+/// The targets of the descriptors listed in `dir`; how many there were.
+fn each_target_in(dir: &str, mut each: impl FnMut(&[u8])) -> io::Result<usize> {
+    let path = format!("{dir}\0");
     // SAFETY: a NUL-terminated path; the descriptor is owned by the DIR stream from here on.
     let dir = unsafe {
         let fd = libc::open(
@@ -28,6 +39,7 @@ pub fn each_target(pid: u32, mut each: impl FnMut(&[u8])) -> io::Result<()> {
         dir
     };
     let mut target = [0u8; 4096];
+    let mut count = 0;
     loop {
         // SAFETY: `dir` is an open stream; the entry is valid until the next readdir.
         let entry = unsafe { libc::readdir(dir) };
@@ -49,12 +61,13 @@ pub fn each_target(pid: u32, mut each: impl FnMut(&[u8])) -> io::Result<()> {
             )
         };
         if n > 0 {
+            count += 1;
             each(&target[..n as usize]);
         }
     }
     // SAFETY: closes the stream and its descriptor, once.
     unsafe { libc::closedir(dir) };
-    Ok(())
+    Ok(count)
 }
 
 #[cfg(test)]
@@ -67,7 +80,8 @@ mod tests {
         let path = dir.path().join("held");
         let _file = std::fs::File::create(&path).unwrap();
         let mut targets = Vec::new();
-        each_target(std::process::id(), |t| targets.push(t.to_vec())).unwrap();
+        let count = each_target(std::process::id(), |t| targets.push(t.to_vec())).unwrap();
+        assert_eq!(count, targets.len());
         let wanted = path.as_os_str().as_encoded_bytes();
         assert!(
             targets.iter().any(|t| t == wanted),
