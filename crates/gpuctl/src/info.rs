@@ -116,25 +116,18 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let mut out = io::stdout().lock();
     loop {
         let snapshot = take()?;
+        let (by, watchdog) = (group_by(args), watchdog_findings(loaded.as_ref()));
         if args.json {
-            let watchdog = watchdog_findings(loaded.as_ref());
-            let mut line = serde_json::to_string(&document(&snapshot, group_by(args), watchdog))?;
+            let mut line = serde_json::to_string(&document(&snapshot, by, watchdog))?;
             line.push('\n');
             out.write_all(line.as_bytes())?;
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
-            let watchdog = watchdog_findings(loaded.as_ref());
-            let frame = view(&snapshot, group_by(args), watchdog.as_ref(), &style)
-                .replace('\n', "\x1b[K\n");
+            let frame = view(&snapshot, by, watchdog.as_ref(), &style).replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
-            let watchdog = watchdog_findings(loaded.as_ref());
-            writeln!(
-                out,
-                "{}",
-                view(&snapshot, group_by(args), watchdog.as_ref(), &style)
-            )?;
+            writeln!(out, "{}", view(&snapshot, by, watchdog.as_ref(), &style))?;
         }
         out.flush()?;
         std::thread::sleep(interval);
