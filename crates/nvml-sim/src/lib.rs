@@ -6,6 +6,7 @@
 pub mod devdir;
 pub mod exports;
 pub mod live;
+pub mod mig;
 pub mod scenario;
 pub mod sim;
 pub mod state;

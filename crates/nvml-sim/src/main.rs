@@ -328,9 +328,9 @@ fn resolve(
                 if let Some(g) = p.get("gpu") {
                     wt.insert("gpu".into(), g.clone());
                 }
-                // Workers share their leader's fate in NVML's eyes: hidden with it. Not its
-                // listed_pid: each has its own pid in any namespace.
-                for key in ["type", "unlisted"] {
+                // Workers share their leader's fate in NVML's eyes: hidden with it, in its
+                // MIG instance. Not its listed_pid: each has its own pid in any namespace.
+                for key in ["type", "unlisted", "gpu_instance", "compute_instance"] {
                     if let Some(v) = p.get(key) {
                         wt.insert(key.into(), v.clone());
                     }

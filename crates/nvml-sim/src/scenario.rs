@@ -78,6 +78,21 @@ struct RawGpu {
     no_permission: Vec<Feature>,
     /// The device minor number (`/dev/nvidia<minor>`); default: the index.
     minor: Option<u32>,
+    /// GPU instances: any puts the GPU in MIG mode.
+    #[serde(default)]
+    mig: Vec<RawMig>,
+    /// Current MIG mode (default: on when `mig` lists instances).
+    mig_mode: Option<bool>,
+    /// Pending MIG mode (default: the current one).
+    mig_pending: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    profile: String,
+    gpu_instance: Option<u32>,
+    compute_instance: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +118,10 @@ struct RawProcess {
     unlisted: bool,
     /// The pid NVML reports instead of `pid` (the process's pid in another PID namespace).
     listed_pid: Option<u32>,
+    /// On MIG GPUs: the GPU instance the process runs in (required there).
+    gpu_instance: Option<u32>,
+    /// On MIG GPUs: the compute instance (default: the GPU instance's).
+    compute_instance: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,11 +382,25 @@ pub struct Gpu {
     pub max_graphics_mhz: u32,
     pub max_memory_mhz: u32,
     pub max_video_mhz: u32,
+    /// Current and pending MIG mode.
+    pub mig_mode: bool,
+    pub mig_pending: bool,
+    /// The MIG devices, sorted by GPU instance id: a device's position here is its index
+    /// for `nvmlDeviceGetMigDeviceHandleByIndex`.
+    pub mig: Vec<crate::mig::MigInstance>,
 }
 
 impl Gpu {
     pub fn supports(&self, f: Feature) -> bool {
         !self.unsupported.contains(&f)
+    }
+
+    /// The MIG device with these GPU and compute instance ids, and its index.
+    pub fn mig_instance(&self, gi: u32, ci: u32) -> Option<(usize, &crate::mig::MigInstance)> {
+        self.mig
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.gi == gi && m.ci == ci)
     }
 }
 
@@ -386,6 +419,17 @@ pub struct Process {
     pub unlisted: bool,
     /// The pid the process lists report; liveness is still judged on `pid`.
     pub listed_pid: Option<u32>,
+    /// Per entry of `gpus`: the (GPU instance, compute instance) it runs in on that GPU,
+    /// `None` on a GPU not in MIG mode.
+    pub instances: Vec<Option<(u32, u32)>>,
+}
+
+impl Process {
+    /// The MIG instance the process runs in on GPU `gpu`.
+    pub fn instance_on(&self, gpu: u32) -> Option<(u32, u32)> {
+        let k = self.gpus.iter().position(|g| *g == gpu)?;
+        self.instances.get(k).copied().flatten()
+    }
 }
 
 /// A `spawn` entry, for the launcher.
@@ -521,6 +565,17 @@ fn model_of(name: &str) -> Model {
     }
 }
 
+fn gi_list(gpu: &Gpu) -> String {
+    if gpu.mig.is_empty() {
+        return "none".into();
+    }
+    gpu.mig
+        .iter()
+        .map(|m| m.gi.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A problem with a scenario, as one line: `PATH: line N: message` (line where known).
 pub type ScenarioError = String;
 
@@ -599,6 +654,27 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         if minor > 255 {
             return Err(format!("{at}: minor must be in 0..=255, not {minor}"));
         }
+        let requests: Vec<crate::mig::MigRequest> = g
+            .mig
+            .into_iter()
+            .map(|m| crate::mig::MigRequest {
+                profile: m.profile,
+                gpu_instance: m.gpu_instance,
+                compute_instance: m.compute_instance,
+            })
+            .collect();
+        let mig_mode = g.mig_mode.unwrap_or(!requests.is_empty());
+        if !mig_mode && !requests.is_empty() {
+            return Err(format!(
+                "{at}: mig_mode = false contradicts its [[gpu.mig]] instances (MIG off has none)"
+            ));
+        }
+        if mig_mode && crate::mig::profiles_for(&name).is_none() {
+            return Err(format!(
+                "{at}: MIG is modelled on H100 80GB and H200 only, not on '{name}'"
+            ));
+        }
+        let mig = crate::mig::layout(&name, &requests).map_err(|e| format!("{at}: {e}"))?;
         let serial = g
             .serial
             .unwrap_or_else(|| format!("165{:010}", 2_400_000 + u64::from(index)));
@@ -633,6 +709,9 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
             max_graphics_mhz: model.max_graphics,
             max_memory_mhz: model.max_memory,
             max_video_mhz: 1755,
+            mig_mode,
+            mig_pending: g.mig_pending.unwrap_or(mig_mode),
+            mig,
             name,
         });
     }
@@ -726,6 +805,42 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         if p.workers.unwrap_or(0) > 256 {
             return Err(format!("{at}: at most 256 workers"));
         }
+        let mut instances = Vec::with_capacity(sel.len());
+        for g in &sel {
+            let gpu = &gpus[*g as usize];
+            if !gpu.mig_mode {
+                instances.push(None);
+                continue;
+            }
+            let Some(gi) = p.gpu_instance else {
+                return Err(format!(
+                    "{at}: gpu {g} is in MIG mode: gpu_instance must name one of its GPU instances ({})",
+                    gi_list(gpu)
+                ));
+            };
+            let Some(m) = gpu.mig.iter().find(|m| m.gi == gi) else {
+                return Err(format!(
+                    "{at}: gpu_instance {gi} does not exist on gpu {g} (its GPU instances: {})",
+                    gi_list(gpu)
+                ));
+            };
+            if let Some(ci) = p.compute_instance
+                && ci != m.ci
+            {
+                return Err(format!(
+                    "{at}: compute_instance {ci} does not exist in gpu_instance {gi} of gpu {g} (its compute instance is {})",
+                    m.ci
+                ));
+            }
+            instances.push(Some((gi, m.ci)));
+        }
+        if (p.gpu_instance.is_some() || p.compute_instance.is_some())
+            && instances.iter().all(Option::is_none)
+        {
+            return Err(format!(
+                "{at}: gpu_instance/compute_instance need a GPU in MIG mode"
+            ));
+        }
         let Some(pid) = p.pid else { continue };
         for g in &sel {
             if !seen.insert((pid, *g)) {
@@ -742,6 +857,7 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
             teardown_ms: p.teardown_ms,
             unlisted: p.unlisted,
             listed_pid: p.listed_pid,
+            instances,
         });
     }
     let beside_scenario = |f: PathBuf| {

@@ -47,6 +47,70 @@ pub fn index_of(handle: nvmlDevice_t) -> Option<usize> {
     Some((p - base) / size)
 }
 
+/// Per GPU: GPU instance ids 0..=14.
+pub const GI_PER_GPU: usize = crate::mig::MAX_GI_ID as usize + 1;
+/// Per GPU: one slot per (GPU instance id, compute instance id) pair.
+pub const MIG_PER_GPU: usize = GI_PER_GPU * (crate::mig::MAX_CI_ID as usize + 1);
+
+// MIG device, GPU instance and compute instance handles point into these, one slot per
+// id a GPU could have (not per instance that exists), so a handle keeps naming the same
+// instance across scenario reloads. Only their addresses matter; nothing is read or
+// written through them.
+static MIG_DEVICES: [u64; MAX_GPUS * MIG_PER_GPU] = [0; MAX_GPUS * MIG_PER_GPU];
+static GPU_INSTANCES: [u64; MAX_GPUS * GI_PER_GPU] = [0; MAX_GPUS * GI_PER_GPU];
+static COMPUTE_INSTANCES: [u64; MAX_GPUS * MIG_PER_GPU] = [0; MAX_GPUS * MIG_PER_GPU];
+
+fn slot_ptr<T>(array: &'static [u64], k: usize) -> *mut T {
+    std::ptr::from_ref(&array[k]).cast_mut().cast()
+}
+
+fn slot_index<T>(array: &'static [u64], p: *mut T) -> Option<usize> {
+    let base = array.as_ptr() as usize;
+    let p = p as usize;
+    let size = std::mem::size_of::<u64>();
+    if p < base || p >= base + std::mem::size_of_val(array) || !(p - base).is_multiple_of(size) {
+        return None;
+    }
+    Some((p - base) / size)
+}
+
+/// The handle of the MIG device (GPU `gpu`, GPU instance `gi`, compute instance `ci`).
+pub fn mig_handle(gpu: usize, gi: u32, ci: u32) -> nvmlDevice_t {
+    slot_ptr(
+        &MIG_DEVICES,
+        gpu * MIG_PER_GPU + gi as usize * 8 + ci as usize,
+    )
+}
+
+/// (GPU index, GPU instance id, compute instance id) of a MIG device handle.
+pub fn mig_of(handle: nvmlDevice_t) -> Option<(usize, u32, u32)> {
+    let k = slot_index(&MIG_DEVICES, handle)?;
+    let r = k % MIG_PER_GPU;
+    Some((k / MIG_PER_GPU, (r / 8) as u32, (r % 8) as u32))
+}
+
+pub fn gi_handle(gpu: usize, gi: u32) -> nvmlGpuInstance_t {
+    slot_ptr(&GPU_INSTANCES, gpu * GI_PER_GPU + gi as usize)
+}
+
+pub fn gi_of(handle: nvmlGpuInstance_t) -> Option<(usize, u32)> {
+    let k = slot_index(&GPU_INSTANCES, handle)?;
+    Some((k / GI_PER_GPU, (k % GI_PER_GPU) as u32))
+}
+
+pub fn ci_handle(gpu: usize, gi: u32, ci: u32) -> nvmlComputeInstance_t {
+    slot_ptr(
+        &COMPUTE_INSTANCES,
+        gpu * MIG_PER_GPU + gi as usize * 8 + ci as usize,
+    )
+}
+
+pub fn ci_of(handle: nvmlComputeInstance_t) -> Option<(usize, u32, u32)> {
+    let k = slot_index(&COMPUTE_INSTANCES, handle)?;
+    let r = k % MIG_PER_GPU;
+    Some((k / MIG_PER_GPU, (r / 8) as u32, (r % 8) as u32))
+}
+
 /// Quick mirror of the init reference count, for the default exports.
 pub static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
 
@@ -114,6 +178,8 @@ pub struct ProcNow {
     pub sm_pct: u32,
     pub mem_pct: u32,
     pub kind: ProcKind,
+    /// (GPU instance, compute instance) on a MIG GPU.
+    pub instance: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -124,6 +190,26 @@ pub struct GpuNow {
     /// Summed `sm_pct` and `mem_pct` of the live `unlisted` processes: the GPU is busy
     /// with them even though no list names them.
     pub unlisted_pct: (u32, u32),
+    /// Memory used per GPU instance (MIG): (GI id, MiB), live processes (listed or not) and
+    /// memory held in teardown.
+    pub gi_used_mib: Vec<(u32, u64)>,
+}
+
+impl GpuNow {
+    fn add_gi(&mut self, gi: Option<(u32, u32)>, mib: u64) {
+        let Some((gi, _)) = gi else { return };
+        match self.gi_used_mib.iter_mut().find(|(g, _)| *g == gi) {
+            Some((_, m)) => *m += mib,
+            None => self.gi_used_mib.push((gi, mib)),
+        }
+    }
+
+    pub fn gi_used(&self, gi: u32) -> u64 {
+        self.gi_used_mib
+            .iter()
+            .find(|(g, _)| *g == gi)
+            .map_or(0, |(_, m)| *m)
+    }
 }
 
 pub struct Sim {
@@ -314,6 +400,7 @@ impl Sim {
             procs: Vec::with_capacity(sc.by_gpu[index].len()),
             used_mib: gpu.leaked_mib,
             unlisted_pct: (0, 0),
+            gi_used_mib: Vec::new(),
         };
         let mut state_fresh = false;
         let mut stale_records: Vec<u32> = Vec::new();
@@ -322,8 +409,10 @@ impl Sim {
         let alive = self.alive_now(now);
         for p_index in sc.by_gpu[index].iter().copied() {
             let p = &sc.processes[p_index];
+            let instance = p.instance_on(index as u32);
             if alive[p_index] {
                 out.used_mib += p.used_mib.unwrap_or(0);
+                out.add_gi(instance, p.used_mib.unwrap_or(0));
                 if p.unlisted {
                     out.unlisted_pct.0 += p.sm_pct;
                     out.unlisted_pct.1 += p.mem_pct;
@@ -335,6 +424,7 @@ impl Sim {
                         sm_pct: p.sm_pct,
                         mem_pct: p.mem_pct,
                         kind: p.kind,
+                        instance,
                     });
                 }
                 if p.teardown_ms.is_some() {
@@ -367,6 +457,7 @@ impl Sim {
                 };
                 if now_ms < first.saturating_add(ms) {
                     out.used_mib += p.used_mib.unwrap_or(0);
+                    out.add_gi(instance, p.used_mib.unwrap_or(0));
                 }
             }
         }
@@ -414,6 +505,21 @@ impl Sim {
         let used = (used_mib * MIB).min(total - reserved);
         let free = total - reserved - used;
         (total, reserved, free, used)
+    }
+
+    /// A MIG device's memory (total, reserved, free, used) in bytes: its profile's size, and
+    /// what the processes in its GPU instance hold.
+    pub fn mig_memory_bytes(&mut self, index: usize, gi: u32) -> (u64, u64, u64, u64) {
+        let used_mib = self.gpu_now(index).gi_used(gi);
+        let total = self
+            .gpu(index)
+            .mig
+            .iter()
+            .find(|m| m.gi == gi)
+            .map_or(0, |m| m.profile.memory_mib)
+            * MIB;
+        let used = (used_mib * MIB).min(total);
+        (total, 0, total - used, used)
     }
 
     /// GPU and memory utilization: the scenario's values, else the sum over the live

@@ -5,8 +5,6 @@
 
 not_supported! {
     nvmlComputeInstanceDestroy
-    nvmlComputeInstanceGetInfo
-    nvmlComputeInstanceGetInfo_v2
     nvmlDeviceClearCpuAffinity
     nvmlDeviceClearEccErrorCounts
     nvmlDeviceClearFieldValues
@@ -21,8 +19,6 @@ not_supported! {
     nvmlDeviceGetAdaptiveClockInfoStatus
     nvmlDeviceGetAdaptiveTgpModeInfo_v1  // pynvml
     nvmlDeviceGetAddressingMode
-    nvmlDeviceGetAttributes
-    nvmlDeviceGetAttributes_v2
     nvmlDeviceGetAutoBoostedClocksEnabled
     nvmlDeviceGetBBXTimeData_v1  // pynvml
     nvmlDeviceGetBankRemapperStatus_v1  // pynvml
@@ -32,7 +28,6 @@ not_supported! {
     nvmlDeviceGetCapabilities
     nvmlDeviceGetClkMonStatus
     nvmlDeviceGetClockOffsets
-    nvmlDeviceGetComputeInstanceId
     nvmlDeviceGetConfComputeGpuAttestationReport
     nvmlDeviceGetConfComputeGpuCertificate
     nvmlDeviceGetConfComputeMemSizeInfo
@@ -43,7 +38,6 @@ not_supported! {
     nvmlDeviceGetCurrentClockFreqs
     nvmlDeviceGetDefaultEccMode
     nvmlDeviceGetDetailedEccErrors
-    nvmlDeviceGetDeviceHandleFromMigDeviceHandle
     nvmlDeviceGetDramEncryptionMode
     nvmlDeviceGetDriverModel
     nvmlDeviceGetDriverModel_v2
@@ -57,15 +51,7 @@ not_supported! {
     nvmlDeviceGetGpcClkVfOffset
     nvmlDeviceGetGpuFabricInfoV
     nvmlDeviceGetGpuFabricInfo_v4  // pynvml
-    nvmlDeviceGetGpuInstanceById
-    nvmlDeviceGetGpuInstanceId
     nvmlDeviceGetGpuInstancePossiblePlacements
-    nvmlDeviceGetGpuInstancePossiblePlacements_v2
-    nvmlDeviceGetGpuInstanceProfileInfo
-    nvmlDeviceGetGpuInstanceProfileInfoByIdV
-    nvmlDeviceGetGpuInstanceProfileInfoV
-    nvmlDeviceGetGpuInstanceRemainingCapacity
-    nvmlDeviceGetGpuInstances
     nvmlDeviceGetGpuOperationMode
     nvmlDeviceGetGridLicensableFeatures
     nvmlDeviceGetGridLicensableFeatures_v2
@@ -85,7 +71,6 @@ not_supported! {
     nvmlDeviceGetMemoryAffinity
     nvmlDeviceGetMemoryBusWidth
     nvmlDeviceGetMemoryLimits_v1  // pynvml
-    nvmlDeviceGetMigDeviceHandleByIndex
     nvmlDeviceGetMinMaxClockOfPState
     nvmlDeviceGetMinMaxFanSpeed
     nvmlDeviceGetNumFans
@@ -225,14 +210,8 @@ not_supported! {
     nvmlGpuInstanceCreateComputeInstanceWithPlacement
     nvmlGpuInstanceDestroy
     nvmlGpuInstanceGetActiveVgpus
-    nvmlGpuInstanceGetComputeInstanceById
     nvmlGpuInstanceGetComputeInstancePossiblePlacements
-    nvmlGpuInstanceGetComputeInstanceProfileInfo
-    nvmlGpuInstanceGetComputeInstanceProfileInfoV
-    nvmlGpuInstanceGetComputeInstanceRemainingCapacity
-    nvmlGpuInstanceGetComputeInstances
     nvmlGpuInstanceGetCreatableVgpus
-    nvmlGpuInstanceGetInfo
     nvmlGpuInstanceGetVgpuHeterogeneousMode
     nvmlGpuInstanceGetVgpuSchedulerLog
     nvmlGpuInstanceGetVgpuSchedulerLog_v2  // pynvml

@@ -17,6 +17,46 @@ pub use sys::{
     nvmlProcessUtilizationSample_t, nvmlProcessesUtilizationInfo_t, nvmlReturn_t,
     nvmlUtilization_t,
 };
+pub use sys::{
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlComputeInstanceProfileInfo_v2_t,
+    nvmlComputeInstanceProfileInfo_v3_t, nvmlDeviceAttributes_t, nvmlGpuInstance_t,
+    nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstanceProfileInfo_v3_t,
+};
+
+pub const NVML_GPU_INSTANCE_PROFILE_1_SLICE: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE;
+pub const NVML_GPU_INSTANCE_PROFILE_2_SLICE: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_2_SLICE;
+pub const NVML_GPU_INSTANCE_PROFILE_3_SLICE: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE;
+pub const NVML_GPU_INSTANCE_PROFILE_4_SLICE: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_4_SLICE;
+pub const NVML_GPU_INSTANCE_PROFILE_7_SLICE: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE;
+pub const NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: c_uint =
+    sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2;
+pub const NVML_GPU_INSTANCE_PROFILE_COUNT: c_uint = sys::NVML_GPU_INSTANCE_PROFILE_COUNT;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE;
+pub const NVML_COMPUTE_INSTANCE_PROFILE_COUNT: c_uint = sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT;
+pub const NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: c_uint =
+    sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED;
+
+/// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)` and `, 3)` (function-like macros).
+pub const NVML_GPU_INSTANCE_PROFILE_INFO_V2: c_uint =
+    (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as c_uint) | (2 << 24);
+pub const NVML_GPU_INSTANCE_PROFILE_INFO_V3: c_uint =
+    (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v3_t>() as c_uint) | (3 << 24);
+/// `NVML_STRUCT_VERSION(ComputeInstanceProfileInfo, 2)` and `, 3)`.
+pub const NVML_COMPUTE_INSTANCE_PROFILE_INFO_V2: c_uint =
+    (std::mem::size_of::<nvmlComputeInstanceProfileInfo_v2_t>() as c_uint) | (2 << 24);
+pub const NVML_COMPUTE_INSTANCE_PROFILE_INFO_V3: c_uint =
+    (std::mem::size_of::<nvmlComputeInstanceProfileInfo_v3_t>() as c_uint) | (3 << 24);
 
 pub const NVML_SUCCESS: nvmlReturn_t = sys::nvmlReturn_enum_NVML_SUCCESS;
 pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
@@ -275,6 +315,37 @@ const _: () = {
             version @ 0, processSamplesCount @ 4, lastSeenTimeStamp @ 8, procUtilArray @ 16
         }
         nvmlDevice_t: size 8, align 8 {}
+        nvmlGpuInstancePlacement_t: size 8, align 4 { start @ 0, size @ 4 }
+        nvmlGpuInstanceProfileInfo_t: size 48, align 8 {
+            id @ 0, isP2pSupported @ 4, sliceCount @ 8, instanceCount @ 12,
+            multiprocessorCount @ 16, copyEngineCount @ 20, decoderCount @ 24,
+            encoderCount @ 28, jpegCount @ 32, ofaCount @ 36, memorySizeMB @ 40
+        }
+        nvmlGpuInstanceProfileInfo_v2_t: size 152, align 8 {
+            version @ 0, id @ 4, memorySizeMB @ 48, name @ 56
+        }
+        nvmlGpuInstanceProfileInfo_v3_t: size 152, align 8 {
+            version @ 0, id @ 4, sliceCount @ 8, memorySizeMB @ 40, name @ 48,
+            capabilities @ 144
+        }
+        nvmlGpuInstanceInfo_t: size 24, align 8 { device @ 0, id @ 8, profileId @ 12, placement @ 16 }
+        nvmlComputeInstanceProfileInfo_t: size 36, align 4 {
+            id @ 0, sliceCount @ 4, instanceCount @ 8, multiprocessorCount @ 12,
+            sharedCopyEngineCount @ 16, sharedDecoderCount @ 20, sharedEncoderCount @ 24,
+            sharedJpegCount @ 28, sharedOfaCount @ 32
+        }
+        nvmlComputeInstanceProfileInfo_v2_t: size 136, align 4 { version @ 0, id @ 4, name @ 40 }
+        nvmlComputeInstanceProfileInfo_v3_t: size 140, align 4 {
+            version @ 0, id @ 4, name @ 40, capabilities @ 136
+        }
+        nvmlComputeInstanceInfo_t: size 32, align 8 {
+            device @ 0, gpuInstance @ 8, id @ 16, profileId @ 20, placement @ 24
+        }
+        nvmlDeviceAttributes_t: size 40, align 8 {
+            multiprocessorCount @ 0, sharedCopyEngineCount @ 4, sharedDecoderCount @ 8,
+            sharedEncoderCount @ 12, sharedJpegCount @ 16, sharedOfaCount @ 20,
+            gpuInstanceSliceCount @ 24, computeInstanceSliceCount @ 28, memorySizeMB @ 32
+        }
         nvmlReturn_t: size 4, align 4 {}
     }
 
@@ -296,6 +367,16 @@ const _: () = {
     assert!(NVML_COMPUTEMODE_PROHIBITED == 2);
     assert!(NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == 3);
     assert!(NVML_BRAND_NVIDIA == 14);
+    assert!(NVML_GPU_INSTANCE_PROFILE_1_SLICE == 0);
+    assert!(NVML_GPU_INSTANCE_PROFILE_2_SLICE == 1);
+    assert!(NVML_GPU_INSTANCE_PROFILE_3_SLICE == 2);
+    assert!(NVML_GPU_INSTANCE_PROFILE_4_SLICE == 3);
+    assert!(NVML_GPU_INSTANCE_PROFILE_7_SLICE == 4);
+    assert!(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 == 9);
+    assert!(NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE == 4);
+    // The versions pynvml sends for the V calls.
+    assert!(NVML_GPU_INSTANCE_PROFILE_INFO_V2 == 0x0200_0098);
+    assert!(NVML_COMPUTE_INSTANCE_PROFILE_INFO_V2 == 0x0200_0088);
 };
 
 #[cfg(test)]

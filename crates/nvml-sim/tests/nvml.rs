@@ -952,7 +952,8 @@ fn every_nvml_wrapper_sys_function_is_exported() {
         );
         n += 1;
     }
-    assert!(n > 300, "{n}");
+    // Shrinks as functions get modelled (MIG took 21).
+    assert!(n > 250, "{n}");
 }
 
 /// nvidia-smi's private table: handed out for its id only; the process-list slots follow

@@ -1,6 +1,6 @@
 //! Board facts and modes that nvidia-smi reads for every GPU. None has a scenario key: each
-//! answers what a non-MIG HGX H100/H200 answers, and is named in `NVML_SIM_TRACE` as a
-//! default.
+//! answers what an HGX H100/H200 answers, and is named in `NVML_SIM_TRACE` as a default.
+//! (MIG mode has scenario keys: see `mig.rs`.)
 
 use super::*;
 use crate::trace::{self, Gap};
@@ -54,46 +54,6 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
             put(current, ENABLED);
             put(pending, ENABLED)
         }
-    }))
-}
-
-/// MIG is off (current and pending).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(
-    d: nvmlDevice_t,
-    current: *mut c_uint,
-    pending: *mut c_uint,
-) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetMigMode", d, |_, _| {
-        if current.is_null() || pending.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe {
-            put(current, DISABLED);
-            put(pending, DISABLED)
-        }
-    }))
-}
-
-/// "Returns zero if MIG is not supported or enabled" (nvml.h).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
-    d: nvmlDevice_t,
-    count: *mut c_uint,
-) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetMaxMigDeviceCount", d, |_, _| unsafe {
-        put(count, 0)
-    }))
-}
-
-/// Every handle the sim gives out is a whole GPU.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
-    d: nvmlDevice_t,
-    is_mig: *mut c_uint,
-) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceIsMigDeviceHandle", d, |_, _| unsafe {
-        put(is_mig, 0)
     }))
 }
 

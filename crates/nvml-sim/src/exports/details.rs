@@ -22,6 +22,17 @@ fn fixed(
     with_dev(device, None, f)
 }
 
+/// [`fixed`] that a MIG device answers too, from its parent's fixed value (its share of
+/// the GPU's counters: none).
+fn fixed_mig_too(
+    name: &str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Sim) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    trace::gap(name, Gap::Default);
+    with_target(device, None, |s, _| f(s))
+}
+
 fn is_h100(s: &Sim, i: usize) -> bool {
     s.gpu(i).name.contains("H100")
 }
@@ -223,7 +234,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter_type: c_uint,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetTotalEccErrors", d, |_, _| {
+    guard!(fixed_mig_too("nvmlDeviceGetTotalEccErrors", d, |_| {
         if error_type >= ECC_ERROR_TYPES || counter_type >= ECC_COUNTER_TYPES {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
@@ -239,7 +250,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
     location: c_uint,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetMemoryErrorCounter", d, |_, _| {
+    guard!(fixed_mig_too("nvmlDeviceGetMemoryErrorCounter", d, |_| {
         if error_type >= ECC_ERROR_TYPES
             || counter_type >= ECC_COUNTER_TYPES
             || location >= MEMORY_LOCATIONS
@@ -492,6 +503,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
         }
         let value = match kind {
             0 => power_usage(s, i),
+            // No whole-GPU utilization counters in MIG mode (as nvmlDeviceGetUtilizationRates).
+            1 | 2 if s.gpu(i).mig_mode => return NVML_ERROR_NOT_SUPPORTED,
             1 => s.utilization(i).0,
             2 => s.utilization(i).1,
             3 | 4 | 8 | 9 => 0,

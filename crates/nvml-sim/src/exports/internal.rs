@@ -183,15 +183,15 @@ unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> 
         a[1] as *mut c_uint,
         a[2] as *mut ProcessRecord,
     );
-    with_dev(device, Some(Feature::Processes), |s, i| {
-        let records: Vec<ProcessRecord> = procs_of(s, i, want)
+    with_target(device, Some(Feature::Processes), |s, t| {
+        let records: Vec<ProcessRecord> = procs_of(s, t, want)
             .into_iter()
             .map(|p| ProcessRecord {
                 pid: p.pid,
                 _pad: 0,
                 used_bytes: p.used_bytes.unwrap_or(NVML_VALUE_NOT_AVAILABLE_ULL),
-                gpu_instance_id: NO_INSTANCE_ID,
-                compute_instance_id: NO_INSTANCE_ID,
+                gpu_instance_id: p.instance.map_or(NO_INSTANCE_ID, |i| i.0),
+                compute_instance_id: p.instance.map_or(NO_INSTANCE_ID, |i| i.1),
                 used_protected_bytes: 0,
                 // The driver knows the task itself, whatever pid its namespace gives it.
                 name: fill_chars(&process_name(p.real_pid).unwrap_or_default()),

@@ -26,6 +26,7 @@ mod board;
 mod details;
 mod events;
 mod internal;
+mod mig;
 
 fn with_sim(f: impl FnOnce(&mut Sim) -> nvmlReturn_t) -> nvmlReturn_t {
     let mut guard = sim::lock();
@@ -35,23 +36,42 @@ fn with_sim(f: impl FnOnce(&mut Sim) -> nvmlReturn_t) -> nvmlReturn_t {
     }
 }
 
+/// What a device handle names: a whole GPU (by index) or a MIG device on one.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Gpu(usize),
+    Mig {
+        gpu: usize,
+        gi: u32,
+        ci: u32,
+        /// Its index under the parent (`nvmlDeviceGetMigDeviceHandleByIndex`).
+        index: usize,
+    },
+}
+
 /// Runs `f` for a valid, present (not lost) device; checks `feature` is supported. A GPU
 /// with `hang_ms` blocks the call that long first, outside the sim's lock, so calls on other
 /// GPUs go on meanwhile (as a real driver lets them, mostly). The scenario is read again
 /// while blocked: lowering hang_ms (to 0) lets blocked calls answer, as a GPU that recovers
 /// does. A call that does not hang takes the lock once.
-fn with_dev(
+///
+/// A MIG device handle goes through its parent GPU's checks (lost, hang, faults,
+/// `unsupported`); one whose instance no longer exists (the scenario changed) is
+/// INVALID_ARGUMENT, as the driver answers a handle of a destroyed instance.
+fn with_target(
     device: nvmlDevice_t,
     feature: Option<Feature>,
-    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
+    f: impl FnOnce(&mut Sim, Target) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
     let started = std::time::Instant::now();
     let mut f = Some(f);
     loop {
         let mut blocked_for = None;
         let code = with_sim(|s| {
-            let Some(index) = index_of(device) else {
-                return NVML_ERROR_INVALID_ARGUMENT;
+            let (index, mig) = match (index_of(device), sim::mig_of(device)) {
+                (Some(i), _) => (i, None),
+                (None, Some((gpu, gi, ci))) => (gpu, Some((gi, ci))),
+                (None, None) => return NVML_ERROR_INVALID_ARGUMENT,
             };
             s.refresh();
             if index >= s.scenario.gpus.len() || s.gpu(index).lost {
@@ -68,13 +88,28 @@ fn with_dev(
             if let Some(fault) = s.inject_fault() {
                 return fault;
             }
+            let target = match mig {
+                None => Target::Gpu(index),
+                Some((gi, ci)) => {
+                    let g = s.gpu(index);
+                    match g.mig_instance(gi, ci) {
+                        Some((k, _)) if g.mig_mode => Target::Mig {
+                            gpu: index,
+                            gi,
+                            ci,
+                            index: k,
+                        },
+                        _ => return NVML_ERROR_INVALID_ARGUMENT,
+                    }
+                }
+            };
             if let Some(feature) = feature
                 && !s.gpu(index).supports(feature)
             {
                 return NVML_ERROR_NOT_SUPPORTED;
             }
             match f.take() {
-                Some(f) => f(s, index),
+                Some(f) => f(s, target),
                 None => NVML_ERROR_UNKNOWN,
             }
         });
@@ -83,6 +118,20 @@ fn with_dev(
             None => return code,
         }
     }
+}
+
+/// [`with_target`] for a query of the whole GPU: on a MIG device handle it is
+/// NOT_SUPPORTED, as the driver answers most queries there (temperature, power, clocks,
+/// PCI, ...); the queries a MIG device answers use `with_target`.
+fn with_dev(
+    device: nvmlDevice_t,
+    feature: Option<Feature>,
+    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    with_target(device, feature, |s, t| match t {
+        Target::Gpu(i) => f(s, i),
+        Target::Mig { .. } => NVML_ERROR_NOT_SUPPORTED,
+    })
 }
 
 /// Writes `v` through `p`; a null `p` is INVALID_ARGUMENT.
@@ -354,6 +403,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         let Some(uuid) = (unsafe { c_str(uuid) }) else {
             return with_sim(|_| NVML_ERROR_INVALID_ARGUMENT);
         };
+        if uuid.len() > 4 && uuid[..4].eq_ignore_ascii_case("MIG-") {
+            return unsafe { mig::by_uuid(uuid, out) };
+        }
         unsafe { handle_where(out, |g| g.uuid.eq_ignore_ascii_case(uuid)) }
     })
 }
@@ -400,7 +452,13 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(d: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |_, i| unsafe { put(out, i as c_uint) }))
+    // A MIG device answers its index under its parent: nvidia-smi prints it as "MIG Dev"
+    // (found by answering a marker and reading where it landed) and lists no MIG device
+    // whose index fails.
+    guard!(with_target(d, None, |_, t| match t {
+        Target::Gpu(i) => unsafe { put(out, i as c_uint) },
+        Target::Mig { index, .. } => unsafe { put(out, index as c_uint) },
+    }))
 }
 
 #[unsafe(no_mangle)]
@@ -419,8 +477,15 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| unsafe {
-        put_str(name, length, &s.gpu(i).name)
+    guard!(with_target(d, None, |s, t| {
+        let n = match t {
+            Target::Gpu(i) => s.gpu(i).name.clone(),
+            Target::Mig { gpu, index, .. } => {
+                let g = s.gpu(gpu);
+                format!("{} MIG {}", g.name, g.mig[index].profile.name)
+            }
+        };
+        unsafe { put_str(name, length, &n) }
     }))
 }
 
@@ -430,8 +495,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| unsafe {
-        put_str(uuid, length, &s.gpu(i).uuid)
+    guard!(with_target(d, None, |s, t| {
+        let u = match t {
+            Target::Gpu(i) => s.gpu(i).uuid.clone(),
+            Target::Mig { gpu, gi, ci, .. } => crate::mig::mig_uuid(&s.gpu(gpu).uuid, gi, ci),
+        };
+        unsafe { put_str(uuid, length, &u) }
     }))
 }
 
@@ -537,16 +606,24 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 // ---------------------------------------------------------------------------------------
 // Memory, utilization, sensors
 
+/// (total, reserved, free, used) in bytes: of the GPU, or of a MIG device's GPU instance.
+fn memory_of(s: &mut Sim, t: Target) -> (u64, u64, u64, u64) {
+    match t {
+        Target::Gpu(i) => s.memory_bytes(i),
+        Target::Mig { gpu, gi, .. } => s.mig_memory_bytes(gpu, gi),
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     d: nvmlDevice_t,
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Memory), |s, i| {
+    guard!(with_target(d, Some(Feature::Memory), |s, t| {
         if out.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let (total, _reserved, free, _used) = s.memory_bytes(i);
+        let (total, _reserved, free, _used) = memory_of(s, t);
         // v1 folds the reserved memory into `used`.
         unsafe {
             put(
@@ -566,7 +643,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     d: nvmlDevice_t,
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Memory), |s, i| {
+    guard!(with_target(d, Some(Feature::Memory), |s, t| {
         if out.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
@@ -575,7 +652,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if version != NVML_MEMORY_V2 {
             return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         }
-        let (total, reserved, free, used) = s.memory_bytes(i);
+        let (total, reserved, free, used) = memory_of(s, t);
         unsafe {
             put(
                 out,
@@ -596,12 +673,18 @@ pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
     d: nvmlDevice_t,
     out: *mut nvmlBAR1Memory_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Bar1Memory), |s, i| {
+    guard!(with_target(d, Some(Feature::Bar1Memory), |s, t| {
         if out.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let procs = s.gpu_now(i).procs.len() as u64;
-        let total = 262_144 * MIB;
+        // A MIG device maps its share of the BAR1 aperture: its memory slices of eight.
+        let (procs, total) = match t {
+            Target::Gpu(_) => (procs_of(s, t, is_any).len() as u64, 262_144 * MIB),
+            Target::Mig { gpu, index, .. } => (
+                procs_of(s, t, is_any).len() as u64,
+                262_144 / 8 * u64::from(s.gpu(gpu).mig[index].profile.mem_slices) * MIB,
+            ),
+        };
         let used = (1 + 2 * procs) * MIB;
         unsafe {
             put(
@@ -624,6 +707,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     guard!(with_dev(d, Some(Feature::Utilization), |s, i| {
         if out.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // A MIG-enabled GPU has no whole-GPU utilization counters (nor do its MIG devices).
+        if s.gpu(i).mig_mode {
+            return NVML_ERROR_NOT_SUPPORTED;
         }
         let (gpu, memory) = s.utilization(i);
         unsafe { put(out, nvmlUtilization_t { gpu, memory }) }
@@ -820,15 +907,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
 // ---------------------------------------------------------------------------------------
 // Processes
 
+/// The processes a handle lists: all of the GPU's, or a MIG device's own.
 fn procs_of(
     s: &mut Sim,
-    i: usize,
+    t: Target,
     want: fn(crate::scenario::ProcKind) -> bool,
 ) -> Vec<sim::ProcNow> {
+    let (i, only) = match t {
+        Target::Gpu(i) => (i, None),
+        Target::Mig { gpu, gi, ci, .. } => (gpu, Some((gi, ci))),
+    };
     s.gpu_now(i)
         .procs
         .iter()
-        .filter(|p| want(p.kind))
+        .filter(|p| want(p.kind) && (only.is_none() || p.instance == only))
         .cloned()
         .collect()
 }
@@ -839,8 +931,8 @@ unsafe fn running_v1(
     infos: *mut nvmlProcessInfo_v1_t,
     want: fn(crate::scenario::ProcKind) -> bool,
 ) -> nvmlReturn_t {
-    with_dev(d, Some(Feature::Processes), |s, i| {
-        let items: Vec<nvmlProcessInfo_v1_t> = procs_of(s, i, want)
+    with_target(d, Some(Feature::Processes), |s, t| {
+        let items: Vec<nvmlProcessInfo_v1_t> = procs_of(s, t, want)
             .into_iter()
             .map(|p| nvmlProcessInfo_v1_t {
                 pid: p.pid,
@@ -857,14 +949,14 @@ unsafe fn running_v2(
     infos: *mut nvmlProcessInfo_t,
     want: fn(crate::scenario::ProcKind) -> bool,
 ) -> nvmlReturn_t {
-    with_dev(d, Some(Feature::Processes), |s, i| {
-        let items: Vec<nvmlProcessInfo_t> = procs_of(s, i, want)
+    with_target(d, Some(Feature::Processes), |s, t| {
+        let items: Vec<nvmlProcessInfo_t> = procs_of(s, t, want)
             .into_iter()
             .map(|p| nvmlProcessInfo_t {
                 pid: p.pid,
                 usedGpuMemory: p.used_bytes.unwrap_or(NVML_VALUE_NOT_AVAILABLE_ULL),
-                gpuInstanceId: NO_INSTANCE_ID,
-                computeInstanceId: NO_INSTANCE_ID,
+                gpuInstanceId: p.instance.map_or(NO_INSTANCE_ID, |i| i.0),
+                computeInstanceId: p.instance.map_or(NO_INSTANCE_ID, |i| i.1),
             })
             .collect();
         unsafe { put_list(count, infos, &items) }
@@ -876,6 +968,9 @@ fn is_compute(k: crate::scenario::ProcKind) -> bool {
 }
 fn is_graphics(k: crate::scenario::ProcKind) -> bool {
     k.graphics()
+}
+fn is_any(_: crate::scenario::ProcKind) -> bool {
+    true
 }
 fn is_mps(_: crate::scenario::ProcKind) -> bool {
     false
@@ -932,6 +1027,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
+        if s.gpu(i).mig_mode {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
         let now = sim::now_unix_us();
         let items: Vec<nvmlProcessUtilizationSample_t> = if last_seen >= now {
             Vec::new()
@@ -965,6 +1063,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
     guard!(with_dev(d, Some(Feature::ProcessUtilization), |s, i| {
         if info.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if s.gpu(i).mig_mode {
+            return NVML_ERROR_NOT_SUPPORTED;
         }
         // SAFETY: non-null pointer to the caller's struct.
         let info = unsafe { &mut *info };
