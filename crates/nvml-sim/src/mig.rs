@@ -426,8 +426,16 @@ pub fn full_ci_profile(slices: u32) -> u32 {
 /// reloads, shaped as the driver's (version nibble 5, RFC 4122 variant).
 pub fn mig_uuid(parent_uuid: &str, gi: u32, ci: u32) -> String {
     let key = format!("{}/{gi}/{ci}", parent_uuid.to_ascii_lowercase());
-    let a = crate::scenario::stable_hash(key.as_bytes());
-    let b = crate::scenario::stable_hash(format!("mig:{key}").as_bytes());
+    // FNV-1a of near-identical keys differs in few bits: a splitmix64 finalizer spreads them.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let a = mix(crate::scenario::stable_hash(key.as_bytes()));
+    let b = mix(crate::scenario::stable_hash(
+        format!("mig:{key}").as_bytes(),
+    ));
     let mut hex: Vec<u8> = format!("{a:016x}{b:016x}").into_bytes();
     hex[12] = b'5';
     hex[16] = b"89ab"[(hex[16] as usize) % 4];

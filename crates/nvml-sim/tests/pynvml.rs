@@ -58,3 +58,29 @@ mem_pct = 30
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// tests/pynvml_mig_check.py through the launcher on examples/h100-mig.toml: pynvml's view
+/// of the MIG devices agrees with the scenario file.
+#[test]
+fn pynvml_reads_the_mig_devices_of_the_h100_example() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/h100-mig.toml");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pynvml_mig_check.py");
+    let state = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin_path())
+        .args(["run", example, "--", &python, script, example])
+        .env("NVML_SIM_STATE", state.path().join("state.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("PYNVML-MISSING"),
+        "`import pynvml` failed with {python}: set PYTHON.\n{stderr}"
+    );
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("CHECK-OK"),
+        "pynvml_mig_check.py failed ({}):\n{}\n{stderr}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
