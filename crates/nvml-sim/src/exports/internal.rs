@@ -18,7 +18,7 @@
 //! | 26 | `(const char *fmt, ...)` | the library's debug log: nvidia-smi reports each step through it (`"nvidia-smi %s: %s\n"`); nothing is written |
 //! | 75 | `(unsigned index, unsigned *domain, unsigned *bus, unsigned *device)` | a GPU's PCI location by index: `-i BUS_ID` walks the GPUs with it, comparing what slot 12 parsed |
 //! | 81 | `(unsigned index, nvmlDevice_t *out, 0x22)` | a handle by index, as `nvmlDeviceGetHandleByIndex_v2` |
-//! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below) |
+//! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below); GPU/compute instance ids at offsets 16/20 (`0xFFFFFFFF` without MIG); on a MIG device handle, that device's processes only |
 //! | 209 | `(nvmlDevice_t, unsigned *uv)` | graphics voltage in µV (`-q`: Voltage) |
 //! | 230 | `(nvmlDevice_t, unsigned *gen)` | the host's maximum PCIe generation (`-q`: Host Max) |
 //! | 231 | `(nvmlDevice_t, char *buf, unsigned len)` | the GPU part number |
