@@ -7,6 +7,7 @@ mod holders;
 mod hostile;
 mod info;
 mod kill_clear;
+mod mig;
 mod nvidia_smi;
 mod schema;
 mod settings;

@@ -190,8 +190,9 @@ fn expected_gpu_row(d: &Value) -> Vec<String> {
         mib(&m["total_bytes"]).to_string(),
         mib(&m["used_bytes"]).to_string(),
         mib(&m["free_bytes"]).to_string(),
-        d["utilization"]["gpu_pct"].to_string(),
-        d["utilization"]["memory_pct"].to_string(),
+        // MIG gives no utilization: nvidia-smi prints [N/A], gpuctl null.
+        or_na(&d["utilization"]["gpu_pct"], "[N/A]"),
+        or_na(&d["utilization"]["memory_pct"], "[N/A]"),
         d["temperature_c"].to_string(),
         watts(&d["power_mw"]),
         watts(&d["power_limit_mw"]),
@@ -206,6 +207,15 @@ fn expected_gpu_row(d: &Value) -> Vec<String> {
         }
         .to_string(),
     ]
+}
+
+/// A JSON value as nvidia-smi prints it, `na` where gpuctl has null.
+fn or_na(value: &Value, na: &str) -> String {
+    if value.is_null() {
+        na.to_string()
+    } else {
+        value.to_string()
+    }
 }
 
 fn csv_rows(text: &str) -> Vec<Vec<String>> {
@@ -338,14 +348,15 @@ fn assert_q_agrees(q: &QView, d: &Value, what: &str) {
     );
     expect("Product Name", d["name"].as_str().unwrap().to_string());
     expect("GPU UUID", d["uuid"].as_str().unwrap().to_string());
-    expect(
-        "Utilization/Gpu",
-        format!("{} %", d["utilization"]["gpu_pct"]),
-    );
-    expect(
-        "Utilization/Memory",
-        format!("{} %", d["utilization"]["memory_pct"]),
-    );
+    let util = |v: &Value| {
+        if v.is_null() {
+            "N/A".to_string()
+        } else {
+            format!("{v} %")
+        }
+    };
+    expect("Utilization/Gpu", util(&d["utilization"]["gpu_pct"]));
+    expect("Utilization/Memory", util(&d["utilization"]["memory_pct"]));
     expect(
         "Temperature/GPU Current Temp",
         format!("{} C", d["temperature_c"]),
@@ -463,7 +474,10 @@ fn assert_default_view_agrees(text: &str, devices: &[Value]) {
         );
         let used = format!(" {}MiB / ", mib(&d["memory"]["used_bytes"]));
         assert!(second.contains(&used), "memory of {bus} ({used}): {second}");
-        let util = format!(" {}% ", d["utilization"]["gpu_pct"]);
+        let util = match &d["utilization"]["gpu_pct"] {
+            Value::Null => " N/A ".to_string(),
+            pct => format!(" {pct}% "),
+        };
         assert!(second.contains(&util), "utilization of {bus}: {second}");
         let mode = compute_mode_word(d["compute_mode"].as_str().unwrap());
         assert!(second.contains(mode), "compute mode of {bus}: {second}");
@@ -646,7 +660,58 @@ fn nvidia_smi_views_agree_with_gpuctl_on_every_example_scenario() {
             assert_q_agrees(&qd, d, &format!("{name} -q -d"));
         }
         assert_default_view_agrees(views.ok("default"), devices);
+        assert_mig_agrees(views.ok("list"), views.ok("default"), devices, &name);
     }
+}
+
+/// On MIG-enabled GPUs: `-L` names each MIG device with its profile and UUID under its GPU,
+/// and the default view's "MIG devices" table gives each instance's ids and memory, as
+/// gpuctl reads them.
+fn assert_mig_agrees(list: &str, default: &str, devices: &[Value], name: &str) {
+    // "|  0    1   0   0  |           30720MiB / 40448MiB  | ..."
+    let mut rows: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+    if let Some(table) = default.split("MIG devices:").nth(1) {
+        let table = table.split("Processes:").next().unwrap_or_default();
+        for line in table.lines() {
+            let cells: Vec<&str> = line.split('|').collect();
+            if cells.len() < 3 {
+                continue;
+            }
+            let ids: Vec<u64> = cells[1]
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            let memory: Vec<u64> = cells[2]
+                .split('/')
+                .filter_map(|w| w.trim().strip_suffix("MiB")?.trim().parse().ok())
+                .collect();
+            if ids.len() == 4 && memory.len() == 2 {
+                rows.push((ids[0], ids[1], ids[2], memory[0], memory[1]));
+            }
+        }
+    }
+    let mut want: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+    for d in devices {
+        let migs = d["mig_devices"].as_array().expect("mig_devices");
+        for m in migs {
+            let line = format!("MIG {}", m["profile"].as_str().expect("a profile"));
+            let uuid = format!("(UUID: {})", m["uuid"].as_str().unwrap());
+            assert!(
+                list.lines().any(|l| l.contains(&line) && l.contains(&uuid)),
+                "{name}: -L lacks {line} {uuid}:\n{list}"
+            );
+            want.push((
+                d["index"].as_u64().unwrap(),
+                m["gpu_instance_id"].as_u64().unwrap(),
+                m["compute_instance_id"].as_u64().unwrap(),
+                mib(&m["memory"]["used_bytes"]),
+                mib(&m["memory"]["total_bytes"]),
+            ));
+        }
+    }
+    rows.sort();
+    want.sort();
+    assert_eq!(rows, want, "{name}: the MIG devices table:\n{default}");
 }
 
 /// The calls nvidia-smi makes that the sim leaves unanswered (NOT_SUPPORTED), because an

@@ -533,6 +533,8 @@ mod tests {
             used_bytes: Some(used_mib << 20),
             kind: crate::snapshot::ProcessType::Compute,
             sm_util_pct: Some(0),
+            gpu_instance_id: None,
+            compute_instance_id: None,
             host: std::sync::Arc::new(host),
         }
     }

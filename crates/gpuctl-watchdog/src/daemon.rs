@@ -1441,6 +1441,8 @@ mod tests {
                 used_bytes: Some(gib << 30),
                 kind: ProcessType::Compute,
                 sm_util_pct: Some(0),
+                gpu_instance_id: None,
+                compute_instance_id: None,
                 host: Arc::new(host),
             }
         };

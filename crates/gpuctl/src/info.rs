@@ -11,7 +11,7 @@ use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::report::{WatchdogFindings, watchdog_findings_path};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::totals::{By, Total, totals};
-use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus, Holder, HolderScan};
+use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, GpuStatus, Holder, HolderScan, MigDevice};
 use gpuctl_core::units;
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
@@ -471,17 +471,66 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
         out.push_str(&format!("  {line}\n"));
     }
 
-    let unattributed = gpu
-        .memory
-        .and_then(|m| m.unattributed_bytes)
-        .filter(|&bytes| bytes >= 1024 * 1024);
-    if gpu.processes.is_empty() && unattributed.is_none() {
-        out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+    if !gpu.mig_devices.is_empty() {
+        // A MIG GPU: each instance with its memory and its processes.
+        for mig in &gpu.mig_devices {
+            mig_block(out, mig, style, dot);
+        }
     } else {
-        process_table(out, &gpu.processes, unattributed, style);
+        let unattributed = gpu
+            .memory
+            .and_then(|m| m.unattributed_bytes)
+            .filter(|&bytes| bytes >= 1024 * 1024);
+        if gpu.processes.is_empty() && unattributed.is_none() {
+            out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+        } else {
+            process_table(out, &gpu.processes, unattributed, style);
+        }
     }
     if let Some(holders) = &gpu.holders {
         holder_lines(out, gpu, holders, style);
+    }
+}
+
+/// One MIG device: profile, instance ids, UUID, memory, then its processes.
+fn mig_block(out: &mut String, mig: &MigDevice, style: &Style, dot: &str) {
+    let mut title = vec![format!(
+        "MIG {}",
+        mig.profile.as_deref().map_or("?".into(), render::safe)
+    )];
+    title.extend(mig.gpu_instance_id.map(|id| format!("GI {id}")));
+    title.extend(mig.compute_instance_id.map(|id| format!("CI {id}")));
+    title.extend(mig.uuid.clone());
+    let mut line = format!("  {}", title.join(dot));
+    if let Some(memory) = mig.memory {
+        let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
+        line.push_str(&format!(
+            "   mem {} {} / {} {:>3.0}%",
+            style.paint(render::load_color(fraction), &style.bar(fraction, 12)),
+            units::bytes(memory.used_bytes),
+            units::bytes(memory.total_bytes),
+            fraction * 100.0
+        ));
+    }
+    out.push_str(&line);
+    out.push('\n');
+    let unattributed = mig
+        .memory
+        .and_then(|m| m.unattributed_bytes)
+        .filter(|&bytes| bytes >= 1024 * 1024);
+    if mig.processes.is_empty() && unattributed.is_none() {
+        out.push_str(&format!(
+            "    {}\n",
+            style.paint(Color::Dim, "no processes")
+        ));
+    } else {
+        let mut table = String::new();
+        process_table(&mut table, &mig.processes, unattributed, style);
+        for row in table.lines() {
+            out.push_str("  ");
+            out.push_str(row);
+            out.push('\n');
+        }
     }
 }
 

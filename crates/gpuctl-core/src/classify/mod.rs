@@ -367,6 +367,8 @@ mod tests {
                 used_bytes: Some(1 << 30),
                 kind: ProcessType::Compute,
                 sm_util_pct: p.sm,
+                gpu_instance_id: None,
+                compute_instance_id: None,
                 host: std::sync::Arc::new(if p.confirmed {
                     HostProcess {
                         confirmed: true,

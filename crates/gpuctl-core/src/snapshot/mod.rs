@@ -115,6 +115,10 @@ pub struct GpuSnapshot {
     /// callers that keep marks, `None` otherwise.
     pub peak: Option<peaks::Peak>,
     pub processes: Vec<GpuProcess>,
+    /// MIG mode is on (`None`: not known, or not a MIG-capable GPU).
+    pub mig_enabled: Option<bool>,
+    /// Its MIG devices, by GPU instance id; empty unless MIG mode is on.
+    pub mig_devices: Vec<MigDevice>,
     /// Processes holding this GPU's device file (`/dev/nvidia<minor>`) that NVML does not
     /// list on it; present only when the scan ran ([`SnapshotOptions::holders`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -179,9 +183,35 @@ pub struct GpuProcess {
     /// Highest per-process SM utilization sampled in the window; 0 when the driver has no
     /// sample for it, `None` where the driver does not report per-process utilization.
     pub sm_util_pct: Option<u32>,
+    /// The MIG GPU and compute instance it runs in, on a MIG-enabled GPU.
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
     /// Shared by the process's entries on each of its GPUs.
     #[serde(flatten)]
     pub host: Arc<HostProcess>,
+}
+
+/// A MIG device: one GPU instance (with its compute instance) of a MIG-enabled GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigDevice {
+    /// `MIG-…`
+    pub uuid: Option<String>,
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
+    /// The profile, as in the device's name: `1g.10gb`, `3g.40gb`, …
+    pub profile: Option<String>,
+    pub memory: Option<MigMemory>,
+    /// The parent's processes that run in this instance.
+    pub processes: Vec<GpuProcess>,
+}
+
+/// A MIG device's memory.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MigMemory {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    /// Used memory that no listed process of the instance accounts for.
+    pub unattributed_bytes: Option<u64>,
 }
 
 impl Snapshot {
@@ -253,9 +283,12 @@ impl Snapshot {
                         used_bytes: p.used_bytes,
                         kind: p.kind,
                         sm_util_pct: p.sm_util_pct,
+                        gpu_instance_id: p.gpu_instance_id,
+                        compute_instance_id: p.compute_instance_id,
                         host: fact_of(p.pid).unwrap_or_else(|| Arc::clone(&unread)),
                     })
                     .collect();
+                gpu.fill_mig_processes();
             }
         };
         let nvml_read = started.elapsed();
@@ -367,6 +400,8 @@ struct Listed {
     used_bytes: Option<u64>,
     kind: ProcessType,
     sm_util_pct: Option<u32>,
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
 }
 
 /// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
@@ -501,6 +536,10 @@ fn read_gpu_fields(
         gpu.minor = optional(device.minor_number())?;
         gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
         gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
+        gpu.mig_enabled = optional(device.mig_mode())?.map(|mode| mode.current == 1);
+        if gpu.mig_enabled == Some(true) {
+            gpu.mig_devices = read_mig_devices(device)?;
+        }
     }
 
     let compute = process_list(device.running_compute_processes());
@@ -551,6 +590,8 @@ impl GpuSnapshot {
             compute_mode: None,
             peak: None,
             processes: Vec::new(),
+            mig_enabled: None,
+            mig_devices: Vec::new(),
             holders: None,
             minor: None,
         }
@@ -644,6 +685,8 @@ fn merge_processes(
             pid: info.pid,
             used_bytes: used,
             kind,
+            gpu_instance_id: info.gpu_instance_id,
+            compute_instance_id: info.compute_instance_id,
             sm_util_pct: utilization.as_ref().map(|samples| {
                 samples
                     .binary_search_by_key(&info.pid, |sample| sample.0)
@@ -661,6 +704,91 @@ fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
         attributed = attributed.saturating_add(process.used_bytes?);
     }
     Some(used.saturating_sub(attributed))
+}
+
+/// The MIG devices of a MIG-enabled GPU: the handle slots are sparse (NOT_FOUND for an
+/// empty one), as on real drivers.
+fn read_mig_devices(device: &Device<'_>) -> Result<Vec<MigDevice>, NvmlError> {
+    let slots = optional(device.mig_device_count())?.unwrap_or(0);
+    let mut out = Vec::new();
+    for slot in 0..slots {
+        let mig = match device.mig_device_by_index(slot) {
+            Ok(mig) => mig,
+            Err(NvmlError::NotFound) => continue,
+            Err(error) => return Err(error),
+        };
+        let profile = optional(mig.name())?.and_then(|name| {
+            name.split_once(" MIG ")
+                .map(|(_, profile)| profile.trim().to_string())
+        });
+        let (gpu_instance_id, compute_instance_id) = instance_ids(&mig);
+        out.push(MigDevice {
+            uuid: optional(mig.uuid())?,
+            gpu_instance_id,
+            compute_instance_id,
+            profile,
+            memory: optional(mig.memory_info())?.map(|m| MigMemory {
+                total_bytes: m.total,
+                used_bytes: m.used,
+                unattributed_bytes: None,
+            }),
+            processes: Vec::new(),
+        });
+    }
+    out.sort_by_key(|m| (m.gpu_instance_id, m.compute_instance_id));
+    Ok(out)
+}
+
+/// A MIG device's GPU and compute instance ids (nvml-wrapper has no call for them).
+fn instance_ids(mig: &Device<'_>) -> (Option<u32>, Option<u32>) {
+    let lib = mig.nvml().lib();
+    // SAFETY: a valid MIG device handle and out-pointers to local integers, as nvml.h says.
+    unsafe {
+        let handle = mig.handle();
+        let mut gi: std::os::raw::c_uint = 0;
+        let mut ci: std::os::raw::c_uint = 0;
+        let gi = lib
+            .nvmlDeviceGetGpuInstanceId
+            .as_ref()
+            .ok()
+            .filter(|f| f(handle, &mut gi) == 0)
+            .map(|_| gi);
+        let ci = lib
+            .nvmlDeviceGetComputeInstanceId
+            .as_ref()
+            .ok()
+            .filter(|f| f(handle, &mut ci) == 0)
+            .map(|_| ci);
+        (gi, ci)
+    }
+}
+
+impl GpuSnapshot {
+    /// Lists each MIG device's processes (the parent's, by instance id) and the memory no
+    /// process of the instance accounts for.
+    fn fill_mig_processes(&mut self) {
+        for mig in &mut self.mig_devices {
+            mig.processes = self
+                .processes
+                .iter()
+                .filter(|p| {
+                    p.gpu_instance_id.is_some()
+                        && p.gpu_instance_id == mig.gpu_instance_id
+                        && (p.compute_instance_id.is_none()
+                            || mig.compute_instance_id.is_none()
+                            || p.compute_instance_id == mig.compute_instance_id)
+                })
+                .cloned()
+                .collect();
+            if let Some(memory) = &mut mig.memory {
+                let mut attributed = Some(0u64);
+                for p in &mig.processes {
+                    attributed = attributed.zip(p.used_bytes).map(|(a, b)| a + b);
+                }
+                memory.unattributed_bytes = attributed.map(|a| memory.used_bytes.saturating_sub(a));
+            }
+        }
+    }
 }
 
 /// Which of a GPU's figures a snapshot reads.

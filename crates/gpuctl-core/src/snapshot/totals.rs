@@ -128,6 +128,8 @@ mod tests {
             used_bytes: used_gib.map(|g| g << 30),
             kind: ProcessType::Compute,
             sm_util_pct: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
             host: Arc::new(host),
         }
     }
