@@ -86,3 +86,68 @@ fn info_shows_each_instance_with_its_memory_and_processes() {
         "no utilization on a MIG GPU:\n{gpu0}"
     );
 }
+
+/// `kill` and `clear` named a MIG instance (by MIG UUID or GPU/GI) act in it only, while a
+/// live job in the neighbouring instance of the same card is untouched; `clear --wait`
+/// judges free on the instance's memory.
+#[test]
+fn kill_and_clear_are_confined_to_one_instance() {
+    use crate::util::{alive, wait_exited};
+    let live = Proc::spawn_ready("sleep", "python3", &["train.py"]);
+    let other = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
+    // A crashed run's leftover in instance 9: a zombie leader whose threads hold the context.
+    let zombie = Proc::spawn("zombie-leader", "python3", &["finetune.py"]);
+    zombie.wait_for_state('Z');
+    let sim = Sim::new(&format!(
+        "{}[[process]]\npid = {}\ngpu = 0\ngpu_instance = 9\nused_mib = 2048\n",
+        h100_mixed(live.pid(), other.pid()),
+        zombie.pid()
+    ));
+    let doc = sim.json(&["info"]);
+    let migs = doc["devices"][0]["mig_devices"].as_array().unwrap().clone();
+    let uuid_of = |gi: u64| {
+        migs.iter()
+            .find(|m| m["gpu_instance_id"].as_u64() == Some(gi))
+            .unwrap()["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // clear on instance 9: its leftover goes, the other instances' processes stay.
+    let cleared = sim.run(&["clear", "--gpu", "0/9", "--wait=10s", "--json"]);
+    assert_eq!(cleared.code, 0, "{}\n{}", cleared.stdout, cleared.stderr);
+    wait_exited(zombie.pid());
+    assert!(
+        alive(live.pid()) && alive(other.pid()),
+        "instances 1 and 10 are untouched"
+    );
+    let report: Value = serde_json::from_str(&cleared.stdout).unwrap();
+    assert_eq!(report["outcomes"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["wait"]["met"], true, "{report}");
+    assert_eq!(report["wait"]["gpus"][0]["gpu_instance"], 9, "{report}");
+
+    // kill by MIG UUID: only that instance's process.
+    let killed = sim.run(&["kill", "--gpu", &uuid_of(10), "--yes", "--json"]);
+    assert_eq!(killed.code, 0, "{}\n{}", killed.stdout, killed.stderr);
+    wait_exited(other.pid());
+    assert!(alive(live.pid()), "instance 1 is untouched");
+
+    // Selectors that name no instance, or an instance the wrong way: one line, status 2.
+    for (selector, needle) in [
+        (
+            "0/5",
+            "GPU 0 has no GPU instance 5 (its instances: 1, 9, 10)",
+        ),
+        ("1/1", "GPU 1 is not in MIG mode"),
+        ("0:9", "no GPU matches '0:9'"),
+        ("0/x", "is not a MIG instance: give GPU/GI"),
+        (
+            "MIG-00000000-0000-0000-0000-000000000000",
+            "no MIG device has the UUID",
+        ),
+    ] {
+        sim.run(&["clear", "--gpu", selector])
+            .assert_one_line_error(2, needle);
+    }
+}

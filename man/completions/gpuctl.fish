@@ -47,7 +47,7 @@ never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (schema version in its `schema` field; see docs/json.md). With --watch, one document per line at each refresh'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l holders -d 'Look for the processes holding each GPU\'s device file (/dev/nvidiaN) that NVML does not list on it, and say what each is suspected to be. Without it the scan runs only when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed process accounts for. With --json, each device then carries `holders`'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id). Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id), or in this MIG instance (its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them: 0/9). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l user -d 'Processes of this user (name or uid). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l owner -d 'Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID, unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several. A Slurm epilog ends a finished job\'s leftovers with --owner slurm:$SLURM_JOB_ID' -r
@@ -64,7 +64,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s y -l yes -d 'Do n
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l dry-run -d 'Print what would be signalled and why, and signal nothing'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l json -d 'Print one JSON document (see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l gpu -d 'Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l gpu -d 'Only this GPU (index, UUID or bus id), or this MIG instance (its MIG-... UUID, or GPU/GI: 0/9): then nothing of the card\'s other instances is touched, and --wait waits for the instance\'s memory. Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l wait -d 'Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l min-free -d 'What --wait waits for: at least this much free memory on each selected GPU, as a size (130GiB) or a percentage of its memory (90%). Default: no process left on the GPU and under 256 MiB in use' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l signal -d 'The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...)' -r

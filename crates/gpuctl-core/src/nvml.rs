@@ -340,6 +340,141 @@ impl Gpus {
     }
 }
 
+/// A GPU, or one MIG GPU instance of it, as a `--gpu` selector names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Place {
+    pub gpu: u32,
+    /// The MIG GPU instance id; `None`: the whole GPU.
+    pub gpu_instance: Option<u32>,
+}
+
+impl Place {
+    pub fn whole(gpu: u32) -> Place {
+        Place {
+            gpu,
+            gpu_instance: None,
+        }
+    }
+
+    /// Whether a process on GPU `gpu`, in instance `gpu_instance` there, is in this place.
+    pub fn holds(&self, gpu: u32, gpu_instance: Option<u32>) -> bool {
+        self.gpu == gpu && (self.gpu_instance.is_none() || self.gpu_instance == gpu_instance)
+    }
+}
+
+impl Gpus {
+    /// What `--gpu` selectors name: whole GPUs (index, UUID or its prefix, bus id, as
+    /// [`Gpus::resolve`]) or MIG instances: a MIG device's UUID (`MIG-…`, as
+    /// CUDA_VISIBLE_DEVICES and Slurm give them), or `GPU/GI` (`0/9`: GPU 0's GPU instance 9,
+    /// the ids `nvidia-smi -L` and the MIG devices table show). Anything else naming an
+    /// instance (`0:9`, `0.9`, a MIG device index) is refused with the forms that work.
+    pub fn resolve_places(&self, selectors: &[String]) -> Result<Vec<Place>> {
+        let mut places = Vec::new();
+        for selector in selectors {
+            let wanted = selector.trim();
+            let place = if wanted.len() > 4 && wanted[..4].eq_ignore_ascii_case("MIG-") {
+                self.mig_by_uuid(wanted)?
+            } else if let Some((gpu, instance)) = wanted.split_once('/') {
+                let (Ok(gpu), Ok(instance)) = (gpu.parse::<u32>(), instance.parse::<u32>()) else {
+                    return Err(CoreError::GpuSelector(format!(
+                        "'{wanted}' is not a MIG instance: give GPU/GI (0/9) or a MIG UUID \
+                         (MIG-...)"
+                    )));
+                };
+                self.mig_by_ids(gpu, instance)?
+            } else {
+                Place::whole(self.resolve(std::slice::from_ref(selector))?[0])
+            };
+            if !places.contains(&place) {
+                places.push(place);
+            }
+        }
+        Ok(places)
+    }
+
+    fn mig_by_uuid(&self, uuid: &str) -> Result<Place> {
+        let none = || CoreError::GpuSelector(format!("no MIG device has the UUID '{uuid}'"));
+        let device = self.nvml.device_by_uuid(uuid).map_err(|_| none())?;
+        if !device.mig_is_mig_device_handle().unwrap_or(false) {
+            return Err(none());
+        }
+        let gpu = device
+            .mig_parent_device()
+            .and_then(|parent| parent.index())
+            .map_err(|_| none())?;
+        Ok(Place {
+            gpu,
+            gpu_instance: Some(mig_instance_ids(&device).0.ok_or_else(none)?),
+        })
+    }
+
+    fn mig_by_ids(&self, gpu: u32, instance: u32) -> Result<Place> {
+        let count = self.count()?;
+        if gpu >= count {
+            return Err(CoreError::GpuSelector(format!(
+                "'{gpu}/{instance}': there is no GPU {gpu} ({count} GPUs)"
+            )));
+        }
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|error| CoreError::GpuSelector(format!("GPU {gpu}: {}", describe(&error))))?;
+        let enabled = device.mig_mode().is_ok_and(|mode| mode.current == 1);
+        if !enabled {
+            return Err(CoreError::GpuSelector(format!(
+                "'{gpu}/{instance}': GPU {gpu} is not in MIG mode"
+            )));
+        }
+        let mut instances = Vec::new();
+        for slot in 0..device.mig_device_count().unwrap_or(0) {
+            if let Ok(mig) = device.mig_device_by_index(slot)
+                && let Some(id) = mig_instance_ids(&mig).0
+            {
+                instances.push(id);
+            }
+        }
+        instances.sort_unstable();
+        if !instances.contains(&instance) {
+            return Err(CoreError::GpuSelector(format!(
+                "GPU {gpu} has no GPU instance {instance} (its instances: {})",
+                instances
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(Place {
+            gpu,
+            gpu_instance: Some(instance),
+        })
+    }
+}
+
+/// A MIG device's GPU and compute instance ids (nvml-wrapper has no call for them).
+pub(crate) fn mig_instance_ids(mig: &nvml_wrapper::Device<'_>) -> (Option<u32>, Option<u32>) {
+    let lib = mig.nvml().lib();
+    // SAFETY: a valid MIG device handle and out-pointers to local integers, as nvml.h says.
+    unsafe {
+        let handle = mig.handle();
+        let mut gi: std::os::raw::c_uint = 0;
+        let mut ci: std::os::raw::c_uint = 0;
+        let gi = lib
+            .nvmlDeviceGetGpuInstanceId
+            .as_ref()
+            .ok()
+            .filter(|f| f(handle, &mut gi) == 0)
+            .map(|_| gi);
+        let ci = lib
+            .nvmlDeviceGetComputeInstanceId
+            .as_ref()
+            .ok()
+            .filter(|f| f(handle, &mut ci) == 0)
+            .map(|_| ci);
+        (gi, ci)
+    }
+}
+
 /// Pure part of [`Gpus::resolve`], so the matching rules are testable without NVML.
 pub fn resolve_selectors(
     selectors: &[String],

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::act::Identity;
 use crate::classify::{Finding, Remedy, Verdict};
 use crate::host::HostProcess;
+use crate::nvml::Place;
 use crate::owner::Owner;
 use crate::snapshot::Snapshot;
 
@@ -30,6 +31,9 @@ pub struct Target {
     /// What the host knows of it (owner, command name, argv[0]), shared with the snapshot.
     #[serde(skip)]
     pub(crate) host: Arc<HostProcess>,
+    /// Each GPU it is on, with its MIG GPU instance there.
+    #[serde(skip)]
+    pub places: Vec<(u32, Option<u32>)>,
 }
 
 impl Target {
@@ -42,6 +46,7 @@ impl Target {
             };
             let target = target.get_or_insert_with(|| Target::new(process.pid, &process.host));
             target.gpus.push(gpu.index);
+            target.places.push((gpu.index, process.gpu_instance_id));
             if let (Some(total), Some(used)) = (target.used_bytes, process.used_bytes) {
                 target.used_bytes = Some(total + used);
             } else {
@@ -62,8 +67,16 @@ impl Target {
                 target
             });
             target.gpus.push(gpu.index);
+            target.places.push((gpu.index, None));
         }
         target
+    }
+
+    /// Whether it is on one of `places` (a GPU, or a MIG instance of one).
+    pub fn in_places(&self, places: &[Place]) -> bool {
+        self.places
+            .iter()
+            .any(|(gpu, gi)| places.iter().any(|p| p.holds(*gpu, *gi)))
     }
 
     fn new(pid: u32, host: &Arc<HostProcess>) -> Target {
@@ -77,6 +90,7 @@ impl Target {
             used_bytes: Some(0),
             reasons: Vec::new(),
             host: Arc::clone(host),
+            places: Vec::new(),
         }
     }
 
@@ -107,8 +121,8 @@ impl Target {
 /// within it). An empty list inside a criterion matches nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Criterion {
-    /// Processes on these GPU indices.
-    Gpus(Vec<u32>),
+    /// Processes on these GPUs, or in these MIG instances.
+    Gpus(Vec<Place>),
     Pids(Vec<u32>),
     /// Exactly these processes: pid and start time, so a reused pid is not one of them.
     Processes(Vec<Identity>),
@@ -127,7 +141,7 @@ pub enum Criterion {
 /// read as "every process") cannot be expressed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Selector {
-    gpus: Option<Vec<u32>>,
+    gpus: Option<Vec<Place>>,
     pids: Option<Vec<u32>>,
     processes: Option<Vec<Identity>>,
     uids: Option<Vec<u32>>,
@@ -190,10 +204,10 @@ impl Selector {
         self.all
     }
 
-    fn on_gpus(&self, gpus: &[u32]) -> bool {
+    fn on_gpus(&self, target: &Target) -> bool {
         self.gpus
             .as_ref()
-            .is_none_or(|wanted| gpus.iter().any(|g| wanted.contains(g)))
+            .is_none_or(|wanted| target.in_places(wanted))
     }
 }
 
@@ -305,7 +319,7 @@ pub fn select(
     for pid in named.chain(named_processes) {
         let reason = match Target::of(snapshot, pid) {
             None => format!("pid {pid} is not using a GPU"),
-            Some(t) if !selector.on_gpus(&t.gpus) => {
+            Some(t) if !selector.on_gpus(&t) => {
                 format!("pid {pid} is not on the selected GPUs")
             }
             Some(t) if t.start_ticks.is_none() => format!(
@@ -326,7 +340,7 @@ pub fn select(
         let Some(identity) = target.identity() else {
             continue;
         };
-        if !selector.on_gpus(&target.gpus) {
+        if !selector.on_gpus(&target) {
             continue;
         }
         if selector.pids.as_ref().is_some_and(|p| !p.contains(&pid)) {
@@ -391,12 +405,17 @@ fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> V
     {
         matched.push(format!("selected: --pid {}", target.pid));
     }
-    if let Some(gpus) = &selector.gpus {
+    if let Some(places) = &selector.gpus {
         let on: Vec<String> = target
-            .gpus
+            .places
             .iter()
-            .filter(|g| gpus.contains(g))
-            .map(u32::to_string)
+            .filter(|(gpu, gi)| places.iter().any(|p| p.holds(*gpu, *gi)))
+            .map(|(gpu, gi)| match gi {
+                Some(gi) if places.iter().any(|p| p.gpu_instance.is_some()) => {
+                    format!("{gpu}/{gi}")
+                }
+                _ => gpu.to_string(),
+            })
             .collect();
         matched.push(format!("selected: on GPU {}", on.join(", ")));
     }
@@ -560,9 +579,9 @@ mod tests {
     #[test]
     fn criteria_combine_as_and_and_widen_when_repeated() {
         let snapshot = two_gpus();
-        let on_gpu0 = Selector::by(Criterion::Gpus(vec![0]));
+        let on_gpu0 = Selector::by(Criterion::Gpus(vec![Place::whole(0)]));
         assert_eq!(pids(&select(&snapshot, &[], &on_gpu0).0), vec![10, 11]);
-        let widened = on_gpu0.clone().and(Criterion::Gpus(vec![1]));
+        let widened = on_gpu0.clone().and(Criterion::Gpus(vec![Place::whole(1)]));
         assert_eq!(pids(&select(&snapshot, &[], &widened).0), vec![10, 11, 12]);
         let narrowed = widened.and(Criterion::Uids(vec![1000]));
         assert_eq!(pids(&select(&snapshot, &[], &narrowed).0), vec![10, 12]);

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::act::Ended;
 use crate::error::Result;
-use crate::nvml::Gpus;
+use crate::nvml::{Gpus, Place};
 use crate::plan::Outcome;
 use crate::snapshot::{GpuSnapshot, Snapshot, SnapshotOptions};
 use crate::units::Amount;
@@ -110,36 +110,58 @@ pub struct WaitReport {
 #[derive(Debug, Serialize, Clone)]
 pub struct GpuState {
     pub index: u32,
+    /// The MIG GPU instance, when one was waited for rather than the whole GPU.
+    pub gpu_instance: Option<u32>,
     pub free: bool,
     pub used_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
     pub processes: Vec<u32>,
 }
 
-/// Polls NVML until every selected GPU (`None`: every GPU) is free, or `limit` passes.
-/// Free: at least `min_free` free, or with none given, no process left and under
-/// [`CLEAN_USED_BYTES`] in use.
+/// Polls NVML until every selected GPU or MIG instance (`None`: every GPU) is free, or
+/// `limit` passes. Free: at least `min_free` free (of the instance's memory, for an
+/// instance), or with none given, no process left and under [`CLEAN_USED_BYTES`] in use.
 pub fn wait_until_free(
     gpus: &Gpus,
-    selected: Option<&[u32]>,
+    selected: Option<&[Place]>,
     limit: Duration,
     min_free: Option<Amount>,
 ) -> Result<WaitReport> {
     let start = Instant::now();
+    let mut indices: Option<Vec<u32>> =
+        selected.map(|places| places.iter().map(|p| p.gpu).collect());
+    if let Some(indices) = &mut indices {
+        indices.sort_unstable();
+        indices.dedup();
+    }
+    // A MIG instance's memory is read only with the full figures.
+    let instances = selected.is_some_and(|places| places.iter().any(|p| p.gpu_instance.is_some()));
     let options = SnapshotOptions {
-        gpus: selected.map(<[u32]>::to_vec),
+        gpus: indices,
         utilization_window: None,
-        only_memory_and_processes: true,
+        only_memory_and_processes: !instances,
         activity: false,
         holders: None,
     };
     loop {
         let snapshot = Snapshot::take(gpus, &options)?;
-        let states: Vec<GpuState> = snapshot
-            .devices
-            .iter()
-            .map(|gpu| gpu_state(gpu, min_free))
-            .collect();
+        let states: Vec<GpuState> = match selected {
+            None => snapshot
+                .devices
+                .iter()
+                .map(|gpu| gpu_state(gpu, min_free))
+                .collect(),
+            Some(places) => places
+                .iter()
+                .filter_map(|place| {
+                    let gpu = snapshot.devices.iter().find(|g| g.index == place.gpu)?;
+                    Some(match place.gpu_instance {
+                        None => gpu_state(gpu, min_free),
+                        Some(instance) => instance_state(gpu, instance, min_free),
+                    })
+                })
+                .collect(),
+        };
         let met = states.iter().all(|s| s.free);
         if met || start.elapsed() >= limit {
             return Ok(WaitReport {
@@ -152,6 +174,35 @@ pub fn wait_until_free(
     }
 }
 
+/// A MIG instance of `gpu`: free as a GPU is, on the instance's memory and processes. An
+/// instance that is not there (the layout changed) is not free.
+fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) -> GpuState {
+    let mig = gpu
+        .mig_devices
+        .iter()
+        .find(|m| m.gpu_instance_id == Some(instance));
+    let processes: Vec<u32> = mig
+        .map(|m| m.processes.iter().map(|p| p.pid).collect())
+        .unwrap_or_default();
+    let memory = mig.and_then(|m| m.memory);
+    let free = match (memory, min_free) {
+        (Some(memory), Some(amount)) => {
+            memory.total_bytes.saturating_sub(memory.used_bytes)
+                >= amount.bytes_of(memory.total_bytes)
+        }
+        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
+        (None, _) => false,
+    };
+    GpuState {
+        index: gpu.index,
+        gpu_instance: Some(instance),
+        free,
+        used_bytes: memory.map(|m| m.used_bytes),
+        free_bytes: memory.map(|m| m.total_bytes.saturating_sub(m.used_bytes)),
+        processes,
+    }
+}
+
 fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
     let processes: Vec<u32> = gpu.processes.iter().map(|p| p.pid).collect();
     let free = match (gpu.memory, min_free) {
@@ -161,6 +212,7 @@ fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
     };
     GpuState {
         index: gpu.index,
+        gpu_instance: None,
         free,
         used_bytes: gpu.memory.map(|m| m.used_bytes),
         free_bytes: gpu.memory.map(|m| m.free_bytes),

@@ -222,7 +222,8 @@ pub struct SignalArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct KillArgs {
-    /// Processes on this GPU (index, UUID or bus id). Repeat for several.
+    /// Processes on this GPU (index, UUID or bus id), or in this MIG instance (its MIG-...
+    /// UUID, or GPU/GI as nvidia-smi -L shows them: 0/9). Repeat for several.
     #[arg(long = "gpu", value_name = "GPU")]
     pub gpus: Vec<String>,
 
@@ -275,7 +276,9 @@ pub struct KillArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ClearArgs {
-    /// Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU.
+    /// Only this GPU (index, UUID or bus id), or this MIG instance (its MIG-... UUID, or
+    /// GPU/GI: 0/9): then nothing of the card's other instances is touched, and --wait waits
+    /// for the instance's memory. Repeat for several. Default: every GPU.
     #[arg(long = "gpu", value_name = "GPU")]
     pub gpus: Vec<String>,
 

@@ -9,7 +9,7 @@ use gpuctl_core::act::Escalation;
 use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
 use gpuctl_core::config;
 use gpuctl_core::host::ProcView;
-use gpuctl_core::nvml::{self, Gpus};
+use gpuctl_core::nvml::{self, Gpus, Place};
 use gpuctl_core::plan::{Guard, Outcome};
 use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::reclaim::Reclaim;
@@ -36,9 +36,10 @@ fn open_gpus(loaded: &config::Loaded) -> Result<Gpus> {
     )?)?)
 }
 
-fn resolve_gpus(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<u32>>, CoreError> {
+/// The GPUs and MIG instances `--gpu` names; `None` without `--gpu`.
+fn resolve_places(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<Place>>, CoreError> {
     (!wanted.is_empty())
-        .then(|| gpus.resolve(wanted))
+        .then(|| gpus.resolve_places(wanted))
         .transpose()
 }
 
@@ -99,8 +100,8 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let loaded = config::load()?;
     let gpus = open_gpus(&loaded)?;
     let mut criteria = Vec::new();
-    if let Some(indices) = resolve_gpus(&gpus, &args.gpus)? {
-        criteria.push(Criterion::Gpus(indices));
+    if let Some(places) = resolve_places(&gpus, &args.gpus)? {
+        criteria.push(Criterion::Gpus(places));
     }
     if !args.pids.is_empty() {
         criteria.push(Criterion::Pids(args.pids.clone()));
@@ -164,7 +165,13 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     let loaded = config::load()?;
     let gpus = open_gpus(&loaded)?;
-    let selected = resolve_gpus(&gpus, &args.gpus)?;
+    let places = resolve_places(&gpus, &args.gpus)?;
+    let selected: Option<Vec<u32>> = places.as_ref().map(|places| {
+        let mut indices: Vec<u32> = places.iter().map(|p| p.gpu).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        indices
+    });
     let policy = Policy {
         include_stopped: args.include_stopped,
         ..Policy::default()
@@ -183,6 +190,10 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         .cloned()
         .collect();
     let mut targets = select::from_findings(&snapshot, &leftovers, selected.as_deref());
+    // A MIG instance named: nothing of the card's other instances.
+    if let Some(places) = &places {
+        targets.retain(|target| target.in_places(places));
+    }
     // Only root reclaims other users' leftovers; the caller's others are reported.
     let others = guard.keep_callers_own(&mut targets, &findings);
     let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
@@ -190,6 +201,12 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         selected
             .as_ref()
             .is_none_or(|wanted| finding.gpus.iter().any(|g| wanted.contains(g)))
+            && match (&places, finding.identity) {
+                (Some(places), Some(id)) => {
+                    Target::of(&snapshot, id.pid).is_some_and(|t| t.in_places(places))
+                }
+                _ => true,
+            }
     };
     let reported: Vec<&Finding> = findings
         .iter()
@@ -204,7 +221,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     let wait = match (args.wait, args.dry_run) {
         (Some(limit), false) => Some(verify::wait_until_free(
             &gpus,
-            selected.as_deref(),
+            places.as_deref(),
             limit,
             args.min_free,
         )?),
@@ -246,11 +263,14 @@ fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
             let used = g.used_bytes.map_or("memory unknown".into(), |b| {
                 format!("{} in use", units::bytes(b))
             });
+            let place = match g.gpu_instance {
+                Some(gi) => format!("{}/{gi}", g.index),
+                None => g.index.to_string(),
+            };
             match g.processes.len() {
-                0 => format!("GPU {}: {used}, held by no process (unattributed)", g.index),
+                0 => format!("GPU {place}: {used}, held by no process (unattributed)"),
                 n => format!(
-                    "GPU {}: {used} by {n} process{} (pid {})",
-                    g.index,
+                    "GPU {place}: {used} by {n} process{} (pid {})",
                     if n == 1 { "" } else { "es" },
                     g.processes
                         .iter()

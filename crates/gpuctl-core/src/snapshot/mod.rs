@@ -721,7 +721,7 @@ fn read_mig_devices(device: &Device<'_>) -> Result<Vec<MigDevice>, NvmlError> {
             name.split_once(" MIG ")
                 .map(|(_, profile)| profile.trim().to_string())
         });
-        let (gpu_instance_id, compute_instance_id) = instance_ids(&mig);
+        let (gpu_instance_id, compute_instance_id) = crate::nvml::mig_instance_ids(&mig);
         out.push(MigDevice {
             uuid: optional(mig.uuid())?,
             gpu_instance_id,
@@ -737,30 +737,6 @@ fn read_mig_devices(device: &Device<'_>) -> Result<Vec<MigDevice>, NvmlError> {
     }
     out.sort_by_key(|m| (m.gpu_instance_id, m.compute_instance_id));
     Ok(out)
-}
-
-/// A MIG device's GPU and compute instance ids (nvml-wrapper has no call for them).
-fn instance_ids(mig: &Device<'_>) -> (Option<u32>, Option<u32>) {
-    let lib = mig.nvml().lib();
-    // SAFETY: a valid MIG device handle and out-pointers to local integers, as nvml.h says.
-    unsafe {
-        let handle = mig.handle();
-        let mut gi: std::os::raw::c_uint = 0;
-        let mut ci: std::os::raw::c_uint = 0;
-        let gi = lib
-            .nvmlDeviceGetGpuInstanceId
-            .as_ref()
-            .ok()
-            .filter(|f| f(handle, &mut gi) == 0)
-            .map(|_| gi);
-        let ci = lib
-            .nvmlDeviceGetComputeInstanceId
-            .as_ref()
-            .ok()
-            .filter(|f| f(handle, &mut ci) == 0)
-            .map(|_| ci);
-        (gi, ci)
-    }
 }
 
 impl GpuSnapshot {
