@@ -151,3 +151,46 @@ fn kill_and_clear_are_confined_to_one_instance() {
             .assert_one_line_error(2, needle);
     }
 }
+
+/// `reset` named a MIG instance resets nothing of the shared card and says so (status 0, as
+/// a Slurm epilog handing a job's MIG UUID must not fail); the whole GPU is still reset.
+#[test]
+fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
+    let sim = Sim::new(
+        &h100_mixed(1, 1)
+            .split("[[process]]")
+            .next()
+            .unwrap()
+            .to_string(),
+    );
+    let doc = sim.json(&["info"]);
+    let uuid = doc["devices"][0]["mig_devices"][1]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for selector in ["0/9", uuid.as_str()] {
+        let report = sim.json(&["reset", "--gpu", selector]);
+        let items = report["gpus"][0]["items"].as_array().unwrap();
+        assert!(!items.is_empty());
+        for item in items {
+            assert_eq!(item["outcome"], "skipped", "{item}");
+            assert!(
+                item["why"]
+                    .as_str()
+                    .unwrap()
+                    .contains("GPU 0/9 is a MIG instance"),
+                "{item}"
+            );
+        }
+        let table = sim.run(&["reset", "--gpu", selector]);
+        assert_eq!(table.code, 0, "{}", table.stderr);
+        assert_eq!(
+            table.stdout.matches("skipped:").count(),
+            1,
+            "{}",
+            table.stdout
+        );
+    }
+    let card = sim.json(&["reset", "--gpu", "0", "--peaks"]);
+    assert_eq!(card["gpus"][0]["items"][0]["outcome"], "done", "{card}");
+}

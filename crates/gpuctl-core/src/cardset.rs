@@ -61,6 +61,10 @@ pub enum ItemOutcome {
     Failed {
         error: String,
     },
+    /// Not done, by design: `why` says what instead.
+    Skipped {
+        why: String,
+    },
 }
 
 impl ItemOutcome {
@@ -71,6 +75,7 @@ impl ItemOutcome {
             ItemOutcome::NotSupported => "not supported".into(),
             ItemOutcome::NotPermitted => "not permitted".into(),
             ItemOutcome::Failed { error } => format!("failed: {error}"),
+            ItemOutcome::Skipped { why } => format!("skipped: {why}"),
         }
     }
 

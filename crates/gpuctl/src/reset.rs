@@ -1,9 +1,9 @@
 //! `gpuctl reset`: restore card settings a job changed, and clear peak marks.
 
 use anyhow::Result;
-use gpuctl_core::cardset::{self, GpuItems, ResetItem};
+use gpuctl_core::cardset::{self, GpuItems, ItemOutcome, ItemResult, ResetItem};
 use gpuctl_core::config;
-use gpuctl_core::nvml::{self, Gpus};
+use gpuctl_core::nvml::{self, Gpus, Place};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use serde::Serialize;
 
@@ -39,9 +39,41 @@ pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
         chosen
     };
     let gpus = Gpus::open_within(nvml::timeout(None, config::load()?.nvml_timeout())?)?;
-    let indices = gpus.resolve(&args.gpus)?;
+    // A MIG instance (`--gpu MIG-...`, `0/9`, as a Slurm epilog passes a job's slice) has no
+    // settings of its own: the card's are shared by its other instances' tenants.
+    let places = if args.gpus.is_empty() {
+        gpus.resolve(&[])?.into_iter().map(Place::whole).collect()
+    } else {
+        gpus.resolve_places(&args.gpus)?
+    };
+    let indices: Vec<u32> = places
+        .iter()
+        .filter(|p| p.gpu_instance.is_none())
+        .map(|p| p.gpu)
+        .collect();
     let peaks = PeakStore::default_location();
-    let results = cardset::reset(&gpus, &indices, &items, args.dry_run, peaks.as_ref());
+    let mut results = cardset::reset(&gpus, &indices, &items, args.dry_run, peaks.as_ref());
+    for place in places.iter().filter(|p| p.gpu_instance.is_some()) {
+        let why = format!(
+            "GPU {}/{} is a MIG instance; card settings and peak marks are the whole GPU's, \
+             shared with its other instances (reset --gpu {} for the card; the MIG layout is \
+             never changed)",
+            place.gpu,
+            place.gpu_instance.unwrap_or_default(),
+            place.gpu
+        );
+        results.push(GpuItems {
+            index: place.gpu,
+            uuid: None,
+            items: items
+                .iter()
+                .map(|&item| ItemResult {
+                    item,
+                    outcome: ItemOutcome::Skipped { why: why.clone() },
+                })
+                .collect(),
+        });
+    }
     let failed = results
         .iter()
         .flat_map(|gpu| &gpu.items)
@@ -70,6 +102,14 @@ fn table(results: &[GpuItems], style: &Style) -> String {
         };
         out.push_str(&style.paint(Color::Bold, &title));
         out.push('\n');
+        // A MIG instance: every item skipped for one reason, said once.
+        if let [first, rest @ ..] = gpu.items.as_slice()
+            && matches!(first.outcome, ItemOutcome::Skipped { .. })
+            && rest.iter().all(|r| r.outcome == first.outcome)
+        {
+            out.push_str(&format!("  {}\n", first.outcome.label()));
+            continue;
+        }
         for result in &gpu.items {
             let label = result.outcome.label();
             let label = if result.outcome.is_failure() {
