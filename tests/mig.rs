@@ -156,13 +156,7 @@ fn kill_and_clear_are_confined_to_one_instance() {
 /// a Slurm epilog handing a job's MIG UUID must not fail); the whole GPU is still reset.
 #[test]
 fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
-    let sim = Sim::new(
-        &h100_mixed(1, 1)
-            .split("[[process]]")
-            .next()
-            .unwrap()
-            .to_string(),
-    );
+    let sim = Sim::new(h100_mixed(1, 1).split("[[process]]").next().unwrap());
     let doc = sim.json(&["info"]);
     let uuid = doc["devices"][0]["mig_devices"][1]["uuid"]
         .as_str()
