@@ -16,7 +16,8 @@ reads, peak marks and rendering, medians over the same runs; the rest of the wal
 exec, dynamic linking and exit. `--baseline PATH` also times another gpuctl binary (an older
 build, say), alternating with this one, and prints the ratio.
 
-Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned] [--baseline PATH]
+Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned] [--baseline PATH] [--mig]
+With --mig every GPU is split into 7 MIG instances and the processes are spread over them.
 Needs release builds: cargo build --release -p gpuctl -p nvml-sim
 Python reference: PYTHON=.venv/bin/python (scripts/test creates it), else python3 with pynvml.
 """
@@ -41,9 +42,12 @@ def query():
     for i in range(n.nvmlDeviceGetCount()):
         h = n.nvmlDeviceGetHandleByIndex(i)
         m = n.nvmlDeviceGetMemoryInfo(h)
-        u = n.nvmlDeviceGetUtilizationRates(h)
+        try:
+            util = n.nvmlDeviceGetUtilizationRates(h).gpu
+        except n.NVMLError_NotSupported:  # a MIG-enabled GPU reports none
+            util = None
         out.append((n.nvmlDeviceGetName(h), n.nvmlDeviceGetUUID(h), m.total, m.used, m.free,
-                    u.gpu, n.nvmlDeviceGetTemperature(h, 0), n.nvmlDeviceGetPowerUsage(h),
+                    util, n.nvmlDeviceGetTemperature(h, 0), n.nvmlDeviceGetPowerUsage(h),
                     [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses(h)]))
     n.nvmlShutdown()
     return out
@@ -108,6 +112,9 @@ def main():
     parser.add_argument("--counts", default="64,128,256,512")
     parser.add_argument("--root-owned", action="store_true")
     parser.add_argument("--baseline", help="another gpuctl binary to time alongside")
+    parser.add_argument("--mig", action="store_true",
+                        help="split every GPU into 7 MIG instances (1g.18gb) and spread the "
+                             "processes over them")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     python = os.environ.get("PYTHON", "python3")
@@ -139,13 +146,19 @@ def main():
         holders = [subprocess.Popen(holder) for _ in range(count)]
         try:
             lines = ['driver_version = "570.133.20"', "cuda_driver_version = 12080"]
-            lines += ["[[gpu]]\nname = \"NVIDIA H200\"\nutilization_pct = 90\ntemperature_c = 60\npower_mw = 600000"] * GPUS
+            gpu = "[[gpu]]\nname = \"NVIDIA H200\"\nutilization_pct = 90\ntemperature_c = 60\npower_mw = 600000"
+            if args.mig:
+                gpu += "".join(f"\n[[gpu.mig]]\nprofile = \"1g.18gb\"\ngpu_instance = {gi}" for gi in range(1, 8))
+            lines += [gpu] * GPUS
             for i, p in enumerate(holders):
-                lines.append(f"[[process]]\npid = {p.pid}\ngpu = {i % GPUS}\nused_mib = {1024 + i}\nsm_pct = 50")
+                instance = f"\ngpu_instance = {(i // GPUS) % 7 + 1}" if args.mig else ""
+                lines.append(f"[[process]]\npid = {p.pid}\ngpu = {i % GPUS}{instance}\nused_mib = {1024 + i}\nsm_pct = 50")
             with open(scenario, "w") as f:
                 f.write("\n".join(lines) + "\n")
             check = subprocess.run([gpuctl, "info", "--json"], env=env, capture_output=True, text=True, check=True)
-            assert check.stdout.count('"pid"') == count, "not every process was reported"
+            # On MIG GPUs each process is also listed under its instance.
+            listed = count * (2 if args.mig else 1)
+            assert check.stdout.count('"pid"') == listed, "not every process was reported"
             binaries = [gpuctl] + ([args.baseline] if args.baseline else [])
             walls, phases = time_gpuctl(binaries, env, args.runs)
             ours = median_ms(walls[gpuctl])

@@ -1178,3 +1178,45 @@ fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
     );
     daemon.assert_running();
 }
+
+/// On a MIG-partitioned card the watchdog reclaims a leftover in one instance (a zombie
+/// holder: a crashed run's leader whose threads hold the context) while the job in the
+/// neighbouring instance lives, and its metrics carry each instance.
+#[test]
+fn a_leftover_in_one_mig_instance_is_reclaimed_and_the_neighbour_lives() {
+    let live = Proc::spawn_ready("sleep", "python3", &["train.py"]);
+    let zombie = Proc::spawn("zombie-leader", "python3", &["finetune.py"]);
+    zombie.wait_for_state('Z');
+    let sim = Sim::new(&format!(
+        "driver_version = \"570.133.20\"\n[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
+         [[gpu.mig]]\nprofile = \"1g.10gb\"\ngpu_instance = 9\n\
+         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 1\nused_mib = 8192\n\
+         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 9\nused_mib = 4096\n",
+        live.pid(),
+        zombie.pid()
+    ));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let daemon = Daemon::start(&sim, &[]);
+    let reclaimed = daemon.expect(
+        &["ACTION=reclaimed", &format!("PID={}", zombie.pid())],
+        Duration::from_secs(10),
+    );
+    assert!(reclaimed.contains("GPU_UUID="), "{reclaimed}");
+    crate::util::wait_exited(zombie.pid());
+    assert!(alive(live.pid()), "the neighbouring instance's job lives");
+    wait_until(Duration::from_secs(5), || {
+        let text = metrics(&sim);
+        text.contains("gpuctl_mig_memory_used_bytes{gpu=\"0\"")
+            && text.lines().any(|l| {
+                l.starts_with("gpuctl_mig_memory_used_bytes")
+                    && l.contains("gpu_instance=\"9\"")
+                    && l.ends_with(" 0")
+            })
+            && text.lines().any(|l| {
+                l.starts_with("gpuctl_mig_memory_used_bytes")
+                    && l.contains("gpu_instance=\"1\"")
+                    && l.ends_with(&format!(" {}", 8192 * MIB))
+            })
+    });
+}

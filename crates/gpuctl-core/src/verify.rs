@@ -134,12 +134,10 @@ pub fn wait_until_free(
         indices.sort_unstable();
         indices.dedup();
     }
-    // A MIG instance's memory is read only with the full figures.
-    let instances = selected.is_some_and(|places| places.iter().any(|p| p.gpu_instance.is_some()));
     let options = SnapshotOptions {
         gpus: indices,
         utilization_window: None,
-        only_memory_and_processes: !instances,
+        only_memory_and_processes: true,
         activity: false,
         holders: None,
     };

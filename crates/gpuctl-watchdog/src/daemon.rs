@@ -22,7 +22,7 @@ use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 use gpuctl_core::units::bytes;
 
 use crate::log::{Logger, Priority};
-use crate::metrics::{self, GpuMetrics, Metrics};
+use crate::metrics::{self, GpuMetrics, InstanceMetrics, Metrics};
 use crate::notify::Notifier;
 use crate::signals;
 use gpuctl_watchdog::cli::{Cli, Mode};
@@ -818,6 +818,19 @@ impl Daemon {
                 processes: g.processes.len(),
                 stale: stale_per_gpu(g.index),
                 stuck: judged.stuck.iter().any(|f| f.gpus.contains(&g.index)),
+                instances: g
+                    .mig_devices
+                    .iter()
+                    .filter_map(|m| {
+                        Some(InstanceMetrics {
+                            gpu_instance: m.gpu_instance_id?,
+                            mig_uuid: m.uuid.clone().unwrap_or_default(),
+                            used_bytes: m.memory.map(|mem| mem.used_bytes),
+                            total_bytes: m.memory.map(|mem| mem.total_bytes),
+                            processes: m.processes.len(),
+                        })
+                    })
+                    .collect(),
             })
             .collect();
         if seen.incomplete.is_none() {

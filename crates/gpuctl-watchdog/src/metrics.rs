@@ -17,6 +17,18 @@ pub struct GpuMetrics {
     pub stale: usize,
     /// Busy at low power with steady memory for `stuck_after` (a hung job).
     pub stuck: bool,
+    /// Its MIG devices, on a MIG-enabled GPU.
+    pub instances: Vec<InstanceMetrics>,
+}
+
+/// One MIG device's series, labelled with its GPU, GPU instance id and MIG UUID.
+#[derive(Clone, PartialEq)]
+pub struct InstanceMetrics {
+    pub gpu_instance: u32,
+    pub mig_uuid: String,
+    pub used_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    pub processes: usize,
 }
 
 #[derive(Default, Clone, PartialEq)]
@@ -97,6 +109,40 @@ pub fn render(m: &Metrics) -> String {
          steady memory, as a job hung in a collective looks (1), or not (0).",
         &|g| Some(u64::from(g.stuck)),
     ));
+    let mut per_instance =
+        |name: &str, help: &str, value: &dyn Fn(&InstanceMetrics) -> Option<u64>| {
+            let name = family(name, "gauge", help);
+            let mut block = Vec::new();
+            for gpu in &m.gpus {
+                for instance in &gpu.instances {
+                    if let Some(v) = value(instance) {
+                        block.push(format!(
+                            "{name}{{gpu=\"{}\",uuid=\"{}\",gpu_instance=\"{}\",mig_uuid=\"{}\"}} {v}",
+                            gpu.index,
+                            escape(&gpu.uuid),
+                            instance.gpu_instance,
+                            escape(&instance.mig_uuid)
+                        ));
+                    }
+                }
+            }
+            block
+        };
+    blocks.push(per_instance(
+        "gpuctl_mig_memory_used_bytes",
+        "Memory in use in a MIG device (GPU instance) of a MIG-enabled GPU.",
+        &|i| i.used_bytes,
+    ));
+    blocks.push(per_instance(
+        "gpuctl_mig_memory_total_bytes",
+        "Memory of a MIG device (GPU instance).",
+        &|i| i.total_bytes,
+    ));
+    blocks.push(per_instance(
+        "gpuctl_mig_processes",
+        "Processes holding memory in a MIG device (GPU instance).",
+        &|i| Some(i.processes as u64),
+    ));
     let counters = [
         (
             "gpuctl_reclaims_total",
@@ -169,6 +215,13 @@ mod tests {
                 processes: 2,
                 stale: 1,
                 stuck: true,
+                instances: vec![InstanceMetrics {
+                    gpu_instance: 9,
+                    mig_uuid: "MIG-1".into(),
+                    used_bytes: Some(3),
+                    total_bytes: Some(4),
+                    processes: 1,
+                }],
             }],
             reclaims_total: 3,
             reclaimed_bytes_total: 7,

@@ -32,7 +32,7 @@ pub struct SnapshotOptions {
     /// evidence of life); `None` reads whatever the driver still buffers.
     pub utilization_window: Option<std::time::Duration>,
     /// Reads only what says who holds memory (UUID, memory, processes and their
-    /// utilization): not the name, PCI bus id, utilization, temperature, power, persistence
+    /// utilization, MIG instances): not the name, PCI bus id, utilization, temperature, power, persistence
     /// or compute mode. For readers that poll (the watchdog each loop, the wait for memory
     /// to be released), each NVML query saved is one fewer driver call per GPU.
     pub only_memory_and_processes: bool,
@@ -536,10 +536,11 @@ fn read_gpu_fields(
         gpu.minor = optional(device.minor_number())?;
         gpu.persistence_mode = optional(device.is_in_persistent_mode())?;
         gpu.compute_mode = optional(device.compute_mode())?.map(compute_mode_name);
-        gpu.mig_enabled = optional(device.mig_mode())?.map(|mode| mode.current == 1);
-        if gpu.mig_enabled == Some(true) {
-            gpu.mig_devices = read_mig_devices(device)?;
-        }
+    }
+    // Every reader needs the MIG instances: who holds what is per instance there.
+    gpu.mig_enabled = optional(device.mig_mode())?.map(|mode| mode.current == 1);
+    if gpu.mig_enabled == Some(true) {
+        gpu.mig_devices = read_mig_devices(device)?;
     }
 
     let compute = process_list(device.running_compute_processes());
