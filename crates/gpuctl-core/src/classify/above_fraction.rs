@@ -16,22 +16,42 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
         let Some(used) = process.used_bytes else {
             continue;
         };
-        let Some(share) = config::fraction_for(
-            loaded,
-            gpu.index,
-            gpu.uuid.as_deref(),
-            process.host.user.as_deref(),
-        ) else {
+        let user = process.host.user.as_deref();
+        // In a MIG instance the share is of the instance's memory: its MIG UUID's entry
+        // first, else what applies to the GPU (index, user, default).
+        let instance = process.gpu_instance_id.and_then(|gi| {
+            gpu.mig_devices
+                .iter()
+                .find(|m| m.gpu_instance_id == Some(gi) && m.memory.is_some())
+        });
+        let (total, share, place) = match instance {
+            Some(mig) => {
+                let share = config::fraction_for(loaded, gpu.index, mig.uuid.as_deref(), user)
+                    .or_else(|| config::fraction_for(loaded, gpu.index, gpu.uuid.as_deref(), user));
+                let place = format!(
+                    "MIG instance {}/{} ({})",
+                    gpu.index,
+                    mig.gpu_instance_id.unwrap_or_default(),
+                    mig.profile.as_deref().unwrap_or("?")
+                );
+                (mig.memory.map_or(0, |m| m.total_bytes), share, place)
+            }
+            None => (
+                memory.total_bytes,
+                config::fraction_for(loaded, gpu.index, gpu.uuid.as_deref(), user),
+                format!("GPU {}", gpu.index),
+            ),
+        };
+        let Some(share) = share else {
             continue;
         };
-        let limit = (memory.total_bytes as f64 * share.value) as u64;
+        let limit = (total as f64 * share.value) as u64;
         if used > limit {
             return Some((
                 Verdict::Reclaim,
                 format!(
-                    "holds {} on GPU {}, above its share {} ({}, set by {})",
+                    "holds {} on {place}, above its share {} ({}, set by {})",
                     bytes(used),
-                    gpu.index,
                     share.value,
                     bytes(limit),
                     share.describe()
@@ -125,5 +145,68 @@ mod tests {
         assert_eq!(found[0].0, 11);
         assert!(found[0].3.contains("fraction.user.bob"), "{found:?}");
         assert!(findings(&Policy::default()).is_empty());
+    }
+
+    /// On a MIG GPU the share is of the instance's memory; the instance's MIG UUID entry
+    /// beats the GPU's.
+    #[test]
+    fn in_a_mig_instance_the_share_is_of_the_instance() {
+        use crate::snapshot::{MigDevice, MigMemory};
+        let in_instance = |pid: u32, gib: u64, gi: u32| GpuProcess {
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            ..holding(pid, "alice", gib)
+        };
+        let mig = |gi: u32, uuid: &str, total_gib: u64, processes: Vec<GpuProcess>| MigDevice {
+            uuid: Some(uuid.into()),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            profile: Some("3g.40gb".into()),
+            memory: Some(MigMemory {
+                total_bytes: total_gib << 30,
+                used_bytes: 0,
+                unattributed_bytes: None,
+            }),
+            processes,
+        };
+        let (a, b) = (in_instance(10, 25, 1), in_instance(11, 15, 2));
+        let snapshot = Snapshot::of(vec![GpuSnapshot {
+            memory: Some(Memory {
+                total_bytes: 80 << 30,
+                used_bytes: 40 << 30,
+                free_bytes: 40 << 30,
+                reserved_bytes: 0,
+                unattributed_bytes: Some(0),
+            }),
+            processes: vec![a.clone(), b.clone()],
+            mig_devices: vec![
+                mig(1, "MIG-aaaa", 40, vec![a]),
+                mig(2, "MIG-bbbb", 40, vec![b]),
+            ],
+            mig_enabled: Some(true),
+            ..GpuSnapshot::unread(0)
+        }]);
+        let run = |text: &str| -> Vec<(u32, String)> {
+            classify(&snapshot, &Default::default(), None, &policy(text))
+                .into_iter()
+                .filter(|f| f.kind == Kind::AboveFraction)
+                .map(|f| (f.identity.unwrap().pid, f.reason))
+                .collect()
+        };
+        // 0.5 of a 40 GiB instance is 20 GiB: 25 GiB is above it, 15 GiB is not (0.5 of
+        // the whole 80 GiB card would have let both be).
+        let found = run("[fraction]\ndefault = 0.5\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, 10);
+        assert!(
+            found[0].1.contains("on MIG instance 0/1 (3g.40gb)"),
+            "{found:?}"
+        );
+        assert!(found[0].1.contains("20.0 GiB"), "{found:?}");
+        // The instance's own entry beats the default.
+        let found = run("[fraction]\ndefault = 0.9\ngpu.\"MIG-bbbb\" = 0.25\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, 11);
+        assert!(found[0].1.contains("fraction.gpu.MIG-bbbb"), "{found:?}");
     }
 }
