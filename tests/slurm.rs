@@ -182,3 +182,43 @@ fn epilog_ends_the_jobs_leftovers_and_restores_its_gpus() {
         run.stderr
     );
 }
+
+/// A job handed a MIG slice (SLURM_JOB_GPUS holding its MIG UUID, as Slurm's MIG support
+/// and the k8s device plugin give them): the prolog clears that instance only, while the
+/// card's other tenant lives; the epilog's reset leaves the shared card alone.
+#[test]
+fn prolog_and_epilog_on_a_mig_slice_touch_that_instance_only() {
+    let neighbour = Proc::sleeper("python3", &["serve.py"]);
+    let leftover = Proc::spawn("zombie-leader", "python3", &["train.py"]);
+    leftover.wait_for_state('Z');
+    let sim = Sim::new(&format!(
+        "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 2\n\
+         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 1\nused_mib = 8192\nsm_pct = 80\n\
+         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 2\nused_mib = 4096\n",
+        neighbour.pid(),
+        leftover.pid()
+    ));
+    let info = sim.json(&["info"]);
+    let slice = info["devices"][0]["mig_devices"][1]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = run_script(
+        &sim,
+        "prolog.sh",
+        &[("SLURM_JOB_GPUS", &slice), ("GPUCTL_PROLOG_WAIT", "10s")],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    wait_exited(leftover.pid());
+    assert!(alive(neighbour.pid()), "the other instance's job lives");
+
+    let run = run_script(
+        &sim,
+        "epilog.sh",
+        &[("SLURM_JOB_GPUS", &slice), ("SLURM_JOB_ID", "4242")],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(alive(neighbour.pid()));
+}
