@@ -188,3 +188,27 @@ fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
     let card = sim.json(&["reset", "--gpu", "0", "--peaks"]);
     assert_eq!(card["gpus"][0]["items"][0]["outcome"], "done", "{card}");
 }
+
+/// `info --gpu` takes a MIG instance too: its GPU is shown with that instance only.
+#[test]
+fn info_gpu_names_a_mig_instance() {
+    let a = Proc::spawn_ready("sleep", "python3", &["train.py"]);
+    let b = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
+    let sim = Sim::new(&h100_mixed(a.pid(), b.pid()));
+    let uuid = sim.json(&["info"])["devices"][0]["mig_devices"][2]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for selector in ["0/10", uuid.as_str()] {
+        let doc = sim.json(&["info", "--gpu", selector]);
+        let devices = doc["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1, "{doc}");
+        let migs = devices[0]["mig_devices"].as_array().unwrap();
+        assert_eq!(migs.len(), 1, "{doc}");
+        assert_eq!(migs[0]["gpu_instance_id"], 10);
+        assert_eq!(
+            migs[0]["processes"][0]["pid"].as_u64(),
+            Some(u64::from(b.pid()))
+        );
+    }
+}

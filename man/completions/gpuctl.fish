@@ -36,7 +36,7 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "reset" -d 'Restore wh
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id. Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI (0/9). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l timeout -d 'How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the configuration\'s nvml_timeout, else 10s). A GPU that has not answered by then is shown as not answering (exit status 1) and the others as read; info never waits longer than this and a second' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l by -d 'Totals instead of the per-GPU view: one row per user, or per owner (Slurm job, systemd unit, container, Kubernetes pod), with the memory and the GPUs it holds. With --json, the document gains a `totals` list' -r -f -a "user\t''

@@ -342,8 +342,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Clone, Default, Args)]
 pub struct InfoArgs {
-    /// Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id.
-    /// Repeat for several.
+    /// Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id; or only
+    /// this MIG instance: its MIG-... UUID, or GPU/GI (0/9). Repeat for several.
     #[arg(long = "gpu", value_name = "GPU")]
     pub gpus: Vec<String>,
 

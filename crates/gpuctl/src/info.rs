@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Result;
 use gpuctl_core::classify;
 use gpuctl_core::config;
-use gpuctl_core::nvml::{self, Gpus};
+use gpuctl_core::nvml::{self, Gpus, Place};
 use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::report::{WatchdogFindings, watchdog_findings_path};
 use gpuctl_core::snapshot::peaks::PeakStore;
@@ -48,10 +48,18 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let configured = loaded.as_ref().and_then(config::Loaded::nvml_timeout);
     let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
     let opened = started.elapsed();
+    // `--gpu` may name MIG instances: their GPU is read, and only those instances shown.
+    let places = (!args.gpus.is_empty())
+        .then(|| gpus.resolve_places(&args.gpus))
+        .transpose()?;
+    let indices = places.as_ref().map(|places| {
+        let mut indices: Vec<u32> = places.iter().map(|p| p.gpu).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        indices
+    });
     let options = SnapshotOptions {
-        gpus: (!args.gpus.is_empty())
-            .then(|| gpus.resolve(&args.gpus))
-            .transpose()?,
+        gpus: indices,
         holders: Some(HolderScan {
             dev_dir: config::device_dir(loaded.as_ref()),
             above_unattributed: (!args.holders).then(|| {
@@ -70,6 +78,9 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     });
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
+        if let Some(places) = &places {
+            keep_named_instances(&mut snapshot, places);
+        }
         protect::mark_claims(&mut snapshot, &protection);
         classify::holders::annotate(&mut snapshot);
         if let Some(store) = &peaks {
@@ -159,6 +170,20 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
 /// `clear` refuse to run then).
 fn readable_config() -> Option<config::Loaded> {
     config::load().ok()
+}
+
+/// On a GPU whose instances `--gpu` named one by one (and not the GPU whole), only those
+/// instances are shown.
+fn keep_named_instances(snapshot: &mut Snapshot, places: &[Place]) {
+    for gpu in &mut snapshot.devices {
+        let whole = places
+            .iter()
+            .any(|p| p.gpu == gpu.index && p.gpu_instance.is_none());
+        if !whole {
+            gpu.mig_devices
+                .retain(|m| places.iter().any(|p| p.holds(gpu.index, m.gpu_instance_id)));
+        }
+    }
 }
 
 fn group_by(args: &InfoArgs) -> Option<By> {
