@@ -254,6 +254,16 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
         1,
     ));
     assert!(scanned(&timed(&["info", "--json"])), "above 1 GiB");
+    // The table explains the GPU with memory to explain, and says nothing of the other.
+    let table = sim.run(&["info"]);
+    assert!(
+        table
+            .stdout
+            .contains("no process holds nvidia0 without NVML listing it"),
+        "{}",
+        table.stdout
+    );
+    assert!(!table.stdout.contains("nvidia1"), "{}", table.stdout);
     // A bad threshold is a configuration error naming the key.
     std::fs::write(sim.config_path(), "holders_threshold = \"lots\"\n").unwrap();
     let bad = sim.run(&["clear"]);

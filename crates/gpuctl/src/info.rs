@@ -566,6 +566,14 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         .minor
         .map_or_else(|| "its device file".to_string(), |m| format!("nvidia{m}"));
     if holders.is_empty() {
+        // Said only where there is memory to explain.
+        let unattributed = gpu
+            .memory
+            .and_then(|m| m.unattributed_bytes)
+            .is_some_and(|bytes| bytes >= 1024 * 1024);
+        if !unattributed {
+            return;
+        }
         out.push_str(&format!(
             "  {}\n",
             style.paint(
