@@ -222,3 +222,55 @@ fn prolog_and_epilog_on_a_mig_slice_touch_that_instance_only() {
     assert_eq!(run.code, 0, "{run:?}");
     assert!(alive(neighbour.pid()));
 }
+
+/// proctrack/linuxproc: no cgroup names the job, and a job's background child outlives it,
+/// carrying SLURM_JOB_ID. `info` names the job from the environment (marked so), and the
+/// epilog ends that child and only it.
+#[test]
+fn without_a_job_cgroup_the_environment_names_the_job_and_the_epilog_ends_its_leftover() {
+    let spawn_in_job = |job: &str, script: &str| {
+        Proc::spawn_with("sleep", "python3", &[script], |command| {
+            use std::os::unix::process::CommandExt;
+            command
+                .env("SLURM_JOB_ID", job)
+                .env("SLURM_STEP_ID", "0")
+                .process_group(0);
+        })
+    };
+    let leftover = spawn_in_job("777", "train.py");
+    let other_job = spawn_in_job("778", "serve.py");
+    crate::util::wait_until(std::time::Duration::from_secs(5), || {
+        std::fs::read(format!("/proc/{}/environ", leftover.pid()))
+            .is_ok_and(|e| e.windows(16).any(|w| w == b"SLURM_JOB_ID=777"))
+    });
+    let sim = Sim::new(&scenario(&[
+        (leftover.pid(), 0, 0),
+        (other_job.pid(), 1, 50),
+    ]));
+    let doc = sim.json(&["info"]);
+    let owner_of = |pid: u32| -> Value {
+        doc["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| d["processes"].as_array().unwrap().iter())
+            .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+            .unwrap()["owner"]
+            .clone()
+    };
+    let owner = owner_of(leftover.pid());
+    assert_eq!(owner["kind"], "slurm_job", "{owner}");
+    assert_eq!(owner["job_id"], 777);
+    assert_eq!(owner["from_environ"], true);
+    let table = sim.run(&["info"]);
+    assert!(
+        table.stdout.contains("slurm 777.0 (env)"),
+        "{}",
+        table.stdout
+    );
+
+    let run = run_script(&sim, "epilog.sh", &[("SLURM_JOB_ID", "777")]);
+    assert_eq!(run.code, 0, "{run:?}");
+    wait_exited(leftover.pid());
+    assert!(alive(other_job.pid()), "another job's process is untouched");
+}

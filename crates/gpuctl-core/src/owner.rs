@@ -54,10 +54,14 @@ const MIN_CONTAINER_ID_LEN: usize = 12;
 pub enum Owner {
     /// A Slurm job. `step` is the step directory's name without `step_`: `0`, `batch`,
     /// `extern`, `interactive`. `uid` comes from the v1 layout's `uid_<uid>` directory.
+    /// `from_environ`: no cgroup names the job (Slurm's proctrack/linuxproc), so it was read
+    /// from the process's SLURM_JOB_ID (and SLURM_STEP_ID), which the process could have set
+    /// itself: a fallback, said as such.
     SlurmJob {
         job_id: u64,
         step: Option<String>,
         uid: Option<u32>,
+        from_environ: bool,
     },
     /// A Kubernetes pod. `pod_uid` is normalized with dashes. `qos` is the pod's QoS class as
     /// the Kubernetes API spells it: `Guaranteed`, `Burstable` or `BestEffort`.
@@ -103,6 +107,32 @@ impl ContainerRuntime {
             ContainerRuntime::Podman => "podman",
         }
     }
+}
+
+/// The Slurm job named by a process's environment (NUL-separated `KEY=VALUE`, as
+/// /proc/PID/environ gives it): SLURM_JOB_ID, and SLURM_STEP_ID as its step.
+pub fn slurm_job_from_environ(environ: &[u8]) -> Option<Owner> {
+    let mut job_id = None;
+    let mut step = None;
+    for entry in environ.split(|b| *b == 0) {
+        if let Some(value) = entry.strip_prefix(b"SLURM_JOB_ID=") {
+            job_id = std::str::from_utf8(value).ok()?.trim().parse::<u64>().ok();
+        } else if let Some(value) = entry.strip_prefix(b"SLURM_STEP_ID=") {
+            step = std::str::from_utf8(value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| {
+                    !v.is_empty() && v.len() <= 32 && v.bytes().all(|b| b.is_ascii_alphanumeric())
+                })
+                .map(str::to_string);
+        }
+    }
+    Some(Owner::SlurmJob {
+        job_id: job_id?,
+        step,
+        uid: None,
+        from_environ: true,
+    })
 }
 
 /// Parsed /proc/PID/cgroup: the owner and the cgroup path it came from (v2 path when present,
@@ -203,9 +233,20 @@ impl Owner {
             Owner::SlurmJob {
                 job_id,
                 step: Some(step),
+                from_environ,
                 ..
-            } => format!("slurm {job_id}.{step}"),
-            Owner::SlurmJob { job_id, .. } => format!("slurm {job_id}"),
+            } => format!(
+                "slurm {job_id}.{step}{}",
+                if *from_environ { " (env)" } else { "" }
+            ),
+            Owner::SlurmJob {
+                job_id,
+                from_environ,
+                ..
+            } => format!(
+                "slurm {job_id}{}",
+                if *from_environ { " (env)" } else { "" }
+            ),
             Owner::KubernetesPod { pod_uid, .. } => format!("k8s pod {}", prefix_chars(pod_uid, 8)),
             Owner::Container { runtime, id } => {
                 format!("{} {}", runtime.name(), prefix_chars(id, 12))
@@ -326,7 +367,12 @@ fn slurm(segs: &[&str]) -> Option<Owner> {
             .and_then(|s| s.strip_prefix("step_"))
             .filter(|s| !s.is_empty())
             .map(str::to_string);
-        return Some(Owner::SlurmJob { job_id, step, uid });
+        return Some(Owner::SlurmJob {
+            job_id,
+            step,
+            uid,
+            from_environ: false,
+        });
     }
     None
 }
@@ -633,7 +679,8 @@ mod tests {
                 Owner::SlurmJob {
                     job_id: 77,
                     step: want.map(String::from),
-                    uid: None
+                    uid: None,
+                    from_environ: false,
                 }
             );
         }
@@ -642,7 +689,8 @@ mod tests {
             Owner::SlurmJob {
                 job_id: 77,
                 step: None,
-                uid: None
+                uid: None,
+                from_environ: false,
             }
         );
         assert_eq!(
@@ -657,6 +705,7 @@ mod tests {
             job_id: 123,
             step: Some("0".into()),
             uid: Some(1000),
+            from_environ: false,
         };
         assert_eq!(
             owner("4:memory:/slurm/uid_1000/job_123/step_0/task_1\n"),
@@ -671,7 +720,8 @@ mod tests {
             Owner::SlurmJob {
                 job_id: 123,
                 step: Some("0".into()),
-                uid: None
+                uid: None,
+                from_environ: false,
             }
         );
         assert_eq!(want.label(), "slurm 123.0");
@@ -706,7 +756,8 @@ mod tests {
             Owner::SlurmJob {
                 job_id: 9,
                 step: Some("batch".into()),
-                uid: Some(5)
+                uid: Some(5),
+                from_environ: false,
             }
         );
         assert_eq!(info.path, "/slurm/uid_5/job_9/step_batch/task_0");
@@ -964,6 +1015,7 @@ mod tests {
             job_id: u64::MAX,
             step: Some("interactive".into()),
             uid: None,
+            from_environ: false,
         };
         let l = long.label();
         assert_eq!(l.chars().count(), LABEL_MAX_CHARS);
@@ -1090,5 +1142,26 @@ mod tests {
         assert_eq!(parse_cgroup(&many).owner, Owner::None);
         let deep = format!("0::{}\n", "/a".repeat(100_000));
         assert_eq!(parse_cgroup(&deep).owner, Owner::None);
+    }
+
+    #[test]
+    fn the_environment_names_a_slurm_job_as_a_marked_fallback() {
+        let environ = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0HOME=/root\0";
+        let owner = slurm_job_from_environ(environ).unwrap();
+        assert_eq!(
+            owner,
+            Owner::SlurmJob {
+                job_id: 4242,
+                step: Some("0".into()),
+                uid: None,
+                from_environ: true,
+            }
+        );
+        assert_eq!(owner.label(), "slurm 4242.0 (env)");
+        assert_eq!(slurm_job_from_environ(b"HOME=/root\0"), None);
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0"), None);
+        // A step id that is not a plain word is left out, not shown.
+        let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0").unwrap();
+        assert_eq!(odd.label(), "slurm 7 (env)");
     }
 }

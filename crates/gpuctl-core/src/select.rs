@@ -502,6 +502,7 @@ mod tests {
             job_id: 42,
             step: Some("0".into()),
             uid: Some(1000),
+            from_environ: false,
         };
         assert!(job.matches(&slurm));
         assert!(!"slurm:43".parse::<OwnerMatch>().unwrap().matches(&slurm));

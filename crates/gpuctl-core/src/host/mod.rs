@@ -378,6 +378,17 @@ impl ProcView {
         let cgroup = read_relative(&process, "cgroup", pid)
             .ok()
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
+        // No cgroup names a job (Slurm's proctrack/linuxproc leaves job processes in
+        // slurmd's own unit, or in none): the environment's SLURM_JOB_ID, where this user
+        // may read it (root, or the process's owner), is the fallback.
+        let environ_owner = match cgroup.as_ref().map(|c| &c.owner) {
+            None | Some(Owner::None) => true,
+            Some(Owner::SystemdUnit { unit }) => unit == "slurmd.service",
+            Some(_) => false,
+        }
+        .then(|| read_relative(&process, "environ", pid).ok())
+        .flatten()
+        .and_then(|environ| crate::owner::slurm_job_from_environ(&environ));
         let age_seconds = self.age_of(stat.starttime);
         Ok(HostProcess {
             confirmed: true,
@@ -394,7 +405,7 @@ impl ProcView {
             threads: u32::try_from(stat.num_threads).ok(),
             start_ticks: Some(stat.starttime),
             age_seconds: Some(age_seconds),
-            owner: cgroup.as_ref().map(|c| c.owner.clone()),
+            owner: environ_owner.or_else(|| cgroup.as_ref().map(|c| c.owner.clone())),
             cgroup: cgroup.map(|c| c.path),
             protection: None,
             command_not_utf8,

@@ -139,6 +139,7 @@ mod tests {
             job_id,
             step: Some(step.to_string()),
             uid: None,
+            from_environ: false,
         }
     }
 
