@@ -46,18 +46,18 @@ fn sink() -> &'static Sink {
 }
 
 /// Records that `name` was answered without the scenario's say; the first time only.
-pub fn gap(name: &str, why: Gap) {
+/// `name` is rendered only when tracing is on (callers pass `format_args!`), so an
+/// untraced call costs no allocation.
+pub fn gap(name: impl std::fmt::Display, why: Gap) {
     let sink = sink();
     if matches!(sink, Sink::Off) {
         return;
     }
+    let name = name.to_string();
     static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     {
         let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-        if !seen
-            .get_or_insert_with(HashSet::new)
-            .insert(name.to_owned())
-        {
+        if !seen.get_or_insert_with(HashSet::new).insert(name.clone()) {
             return;
         }
     }

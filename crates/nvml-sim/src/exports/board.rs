@@ -3,17 +3,6 @@
 //! (MIG mode has scenario keys: see `mig.rs`.)
 
 use super::*;
-use crate::trace::{self, Gap};
-
-/// `with_dev` for an answer that does not come from the scenario: traced as a default.
-fn fixed(
-    name: &str,
-    device: nvmlDevice_t,
-    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
-) -> nvmlReturn_t {
-    trace::gap(name, Gap::Default);
-    with_dev(device, None, f)
-}
 
 const DISABLED: c_uint = 0;
 const ENABLED: c_uint = 1;

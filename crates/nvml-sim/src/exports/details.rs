@@ -13,15 +13,6 @@ use nvml_wrapper_sys::bindings::{
 use super::*;
 use crate::trace::{self, Gap};
 
-fn fixed(
-    name: &str,
-    device: nvmlDevice_t,
-    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
-) -> nvmlReturn_t {
-    trace::gap(name, Gap::Default);
-    with_dev(device, None, f)
-}
-
 /// [`fixed`] that a MIG device answers too, from its parent's fixed value (its share of
 /// the GPU's counters: none).
 fn fixed_mig_too(
@@ -561,7 +552,7 @@ fn field(s: &mut Sim, i: usize, id: c_uint, scope: c_uint) -> Result<FieldValue,
         228 | 229 => Ok(Unsigned(0)), // PCIe atomics masks
         _ => {
             trace::gap(
-                &format!("nvmlDeviceGetFieldValues field {id}"),
+                format_args!("nvmlDeviceGetFieldValues field {id}"),
                 Gap::NotModelled,
             );
             Err(NVML_ERROR_NOT_SUPPORTED)

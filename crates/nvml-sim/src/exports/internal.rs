@@ -97,7 +97,7 @@ type Args = [usize; 6];
 
 fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
     if FIXED_SLOTS.contains(&slot) {
-        trace::gap(&format!("export table slot {slot}"), Gap::Default);
+        trace::gap(format_args!("export table slot {slot}"), Gap::Default);
     }
     match slot {
         SLOT_LOG => NVML_SUCCESS,
@@ -124,7 +124,7 @@ fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
         SLOT_ADDRESSING_MODE => fixed_uint(a, |_, _| 0),
         SLOT_SPARSE_OPERATION_MODE => fixed_uint(a, |_, _| 0),
         _ => {
-            trace::gap(&format!("export table slot {slot}"), Gap::NotModelled);
+            trace::gap(format_args!("export table slot {slot}"), Gap::NotModelled);
             unmodelled_slot()
         }
     }
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn nvmlInternalGetExportTable(
         let id = unsafe { std::slice::from_raw_parts(id.cast::<u8>(), 16) };
         if id != SMI_TABLE_ID {
             trace::gap(
-                &format!("nvmlInternalGetExportTable({id:02x?})"),
+                format_args!("nvmlInternalGetExportTable({id:02x?})"),
                 Gap::NotModelled,
             );
             return NVML_ERROR_INVALID_ARGUMENT;

@@ -134,6 +134,16 @@ fn with_dev(
     })
 }
 
+/// `with_dev` for an answer that does not come from the scenario: traced as a default.
+fn fixed(
+    name: &str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Sim, usize) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    crate::trace::gap(name, crate::trace::Gap::Default);
+    with_dev(device, None, f)
+}
+
 /// Writes `v` through `p`; a null `p` is INVALID_ARGUMENT.
 unsafe fn put<T>(p: *mut T, v: T) -> nvmlReturn_t {
     if p.is_null() {
