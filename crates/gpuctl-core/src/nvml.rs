@@ -356,6 +356,14 @@ impl Place {
         }
     }
 
+    /// The GPUs `places` lie on, each once, in order.
+    pub fn gpus(places: &[Place]) -> Vec<u32> {
+        let mut gpus: Vec<u32> = places.iter().map(|p| p.gpu).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
     /// Whether a process on GPU `gpu`, in instance `gpu_instance` there, is in this place.
     pub fn holds(&self, gpu: u32, gpu_instance: Option<u32>) -> bool {
         self.gpu == gpu && (self.gpu_instance.is_none() || self.gpu_instance == gpu_instance)

@@ -449,14 +449,14 @@ fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> V
 pub fn from_findings(
     snapshot: &Snapshot,
     findings: &[Finding],
-    gpus: Option<&[u32]>,
+    places: Option<&[Place]>,
 ) -> Vec<Target> {
     let mut targets: Vec<Target> = Vec::new();
     for finding in findings.iter().filter(|f| f.verdict == Verdict::Reclaim) {
         let Some(identity) = finding.identity else {
             continue;
         };
-        if gpus.is_some_and(|wanted| !finding.gpus.iter().any(|g| wanted.contains(g))) {
+        if places.is_some_and(|places| !concerns(snapshot, finding, places)) {
             continue;
         }
         if let Some(existing) = targets.iter_mut().find(|t| t.pid == identity.pid) {
@@ -467,6 +467,24 @@ pub fn from_findings(
         }
     }
     targets
+}
+
+/// Whether `finding` concerns one of `places`: one of its GPUs is selected and, for a
+/// process, so is its MIG instance there (an instance named leaves the card's others out;
+/// a device-file holder, in no instance, counts only for its whole GPU).
+pub fn concerns(snapshot: &Snapshot, finding: &Finding, places: &[Place]) -> bool {
+    finding.gpus.iter().any(|&gpu| match finding.identity {
+        None => places.iter().any(|p| p.gpu == gpu),
+        Some(id) => {
+            let instance = snapshot
+                .devices
+                .iter()
+                .find(|g| g.index == gpu)
+                .and_then(|g| g.processes.iter().find(|p| p.pid == id.pid))
+                .and_then(|p| p.gpu_instance_id);
+            places.iter().any(|p| p.holds(gpu, instance))
+        }
+    })
 }
 
 fn age_of(snapshot: &Snapshot, pid: u32) -> Option<u64> {

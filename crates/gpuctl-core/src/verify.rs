@@ -128,14 +128,8 @@ pub fn wait_until_free(
     min_free: Option<Amount>,
 ) -> Result<WaitReport> {
     let start = Instant::now();
-    let mut indices: Option<Vec<u32>> =
-        selected.map(|places| places.iter().map(|p| p.gpu).collect());
-    if let Some(indices) = &mut indices {
-        indices.sort_unstable();
-        indices.dedup();
-    }
     let options = SnapshotOptions {
-        gpus: indices,
+        gpus: selected.map(Place::gpus),
         utilization_window: None,
         only_memory_and_processes: true,
         activity: false,

@@ -52,14 +52,8 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let places = (!args.gpus.is_empty())
         .then(|| gpus.resolve_places(&args.gpus))
         .transpose()?;
-    let indices = places.as_ref().map(|places| {
-        let mut indices: Vec<u32> = places.iter().map(|p| p.gpu).collect();
-        indices.sort_unstable();
-        indices.dedup();
-        indices
-    });
     let options = SnapshotOptions {
-        gpus: indices,
+        gpus: places.as_deref().map(Place::gpus),
         holders: Some(HolderScan {
             dev_dir: config::device_dir(loaded.as_ref()),
             above_unattributed: (!args.holders).then(|| {

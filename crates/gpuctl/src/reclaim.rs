@@ -166,12 +166,6 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     let loaded = config::load()?;
     let gpus = open_gpus(&loaded)?;
     let places = resolve_places(&gpus, &args.gpus)?;
-    let selected: Option<Vec<u32>> = places.as_ref().map(|places| {
-        let mut indices: Vec<u32> = places.iter().map(|p| p.gpu).collect();
-        indices.sort_unstable();
-        indices.dedup();
-        indices
-    });
     let policy = Policy {
         include_stopped: args.include_stopped,
         ..Policy::default()
@@ -189,24 +183,14 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         .filter(|f| f.kind.remedy() == Remedy::Reclaim)
         .cloned()
         .collect();
-    let mut targets = select::from_findings(&snapshot, &leftovers, selected.as_deref());
-    // A MIG instance named: nothing of the card's other instances.
-    if let Some(places) = &places {
-        targets.retain(|target| target.in_places(places));
-    }
+    let mut targets = select::from_findings(&snapshot, &leftovers, places.as_deref());
     // Only root reclaims other users' leftovers; the caller's others are reported.
     let others = guard.keep_callers_own(&mut targets, &findings);
     let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
     let on_selected = |finding: &&Finding| {
-        selected
-            .as_ref()
-            .is_none_or(|wanted| finding.gpus.iter().any(|g| wanted.contains(g)))
-            && match (&places, finding.identity) {
-                (Some(places), Some(id)) => {
-                    Target::of(&snapshot, id.pid).is_some_and(|t| t.in_places(places))
-                }
-                _ => true,
-            }
+        places
+            .as_deref()
+            .is_none_or(|places| select::concerns(&snapshot, finding, places))
     };
     let reported: Vec<&Finding> = findings
         .iter()
