@@ -11,7 +11,7 @@ use crate::act::Ended;
 use crate::error::Result;
 use crate::nvml::{Gpus, Place};
 use crate::plan::Outcome;
-use crate::snapshot::{GpuSnapshot, Snapshot, SnapshotOptions};
+use crate::snapshot::{GpuProcess, GpuSnapshot, Snapshot, SnapshotOptions};
 use crate::units::Amount;
 
 /// With no minimum free amount, a GPU is free when no process is left and less than this
@@ -173,41 +173,52 @@ fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) ->
         .mig_devices
         .iter()
         .find(|m| m.gpu_instance_id == Some(instance));
-    let processes: Vec<u32> = mig
-        .map(|m| m.processes.iter().map(|p| p.pid).collect())
-        .unwrap_or_default();
-    let memory = mig.and_then(|m| m.memory);
-    let free = match (memory, min_free) {
-        (Some(memory), Some(amount)) => {
-            memory.total_bytes.saturating_sub(memory.used_bytes)
-                >= amount.bytes_of(memory.total_bytes)
-        }
-        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
-        (None, _) => false,
-    };
-    GpuState {
-        index: gpu.index,
-        gpu_instance: Some(instance),
-        free,
-        used_bytes: memory.map(|m| m.used_bytes),
-        free_bytes: memory.map(|m| m.total_bytes.saturating_sub(m.used_bytes)),
-        processes,
-    }
+    let processes = mig.map_or(&[][..], |m| m.processes.as_slice());
+    let memory = mig.and_then(|m| m.memory).map(|m| Room {
+        total: m.total_bytes,
+        used: m.used_bytes,
+        free: m.total_bytes.saturating_sub(m.used_bytes),
+    });
+    state(gpu.index, Some(instance), processes, memory, min_free)
 }
 
 fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
-    let processes: Vec<u32> = gpu.processes.iter().map(|p| p.pid).collect();
-    let free = match (gpu.memory, min_free) {
-        (Some(memory), Some(amount)) => memory.free_bytes >= amount.bytes_of(memory.total_bytes),
-        (Some(memory), None) => processes.is_empty() && memory.used_bytes < CLEAN_USED_BYTES,
+    let memory = gpu.memory.map(|m| Room {
+        total: m.total_bytes,
+        used: m.used_bytes,
+        free: m.free_bytes,
+    });
+    state(gpu.index, None, &gpu.processes, memory, min_free)
+}
+
+/// Memory, in bytes, of a GPU or MIG instance.
+#[derive(Clone, Copy)]
+struct Room {
+    total: u64,
+    used: u64,
+    free: u64,
+}
+
+/// Free: at least `min_free` free, or with none given, no process left and under
+/// [`CLEAN_USED_BYTES`] in use. Unknown memory is not free.
+fn state(
+    index: u32,
+    gpu_instance: Option<u32>,
+    processes: &[GpuProcess],
+    memory: Option<Room>,
+    min_free: Option<Amount>,
+) -> GpuState {
+    let free = match (memory, min_free) {
+        (Some(room), Some(amount)) => room.free >= amount.bytes_of(room.total),
+        (Some(room), None) => processes.is_empty() && room.used < CLEAN_USED_BYTES,
         (None, _) => false,
     };
     GpuState {
-        index: gpu.index,
-        gpu_instance: None,
+        index,
+        gpu_instance,
         free,
-        used_bytes: gpu.memory.map(|m| m.used_bytes),
-        free_bytes: gpu.memory.map(|m| m.free_bytes),
-        processes,
+        used_bytes: memory.map(|room| room.used),
+        free_bytes: memory.map(|room| room.free),
+        processes: processes.iter().map(|p| p.pid).collect(),
     }
 }
