@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Result;
 use gpuctl_core::classify;
 use gpuctl_core::config;
+use gpuctl_core::host::HostProcess;
 use gpuctl_core::nvml::{self, Gpus, Place};
 use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::report::{WatchdogFindings, watchdog_findings_path};
@@ -589,23 +590,13 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         ));
     }
     for holder in suspected {
-        let host = &holder.host;
-        let user = host
-            .user
-            .as_deref()
-            .map(|user| render::safe(user).into_owned())
-            .or_else(|| host.uid.map(|uid| uid.to_string()))
-            .unwrap_or_else(|| "?".into());
-        let state = host.state.map_or("?", |state| state.as_str());
-        let owner = host.owner.as_ref().map_or_else(
-            || "-".to_string(),
-            |o| render::safe(&o.label()).into_owned(),
-        );
-        let command = if host.confirmed {
-            render::safe(&host.shown_command()).into_owned()
-        } else {
-            "(unconfirmed)".to_string()
-        };
+        let HostCells {
+            user,
+            state,
+            owner,
+            command,
+            ..
+        } = host_cells(&holder.host);
         let line = format!("    {}  {user}  {state}  {owner}  {command}", holder.pid);
         let line = match style.width {
             Some(width) => render::cut(&line, width.saturating_sub(1), style.unicode),
@@ -785,9 +776,18 @@ fn process_table(
     }
 }
 
-fn row(process: &GpuProcess) -> Row {
-    let host = &process.host;
-    let dash = || "-".to_string();
+/// What a table shows of a process from the host's facts, for the process rows and the
+/// device-file holders alike. Everything a process or user chose is escaped
+/// (`render::safe`); the rest is ours.
+struct HostCells {
+    user: String,
+    state: String,
+    state_color: Option<Color>,
+    owner: String,
+    command: String,
+}
+
+fn host_cells(host: &HostProcess) -> HostCells {
     let (state, state_color) = match host.state {
         Some(state) => {
             let color = match state.as_str() {
@@ -800,7 +800,6 @@ fn row(process: &GpuProcess) -> Row {
         }
         None => ("?".to_string(), Some(Color::Yellow)),
     };
-    // Everything a process or user chose is escaped (`render::safe`); the rest is ours.
     let command = if host.confirmed {
         let command = render::safe(&host.shown_command()).into_owned();
         match &host.protection {
@@ -813,14 +812,30 @@ fn row(process: &GpuProcess) -> Row {
             host.unconfirmed_reason.as_deref().unwrap_or("unknown")
         )
     };
-    Row {
-        pid: process.pid.to_string(),
+    HostCells {
         user: host
             .user
             .as_deref()
             .map(|user| render::safe(user).into_owned())
             .or_else(|| host.uid.map(|uid| uid.to_string()))
             .unwrap_or_else(|| "?".into()),
+        state,
+        state_color,
+        owner: host.owner.as_ref().map_or_else(
+            || "-".to_string(),
+            |owner| render::safe(&owner.label()).into_owned(),
+        ),
+        command,
+    }
+}
+
+fn row(process: &GpuProcess) -> Row {
+    let host = &process.host;
+    let dash = || "-".to_string();
+    let cells = host_cells(host);
+    Row {
+        pid: process.pid.to_string(),
+        user: cells.user,
         memory: process
             .used_bytes
             .map_or_else(|| "n/a".into(), units::bytes),
@@ -828,13 +843,10 @@ fn row(process: &GpuProcess) -> Row {
             .sm_util_pct
             .map_or_else(dash, |pct| format!("{pct}%")),
         age: host.age_seconds.map_or_else(dash, render::age),
-        state,
-        owner: host
-            .owner
-            .as_ref()
-            .map_or_else(dash, |owner| render::safe(&owner.label()).into_owned()),
-        command,
-        state_color,
+        state: cells.state,
+        owner: cells.owner,
+        command: cells.command,
+        state_color: cells.state_color,
         dim: !host.confirmed,
     }
 }
