@@ -1281,22 +1281,20 @@ impl Daemon {
                         fields,
                     )
                 }
-                None if f.kind == Kind::Stuck => {
-                    let uuids = gpu_uuid_fields(snapshot, &f.gpus);
-                    let uuid = uuids
+                // A GPU finding: the GPU by index and UUID, and the memory it concerns when
+                // the finding counts some (unattributed memory).
+                None => {
+                    let fields = gpu_uuid_fields(snapshot, &f.gpus);
+                    let uuid = fields
                         .iter()
                         .find(|(k, _)| *k == "GPU_UUID")
                         .map_or("?".to_string(), |(_, v)| v.clone());
-                    (format!("GPU {gpus} ({uuid}) {}", f.reason), uuids)
+                    let amount = f
+                        .bytes
+                        .map(|b| format!("{} ", bytes(b)))
+                        .unwrap_or_default();
+                    (format!("GPU {gpus} ({uuid}): {amount}{}", f.reason), fields)
                 }
-                None => (
-                    format!(
-                        "GPU {gpus}: {} {}",
-                        f.bytes.map_or("memory".into(), bytes),
-                        f.reason
-                    ),
-                    gpu_uuid_fields(snapshot, &f.gpus),
-                ),
             };
             fields.push(("REASON", f.reason.clone()));
             fields.push(("ACTION", action.into()));

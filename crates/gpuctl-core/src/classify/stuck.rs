@@ -100,7 +100,8 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Option<Finding> {
         verdict: Verdict::Report,
         identity: None,
         gpus: vec![gpu.index],
-        bytes: gpu.memory.map(|m| m.used_bytes),
+        // The steady memory is in the reason; the finding holds none of its own.
+        bytes: None,
         reason: reason(gpu, lasted),
     })
 }
