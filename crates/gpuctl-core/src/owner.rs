@@ -260,6 +260,106 @@ impl Owner {
     }
 }
 
+/// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
+/// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
+/// least 8 characters, as `docker ps` shows 12.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerMatch {
+    SlurmJob(u64),
+    Pod(String),
+    Container(String),
+    Unit(String),
+    Scope(String),
+}
+
+impl std::str::FromStr for OwnerMatch {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<OwnerMatch, String> {
+        let usage = || {
+            format!(
+                "'{text}' is not an owner: give slurm:JOBID, pod:UID, container:ID, unit:NAME or \
+                 scope:NAME"
+            )
+        };
+        let (kind, id) = text.split_once(':').ok_or_else(usage)?;
+        let id = id.trim();
+        if id.is_empty() {
+            return Err(usage());
+        }
+        let prefix = |id: &str| {
+            if id.len() >= 8 {
+                Ok(id.to_ascii_lowercase())
+            } else {
+                Err(format!("'{text}': give at least 8 characters of the id"))
+            }
+        };
+        match kind {
+            "slurm" | "slurm-job" => id
+                .parse()
+                .map(OwnerMatch::SlurmJob)
+                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
+            "pod" => prefix(id).map(OwnerMatch::Pod),
+            "container" => prefix(id).map(OwnerMatch::Container),
+            "unit" => Ok(OwnerMatch::Unit(id.to_string())),
+            "scope" => Ok(OwnerMatch::Scope(id.to_string())),
+            _ => Err(usage()),
+        }
+    }
+}
+
+/// The selector form: what [`OwnerMatch::from_str`](std::str::FromStr) reads back.
+impl std::fmt::Display for OwnerMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OwnerMatch::SlurmJob(job_id) => write!(f, "slurm:{job_id}"),
+            OwnerMatch::Pod(uid) => write!(f, "pod:{uid}"),
+            OwnerMatch::Container(id) => write!(f, "container:{id}"),
+            OwnerMatch::Unit(unit) => write!(f, "unit:{unit}"),
+            OwnerMatch::Scope(scope) => write!(f, "scope:{scope}"),
+        }
+    }
+}
+
+impl OwnerMatch {
+    /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`),
+    /// or `None` for no owner. A Slurm job is named without its step and a pod without its
+    /// container, so every process of the job or pod has one key.
+    pub fn of(owner: &Owner) -> Option<OwnerMatch> {
+        Some(match owner {
+            Owner::SlurmJob { job_id, .. } => OwnerMatch::SlurmJob(*job_id),
+            Owner::KubernetesPod { pod_uid, .. } => OwnerMatch::Pod(pod_uid.to_ascii_lowercase()),
+            Owner::Container { id, .. } => OwnerMatch::Container(id.to_ascii_lowercase()),
+            Owner::SystemdUnit { unit } | Owner::SystemdUserUnit { unit, .. } => {
+                OwnerMatch::Unit(unit.clone())
+            }
+            Owner::SystemdScope { scope, .. } => OwnerMatch::Scope(scope.clone()),
+            Owner::None => return None,
+        })
+    }
+
+    pub fn matches(&self, owner: &Owner) -> bool {
+        match (self, owner) {
+            (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
+                pod_uid.to_ascii_lowercase().starts_with(wanted)
+            }
+            (OwnerMatch::Container(wanted), Owner::Container { id, .. })
+            | (
+                OwnerMatch::Container(wanted),
+                Owner::KubernetesPod {
+                    container_id: Some(id),
+                    ..
+                },
+            ) => id.to_ascii_lowercase().starts_with(wanted),
+            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit })
+            | (OwnerMatch::Unit(wanted), Owner::SystemdUserUnit { unit, .. }) => wanted == unit,
+            (OwnerMatch::Scope(wanted), Owner::SystemdScope { scope, .. }) => wanted == scope,
+            _ => false,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Lines and precedence
 
@@ -1163,5 +1263,62 @@ mod tests {
         // A step id that is not a plain word is left out, not shown.
         let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0").unwrap();
         assert_eq!(odd.label(), "slurm 7 (env)");
+    }
+
+    #[test]
+    fn owner_selectors_parse_and_match() {
+        let job: OwnerMatch = "slurm:42".parse().unwrap();
+        let slurm = Owner::SlurmJob {
+            job_id: 42,
+            step: Some("0".into()),
+            uid: Some(1000),
+            from_environ: false,
+        };
+        assert!(job.matches(&slurm));
+        assert!(!"slurm:43".parse::<OwnerMatch>().unwrap().matches(&slurm));
+        let container = Owner::Container {
+            runtime: ContainerRuntime::Docker,
+            id: "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d".into(),
+        };
+        assert!(
+            "container:9EC39B91F3D7"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&container)
+        );
+        assert!(!job.matches(&container));
+        let unit = Owner::SystemdUnit {
+            unit: "jupyter.service".into(),
+        };
+        assert!(
+            "unit:jupyter.service"
+                .parse::<OwnerMatch>()
+                .unwrap()
+                .matches(&unit)
+        );
+        let pod = Owner::KubernetesPod {
+            pod_uid: "1a2b3c4d-0000-4000-8000-00000000abcd".into(),
+            qos: None,
+            container_id: Some("9ec39b91f3d7".into()),
+            runtime: None,
+        };
+        // Each owner's key reads back as the selector that matches it.
+        for owner in [&slurm, &container, &unit, &pod] {
+            let key = OwnerMatch::of(owner).unwrap().to_string();
+            assert!(key.parse::<OwnerMatch>().unwrap().matches(owner), "{key}");
+        }
+        assert_eq!(OwnerMatch::of(&slurm).unwrap().to_string(), "slurm:42");
+        assert_eq!(OwnerMatch::of(&Owner::None), None);
+        for bad in [
+            "",
+            "slurm",
+            "slurm:",
+            "slurm:abc",
+            "pod:1234",
+            "vm:x",
+            ":42",
+        ] {
+            assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
+        }
     }
 }

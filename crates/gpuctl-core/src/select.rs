@@ -12,7 +12,7 @@ use crate::act::Identity;
 use crate::classify::{Finding, Remedy, Verdict};
 use crate::host::HostProcess;
 use crate::nvml::Place;
-use crate::owner::Owner;
+pub use crate::owner::OwnerMatch;
 use crate::snapshot::Snapshot;
 
 /// One process to act on, as selected from a snapshot.
@@ -208,77 +208,6 @@ impl Selector {
         self.gpus
             .as_ref()
             .is_none_or(|wanted| target.in_places(wanted))
-    }
-}
-
-/// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
-/// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
-/// least 8 characters, as `docker ps` shows 12.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnerMatch {
-    SlurmJob(u64),
-    Pod(String),
-    Container(String),
-    Unit(String),
-    Scope(String),
-}
-
-impl std::str::FromStr for OwnerMatch {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<OwnerMatch, String> {
-        let usage = || {
-            format!(
-                "'{text}' is not an owner: give slurm:JOBID, pod:UID, container:ID, unit:NAME or \
-                 scope:NAME"
-            )
-        };
-        let (kind, id) = text.split_once(':').ok_or_else(usage)?;
-        let id = id.trim();
-        if id.is_empty() {
-            return Err(usage());
-        }
-        let prefix = |id: &str| {
-            if id.len() >= 8 {
-                Ok(id.to_ascii_lowercase())
-            } else {
-                Err(format!("'{text}': give at least 8 characters of the id"))
-            }
-        };
-        match kind {
-            "slurm" | "slurm-job" => id
-                .parse()
-                .map(OwnerMatch::SlurmJob)
-                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
-            "pod" => prefix(id).map(OwnerMatch::Pod),
-            "container" => prefix(id).map(OwnerMatch::Container),
-            "unit" => Ok(OwnerMatch::Unit(id.to_string())),
-            "scope" => Ok(OwnerMatch::Scope(id.to_string())),
-            _ => Err(usage()),
-        }
-    }
-}
-
-impl OwnerMatch {
-    pub fn matches(&self, owner: &Owner) -> bool {
-        match (self, owner) {
-            (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
-            (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
-                pod_uid.to_ascii_lowercase().starts_with(wanted)
-            }
-            (OwnerMatch::Container(wanted), Owner::Container { id, .. })
-            | (
-                OwnerMatch::Container(wanted),
-                Owner::KubernetesPod {
-                    container_id: Some(id),
-                    ..
-                },
-            ) => id.to_ascii_lowercase().starts_with(wanted),
-            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit })
-            | (OwnerMatch::Unit(wanted), Owner::SystemdUserUnit { unit, .. }) => wanted == unit,
-            (OwnerMatch::Scope(wanted), Owner::SystemdScope { scope, .. }) => wanted == scope,
-            _ => false,
-        }
     }
 }
 
@@ -510,52 +439,7 @@ fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::owner::ContainerRuntime;
     use crate::snapshot::GpuProcess;
-
-    #[test]
-    fn owner_selectors_parse_and_match() {
-        let job: OwnerMatch = "slurm:42".parse().unwrap();
-        let slurm = Owner::SlurmJob {
-            job_id: 42,
-            step: Some("0".into()),
-            uid: Some(1000),
-            from_environ: false,
-        };
-        assert!(job.matches(&slurm));
-        assert!(!"slurm:43".parse::<OwnerMatch>().unwrap().matches(&slurm));
-        let container = Owner::Container {
-            runtime: ContainerRuntime::Docker,
-            id: "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d".into(),
-        };
-        assert!(
-            "container:9EC39B91F3D7"
-                .parse::<OwnerMatch>()
-                .unwrap()
-                .matches(&container)
-        );
-        assert!(!job.matches(&container));
-        let unit = Owner::SystemdUnit {
-            unit: "jupyter.service".into(),
-        };
-        assert!(
-            "unit:jupyter.service"
-                .parse::<OwnerMatch>()
-                .unwrap()
-                .matches(&unit)
-        );
-        for bad in [
-            "",
-            "slurm",
-            "slurm:",
-            "slurm:abc",
-            "pod:1234",
-            "vm:x",
-            ":42",
-        ] {
-            assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
-        }
-    }
 
     fn process(pid: u32, uid: u32, used_mib: u64, confirmed: bool) -> GpuProcess {
         let mut host = crate::host::HostProcess::unconfirmed("test");
