@@ -1,6 +1,10 @@
 //! gpuctl's "peak since reset" memory marks. NVML keeps no device-wide peak, so this is the
 //! highest used memory gpuctl itself has seen on each GPU (each `gpuctl info`, each watchdog
 //! loop) since `gpuctl reset` cleared it. Kept per GPU UUID in the state directory.
+//!
+//! The same looks also keep each owner's peak (a Slurm job, a pod, a unit…, by its selector
+//! key `slurm:123`), per GPU, so that the job's epilog can take what its job used
+//! ([`PeakStore::take_owner`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +13,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::owner::{Owner, OwnerMatch};
 use crate::snapshot::Snapshot;
+
+/// An owner not seen for longer than this is dropped when the file is written: its job
+/// ended without an epilog taking its peaks, and the file must stay bounded.
+pub const OWNER_RETENTION_SECS: u64 = 7 * 24 * 3600;
+
+/// `last_seen_unix` is moved on only when older than this: moving it every look would
+/// rewrite the file every watchdog loop.
+const LAST_SEEN_GRANULARITY_SECS: u64 = 60;
 
 /// Where gpuctl keeps state: `GPUCTL_STATE_DIR`, else /var/lib/gpuctl for root, else
 /// `$XDG_STATE_HOME/gpuctl` (default ~/.local/state/gpuctl).
@@ -38,9 +51,26 @@ pub struct Peak {
     pub since_unix: u64,
 }
 
+/// One owner's peaks, from the first look that saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerPeaks {
+    /// By GPU UUID (a MIG instance's process counts on its parent GPU): the highest sum of
+    /// the owner's processes' used memory on that GPU at one look. A process whose usage
+    /// the driver does not report counts as 0, but its GPU is still listed.
+    pub gpus: BTreeMap<String, u64>,
+    /// The user name of the owner's processes, as first known.
+    pub user: Option<String>,
+    pub first_seen_unix: u64,
+    /// Within [`LAST_SEEN_GRANULARITY_SECS`] of the last look that saw it.
+    pub last_seen_unix: u64,
+}
+
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 struct PeakFile {
     gpus: BTreeMap<String, Peak>,
+    /// Absent from files written before owners were kept.
+    #[serde(default)]
+    owners: BTreeMap<String, OwnerPeaks>,
 }
 
 #[derive(Debug)]
@@ -97,8 +127,10 @@ impl PeakStore {
     }
 
     /// Written whole to a temporary file and renamed, so a reader never sees half a file.
-    /// Two writers at once may lose one's update: a peak is then recorded at the next look.
-    fn write(&self, file: &PeakFile) -> Result<(), String> {
+    /// Two writers at once may lose one's update: a peak is then recorded at the next look
+    /// (and an owner taken meanwhile comes back, to be dropped after the retention).
+    fn write(&self, file: &mut PeakFile) -> Result<(), String> {
+        prune_owners(&mut file.owners, now_unix());
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
@@ -109,8 +141,9 @@ impl PeakStore {
         Ok(())
     }
 
-    /// Raises each GPU's mark to what `snapshot` shows and returns the marks in force.
-    /// Writing is best effort: an unwritable state directory leaves the marks unrecorded.
+    /// Raises each GPU's mark, and each owner's, to what `snapshot` shows and returns the
+    /// GPU marks in force. Writing is best effort: an unwritable state directory leaves the
+    /// marks unrecorded.
     pub fn observe(&self, snapshot: &Snapshot) -> BTreeMap<String, Peak> {
         let mut file = self.read();
         let now = now_unix();
@@ -131,20 +164,140 @@ impl PeakStore {
                 changed = true;
             }
         }
+        changed |= raise_owners(&mut file.owners, snapshot, now);
+        changed |= prune_owners(&mut file.owners, now);
         if changed {
-            let _ = self.write(&file);
+            let _ = self.write(&mut file);
         }
         file.gpus
+    }
+
+    /// One owner's peaks (`key` as [`OwnerMatch`] writes it: `slurm:123`), left in place.
+    pub fn owner(&self, key: &str) -> Option<OwnerPeaks> {
+        self.read().owners.remove(key)
+    }
+
+    /// Removes one owner's peaks and returns them: a Slurm epilog takes its job's once, at
+    /// its end. `Ok(None)` when none were recorded; on `Err` nothing was removed.
+    pub fn take_owner(&self, key: &str) -> Result<Option<OwnerPeaks>, String> {
+        let mut file = self.read();
+        let taken = file.owners.remove(key);
+        if taken.is_some() {
+            self.write(&mut file)?;
+        }
+        Ok(taken)
     }
 
     /// Clears one GPU's mark: the next look starts it again.
     pub fn reset(&self, uuid: &str) -> Result<(), String> {
         let mut file = self.read();
         if file.gpus.remove(uuid).is_some() {
-            self.write(&file)?;
+            self.write(&mut file)?;
         }
         Ok(())
     }
+}
+
+/// What one look shows of an owner: its used memory per GPU UUID, and its user.
+#[derive(Debug, Default)]
+struct OwnerLook {
+    gpus: BTreeMap<String, u64>,
+    user: Option<String>,
+}
+
+/// Each keyed owner's processes summed per GPU at this look. Only confirmed processes
+/// count: an unconfirmed pid (another PID namespace) may not be the process its facts
+/// describe.
+fn owner_looks(snapshot: &Snapshot) -> BTreeMap<String, OwnerLook> {
+    // Grouped by owner first, so that a key is written once per owner, not per process
+    // (the watchdog does this every loop); the owners on a node are few.
+    let mut by_owner: Vec<(&Owner, BTreeMap<&str, u64>, Option<&str>)> = Vec::new();
+    for gpu in &snapshot.devices {
+        let Some(uuid) = gpu.uuid.as_deref() else {
+            continue;
+        };
+        // `processes` lists a MIG instance's processes too (on the parent), so each once.
+        for process in &gpu.processes {
+            let host = &process.host;
+            let Some(owner) = host.owner.as_ref().filter(|_| host.confirmed) else {
+                continue;
+            };
+            let at = match by_owner.iter().position(|(seen, ..)| *seen == owner) {
+                Some(at) => at,
+                None => {
+                    by_owner.push((owner, BTreeMap::new(), None));
+                    by_owner.len() - 1
+                }
+            };
+            let (_, gpus, user) = &mut by_owner[at];
+            let sum = gpus.entry(uuid).or_default();
+            *sum = sum.saturating_add(process.used_bytes.unwrap_or(0));
+            if user.is_none() {
+                *user = host.user.as_deref();
+            }
+        }
+    }
+    // Owners that differ only in what the key leaves out (a job's steps) share one key.
+    let mut looks: BTreeMap<String, OwnerLook> = BTreeMap::new();
+    for (owner, gpus, user) in by_owner {
+        let Some(key) = OwnerMatch::of(owner) else {
+            continue;
+        };
+        let look = looks.entry(key.to_string()).or_default();
+        for (uuid, bytes) in gpus {
+            let sum = look.gpus.entry(uuid.to_string()).or_default();
+            *sum = sum.saturating_add(bytes);
+        }
+        if look.user.is_none() {
+            look.user = user.map(str::to_string);
+        }
+    }
+    looks
+}
+
+/// Raises each owner's per-GPU peaks to this look's sums; whether anything changed.
+fn raise_owners(owners: &mut BTreeMap<String, OwnerPeaks>, snapshot: &Snapshot, now: u64) -> bool {
+    let mut changed = false;
+    for (key, look) in owner_looks(snapshot) {
+        let peaks = owners.entry(key).or_insert_with(|| {
+            changed = true;
+            OwnerPeaks {
+                gpus: BTreeMap::new(),
+                user: None,
+                first_seen_unix: now,
+                last_seen_unix: now,
+            }
+        });
+        for (uuid, bytes) in look.gpus {
+            match peaks.gpus.get_mut(&uuid) {
+                Some(peak) if *peak >= bytes => {}
+                Some(peak) => {
+                    *peak = bytes;
+                    changed = true;
+                }
+                None => {
+                    peaks.gpus.insert(uuid, bytes);
+                    changed = true;
+                }
+            }
+        }
+        if peaks.user.is_none() && look.user.is_some() {
+            peaks.user = look.user;
+            changed = true;
+        }
+        if now.saturating_sub(peaks.last_seen_unix) > LAST_SEEN_GRANULARITY_SECS {
+            peaks.last_seen_unix = now;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Drops the owners not seen for longer than [`OWNER_RETENTION_SECS`]; whether any were.
+fn prune_owners(owners: &mut BTreeMap<String, OwnerPeaks>, now: u64) -> bool {
+    let before = owners.len();
+    owners.retain(|_, peaks| now.saturating_sub(peaks.last_seen_unix) <= OWNER_RETENTION_SECS);
+    owners.len() != before
 }
 
 fn now_unix() -> u64 {
@@ -182,5 +335,235 @@ mod tests {
         PeakStore::in_dir(dir.path()).reset("GPU-0").unwrap();
         assert_eq!(watchdog.observe(&one_gpu_using(30))["GPU-0"].used_bytes, 30);
         assert_eq!(watchdog.observe(&one_gpu_using(20))["GPU-0"].used_bytes, 30);
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::HostProcess;
+    use crate::snapshot::{GpuProcess, GpuSnapshot, MigDevice, ProcessType};
+
+    fn job(job_id: u64, step: &str) -> Owner {
+        Owner::SlurmJob {
+            job_id,
+            step: Some(step.into()),
+            uid: Some(1000),
+            from_environ: false,
+        }
+    }
+
+    fn process(pid: u32, owner: Option<Owner>, used_bytes: Option<u64>) -> GpuProcess {
+        let mut host = HostProcess::unconfirmed("test");
+        host.confirmed = true;
+        host.unconfirmed_reason = None;
+        host.user = Some("alice".into());
+        host.owner = owner;
+        GpuProcess {
+            pid,
+            used_bytes,
+            kind: ProcessType::Compute,
+            sm_util_pct: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            host: Arc::new(host),
+        }
+    }
+
+    fn gpu(index: u32, processes: Vec<GpuProcess>) -> GpuSnapshot {
+        GpuSnapshot {
+            uuid: Some(format!("GPU-{index}")),
+            processes,
+            ..GpuSnapshot::unread(index)
+        }
+    }
+
+    fn one_look(processes: Vec<GpuProcess>) -> Snapshot {
+        Snapshot::of(vec![gpu(0, processes)])
+    }
+
+    #[test]
+    fn an_owners_peak_is_the_highest_per_look_sum() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PeakStore::in_dir(dir.path());
+        // Two processes of one job on one GPU sum; a later look with less keeps the peak;
+        // one with more raises it, even though no single process ever held that much.
+        for (a, b, peak) in [(10, 20, 30), (25, 0, 30), (20, 15, 35)] {
+            store.observe(&one_look(vec![
+                process(1, Some(job(123, "0")), Some(a)),
+                process(2, Some(job(123, "batch")), Some(b)),
+            ]));
+            let peaks = store.owner("slurm:123").unwrap();
+            assert_eq!(peaks.gpus, BTreeMap::from([("GPU-0".into(), peak)]));
+            assert_eq!(peaks.user.as_deref(), Some("alice"));
+        }
+    }
+
+    #[test]
+    fn gpus_and_owners_are_kept_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PeakStore::in_dir(dir.path());
+        store.observe(&Snapshot::of(vec![
+            gpu(
+                0,
+                vec![
+                    process(1, Some(job(7, "0")), Some(100)),
+                    process(2, Some(job(8, "0")), Some(5)),
+                ],
+            ),
+            gpu(1, vec![process(1, Some(job(7, "0")), None)]),
+        ]));
+        let seven = store.owner("slurm:7").unwrap();
+        // Unknown usage counts as 0, but the GPU is the job's all the same.
+        assert_eq!(
+            seven.gpus,
+            BTreeMap::from([("GPU-0".into(), 100), ("GPU-1".into(), 0)])
+        );
+        assert_eq!(
+            store.owner("slurm:8").unwrap().gpus,
+            BTreeMap::from([("GPU-0".into(), 5)])
+        );
+    }
+
+    #[test]
+    fn only_confirmed_processes_with_an_owner_count_and_mig_processes_count_once() {
+        let mut unconfirmed = process(3, Some(job(9, "0")), Some(1000));
+        Arc::get_mut(&mut unconfirmed.host).unwrap().confirmed = false;
+        let mut in_instance = process(4, Some(job(9, "0")), Some(40));
+        in_instance.gpu_instance_id = Some(1);
+        let mut card = gpu(
+            0,
+            vec![
+                unconfirmed,
+                in_instance.clone(),
+                process(5, None, Some(500)),
+                process(6, Some(Owner::None), Some(500)),
+            ],
+        );
+        // A MIG device repeats its parent's processes: the parent's list alone counts.
+        card.mig_enabled = Some(true);
+        card.mig_devices = vec![MigDevice {
+            uuid: Some("MIG-x".into()),
+            gpu_instance_id: Some(1),
+            compute_instance_id: Some(0),
+            profile: None,
+            memory: None,
+            processes: vec![in_instance],
+        }];
+        let looks = owner_looks(&Snapshot::of(vec![card]));
+        assert_eq!(looks.keys().collect::<Vec<_>>(), vec!["slurm:9"]);
+        assert_eq!(
+            looks["slurm:9"].gpus,
+            BTreeMap::from([("GPU-0".into(), 40)])
+        );
+    }
+
+    #[test]
+    fn take_owner_removes_what_owner_only_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let watchdog = PeakStore::in_dir(dir.path());
+        watchdog.observe(&one_look(vec![process(1, Some(job(5, "0")), Some(64))]));
+        // The epilog is another process: a store of its own.
+        let epilog = PeakStore::in_dir(dir.path());
+        let read = epilog.owner("slurm:5").unwrap();
+        assert_eq!(epilog.owner("slurm:5"), Some(read.clone()));
+        assert_eq!(epilog.take_owner("slurm:5").unwrap(), Some(read));
+        assert_eq!(epilog.take_owner("slurm:5").unwrap(), None);
+        assert_eq!(watchdog.owner("slurm:5"), None);
+        assert_eq!(epilog.take_owner("slurm:404").unwrap(), None);
+    }
+
+    #[test]
+    fn a_file_without_owners_still_reads_and_a_corrupt_one_reads_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peaks.json");
+        std::fs::write(
+            &path,
+            r#"{"gpus": {"GPU-0": {"used_bytes": 900, "since_unix": 1}}}"#,
+        )
+        .unwrap();
+        let store = PeakStore::in_dir(dir.path());
+        let marks = store.observe(&one_look(vec![process(1, Some(job(2, "0")), Some(3))]));
+        assert_eq!(
+            marks["GPU-0"],
+            Peak {
+                used_bytes: 900,
+                since_unix: 1
+            }
+        );
+        assert_eq!(store.owner("slurm:2").unwrap().gpus["GPU-0"], 3);
+
+        std::fs::write(&path, b"{not json").unwrap();
+        let store = PeakStore::in_dir(dir.path());
+        assert_eq!(store.owner("slurm:2"), None);
+        assert_eq!(store.take_owner("slurm:2").unwrap(), None);
+    }
+
+    #[test]
+    fn last_seen_moves_only_when_a_minute_old() {
+        let look = one_look(vec![process(1, Some(job(1, "0")), Some(8))]);
+        let mut owners = BTreeMap::new();
+        assert!(raise_owners(&mut owners, &look, 1000));
+        // The same look again changes nothing to write.
+        assert!(!raise_owners(
+            &mut owners,
+            &look,
+            1000 + LAST_SEEN_GRANULARITY_SECS
+        ));
+        assert_eq!(owners["slurm:1"].last_seen_unix, 1000);
+        assert!(raise_owners(
+            &mut owners,
+            &look,
+            1001 + LAST_SEEN_GRANULARITY_SECS
+        ));
+        assert_eq!(
+            owners["slurm:1"].last_seen_unix,
+            1001 + LAST_SEEN_GRANULARITY_SECS
+        );
+        assert_eq!(owners["slurm:1"].first_seen_unix, 1000);
+    }
+
+    #[test]
+    fn owners_unseen_for_seven_days_are_dropped() {
+        let mut owners = BTreeMap::new();
+        raise_owners(
+            &mut owners,
+            &one_look(vec![process(1, Some(job(1, "0")), Some(8))]),
+            1000,
+        );
+        raise_owners(
+            &mut owners,
+            &one_look(vec![process(2, Some(job(2, "0")), Some(8))]),
+            2000,
+        );
+        assert!(!prune_owners(&mut owners, 1000 + OWNER_RETENTION_SECS));
+        assert!(prune_owners(&mut owners, 1001 + OWNER_RETENTION_SECS));
+        assert_eq!(owners.keys().collect::<Vec<_>>(), vec!["slurm:2"]);
+
+        // Writing prunes: an owner last seen 8 days ago is gone from the file after the
+        // next write, whatever caused it.
+        let dir = tempfile::tempdir().unwrap();
+        let store = PeakStore::in_dir(dir.path());
+        let old = OwnerPeaks {
+            gpus: BTreeMap::from([("GPU-0".into(), 1)]),
+            user: None,
+            first_seen_unix: 0,
+            last_seen_unix: now_unix() - 8 * 24 * 3600,
+        };
+        let mut file = PeakFile::default();
+        file.owners.insert("slurm:old".into(), old);
+        std::fs::write(
+            dir.path().join("peaks.json"),
+            serde_json::to_vec(&file).unwrap(),
+        )
+        .unwrap();
+        store.observe(&one_look(vec![process(1, Some(job(3, "0")), Some(8))]));
+        let text = std::fs::read_to_string(dir.path().join("peaks.json")).unwrap();
+        assert!(
+            !text.contains("slurm:old") && text.contains("slurm:3"),
+            "{text}"
+        );
     }
 }
