@@ -14,15 +14,55 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The script with the environment slurmd gives it, and gpuctl against `sim`.
+/// The script with the environment slurmd gives it, and gpuctl against `sim`. Slurm's
+/// scontrol is a stand-in that records what it was asked (`scontrol_calls`): these tests
+/// run the scripts without a slurmd (tests/slurm_real runs them under a real one), and must
+/// never drain the machine's own node.
 fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
+    let bin = sim.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let scontrol = bin.join("scontrol");
+    std::fs::write(
+        &scontrol,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> {}\n",
+            sim.dir.path().join("scontrol.calls").display()
+        ),
+    )
+    .expect("write scontrol");
+    std::fs::set_permissions(
+        &scontrol,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod scontrol");
+    if !sim.config_path().exists() {
+        std::fs::write(
+            sim.config_path(),
+            format!(
+                "[watchdog]\nstate_dir = \"{}\"\n",
+                sim.dir.path().join("state").display()
+            ),
+        )
+        .expect("write config");
+    }
     let gpuctl = sim.gpuctl(&[]);
     let mut command = Command::new("sh");
     command
         .arg(script(name))
         .env("GPUCTL", gpuctl.get_program())
+        .env("GPUCTL_DEFAULTS", "/nonexistent")
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
         .env_remove("SLURM_JOB_GPUS")
         .env_remove("SLURM_JOB_ID")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("SLURMD_NODENAME")
         .envs(
             gpuctl
                 .get_envs()
@@ -30,6 +70,11 @@ fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
         )
         .envs(env.iter().copied());
     Run::from(command.output().expect("run the script"))
+}
+
+/// What the scripts asked of scontrol, a line per call.
+fn scontrol_calls(sim: &Sim) -> String {
+    std::fs::read_to_string(sim.dir.path().join("scontrol.calls")).unwrap_or_default()
 }
 
 fn scenario(processes: &[(u32, u32, u32)]) -> String {
@@ -61,13 +106,17 @@ fn prolog_frees_only_the_jobs_gpus_and_passes_jobs_without_gpus() {
     let sim = Sim::new(&scenario(&processes));
 
     // A job without GPUs: nothing is touched, nothing waited for.
-    let run = run_script(&sim, "prolog.sh", &[]);
+    let run = run_script(&sim, "prolog.sh", &[("SLURM_JOB_ID", "10")]);
     assert_eq!(run.code, 0, "{run:?}");
     assert!(crashed.workers.pids.iter().all(|&pid| alive(pid)));
 
     // The job gets GPU 0: the crashed run's workers are reclaimed, GPU 1 is none of its
     // business.
-    let run = run_script(&sim, "prolog.sh", &[("SLURM_JOB_GPUS", "0")]);
+    let run = run_script(
+        &sim,
+        "prolog.sh",
+        &[("SLURM_JOB_ID", "11"), ("SLURM_JOB_GPUS", "0")],
+    );
     assert_eq!(run.code, 0, "{run:?}");
     for &pid in &crashed.workers.pids {
         wait_exited(pid);
@@ -79,11 +128,25 @@ fn prolog_frees_only_the_jobs_gpus_and_passes_jobs_without_gpus() {
     let run = run_script(
         &sim,
         "prolog.sh",
-        &[("SLURM_JOB_GPUS", "1"), ("GPUCTL_PROLOG_WAIT", "1s")],
+        &[
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_JOB_GPUS", "1"),
+            ("SLURMD_NODENAME", "gpu7"),
+            ("GPUCTL_PROLOG_WAIT", "1s"),
+        ],
     );
-    assert_eq!(run.code, 4, "{run:?}");
-    assert!(run.stderr.contains("GPU 1"), "{}", run.stderr);
+    assert_eq!(run.code, 1, "{run:?}");
     assert!(alive(busy.pid()));
+    // The node is drained with a reason that names the GPU, the memory and the holder.
+    let calls = scontrol_calls(&sim);
+    let drain = calls
+        .lines()
+        .find(|l| l.starts_with("update NodeName=gpu7 State=DRAIN Reason=gpuctl: GPU 1 (GPU-"))
+        .unwrap_or_else(|| panic!("no drain: {calls}"));
+    assert!(
+        drain.contains(&format!("2.0 GiB held, pid {} (", busy.pid())),
+        "{drain}"
+    );
 }
 
 /// A cgroup v1 freezer directory laid out as Slurm's cgroup plugin lays out a job step.
@@ -175,7 +238,7 @@ fn epilog_ends_the_jobs_leftovers_and_restores_its_gpus() {
 
     // Without a job id the epilog refuses rather than guess.
     let run = run_script(&sim, "epilog.sh", &[]);
-    assert_eq!(run.code, 1);
+    assert_eq!(run.code, 2);
     assert!(
         run.stderr.contains("SLURM_JOB_ID is not set"),
         "{}",
@@ -208,7 +271,11 @@ fn prolog_and_epilog_on_a_mig_slice_touch_that_instance_only() {
     let run = run_script(
         &sim,
         "prolog.sh",
-        &[("SLURM_JOB_GPUS", &slice), ("GPUCTL_PROLOG_WAIT", "10s")],
+        &[
+            ("SLURM_JOB_ID", "4241"),
+            ("SLURM_JOB_GPUS", &slice),
+            ("GPUCTL_PROLOG_WAIT", "10s"),
+        ],
     );
     assert_eq!(run.code, 0, "{run:?}");
     wait_exited(leftover.pid());

@@ -37,6 +37,9 @@ _gpuctl() {
             gpuctl,reset)
                 cmd="gpuctl__subcmd__reset"
                 ;;
+            gpuctl,slurm)
+                cmd="gpuctl__subcmd__slurm"
+                ;;
             gpuctl__subcmd__help,clear)
                 cmd="gpuctl__subcmd__help__subcmd__clear"
                 ;;
@@ -58,6 +61,42 @@ _gpuctl() {
             gpuctl__subcmd__help,reset)
                 cmd="gpuctl__subcmd__help__subcmd__reset"
                 ;;
+            gpuctl__subcmd__help,slurm)
+                cmd="gpuctl__subcmd__help__subcmd__slurm"
+                ;;
+            gpuctl__subcmd__help__subcmd__slurm,epilog)
+                cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__epilog"
+                ;;
+            gpuctl__subcmd__help__subcmd__slurm,healthcheck)
+                cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__healthcheck"
+                ;;
+            gpuctl__subcmd__help__subcmd__slurm,prolog)
+                cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__prolog"
+                ;;
+            gpuctl__subcmd__slurm,epilog)
+                cmd="gpuctl__subcmd__slurm__subcmd__epilog"
+                ;;
+            gpuctl__subcmd__slurm,healthcheck)
+                cmd="gpuctl__subcmd__slurm__subcmd__healthcheck"
+                ;;
+            gpuctl__subcmd__slurm,help)
+                cmd="gpuctl__subcmd__slurm__subcmd__help"
+                ;;
+            gpuctl__subcmd__slurm,prolog)
+                cmd="gpuctl__subcmd__slurm__subcmd__prolog"
+                ;;
+            gpuctl__subcmd__slurm__subcmd__help,epilog)
+                cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__epilog"
+                ;;
+            gpuctl__subcmd__slurm__subcmd__help,healthcheck)
+                cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__healthcheck"
+                ;;
+            gpuctl__subcmd__slurm__subcmd__help,help)
+                cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__help"
+                ;;
+            gpuctl__subcmd__slurm__subcmd__help,prolog)
+                cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__prolog"
+                ;;
             *)
                 ;;
         esac
@@ -65,7 +104,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset fraction enable help"
+            opts="-h -V --color --help --version info kill clear reset fraction enable slurm help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -173,7 +212,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset fraction enable help"
+            opts="info kill clear reset fraction enable slurm help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -284,6 +323,62 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__help__subcmd__slurm)
+            opts="prolog epilog healthcheck"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__slurm__subcmd__epilog)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__slurm__subcmd__healthcheck)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__slurm__subcmd__prolog)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__info)
             opts="-h --gpu --json --watch --timeout --by --holders --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -376,6 +471,160 @@ _gpuctl() {
             fi
             case "${prev}" in
                 --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm)
+            opts="-h --color --help prolog epilog healthcheck help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__epilog)
+            opts="-h --timeout --no-drain --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__healthcheck)
+            opts="-h --node --dry-run --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --node)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help)
+            opts="prolog epilog healthcheck help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help__subcmd__epilog)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help__subcmd__healthcheck)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help__subcmd__prolog)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__prolog)
+            opts="-h --wait --no-drain --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --wait)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

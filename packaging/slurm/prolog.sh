@@ -1,27 +1,23 @@
 #!/bin/sh
 # Slurm Prolog for GPU nodes (slurm.conf: Prolog=/usr/share/gpuctl/slurm/prolog.sh).
 #
-# Before a job starts, reclaim what crashed runs left on the GPUs it was given and wait until
-# they are free. A non-zero exit makes Slurm drain the node and requeue the job: the right
-# outcome for a GPU that cannot be freed. Only the job's GPUs are touched; a job without
-# GPUs passes straight through.
+# Before a job starts, reclaim what crashed runs left on the GPUs it was given (only those)
+# and wait until they are free. If they are not, the node is drained with a reason naming
+# the GPU, the memory held and the process to blame ("gpuctl: GPU 1 (GPU-…): 6.0 GiB held,
+# pid 4242 (alice, python3)"), and the exit status 1 makes Slurm requeue the job. A job
+# without GPUs passes straight through. See `gpuctl slurm prolog --help`.
 #
-# Settings (environment of slurmd): GPUCTL (the gpuctl binary), GPUCTL_PROLOG_WAIT (how long
-# to wait for the GPUs, default 120s).
+# slurmd runs it with a bare environment (no PATH, none of slurmd's own variables), so
+# settings come from /etc/default/gpuctl when it exists (another file: GPUCTL_DEFAULTS):
+# GPUCTL (the gpuctl binary), GPUCTL_PROLOG_WAIT (how long to wait for the GPUs, default
+# 120s), and anything gpuctl reads (GPUCTL_CONFIG, GPUCTL_NVML_LIB).
 set -u
-gpuctl=${GPUCTL:-gpuctl}
-wait_for=${GPUCTL_PROLOG_WAIT:-120s}
-
-# SLURM_JOB_GPUS lists the job's GPU indices, comma-separated ("0,1").
-gpus=${SLURM_JOB_GPUS:-}
-[ -n "$gpus" ] || exit 0
-
-set --
-old_ifs=$IFS
-IFS=,
-for gpu in $gpus; do
-    set -- "$@" --gpu "$gpu"
-done
-IFS=$old_ifs
-
-exec "$gpuctl" clear "$@" --wait="$wait_for" --color never
+PATH=${PATH:-/usr/sbin:/usr/bin:/sbin:/bin}
+export PATH
+defaults=${GPUCTL_DEFAULTS:-/etc/default/gpuctl}
+if [ -r "$defaults" ]; then
+    set -a
+    . "$defaults"
+    set +a
+fi
+exec "${GPUCTL:-gpuctl}" slurm prolog --wait "${GPUCTL_PROLOG_WAIT:-120s}"

@@ -49,7 +49,31 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Every generated file: gpuctl(1), gpuctl-SUBCOMMAND(1), gpuctl-watchdog(8), gpuctl.toml(5)
+/// gpuctl-SUBCOMMAND(1) for each subcommand of `parent` (named `prefix`), and for theirs in
+/// turn: gpuctl-slurm(1), gpuctl-slurm-prolog(1), ...
+fn pages(
+    parent: &clap::Command,
+    prefix: &str,
+    files: &mut Vec<(PathBuf, Vec<u8>)>,
+) -> std::io::Result<()> {
+    for sub in parent
+        .get_subcommands()
+        .filter(|sub| sub.get_name() != "help")
+    {
+        let name = format!("{prefix}-{}", sub.get_name());
+        let page_of = sub
+            .clone()
+            .name(name.clone())
+            .after_help(gpuctl::cli::after_help());
+        let mut page = Vec::new();
+        clap_mangen::Man::new(page_of).render(&mut page)?;
+        files.push((PathBuf::from(format!("man/{name}.1")), page));
+        pages(sub, &name, files)?;
+    }
+    Ok(())
+}
+
+/// Every generated file: gpuctl(1), gpuctl-SUBCOMMAND(1) (and their subcommands' pages), gpuctl-watchdog(8), gpuctl.toml(5)
 /// and bash/zsh/fish completions.
 fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
     let mut command = gpuctl::cli::Cli::command();
@@ -59,19 +83,7 @@ fn generate() -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
     let mut page = Vec::new();
     clap_mangen::Man::new(command.clone()).render(&mut page)?;
     files.push((PathBuf::from("man/gpuctl.1"), page));
-    for sub in command
-        .get_subcommands()
-        .filter(|sub| sub.get_name() != "help")
-    {
-        let name = format!("gpuctl-{}", sub.get_name());
-        let sub = sub
-            .clone()
-            .name(name.clone())
-            .after_help(gpuctl::cli::after_help());
-        let mut page = Vec::new();
-        clap_mangen::Man::new(sub).render(&mut page)?;
-        files.push((PathBuf::from(format!("man/{name}.1")), page));
-    }
+    pages(&command, "gpuctl", &mut files)?;
     let mut watchdog = gpuctl_watchdog::cli::Cli::command();
     watchdog.build();
     let mut page = Vec::new();

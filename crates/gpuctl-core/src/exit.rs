@@ -48,12 +48,13 @@ pub const GPUCTL: Table = &[
         Exit::Failed,
         "the operation failed (info: a GPU is lost or cannot be read, the others are shown; \
          kill, clear: a selected process was skipped, refused, survived, or its memory is \
-         still held)",
+         still held; slurm prolog, epilog: the job's GPUs could not be made clean, and the \
+         node was drained)",
     ),
     (
         Exit::Usage,
         "usage error (bad option, bad value, unknown GPU or user, a needed --yes missing, an \
-         invalid or untrusted configuration file)",
+         invalid or untrusted configuration file, slurm prolog or epilog outside a job)",
     ),
     (
         Exit::Unavailable,

@@ -114,6 +114,73 @@ pub enum Command {
     /// them for eval: eval "$(gpuctl enable)". With one, run it with them set (no shell in
     /// between; its exit status is gpuctl's).
     Enable(EnableArgs),
+
+    /// Slurm's prolog, epilog and node health check for GPU nodes.
+    ///
+    /// What the scripts in /usr/share/gpuctl/slurm run, with the job's environment
+    /// (SLURM_JOB_ID, SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES, SLURMD_NODENAME). When a
+    /// job's GPUs cannot be made clean, the node is drained with a reason that starts with
+    /// "gpuctl:" and names the GPU, the memory held and the process to blame; the health
+    /// check resumes such a node once those GPUs are free, and never a node drained for any
+    /// other reason. Actions are logged to slurm.log, and each job's account (its peak GPU
+    /// memory, leftovers ended, memory reclaimed) to slurm-jobs.jsonl, both in the watchdog's
+    /// state directory (/var/lib/gpuctl).
+    #[command(subcommand)]
+    Slurm(SlurmCommand),
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SlurmCommand {
+    /// Before a job: reclaim crashed runs' leftovers on the job's GPUs only, and wait until
+    /// they are free; if they are not, drain the node with the reason and exit 1 (Slurm then
+    /// requeues the job).
+    Prolog(SlurmPrologArgs),
+
+    /// After a job: end what is left of it (by its cgroup, or by SLURM_JOB_ID in the
+    /// environment of processes no cgroup ties to a job), check its GPUs' memory is
+    /// released, restore the card settings it may have changed, and write its account. On
+    /// failure, drain the node with the reason and exit 1.
+    Epilog(SlurmEpilogArgs),
+
+    /// Slurm's HealthCheckProgram: resume this node if gpuctl drained it and the GPUs it
+    /// named are free now. A node drained for any other reason is left alone.
+    Healthcheck(SlurmHealthcheckArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmPrologArgs {
+    /// How long to wait for the job's GPUs to be free.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub wait: Duration,
+
+    /// Exit 1 on failure without draining the node (Slurm then drains it with its own
+    /// reason, "Prolog error").
+    #[arg(long)]
+    pub no_drain: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmEpilogArgs {
+    /// How long a leftover gets after SIGTERM before SIGKILL, and how long its memory may
+    /// take to be released.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Exit 1 on failure without draining the node (Slurm then drains it with its own
+    /// reason, "Epilog error").
+    #[arg(long)]
+    pub no_drain: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmHealthcheckArgs {
+    /// The node to check (default: SLURMD_NODENAME, else the short host name).
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+
+    /// Say what would be done, and resume nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -205,10 +205,7 @@ fn document(
 /// The watchdog's findings file in its state directory (the system configuration's
 /// `watchdog.state_dir`, else /var/lib/gpuctl), where it exists and can be read.
 fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFindings> {
-    let dir = match loaded.and_then(|l| l.system.as_ref()) {
-        Some((_, system)) => system.watchdog.state_path()?.to_path_buf(),
-        None => config::Watchdog::default().state_dir,
-    };
+    let dir = config::watchdog_state_dir(loaded)?;
     let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }

@@ -5,6 +5,7 @@ mod policy;
 mod reclaim;
 mod render;
 mod reset;
+mod slurm;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
         Command::Reset(args) => reset::run(&args, color),
         Command::Fraction(args) => policy::run_fraction(&args, color),
         Command::Enable(args) => policy::run_enable(&args),
+        Command::Slurm(command) => slurm::run(&command),
     };
     match result {
         Ok(exit) => ExitCode::from(exit),

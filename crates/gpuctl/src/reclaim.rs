@@ -14,7 +14,7 @@ use gpuctl_core::plan::{Guard, Outcome};
 use gpuctl_core::protect::{self, Protection};
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
-use gpuctl_core::select::{self, Criterion, Selector, Target};
+use gpuctl_core::select::{self, Criterion, Refusal, Selector, Target};
 use gpuctl_core::snapshot::HolderScan;
 use gpuctl_core::units;
 use gpuctl_core::verify::{self, WaitReport};
@@ -91,7 +91,15 @@ fn reclaim(
     .run(snapshot, targets)
 }
 
-pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
+/// What `gpuctl kill` did: the road's outcome for each target, and the pids it refused.
+pub struct Killed {
+    pub outcomes: Vec<Outcome>,
+    pub refused: Vec<Refusal>,
+}
+
+/// The kill road without its rendering: select, confirm (unless `--yes` or a dry run),
+/// signal, verify. `None` when no GPU process matches the selection.
+pub fn kill(args: &KillArgs) -> Result<Option<Killed>> {
     let uids = args
         .users
         .iter()
@@ -137,13 +145,20 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let guard = Guard::for_this_process(protection);
 
     if targets.is_empty() && refused.is_empty() {
-        eprintln!("gpuctl: no GPU process matches the selection");
-        return Ok(Exit::Ok);
+        return Ok(None);
     }
     if !args.dry_run && !args.yes {
         confirm(&targets, &guard, selector.is_all(), &args.how)?;
     }
     let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
+    Ok(Some(Killed { outcomes, refused }))
+}
+
+pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
+    let Some(Killed { outcomes, refused }) = kill(args)? else {
+        eprintln!("gpuctl: no GPU process matches the selection");
+        return Ok(Exit::Ok);
+    };
     let ok = outcomes.iter().all(Outcome::succeeded) && refused.is_empty();
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
@@ -162,7 +177,16 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     Ok(if ok { Exit::Ok } else { Exit::Failed })
 }
 
-pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
+/// What `gpuctl clear` did: the road's outcome for each leftover, what it only reported, and
+/// with `--wait`, how the wait ended.
+pub struct Cleared {
+    pub outcomes: Vec<Outcome>,
+    pub reported: Vec<Finding>,
+    pub wait: Option<WaitReport>,
+}
+
+/// The clear road without its rendering.
+pub fn clear(args: &ClearArgs) -> Result<Cleared> {
     let loaded = config::load()?;
     let gpus = open_gpus(&loaded)?;
     let places = resolve_places(&gpus, &args.gpus)?;
@@ -192,16 +216,16 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
             .as_deref()
             .is_none_or(|places| select::concerns(&snapshot, finding, places))
     };
-    let reported: Vec<&Finding> = findings
+    let reported: Vec<Finding> = findings
         .iter()
         .filter(|f| f.verdict == Verdict::Report)
         .chain(others.iter())
         .filter(on_selected)
         .filter(|f| !f.identity.is_some_and(|i| targeted.contains(&i.pid)))
+        .cloned()
         .collect();
 
     let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
-    let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
     let wait = match (args.wait, args.dry_run) {
         (Some(limit), false) => Some(verify::wait_until_free(
             &gpus,
@@ -211,6 +235,20 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         )?),
         _ => None,
     };
+    Ok(Cleared {
+        outcomes,
+        reported,
+        wait,
+    })
+}
+
+pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
+    let Cleared {
+        outcomes,
+        reported,
+        wait,
+    } = clear(args)?;
+    let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "clear",
@@ -219,7 +257,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         timeout_ms: args.how.timeout.as_millis() as u64,
         outcomes: &outcomes,
         refused: &[],
-        reported,
+        reported: reported.iter().collect(),
         wait: wait.clone(),
     };
     render::emit(args.json, &document, || table(&document, &style, true))?;

@@ -21,7 +21,8 @@ struct ResetDocument<'a> {
     gpus: &'a [GpuItems],
 }
 
-pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
+/// The reset road without its rendering: each GPU's items and how each ended.
+pub fn reset(args: &ResetArgs) -> Result<Vec<GpuItems>> {
     let chosen: Vec<ResetItem> = [
         (args.application_clocks, ResetItem::ApplicationClocks),
         (args.locked_clocks, ResetItem::LockedClocks),
@@ -74,6 +75,11 @@ pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
                 .collect(),
         });
     }
+    Ok(results)
+}
+
+pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
+    let results = reset(args)?;
     let failed = results
         .iter()
         .flat_map(|gpu| &gpu.items)

@@ -52,6 +52,16 @@ pub fn device_dir(loaded: Option<&Loaded>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/dev"))
 }
 
+/// The watchdog's state directory, where other programs read what it writes (findings,
+/// per-job peaks) and the Slurm commands keep their logs: the system configuration's
+/// `watchdog.state_dir`, else /var/lib/gpuctl; `None` when the configuration disables it.
+pub fn watchdog_state_dir(loaded: Option<&Loaded>) -> Option<PathBuf> {
+    match loaded.and_then(|l| l.system.as_ref()) {
+        Some((_, system)) => system.watchdog.state_path().map(Path::to_path_buf),
+        None => Some(Watchdog::default().state_dir),
+    }
+}
+
 /// Files larger than this are refused unread: a gpuctl config is a few lines.
 const MAX_SIZE: u64 = 1 << 20;
 
