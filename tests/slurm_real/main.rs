@@ -231,6 +231,22 @@ fn sbatch_smoke(mode: &Mode) {
     c.wait_node_idle(WAIT);
 }
 
+/// A drained node's state and reason (spaces and all) as [`Cluster::node_state`] reads
+/// them, and back to idle.
+fn drain_and_resume(mode: &Mode) {
+    let c = &mode.cluster;
+    let host = format!("nodename={}", c.host());
+    let out = c.scontrol(&["update", &host, "state=drain", "reason=gpu 1 not free [x]"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (state, reason) = c.node_state();
+    assert!(state.contains("DRAIN"), "{state} ({reason})");
+    assert_eq!(reason, "gpu 1 not free [x]");
+    let out = c.scontrol(&["update", &host, "state=resume"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.wait_node_idle(WAIT);
+    assert_eq!(c.node_state(), ("IDLE".to_string(), String::new()));
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // The tests of a mode share its cluster (and the two clusters share the machine).
@@ -243,6 +259,7 @@ fn main() {
             scripts_get_a_clean_environment,
         ),
         ("sbatch_smoke", sbatch_smoke),
+        ("drain_and_resume", drain_and_resume),
     ];
     let mut trials = Vec::new();
     for tracking in [Tracking::Cgroup, Tracking::Linuxproc] {
