@@ -389,6 +389,13 @@ impl Cluster {
             for (name, value) in &spec.script_env {
                 let _ = writeln!(text, "export {name}={}", sh_quote(value));
             }
+            // Slurm gives the Prolog and Epilog SLURM_CONF, but not the health check: on a
+            // real node scontrol finds /etc/slurm/slurm.conf; here it is told where ours is.
+            let _ = writeln!(
+                text,
+                "[ -n \"${{SLURM_CONF:-}}\" ] || SLURM_CONF={}\nexport SLURM_CONF",
+                sh_quote(&self.conf.display().to_string())
+            );
             let _ = writeln!(
                 text,
                 "exec {} \"$@\"",
@@ -433,19 +440,36 @@ impl Cluster {
             mode = self.tracking.name(),
             first_job = first_job_id(),
         );
-        if let Some(p) = &prolog {
-            let _ = writeln!(conf, "Prolog={}", p.display());
-        }
-        if let Some(p) = &epilog {
-            let _ = writeln!(conf, "Epilog={}", p.display());
-        }
-        if let Some(p) = &health {
-            let _ = writeln!(
-                conf,
-                "HealthCheckProgram={}\nHealthCheckInterval={}",
-                p.display(),
-                spec.health_check_interval
-            );
+        // gpuctl's lines as the README gives them to admins (packaging/slurm's example),
+        // with the scripts behind this cluster's wrappers and the test's interval.
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/slurm/slurm.conf.example");
+        let example =
+            std::fs::read_to_string(&example).map_err(|e| format!("{}: {e}", example.display()))?;
+        for line in example.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let script = [
+                ("prolog", &prolog),
+                ("epilog", &epilog),
+                ("healthcheck", &health),
+            ]
+            .into_iter()
+            .find(|(name, _)| line.ends_with(&format!("/usr/share/gpuctl/slurm/{name}.sh")));
+            match script {
+                Some((_, None)) => continue,
+                Some((_, Some(wrapper))) => {
+                    let key = line.split('=').next().unwrap_or_default();
+                    let _ = writeln!(conf, "{key}={}", wrapper.display());
+                }
+                None if line.starts_with("HealthCheckInterval=") => {
+                    let _ = writeln!(conf, "HealthCheckInterval={}", spec.health_check_interval);
+                }
+                None => {
+                    let _ = writeln!(conf, "{line}");
+                }
+            }
         }
         let _ = write!(
             conf,

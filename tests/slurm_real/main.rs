@@ -11,8 +11,10 @@
 mod util;
 
 mod cluster;
+mod jobs;
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -22,12 +24,21 @@ use util::Sim;
 
 const GPUS: usize = 2;
 
-/// A started cluster and what it is built on (the sim whose device files it uses).
+/// A started cluster and what it is built on (the sim whose device files it uses), with a
+/// gpuctl-watchdog on the same sim.
 pub struct Mode {
     pub cluster: Cluster,
     pub sim: Sim,
     /// Where the Prolog and Epilog scripts of these tests write (`prolog.log`, ...).
     pub out: PathBuf,
+    pub watchdog: Child,
+}
+
+impl Drop for Mode {
+    fn drop(&mut self) {
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
+    }
 }
 
 /// The cluster of each mode: None until a test of the mode runs; Err when it could not
@@ -51,12 +62,31 @@ fn scenario(dev: &Path) -> String {
     )
 }
 
-/// A script recording, one line per run, the job and its GPUs as the wrapper's environment
-/// and Slurm give them.
+/// What Slurm runs (through the cluster's wrapper): a line recording the run, with the job
+/// and its GPUs as the wrapper's environment and Slurm give them, then packaging/slurm's
+/// script, unchanged.
 const RECORDER: &str = r#"#!/bin/sh
 echo "job=$SLURM_JOB_ID gpus=$SLURM_JOB_GPUS myvar=$MYVAR" >>"$RECORD_DIR/NAME.log"
 env >"$RECORD_DIR/NAME.env"
+exec "$PACKAGING/NAME.sh"
 "#;
+
+/// Seconds between Slurm's runs of the health check.
+const HEALTH_CHECK_INTERVAL: u32 = 2;
+
+/// What points gpuctl (and the watchdog) at the sim: NVML, scenario, configuration, device
+/// and state directories.
+fn gpuctl_env(sim: &Sim) -> Vec<(String, String)> {
+    let command = sim.gpuctl(&[]);
+    let mut env: Vec<(String, String)> = command
+        .get_envs()
+        .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v?.to_str()?.to_string())))
+        .collect();
+    let state = sim.dir.path().join("state").display().to_string();
+    env.retain(|(k, _)| k != "GPUCTL_STATE_DIR");
+    env.push(("GPUCTL_STATE_DIR".into(), state));
+    env
+}
 
 fn start_mode(tracking: Tracking) -> Result<Mode, String> {
     cluster::ensure_slurm()?;
@@ -71,6 +101,18 @@ fn start_mode(tracking: Tracking) -> Result<Mode, String> {
             info.stderr
         ));
     }
+    // The watchdog (every 250 ms, reporting only) and the Slurm commands share a state
+    // directory: peaks, slurm.log, slurm-jobs.jsonl.
+    let state = sim.dir.path().join("state");
+    std::fs::write(
+        sim.config_path(),
+        format!(
+            "[watchdog]\ninterval = \"250ms\"\nmetrics_file = \"\"\nstate_dir = \"{}\"\n",
+            state.display()
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", sim.config_path().display()))?;
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/slurm");
     let out = sim.dir.path().join("scripts-out");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let mut scripts = Vec::new();
@@ -89,14 +131,39 @@ fn start_mode(tracking: Tracking) -> Result<Mode, String> {
         prolog: Some(scripts[0].clone()),
         epilog: Some(scripts[1].clone()),
         health_check: Some(scripts[2].clone()),
-        health_check_interval: 60,
-        script_env: vec![
-            ("MYVAR".into(), "from the wrapper's 'env'".into()),
+        // Often, for the tests of undraining.
+        health_check_interval: HEALTH_CHECK_INTERVAL,
+        script_env: [
+            ("MYVAR".to_string(), "from the wrapper's 'env'".to_string()),
             ("RECORD_DIR".into(), out.display().to_string()),
-        ],
+            ("PACKAGING".into(), packaging.display().to_string()),
+            ("GPUCTL".into(), util::gpuctl_bin().display().to_string()),
+            // Nothing of this machine's /etc/default/gpuctl.
+            ("GPUCTL_DEFAULTS".into(), "/nonexistent".into()),
+            ("GPUCTL_PROLOG_WAIT".into(), "10s".into()),
+            ("GPUCTL_EPILOG_TIMEOUT".into(), "2s".into()),
+        ]
+        .into_iter()
+        .chain(gpuctl_env(&sim))
+        .collect(),
     };
     let cluster = Cluster::try_start(tracking, spec)?;
-    Ok(Mode { cluster, sim, out })
+    let watchdog = Command::new(util::watchdog_bin())
+        .envs(gpuctl_env(&sim))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(sim.dir.path().join("watchdog.log"))
+                .map_err(|e| format!("watchdog.log: {e}"))?,
+        )
+        .spawn()
+        .map_err(|e| format!("cannot start gpuctl-watchdog: {e}"))?;
+    Ok(Mode {
+        cluster,
+        sim,
+        out,
+        watchdog,
+    })
 }
 
 /// Runs `test` on the mode's cluster, starting it first if this is the mode's first test.
@@ -247,6 +314,25 @@ fn drain_and_resume(mode: &Mode) {
     assert_eq!(c.node_state(), ("IDLE".to_string(), String::new()));
 }
 
+/// The slurm.conf lines the README tells admins to add are the ones the clusters here run
+/// (packaging/slurm/slurm.conf.example, which the harness builds its configuration from).
+fn readme_gives_the_lines_the_harness_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let example = std::fs::read_to_string(root.join("packaging/slurm/slurm.conf.example"))
+        .expect("slurm.conf.example");
+    let lines: Vec<&str> = example
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(lines.len() >= 4, "{example}");
+    let block = format!("```\n{}\n```", lines.join("\n"));
+    assert!(
+        readme.contains(&block),
+        "README.md's Slurm section must show, as one block:\n{block}"
+    );
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // The tests of a mode share its cluster (and the two clusters share the machine).
@@ -260,6 +346,26 @@ fn main() {
         ),
         ("sbatch_smoke", sbatch_smoke),
         ("drain_and_resume", drain_and_resume),
+        (
+            "job_is_named_accounted_and_cleaned_up",
+            jobs::job_is_named_accounted_and_cleaned_up,
+        ),
+        (
+            "a_job_ending_leaves_the_other_gpus_job_alone",
+            jobs::a_job_ending_leaves_the_other_gpus_job_alone,
+        ),
+        (
+            "held_memory_drains_with_the_reason_and_the_health_check_resumes",
+            jobs::held_memory_drains_with_the_reason_and_the_health_check_resumes,
+        ),
+        (
+            "an_admins_drain_is_never_resumed",
+            jobs::an_admins_drain_is_never_resumed,
+        ),
+        (
+            "the_prolog_clears_a_leftover_on_the_jobs_gpu",
+            jobs::the_prolog_clears_a_leftover_on_the_jobs_gpu,
+        ),
     ];
     let mut trials = Vec::new();
     for tracking in [Tracking::Cgroup, Tracking::Linuxproc] {
@@ -270,6 +376,13 @@ fn main() {
             ));
         }
     }
+    trials.push(Trial::test(
+        "readme_gives_the_lines_the_harness_runs",
+        || {
+            readme_gives_the_lines_the_harness_runs();
+            Ok(())
+        },
+    ));
     let conclusion = libtest_mimic::run(&args, trials);
     stop_all();
     conclusion.exit();

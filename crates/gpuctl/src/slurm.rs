@@ -51,7 +51,7 @@ pub fn run(command: &SlurmCommand) -> Result<Exit> {
 /// The job slurmd runs a prolog or epilog for, from the environment it gives them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Job {
-    id: String,
+    id: u64,
     /// As Slurm names them: GPU indices, or UUIDs (GPU-…, MIG-…).
     gpus: Vec<String>,
     user: Option<String>,
@@ -66,9 +66,9 @@ impl Job {
                 "SLURM_JOB_ID is not set: run this as slurmd's Prolog or Epilog".into(),
             ))
         })?;
-        if !id.bytes().all(|b| b.is_ascii_digit()) {
+        let Ok(id) = id.parse::<u64>() else {
             return Err(Usage(format!("SLURM_JOB_ID '{id}' is not a job id")).into());
-        }
+        };
         Ok(Job {
             id,
             gpus: job_gpus(
@@ -587,7 +587,7 @@ struct AccountLine {
     schema: u32,
     time: String,
     node: String,
-    job: String,
+    job: u64,
     user: Option<String>,
     gpus: Vec<AccountGpu>,
     /// Where the peaks come from: `watchdog` (it saw the job), or `none` (no watchdog ran,
@@ -684,7 +684,7 @@ impl Account {
             schema: ACCOUNT_SCHEMA,
             time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             node: self.job.node.clone(),
-            job: self.job.id.clone(),
+            job: self.job.id,
             user: self
                 .job
                 .user
