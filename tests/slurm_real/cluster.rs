@@ -7,8 +7,6 @@
 //! nothing of slurmd's), so the cluster points them at small generated wrappers that export
 //! the caller's variables and exec the real script.
 
-#![allow(dead_code)]
-
 use std::fmt::Write as _;
 use std::io::Read;
 use std::net::TcpListener;
@@ -280,7 +278,6 @@ fn reap_stepd_zombies() {
 pub struct Cluster {
     tracking: Tracking,
     host: String,
-    gpus: usize,
     dir: tempfile::TempDir,
     conf: PathBuf,
     munged: Option<Child>,
@@ -291,12 +288,7 @@ pub struct Cluster {
 impl Cluster {
     /// Installs Slurm if needed (scripts/fetch-slurm, once per process), writes the
     /// configuration, starts munged, slurmctld and slurmd, and waits for the node to be
-    /// idle. Panics with the reason (and the daemons' logs) when it cannot.
-    pub fn start(tracking: Tracking, spec: ClusterSpec) -> Cluster {
-        Cluster::try_start(tracking, spec).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// [`Cluster::start`], the failure as a message.
+    /// idle. `Err`: why it could not, with the daemons' logs.
     pub fn try_start(tracking: Tracking, spec: ClusterSpec) -> Result<Cluster, String> {
         ensure_slurm()?;
         // slurmd's daemonized slurmstepd processes (and jobs' orphans) are reparented to
@@ -329,7 +321,6 @@ impl Cluster {
         let mut cluster = Cluster {
             tracking,
             host: short_hostname(),
-            gpus: spec.gpus,
             conf: dir.path().join("slurm.conf"),
             dir,
             munged: None,
@@ -615,21 +606,8 @@ impl Cluster {
         &self.host
     }
 
-    pub fn gpus(&self) -> usize {
-        self.gpus
-    }
-
-    /// The cluster's scratch directory (configuration, state, logs; jobs/ for batch output).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn conf(&self) -> &Path {
-        &self.conf
-    }
-
     /// What a command the test runs itself needs to talk to this cluster.
-    pub fn slurm_env(&self) -> Vec<(String, String)> {
+    fn slurm_env(&self) -> Vec<(String, String)> {
         vec![
             ("SLURM_CONF".into(), self.conf.display().to_string()),
             ("PATH".into(), search_path()),
@@ -637,7 +615,7 @@ impl Cluster {
     }
 
     /// A Slurm client (srun, sbatch, scontrol, squeue, sinfo, scancel) for this cluster.
-    pub fn command(&self, tool: &str) -> Command {
+    fn command(&self, tool: &str) -> Command {
         let mut command = Command::new(self.find(tool).unwrap_or_else(|e| panic!("{e}")));
         command
             .envs(self.slurm_env())
