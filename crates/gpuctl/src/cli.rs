@@ -299,8 +299,8 @@ pub struct KillArgs {
     pub pids: Vec<u32>,
 
     /// Processes of this user (name or uid). Repeat for several.
-    #[arg(long = "user", value_name = "USER")]
-    pub users: Vec<String>,
+    #[arg(long = "user", value_name = "USER", value_parser = parse_user)]
+    pub users: Vec<u32>,
 
     /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
     /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several.
@@ -393,6 +393,18 @@ pub struct ClearArgs {
 
 fn parse_signal(text: &str) -> Result<Signal, String> {
     Signal::parse(text)
+}
+
+/// A user name or uid, as a uid.
+fn parse_user(user: &str) -> Result<u32, String> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Ok(found.uid.as_raw()),
+        Ok(None) => Err(format!("no such user '{user}'")),
+        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
+    }
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {

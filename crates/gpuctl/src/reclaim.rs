@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::io::{self, IsTerminal};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use gpuctl_core::act::Escalation;
 use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
 use gpuctl_core::config;
@@ -27,13 +27,24 @@ use gpuctl::cli::{ClearArgs, KillArgs, SignalArgs};
 /// Per-process utilization is read over this window: activity in it is evidence of life.
 const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 
-/// NVML, every per-GPU call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the
-/// configuration's nvml_timeout, 10 s).
-fn open_gpus(loaded: &config::Loaded) -> Result<Gpus> {
-    Ok(Gpus::open_within(nvml::timeout(
-        None,
-        loaded.nvml_timeout(),
-    )?)?)
+/// What the reclaim road reads before it looks: the configuration, and NVML with every
+/// per-GPU call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the configuration's
+/// nvml_timeout, 10 s). Opened once per command, whatever walks the road after.
+pub struct Session {
+    pub loaded: config::Loaded,
+    pub gpus: Gpus,
+}
+
+impl Session {
+    pub fn open() -> Result<Session> {
+        Session::with(config::load()?)
+    }
+
+    /// NVML opened under the configuration already read.
+    pub fn with(loaded: config::Loaded) -> Result<Session> {
+        let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
+        Ok(Session { loaded, gpus })
+    }
 }
 
 /// The GPUs and MIG instances `--gpu` names; `None` without `--gpu`.
@@ -99,23 +110,17 @@ pub struct Killed {
 
 /// The kill road without its rendering: select, confirm (unless `--yes` or a dry run),
 /// signal, verify. `None` when no GPU process matches the selection.
-pub fn kill(args: &KillArgs) -> Result<Option<Killed>> {
-    let uids = args
-        .users
-        .iter()
-        .map(|user| resolve_user(user))
-        .collect::<Result<Vec<u32>>>()?;
-    let loaded = config::load()?;
-    let gpus = open_gpus(&loaded)?;
+pub fn kill(args: &KillArgs, session: &Session) -> Result<Option<Killed>> {
+    let Session { loaded, gpus } = session;
     let mut criteria = Vec::new();
-    if let Some(places) = resolve_places(&gpus, &args.gpus)? {
+    if let Some(places) = resolve_places(gpus, &args.gpus)? {
         criteria.push(Criterion::Gpus(places));
     }
     if !args.pids.is_empty() {
         criteria.push(Criterion::Pids(args.pids.clone()));
     }
-    if !uids.is_empty() {
-        criteria.push(Criterion::Uids(uids));
+    if !args.users.is_empty() {
+        criteria.push(Criterion::Uids(args.users.clone()));
     }
     if !args.owners.is_empty() {
         criteria.push(Criterion::Owners(args.owners.clone()));
@@ -140,7 +145,7 @@ pub fn kill(args: &KillArgs) -> Result<Option<Killed>> {
     })?;
     // An explicit kill is the admin's call: only protected commands are spared, not users.
     let protection = Protection::configured(&loaded.protect()).programs_only();
-    let (snapshot, findings) = classified(&gpus, &Policy::default(), None, &protection)?;
+    let (snapshot, findings) = classified(gpus, &Policy::default(), None, &protection)?;
     let (targets, refused) = select::select(&snapshot, &findings, &selector);
     let guard = Guard::for_this_process(protection);
 
@@ -150,12 +155,12 @@ pub fn kill(args: &KillArgs) -> Result<Option<Killed>> {
     if !args.dry_run && !args.yes {
         confirm(&targets, &guard, selector.is_all(), &args.how)?;
     }
-    let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
+    let outcomes = reclaim(gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
     Ok(Some(Killed { outcomes, refused }))
 }
 
 pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
-    let Some(Killed { outcomes, refused }) = kill(args)? else {
+    let Some(Killed { outcomes, refused }) = kill(args, &Session::open()?)? else {
         eprintln!("gpuctl: no GPU process matches the selection");
         return Ok(Exit::Ok);
     };
@@ -186,20 +191,19 @@ pub struct Cleared {
 }
 
 /// The clear road without its rendering.
-pub fn clear(args: &ClearArgs) -> Result<Cleared> {
-    let loaded = config::load()?;
-    let gpus = open_gpus(&loaded)?;
-    let places = resolve_places(&gpus, &args.gpus)?;
+pub fn clear(args: &ClearArgs, session: &Session) -> Result<Cleared> {
+    let Session { loaded, gpus } = session;
+    let places = resolve_places(gpus, &args.gpus)?;
     let policy = Policy {
         include_stopped: args.include_stopped,
         ..Policy::default()
     };
     let protection = Protection::configured(&loaded.protect());
     let holders = args.holders.then(|| HolderScan {
-        dev_dir: config::device_dir(Some(&loaded)),
+        dev_dir: config::device_dir(Some(loaded)),
         above_unattributed: None,
     });
-    let (snapshot, findings) = classified(&gpus, &policy, holders, &protection)?;
+    let (snapshot, findings) = classified(gpus, &policy, holders, &protection)?;
     let guard = Guard::for_this_process(protection);
     // Leftovers of dead runs; clear enforces no policy.
     let leftovers: Vec<Finding> = findings
@@ -225,10 +229,10 @@ pub fn clear(args: &ClearArgs) -> Result<Cleared> {
         .cloned()
         .collect();
 
-    let outcomes = reclaim(&gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
+    let outcomes = reclaim(gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
     let wait = match (args.wait, args.dry_run) {
         (Some(limit), false) => Some(verify::wait_until_free(
-            &gpus,
+            gpus,
             places.as_deref(),
             limit,
             args.min_free,
@@ -247,7 +251,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         outcomes,
         reported,
         wait,
-    } = clear(args)?;
+    } = clear(args, &Session::open()?)?;
     let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
@@ -348,17 +352,6 @@ fn confirm(targets: &[Target], guard: &Guard, all: bool, how: &SignalArgs) -> Re
 
 fn usage(message: &str) -> anyhow::Error {
     anyhow::Error::new(Usage(message.to_string()))
-}
-
-fn resolve_user(user: &str) -> Result<u32> {
-    if let Ok(uid) = user.parse::<u32>() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(found)) => Ok(found.uid.as_raw()),
-        Ok(None) => Err(usage(&format!("no such user '{user}'"))),
-        Err(error) => bail!("cannot look up user '{user}': {error}"),
-    }
 }
 
 fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String {

@@ -22,7 +22,7 @@ struct ResetDocument<'a> {
 }
 
 /// The reset road without its rendering: each GPU's items and how each ended.
-pub fn reset(args: &ResetArgs) -> Result<Vec<GpuItems>> {
+pub fn reset(args: &ResetArgs, gpus: &Gpus) -> Result<Vec<GpuItems>> {
     let chosen: Vec<ResetItem> = [
         (args.application_clocks, ResetItem::ApplicationClocks),
         (args.locked_clocks, ResetItem::LockedClocks),
@@ -39,7 +39,6 @@ pub fn reset(args: &ResetArgs) -> Result<Vec<GpuItems>> {
     } else {
         chosen
     };
-    let gpus = Gpus::open_within(nvml::timeout(None, config::load()?.nvml_timeout())?)?;
     // A MIG instance (`--gpu MIG-...`, `0/9`, as a Slurm epilog passes a job's slice) has no
     // settings of its own: the card's are shared by its other instances' tenants.
     let places = if args.gpus.is_empty() {
@@ -53,7 +52,7 @@ pub fn reset(args: &ResetArgs) -> Result<Vec<GpuItems>> {
         .map(|p| p.gpu)
         .collect();
     let peaks = PeakStore::default_location();
-    let mut results = cardset::reset(&gpus, &indices, &items, args.dry_run, peaks.as_ref());
+    let mut results = cardset::reset(gpus, &indices, &items, args.dry_run, peaks.as_ref());
     for place in places.iter().filter(|p| p.gpu_instance.is_some()) {
         let why = format!(
             "GPU {}/{} is a MIG instance; card settings and peak marks are the whole GPU's, \
@@ -79,7 +78,8 @@ pub fn reset(args: &ResetArgs) -> Result<Vec<GpuItems>> {
 }
 
 pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
-    let results = reset(args)?;
+    let gpus = Gpus::open_within(nvml::timeout(None, config::load()?.nvml_timeout())?)?;
+    let results = reset(args, &gpus)?;
     let failed = results
         .iter()
         .flat_map(|gpu| &gpu.items)

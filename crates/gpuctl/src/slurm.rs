@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use gpuctl_core::act::Signal;
 use gpuctl_core::config;
-use gpuctl_core::nvml::{self, Gpus, Place};
+use gpuctl_core::nvml::{Gpus, Place};
 use gpuctl_core::plan::Outcome;
 use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::snapshot::peaks::{OwnerPeaks, PeakStore};
@@ -22,7 +22,7 @@ use gpuctl_core::verify::{self, GpuState};
 use gpuctl_core::{Snapshot, SnapshotOptions};
 use serde::Serialize;
 
-use crate::reclaim::{self, Cleared, Killed};
+use crate::reclaim::{self, Cleared, Killed, Session};
 use crate::{Exit, Usage, reset};
 use gpuctl::cli::{
     ClearArgs, KillArgs, ResetArgs, SignalArgs, SlurmCommand, SlurmEpilogArgs,
@@ -128,10 +128,31 @@ fn node_name(given: Option<&str>) -> String {
 
 fn prolog(args: &SlurmPrologArgs) -> Result<Exit> {
     let job = Job::from_env()?;
-    let log = Log::open("prolog");
     if job.gpus.is_empty() {
         return Ok(Exit::Ok);
     }
+    let (log, session) = open("prolog");
+    match session.and_then(|session| prolog_steps(&job, args, &session, &log)) {
+        Ok(problems) if problems.is_empty() => Ok(Exit::Ok),
+        Ok(problems) => {
+            drain_or_log(&log, &job.node, &drain_reason(&problems), args.no_drain);
+            Ok(Exit::Failed)
+        }
+        Err(error) => {
+            let reason = drain_reason(&[format!("prolog of job {}: {error:#}", job.id)]);
+            drain_or_log(&log, &job.node, &reason, args.no_drain);
+            Err(error)
+        }
+    }
+}
+
+/// `clear --wait` on the job's GPUs. Returns what is wrong, the parts of the drain reason.
+fn prolog_steps(
+    job: &Job,
+    args: &SlurmPrologArgs,
+    session: &Session,
+    log: &Log,
+) -> Result<Vec<String>> {
     let clear = ClearArgs {
         gpus: job.gpus.clone(),
         include_stopped: false,
@@ -145,15 +166,7 @@ fn prolog(args: &SlurmPrologArgs) -> Result<Exit> {
         dry_run: false,
         json: false,
     };
-    let cleared = match reclaim::clear(&clear) {
-        Ok(cleared) => cleared,
-        Err(error) => {
-            let reason = format!("{REASON_PREFIX} prolog of job {}: {error:#}", job.id);
-            drain_or_log(&log, &job.node, &reason, args.no_drain);
-            return Err(error);
-        }
-    };
-    let Cleared { outcomes, wait, .. } = cleared;
+    let Cleared { outcomes, wait, .. } = reclaim::clear(&clear, session)?;
     let ended = outcomes.iter().filter(|o| o.succeeded()).count();
     if ended > 0 {
         log.line(&format!(
@@ -166,34 +179,27 @@ fn prolog(args: &SlurmPrologArgs) -> Result<Exit> {
     let not_free: Vec<GpuState> = wait
         .map(|w| w.gpus.into_iter().filter(|g| !g.free).collect())
         .unwrap_or_default();
-    if not_free.is_empty() {
-        return Ok(Exit::Ok);
-    }
-    let reason = format!(
-        "{REASON_PREFIX} {}",
-        blame(&not_free, &outcomes, &held_by(&not_free))
-    );
-    drain_or_log(&log, &job.node, &reason, args.no_drain);
-    Ok(Exit::Failed)
+    let seen = held_by(&session.gpus, &not_free);
+    Ok(blame(&not_free, &outcomes, seen.as_ref()))
 }
 
 fn epilog(args: &SlurmEpilogArgs) -> Result<Exit> {
     let job = Job::from_env()?;
-    let log = Log::open("epilog");
+    let (log, session) = open("epilog");
     let mut account = Account::new(&job);
-    match epilog_steps(&job, args, &mut account) {
+    match session.and_then(|session| epilog_steps(&job, args, &session, &mut account)) {
         Ok(problems) if problems.is_empty() => {
             account.finish(&log, None);
             Ok(Exit::Ok)
         }
         Ok(problems) => {
-            let reason = cap(&format!("{REASON_PREFIX} {}", problems.join("; ")));
+            let reason = drain_reason(&problems);
             account.finish(&log, Some(&reason));
             drain_or_log(&log, &job.node, &reason, args.no_drain);
             Ok(Exit::Failed)
         }
         Err(error) => {
-            let reason = format!("{REASON_PREFIX} epilog of job {}: {error:#}", job.id);
+            let reason = drain_reason(&[format!("epilog of job {}: {error:#}", job.id)]);
             account.finish(&log, Some(&reason));
             drain_or_log(&log, &job.node, &reason, args.no_drain);
             Err(error)
@@ -202,8 +208,13 @@ fn epilog(args: &SlurmEpilogArgs) -> Result<Exit> {
 }
 
 /// End the job's leftovers, check its GPUs are released, restore their settings. Returns
-/// what went wrong, each part of the drain reason.
-fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Result<Vec<String>> {
+/// what went wrong, the parts of the drain reason.
+fn epilog_steps(
+    job: &Job,
+    args: &SlurmEpilogArgs,
+    session: &Session,
+    account: &mut Account,
+) -> Result<Vec<String>> {
     let kill = KillArgs {
         gpus: Vec::new(),
         pids: Vec::new(),
@@ -222,7 +233,7 @@ fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Res
         json: false,
     };
     let mut problems = Vec::new();
-    let (outcomes, refused) = match reclaim::kill(&kill)? {
+    let (outcomes, refused) = match reclaim::kill(&kill, session)? {
         Some(Killed { outcomes, refused }) => (outcomes, refused),
         None => (Vec::new(), Vec::new()),
     };
@@ -231,8 +242,7 @@ fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Res
         problems.push(format!("pid {}: {}", refusal.pid, refusal.reason));
     }
 
-    let loaded = config::load()?;
-    let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
+    let gpus = &session.gpus;
     let places = if job.gpus.is_empty() {
         Vec::new()
     } else {
@@ -241,20 +251,17 @@ fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Res
     let not_free: Vec<GpuState> = if places.is_empty() {
         Vec::new()
     } else {
-        verify::wait_until_free(&gpus, Some(&places), args.timeout, None)?
+        verify::wait_until_free(gpus, Some(&places), args.timeout, None)?
             .gpus
             .into_iter()
             .filter(|g| !g.free)
             .collect()
     };
-    if let Some(seen) = look(&gpus, &places) {
-        account.allocated(&seen, &places);
-        if !not_free.is_empty() {
-            problems.push(blame(&not_free, &outcomes, &Some(seen)));
-        }
-    } else if !not_free.is_empty() {
-        problems.push(blame(&not_free, &outcomes, &None));
+    let seen = look(gpus, &places);
+    if let Some(seen) = &seen {
+        account.allocated(seen, &places);
     }
+    problems.extend(blame(&not_free, &outcomes, seen.as_ref()));
     // A leftover that would not die, on a GPU the job was not given (or with none).
     for outcome in outcomes.iter().filter(|o| !o.succeeded()) {
         let on_reported = outcome
@@ -277,17 +284,20 @@ fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Res
     }
 
     if !job.gpus.is_empty() {
-        let results = reset::reset(&ResetArgs {
-            gpus: job.gpus.clone(),
-            application_clocks: false,
-            locked_clocks: false,
-            memory_locked_clocks: false,
-            compute_mode: false,
-            accounting: false,
-            peaks: false,
-            dry_run: false,
-            json: false,
-        })?;
+        let results = reset::reset(
+            &ResetArgs {
+                gpus: job.gpus.clone(),
+                application_clocks: false,
+                locked_clocks: false,
+                memory_locked_clocks: false,
+                compute_mode: false,
+                accounting: false,
+                peaks: false,
+                dry_run: false,
+                json: false,
+            },
+            gpus,
+        )?;
         for gpu in &results {
             for item in gpu.items.iter().filter(|i| i.outcome.is_failure()) {
                 problems.push(format!(
@@ -302,11 +312,18 @@ fn epilog_steps(job: &Job, args: &SlurmEpilogArgs, account: &mut Account) -> Res
     Ok(problems)
 }
 
-/// One look at the GPUs that are not free, for who holds them.
-fn held_by(not_free: &[GpuState]) -> Option<Snapshot> {
-    let gpus = Gpus::open_within(nvml::timeout(None, None).ok()?).ok()?;
+/// The configuration, the log it places, and NVML: read once per command.
+fn open(command: &'static str) -> (Log, Result<Session>) {
+    match config::load() {
+        Ok(loaded) => (Log::new(command, Some(&loaded)), Session::with(loaded)),
+        Err(error) => (Log::new(command, None), Err(error.into())),
+    }
+}
+
+/// One look at the GPUs that are not free, for who holds them; none when all are.
+fn held_by(gpus: &Gpus, not_free: &[GpuState]) -> Option<Snapshot> {
     let places: Vec<Place> = not_free.iter().map(|g| Place::whole(g.index)).collect();
-    look(&gpus, &places)
+    look(gpus, &places)
 }
 
 /// One look at `places`' GPUs: their UUIDs, MIG instances and processes.
@@ -329,16 +346,19 @@ fn look(gpus: &Gpus, places: &[Place]) -> Option<Snapshot> {
     .ok()
 }
 
-/// The part of a drain reason that names, for each GPU that is not free, its UUID, the
-/// memory held and the processes holding it, each marked if gpuctl signalled it and it did
-/// not exit: "GPU 1 (GPU-…): 6 GiB held, pid 4242 (alice, python3) did not exit".
-fn blame(not_free: &[GpuState], outcomes: &[Outcome], seen: &Option<Snapshot>) -> String {
-    let parts: Vec<String> = not_free
+/// "gpuctl: " and the parts, `; `-separated, at most [`REASON_MAX_CHARS`].
+fn drain_reason(parts: &[String]) -> String {
+    cap(&format!("{REASON_PREFIX} {}", parts.join("; ")))
+}
+
+/// For each GPU that is not free, a part of a drain reason naming its UUID, the memory held
+/// and the processes holding it, each marked if gpuctl signalled it and it did not exit:
+/// "GPU 1 (GPU-…): 6 GiB held, pid 4242 (alice, python3) did not exit".
+fn blame(not_free: &[GpuState], outcomes: &[Outcome], seen: Option<&Snapshot>) -> Vec<String> {
+    not_free
         .iter()
         .map(|state| {
-            let device = seen
-                .as_ref()
-                .and_then(|s| s.devices.iter().find(|d| d.index == state.index));
+            let device = seen.and_then(|s| s.devices.iter().find(|d| d.index == state.index));
             let instance = state.gpu_instance.and_then(|gi| {
                 device?
                     .mig_devices
@@ -388,8 +408,7 @@ fn blame(not_free: &[GpuState], outcomes: &[Outcome], seen: &Option<Snapshot>) -
                 _ => format!("{place}: {held}, {}", holders.join(", ")),
             }
         })
-        .collect();
-    cap(&parts.join("; "))
+        .collect()
 }
 
 fn process_label(pid: u32, user: &str, command: &str) -> String {
@@ -482,7 +501,8 @@ fn scontrol(args: &[&str]) -> Result<String, String> {
 }
 
 fn healthcheck(args: &SlurmHealthcheckArgs) -> Result<Exit> {
-    let log = Log::open("healthcheck");
+    let loaded = config::load()?;
+    let log = Log::new("healthcheck", Some(&loaded));
     let node = node_name(args.node.as_deref());
     let shown = scontrol(&["show", "node", &node]).map_err(anyhow::Error::msg)?;
     let state = NodeState::parse(&shown)
@@ -498,8 +518,8 @@ fn healthcheck(args: &SlurmHealthcheckArgs) -> Result<Exit> {
         // An admin's drain (or Slurm's own): theirs to lift.
         return Ok(Exit::Ok);
     };
-    let loaded = config::load()?;
-    let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
+    // NVML only for a node gpuctl drained: most checks end above.
+    let Session { gpus, .. } = Session::with(loaded)?;
     let named = named_gpus(reason);
     // The GPUs the reason names, where they still resolve; every GPU otherwise.
     let places: Option<Vec<Place>> = match gpus.resolve_places(&named) {
@@ -509,9 +529,10 @@ fn healthcheck(args: &SlurmHealthcheckArgs) -> Result<Exit> {
     let look = verify::wait_until_free(&gpus, places.as_deref(), Duration::ZERO, None)?;
     if !look.met {
         let busy: Vec<GpuState> = look.gpus.into_iter().filter(|g| !g.free).collect();
+        let seen = held_by(&gpus, &busy);
         log.line(&format!(
             "{node} stays drained: {}",
-            blame(&busy, &[], &held_by(&busy))
+            blame(&busy, &[], seen.as_ref()).join("; ")
         ));
         return Ok(Exit::Ok);
     }
@@ -737,11 +758,10 @@ struct Log {
 }
 
 impl Log {
-    fn open(command: &'static str) -> Log {
-        let loaded = config::load().ok();
+    fn new(command: &'static str, loaded: Option<&config::Loaded>) -> Log {
         Log {
             command,
-            dir: config::watchdog_state_dir(loaded.as_ref()),
+            dir: config::watchdog_state_dir(loaded),
         }
     }
 
