@@ -109,11 +109,8 @@ impl Target {
 
     /// "alice" or "uid 1000".
     pub fn owner_name(&self) -> String {
-        match (&self.user, self.uid) {
-            (Some(user), _) => user.clone(),
-            (None, Some(uid)) => format!("uid {uid}"),
-            (None, None) => "an unknown user".into(),
-        }
+        crate::host::user_label(self.user.as_deref(), self.uid)
+            .unwrap_or_else(|| "an unknown user".into())
     }
 }
 

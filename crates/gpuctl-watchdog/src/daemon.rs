@@ -1326,7 +1326,7 @@ fn fields_of(
         .find(|p| p.pid == id.pid)
         .map(|p| &p.host);
     let user = host
-        .and_then(|h| h.user.clone().or_else(|| h.uid.map(|u| format!("uid {u}"))))
+        .and_then(|h| h.user_name())
         .unwrap_or_else(|| "?".into());
     fields.push(("USER", user));
     fields.extend(extra.iter().cloned());

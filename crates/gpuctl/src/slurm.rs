@@ -388,8 +388,7 @@ fn blame(not_free: &[GpuState], outcomes: &[Outcome], seen: Option<&Snapshot>) -
                         .and_then(|d| d.processes.iter().find(|p| p.pid == pid))
                         .map(|p| &p.host);
                     let user = host
-                        .and_then(|h| h.user.clone())
-                        .or_else(|| host.and_then(|h| h.uid).map(|u| format!("uid {u}")))
+                        .and_then(|h| h.user_name())
                         .unwrap_or_else(|| "unknown user".into());
                     let command = host
                         .and_then(|h| h.comm.clone().or_else(|| h.command.clone()))

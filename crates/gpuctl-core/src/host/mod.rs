@@ -151,12 +151,23 @@ impl HostProcess {
         Some(argv0.rsplit('/').next().unwrap_or(argv0))
     }
 
+    /// "alice", or "uid 1000" where the name is unknown.
+    pub fn user_name(&self) -> Option<String> {
+        user_label(self.user.as_deref(), self.uid)
+    }
+
     /// [`HostProcess::display_command`] with bytes that are not UTF-8 shown as `\xNN`.
     pub fn shown_command(&self) -> String {
         self.command_not_utf8
             .clone()
             .unwrap_or_else(|| self.display_command())
     }
+}
+
+/// A process's user as messages name it: its name, else "uid N".
+pub fn user_label(user: Option<&str>, uid: Option<u32>) -> Option<String> {
+    user.map(String::from)
+        .or_else(|| uid.map(|uid| format!("uid {uid}")))
 }
 
 /// `bytes` as text, each byte that is not part of UTF-8 written as `\xNN`.
