@@ -345,15 +345,7 @@ fn totals_table(snapshot: &Snapshot, by: By, style: &Style) -> String {
         "GPUS".into(),
         "PROCESSES".into(),
     ];
-    let widths: Vec<usize> = (0..4)
-        .map(|c| {
-            rows.iter()
-                .map(|r| r[c].chars().count())
-                .chain([header_cells[c].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths = render::column_widths(&header_cells, &rows, 4);
     let name_width = match style.width {
         Some(width) => widths[0].min(
             width

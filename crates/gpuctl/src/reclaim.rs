@@ -384,16 +384,9 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                 ]
             })
             .collect();
-        let headers = ["PID", "USER", "GPU", "MEMORY", "RESULT", "COMMAND"];
-        let widths: Vec<usize> = (0..5)
-            .map(|c| {
-                rows.iter()
-                    .map(|r| r[c].chars().count())
-                    .chain([headers[c].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
+        let headers = ["PID", "USER", "GPU", "MEMORY", "RESULT", "COMMAND"].map(String::from);
+        // The command, last, is cut to what room is left rather than padded.
+        let widths = render::column_widths(&headers, &rows, 5);
         let line = |cells: &[String; 6]| {
             let fixed = format!(
                 "  {}  {}  {}  {}  {}  ",
@@ -412,7 +405,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
             };
             format!("{fixed}{command}")
         };
-        out.push_str(&style.paint(Color::Dim, line(&headers.map(String::from)).trim_end()));
+        out.push_str(&style.paint(Color::Dim, line(&headers).trim_end()));
         out.push('\n');
         for (row, outcome) in rows.iter().zip(outcomes) {
             let text = line(row);

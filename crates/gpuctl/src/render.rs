@@ -185,6 +185,24 @@ pub fn cut(text: &str, width: usize, unicode: bool) -> String {
     format!("{kept}{mark}")
 }
 
+/// The width of each of a table's first `columns` columns, in chars: its widest cell, or its
+/// header where that is wider.
+pub fn column_widths<const N: usize>(
+    headers: &[String; N],
+    rows: &[[String; N]],
+    columns: usize,
+) -> Vec<usize> {
+    (0..columns.min(N))
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .chain([headers[c].chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
 /// Left-aligns `text` in `width` characters (by chars, not bytes).
 pub fn pad(text: &str, width: usize) -> String {
     let len = text.chars().count();
