@@ -76,17 +76,23 @@ fn slot_index<T>(array: &'static [u64], p: *mut T) -> Option<usize> {
 
 /// The handle of the MIG device (GPU `gpu`, GPU instance `gi`, compute instance `ci`).
 pub fn mig_handle(gpu: usize, gi: u32, ci: u32) -> nvmlDevice_t {
-    slot_ptr(
-        &MIG_DEVICES,
-        gpu * MIG_PER_GPU + gi as usize * 8 + ci as usize,
-    )
+    slot_ptr(&MIG_DEVICES, instance_slot(gpu, gi, ci))
 }
 
 /// (GPU index, GPU instance id, compute instance id) of a MIG device handle.
 pub fn mig_of(handle: nvmlDevice_t) -> Option<(usize, u32, u32)> {
-    let k = slot_index(&MIG_DEVICES, handle)?;
+    slot_index(&MIG_DEVICES, handle).map(instance_of_slot)
+}
+
+/// The slot of (GPU, GPU instance, compute instance) in the tables of MIG devices and of
+/// compute instances, which share a layout.
+fn instance_slot(gpu: usize, gi: u32, ci: u32) -> usize {
+    gpu * MIG_PER_GPU + gi as usize * 8 + ci as usize
+}
+
+fn instance_of_slot(k: usize) -> (usize, u32, u32) {
     let r = k % MIG_PER_GPU;
-    Some((k / MIG_PER_GPU, (r / 8) as u32, (r % 8) as u32))
+    (k / MIG_PER_GPU, (r / 8) as u32, (r % 8) as u32)
 }
 
 pub fn gi_handle(gpu: usize, gi: u32) -> nvmlGpuInstance_t {
@@ -99,16 +105,11 @@ pub fn gi_of(handle: nvmlGpuInstance_t) -> Option<(usize, u32)> {
 }
 
 pub fn ci_handle(gpu: usize, gi: u32, ci: u32) -> nvmlComputeInstance_t {
-    slot_ptr(
-        &COMPUTE_INSTANCES,
-        gpu * MIG_PER_GPU + gi as usize * 8 + ci as usize,
-    )
+    slot_ptr(&COMPUTE_INSTANCES, instance_slot(gpu, gi, ci))
 }
 
 pub fn ci_of(handle: nvmlComputeInstance_t) -> Option<(usize, u32, u32)> {
-    let k = slot_index(&COMPUTE_INSTANCES, handle)?;
-    let r = k % MIG_PER_GPU;
-    Some((k / MIG_PER_GPU, (r / 8) as u32, (r % 8) as u32))
+    slot_index(&COMPUTE_INSTANCES, handle).map(instance_of_slot)
 }
 
 /// Quick mirror of the init reference count, for the default exports.
