@@ -9,29 +9,33 @@ use common::*;
 
 const CHILD: &str = "NVML_SIM_TEST_LAUNCHER_CHILD";
 
-#[test]
-fn run_starts_standins_and_stops_them() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/single.toml");
+/// `nvml-sim run SCENARIO -- <this test binary>` running only the test `child`, which acts
+/// when `marker` is set; its output, once the launcher succeeded.
+fn under_launcher(scenario: &std::path::Path, child: &str, marker: &str) -> String {
     let out = std::process::Command::new(bin_path())
-        .args(["run", example, "--"])
+        .arg("run")
+        .arg(scenario)
+        .arg("--")
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "launcher_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
+        .args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(marker, "1")
         .env_remove("NVML_SIM_STATE")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "launcher failed ({}):\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn run_starts_standins_and_stops_them() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/single.toml");
+    let stdout = under_launcher(std::path::Path::new(example), "launcher_child", CHILD);
     let procs: Vec<(u32, String)> = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("PROC "))
@@ -105,23 +109,7 @@ listed_pid = 4242
 "#,
     )
     .unwrap();
-    let out = std::process::Command::new(bin_path())
-        .arg("run")
-        .arg(&scenario)
-        .arg("--")
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "lists_child", "--nocapture", "--test-threads=1"])
-        .env(LISTS_CHILD, "1")
-        .env_remove("NVML_SIM_STATE")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "launcher failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = under_launcher(&scenario, "lists_child", LISTS_CHILD);
     assert!(stdout.contains("GPU0 used=30920 pids=[]\n"), "{stdout}");
     assert!(stdout.contains("GPU1 used=2048 pids=[4242]\n"), "{stdout}");
 }
