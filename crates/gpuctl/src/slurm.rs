@@ -80,9 +80,14 @@ impl Job {
         })
     }
 
-    /// `--owner slurm:ID`: the job's processes, by cgroup or by SLURM_JOB_ID.
-    fn owner(&self) -> Result<OwnerMatch> {
+    /// `slurm:ID`: the job as `--owner` selects it (by cgroup or by SLURM_JOB_ID) and as the
+    /// watchdog keys its peaks.
+    fn owner_key(&self) -> String {
         format!("slurm:{}", self.id)
+    }
+
+    fn owner(&self) -> Result<OwnerMatch> {
+        self.owner_key()
             .parse()
             .map_err(|e: String| anyhow::anyhow!(e))
     }
@@ -630,7 +635,8 @@ struct AccountGpu {
 
 struct Account {
     job: Job,
-    allocated: Vec<(Option<u32>, String)>,
+    /// Index and UUID of each GPU the job was given.
+    allocated: Vec<(u32, String)>,
     leftovers_ended: usize,
     reclaimed_bytes: u64,
 }
@@ -667,7 +673,7 @@ impl Account {
                     .and_then(|m| m.uuid.clone()),
             };
             if let Some(uuid) = uuid {
-                self.allocated.push((Some(place.gpu), uuid));
+                self.allocated.push((place.gpu, uuid));
             }
         }
     }
@@ -678,7 +684,7 @@ impl Account {
     fn finish(self, log: &Log, reason: Option<&str>) {
         let peaks: Option<OwnerPeaks> = log.dir.as_deref().and_then(|dir| {
             PeakStore::in_dir(dir)
-                .take_owner(&format!("slurm:{}", self.job.id))
+                .take_owner(&self.job.owner_key())
                 .ok()
                 .flatten()
         });
@@ -688,7 +694,7 @@ impl Account {
             .allocated
             .iter()
             .map(|(index, uuid)| AccountGpu {
-                index: *index,
+                index: Some(*index),
                 uuid: uuid.clone(),
                 peak_bytes: by_uuid.remove(uuid).or(peaks.as_ref().map(|_| 0)),
             })
