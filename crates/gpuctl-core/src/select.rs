@@ -79,7 +79,7 @@ impl Target {
             .any(|(gpu, gi)| places.iter().any(|p| p.holds(*gpu, *gi)))
     }
 
-    fn new(pid: u32, host: &Arc<HostProcess>) -> Target {
+    pub(crate) fn new(pid: u32, host: &Arc<HostProcess>) -> Target {
         Target {
             pid,
             start_ticks: host.start_ticks,

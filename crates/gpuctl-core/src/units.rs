@@ -107,6 +107,27 @@ pub fn bytes_to(value: u64, decimals: usize) -> String {
     }
 }
 
+/// GPU indices as messages and tables list them: "0,1,3".
+pub fn gpu_list(indices: &[u32]) -> String {
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The plural ending of a count: "" for one, else `many` ("s", "es").
+pub fn plural(count: usize, many: &'static str) -> &'static str {
+    if count == 1 { "" } else { many }
+}
+
+/// Now, in seconds since the Unix epoch (0 on a clock before it).
+pub fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

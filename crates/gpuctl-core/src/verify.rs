@@ -58,13 +58,7 @@ pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit:
         }
     }
     let indices: Vec<u32> = before.devices.iter().map(|g| g.index).collect();
-    let options = SnapshotOptions {
-        gpus: Some(indices),
-        utilization_window: None,
-        only_memory_and_processes: true,
-        activity: false,
-        holders: None,
-    };
+    let options = SnapshotOptions::poll(Some(indices));
     let deadline = Instant::now() + limit;
     while let Ok(now) = Snapshot::take(gpus, &options) {
         let listed: HashSet<u32> = now
@@ -128,13 +122,7 @@ pub fn wait_until_free(
     min_free: Option<Amount>,
 ) -> Result<WaitReport> {
     let start = Instant::now();
-    let options = SnapshotOptions {
-        gpus: selected.map(Place::gpus),
-        utilization_window: None,
-        only_memory_and_processes: true,
-        activity: false,
-        holders: None,
-    };
+    let options = SnapshotOptions::poll(selected.map(Place::gpus));
     loop {
         let snapshot = Snapshot::take(gpus, &options)?;
         let states: Vec<GpuState> = match selected {

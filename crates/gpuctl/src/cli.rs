@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpuctl_core::act::Signal;
+use gpuctl_core::cardset::ResetItem;
 use gpuctl_core::exit;
+use gpuctl_core::reclaim::{ClearRequest, Ending, KillRequest, ResetRequest};
 use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::units::{self, Amount};
 
@@ -389,6 +391,71 @@ pub struct ClearArgs {
     /// Print one JSON document (see docs/json.md).
     #[arg(long)]
     pub json: bool,
+}
+
+impl SignalArgs {
+    /// The request's form of these flags.
+    pub fn ending(&self) -> Ending {
+        Ending {
+            signal: self.signal,
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl KillArgs {
+    /// What these arguments ask of gpuctl-core.
+    pub fn request(&self) -> KillRequest {
+        KillRequest {
+            gpus: self.gpus.clone(),
+            pids: self.pids.clone(),
+            uids: self.users.clone(),
+            owners: self.owners.clone(),
+            stale: self.stale,
+            min_bytes: self.min_mem,
+            older_than: self.older_than,
+            all: self.all,
+            ending: self.how.ending(),
+            dry_run: self.dry_run,
+        }
+    }
+}
+
+impl ClearArgs {
+    /// What these arguments ask of gpuctl-core.
+    pub fn request(&self) -> ClearRequest {
+        ClearRequest {
+            gpus: self.gpus.clone(),
+            include_stopped: self.include_stopped,
+            holders: self.holders,
+            wait: self.wait,
+            min_free: self.min_free,
+            ending: self.how.ending(),
+            dry_run: self.dry_run,
+        }
+    }
+}
+
+impl ResetArgs {
+    /// What these arguments ask of gpuctl-core: the items named, or with none every item.
+    pub fn request(&self) -> ResetRequest {
+        let items = [
+            (self.application_clocks, ResetItem::ApplicationClocks),
+            (self.locked_clocks, ResetItem::LockedClocks),
+            (self.memory_locked_clocks, ResetItem::MemoryLockedClocks),
+            (self.compute_mode, ResetItem::ComputeMode),
+            (self.accounting, ResetItem::AccountingPids),
+            (self.peaks, ResetItem::PeakMarks),
+        ]
+        .into_iter()
+        .filter_map(|(wanted, item)| wanted.then_some(item))
+        .collect();
+        ResetRequest {
+            gpus: self.gpus.clone(),
+            items,
+            dry_run: self.dry_run,
+        }
+    }
 }
 
 fn parse_signal(text: &str) -> Result<Signal, String> {

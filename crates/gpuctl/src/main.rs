@@ -11,7 +11,6 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpuctl_core::CoreError;
 use gpuctl_core::exit::Exit;
 
 use gpuctl::cli::{Cli, Command};
@@ -90,18 +89,10 @@ fn report(error: &anyhow::Error) -> ExitCode {
         // The reader (head, less) went away: that is how piped output ends, not a failure.
         return ExitCode::from(Exit::Ok);
     }
-    let exit = match error.downcast_ref::<CoreError>() {
-        Some(CoreError::NvmlUnavailable { .. }) => Exit::Unavailable,
-        Some(CoreError::GpuSelector(_) | CoreError::BadSetting(_)) => Exit::Usage,
-        _ if error.downcast_ref::<Usage>().is_some() => Exit::Usage,
-        // A configuration file that is invalid or not trusted is bad input, like a bad option.
-        _ if error
-            .downcast_ref::<gpuctl_core::config::ConfigError>()
-            .is_some() =>
-        {
-            Exit::Usage
-        }
-        _ => Exit::Failed,
+    let exit = if error.downcast_ref::<Usage>().is_some() {
+        Exit::Usage
+    } else {
+        gpuctl_core::error::exit_of(error.as_ref())
     };
     let message = format!("{error:#}").replace('\n', " ");
     let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");

@@ -1,169 +1,32 @@
-//! `gpuctl kill` and `gpuctl clear`: the CLI faces of gpuctl-core's reclaim road.
+//! `gpuctl kill` and `gpuctl clear`: their arguments mapped onto gpuctl-core's requests,
+//! and what the road returns rendered as a table or a JSON document.
 
-use std::collections::BTreeSet;
 use std::io::{self, IsTerminal};
 use std::time::Duration;
 
 use anyhow::Result;
-use gpuctl_core::act::Escalation;
-use gpuctl_core::classify::{self, Finding, Policy, Remedy, Verdict};
-use gpuctl_core::config;
-use gpuctl_core::host::ProcView;
-use gpuctl_core::nvml::{self, Gpus, Place};
-use gpuctl_core::plan::{Guard, Outcome};
-use gpuctl_core::protect::{self, Protection};
-use gpuctl_core::reclaim::Reclaim;
+use gpuctl_core::plan::Outcome;
+use gpuctl_core::reclaim::{self, Cleared, Consent, Killed, Session};
 use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
-use gpuctl_core::select::{self, Criterion, Refusal, Selector, Target};
-use gpuctl_core::snapshot::HolderScan;
 use gpuctl_core::units;
-use gpuctl_core::verify::{self, WaitReport};
-use gpuctl_core::{CoreError, Snapshot, SnapshotOptions};
+use gpuctl_core::verify::WaitReport;
 
 use crate::render::{self, Color, Style};
 use crate::{Exit, Usage};
-use gpuctl::cli::{ClearArgs, KillArgs, SignalArgs};
-
-/// Per-process utilization is read over this window: activity in it is evidence of life.
-const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
-
-/// What the reclaim road reads before it looks: the configuration, and NVML with every
-/// per-GPU call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the configuration's
-/// nvml_timeout, 10 s). Opened once per command, whatever walks the road after.
-pub struct Session {
-    pub loaded: config::Loaded,
-    pub gpus: Gpus,
-}
-
-impl Session {
-    pub fn open() -> Result<Session> {
-        Session::with(config::load()?)
-    }
-
-    /// NVML opened under the configuration already read.
-    pub fn with(loaded: config::Loaded) -> Result<Session> {
-        let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
-        Ok(Session { loaded, gpus })
-    }
-}
-
-/// The GPUs and MIG instances `--gpu` names; `None` without `--gpu`.
-fn resolve_places(gpus: &Gpus, wanted: &[String]) -> Result<Option<Vec<Place>>, CoreError> {
-    (!wanted.is_empty())
-        .then(|| gpus.resolve_places(wanted))
-        .transpose()
-}
-
-/// A snapshot with the evidence classification needs, and its findings. `holders`: also
-/// scan for device-file holders NVML does not list (`clear --holders`).
-fn classified(
-    gpus: &Gpus,
-    policy: &Policy,
-    holders: Option<HolderScan>,
-    protection: &Protection,
-) -> Result<(Snapshot, Vec<Finding>)> {
-    let view = ProcView::system()?;
-    let mut snapshot = Snapshot::take_with(
-        gpus,
-        &view,
-        &SnapshotOptions {
-            gpus: None,
-            utilization_window: Some(ACTIVITY_WINDOW),
-            only_memory_and_processes: false,
-            activity: false,
-            holders,
-        },
-    )?;
-    // Holders that are protected programs are tools, not suspects.
-    if snapshot.devices.iter().any(|gpu| gpu.holders.is_some()) {
-        protect::mark_claims(&mut snapshot, protection);
-    }
-    let lineages = snapshot.lineages(&view);
-    let findings = classify::classify(&snapshot, &lineages, None, policy);
-    Ok((snapshot, findings))
-}
-
-/// The road from the plan on: guarded, signalled with `how` (unless a dry run), verified.
-fn reclaim(
-    gpus: &Gpus,
-    guard: &Guard,
-    how: &SignalArgs,
-    dry_run: bool,
-    snapshot: &Snapshot,
-    targets: Vec<Target>,
-) -> Vec<Outcome> {
-    Reclaim {
-        gpus,
-        guard,
-        how: Escalation::then_kill(how.signal, how.timeout),
-        verify_for: how.timeout,
-        dry_run,
-    }
-    .run(snapshot, targets)
-}
-
-/// What `gpuctl kill` did: the road's outcome for each target, and the pids it refused.
-pub struct Killed {
-    pub outcomes: Vec<Outcome>,
-    pub refused: Vec<Refusal>,
-}
-
-/// The kill road without its rendering: select, confirm (unless `--yes` or a dry run),
-/// signal, verify. `None` when no GPU process matches the selection.
-pub fn kill(args: &KillArgs, session: &Session) -> Result<Option<Killed>> {
-    let Session { loaded, gpus } = session;
-    let mut criteria = Vec::new();
-    if let Some(places) = resolve_places(gpus, &args.gpus)? {
-        criteria.push(Criterion::Gpus(places));
-    }
-    if !args.pids.is_empty() {
-        criteria.push(Criterion::Pids(args.pids.clone()));
-    }
-    if !args.users.is_empty() {
-        criteria.push(Criterion::Uids(args.users.clone()));
-    }
-    if !args.owners.is_empty() {
-        criteria.push(Criterion::Owners(args.owners.clone()));
-    }
-    if args.stale {
-        criteria.push(Criterion::Stale);
-    }
-    if let Some(min) = args.min_mem {
-        criteria.push(Criterion::MinBytes(min));
-    }
-    if let Some(age) = args.older_than {
-        criteria.push(Criterion::OlderThan(age));
-    }
-    if args.all {
-        criteria.push(Criterion::All);
-    }
-    let selector = Selector::all_of(criteria).map_err(|_| {
-        usage(
-            "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
-             --older-than or --all",
-        )
-    })?;
-    // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let protection = Protection::configured(&loaded.protect()).programs_only();
-    let (snapshot, findings) = classified(gpus, &Policy::default(), None, &protection)?;
-    let (targets, refused) = select::select(&snapshot, &findings, &selector);
-    let guard = Guard::for_this_process(protection);
-
-    if targets.is_empty() && refused.is_empty() {
-        return Ok(None);
-    }
-    if !args.dry_run && !args.yes {
-        confirm(&targets, &guard, selector.is_all(), &args.how)?;
-    }
-    let outcomes = reclaim(gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
-    Ok(Some(Killed { outcomes, refused }))
-}
+use gpuctl::cli::{ClearArgs, KillArgs};
 
 pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
-    let Some(Killed { outcomes, refused }) = kill(args, &Session::open()?)? else {
+    let session = Session::open()?;
+    let Some(prepared) = reclaim::prepare_kill(&session, &args.request())? else {
         eprintln!("gpuctl: no GPU process matches the selection");
         return Ok(Exit::Ok);
     };
+    if !args.yes
+        && let Some(consent) = prepared.consent()
+    {
+        confirm(&consent)?;
+    }
+    let Killed { outcomes, refused } = prepared.run();
     let ok = outcomes.iter().all(Outcome::succeeded) && refused.is_empty();
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
@@ -182,84 +45,20 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     Ok(if ok { Exit::Ok } else { Exit::Failed })
 }
 
-/// What `gpuctl clear` did: the road's outcome for each leftover, what it only reported, and
-/// with `--wait`, how the wait ended.
-pub struct Cleared {
-    pub outcomes: Vec<Outcome>,
-    pub reported: Vec<Finding>,
-    pub wait: Option<WaitReport>,
-}
-
-/// The clear road without its rendering.
-pub fn clear(args: &ClearArgs, session: &Session) -> Result<Cleared> {
-    let Session { loaded, gpus } = session;
-    let places = resolve_places(gpus, &args.gpus)?;
-    let policy = Policy {
-        include_stopped: args.include_stopped,
-        ..Policy::default()
-    };
-    let protection = Protection::configured(&loaded.protect());
-    let holders = args.holders.then(|| HolderScan {
-        dev_dir: config::device_dir(Some(loaded)),
-        above_unattributed: None,
-    });
-    let (snapshot, findings) = classified(gpus, &policy, holders, &protection)?;
-    let guard = Guard::for_this_process(protection);
-    // Leftovers of dead runs; clear enforces no policy.
-    let leftovers: Vec<Finding> = findings
-        .iter()
-        .filter(|f| f.kind.remedy() == Remedy::Reclaim)
-        .cloned()
-        .collect();
-    let mut targets = select::from_findings(&snapshot, &leftovers, places.as_deref());
-    // Only root reclaims other users' leftovers; the caller's others are reported.
-    let others = guard.keep_callers_own(&mut targets, &findings);
-    let targeted: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
-    let on_selected = |finding: &&Finding| {
-        places
-            .as_deref()
-            .is_none_or(|places| select::concerns(&snapshot, finding, places))
-    };
-    let reported: Vec<Finding> = findings
-        .iter()
-        .filter(|f| f.verdict == Verdict::Report)
-        .chain(others.iter())
-        .filter(on_selected)
-        .filter(|f| !f.identity.is_some_and(|i| targeted.contains(&i.pid)))
-        .cloned()
-        .collect();
-
-    let outcomes = reclaim(gpus, &guard, &args.how, args.dry_run, &snapshot, targets);
-    let wait = match (args.wait, args.dry_run) {
-        (Some(limit), false) => Some(verify::wait_until_free(
-            gpus,
-            places.as_deref(),
-            limit,
-            args.min_free,
-        )?),
-        _ => None,
-    };
-    Ok(Cleared {
-        outcomes,
-        reported,
-        wait,
-    })
-}
-
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
+    let cleared = reclaim::clear(&Session::open()?, &args.request())?;
     let Cleared {
         outcomes,
         reported,
         wait,
-    } = clear(args, &Session::open()?)?;
-    let reclaimed_ok = outcomes.iter().all(Outcome::succeeded);
+    } = &cleared;
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "clear",
         dry_run: args.dry_run,
         signal: args.how.signal.name(),
         timeout_ms: args.how.timeout.as_millis() as u64,
-        outcomes: &outcomes,
+        outcomes,
         refused: &[],
         reported: reported.iter().collect(),
         wait: wait.clone(),
@@ -269,13 +68,12 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         Some(wait) if !wait.met => {
             eprintln!(
                 "gpuctl: {}",
-                not_free_message(&wait, args.wait.unwrap_or_default())
+                not_free_message(wait, args.wait.unwrap_or_default())
             );
             Exit::NotClean
         }
-        Some(_) => Exit::Ok,
-        None if reclaimed_ok => Exit::Ok,
-        None => Exit::Failed,
+        _ if cleared.clean() => Exit::Ok,
+        _ => Exit::Failed,
     })
 }
 
@@ -315,17 +113,9 @@ fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
 }
 
 /// Several users' processes, or --all, are signalled only after a yes on a terminal.
-fn confirm(targets: &[Target], guard: &Guard, all: bool, how: &SignalArgs) -> Result<()> {
-    let acting: Vec<&Target> = targets
-        .iter()
-        .filter(|t| guard.check(t).is_none())
-        .collect();
-    let users: BTreeSet<String> = acting.iter().map(|t| t.owner_name()).collect();
-    if acting.is_empty() || (!all && users.len() <= 1) {
-        return Ok(());
-    }
-    let users = users.into_iter().collect::<Vec<_>>().join(", ");
-    let why = if all {
+fn confirm(consent: &Consent) -> Result<()> {
+    let users = consent.users.join(", ");
+    let why = if consent.all {
         "--all".to_string()
     } else {
         format!("processes of several users ({users})")
@@ -337,9 +127,9 @@ fn confirm(targets: &[Target], guard: &Guard, all: bool, how: &SignalArgs) -> Re
     }
     eprint!(
         "Send {} to {} process{} of {users}? [y/N] ",
-        how.signal.name(),
-        acting.len(),
-        if acting.len() == 1 { "" } else { "es" }
+        consent.signal.name(),
+        consent.processes,
+        if consent.processes == 1 { "" } else { "es" }
     );
     let mut answer = String::new();
     io::stdin().read_line(&mut answer)?;

@@ -44,6 +44,53 @@ pub struct SnapshotOptions {
     pub holders: Option<HolderScan>,
 }
 
+/// Per-process utilization is read over this window by whatever judges a process idle:
+/// activity in it is evidence of life.
+pub const ACTIVITY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One constructor per purpose, so that every reader of the same kind reads the same facts.
+impl SnapshotOptions {
+    /// What a person is shown (`info`, a Slurm drain reason, the trainer's look): every fact
+    /// of `gpus` (`None`: every GPU), no activity window, no holder scan.
+    pub fn info(gpus: Option<Vec<u32>>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus,
+            ..SnapshotOptions::default()
+        }
+    }
+
+    /// What a reclaim classifies (`kill`, `clear`): every GPU, with each process's activity
+    /// over [`ACTIVITY_WINDOW`]; `holders`: also the unlisted device-file holders.
+    pub fn reclaim(holders: Option<HolderScan>) -> SnapshotOptions {
+        SnapshotOptions {
+            utilization_window: Some(ACTIVITY_WINDOW),
+            holders,
+            ..SnapshotOptions::default()
+        }
+    }
+
+    /// What the watchdog reads each loop: who holds memory and how active each process is;
+    /// `activity`: also utilization and power, for the stuck-GPU check.
+    pub fn watch(activity: bool) -> SnapshotOptions {
+        SnapshotOptions {
+            utilization_window: Some(ACTIVITY_WINDOW),
+            only_memory_and_processes: true,
+            activity,
+            ..SnapshotOptions::default()
+        }
+    }
+
+    /// What a poll for released memory reads, as often as it can: memory and processes of
+    /// `gpus` (`None`: every GPU), nothing else.
+    pub fn poll(gpus: Option<Vec<u32>>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus,
+            only_memory_and_processes: true,
+            ..SnapshotOptions::default()
+        }
+    }
+}
+
 /// When to scan for device-file holders, and where the device files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderScan {

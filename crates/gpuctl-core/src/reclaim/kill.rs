@@ -1,0 +1,279 @@
+//! `kill`: end the GPU processes a selector names, whoever holds them (the admin's call:
+//! only protected programs and gpuctl's own lineage are spared, and a caller who is not root
+//! ends only its own processes).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::{Ending, Session, classified};
+use crate::act::Signal;
+use crate::classify::Policy;
+use crate::error::{CoreError, Result};
+use crate::nvml::Place;
+use crate::plan::{Guard, Outcome};
+use crate::protect::Protection;
+use crate::select::{self, Criterion, OwnerMatch, Refusal, Selector, Target};
+use crate::snapshot::Snapshot;
+
+/// Which processes to end, and how. Selectors combine as AND; a list widens its own
+/// selector (OR). At least one selector must be given: nothing selects every process.
+#[derive(Debug, Clone, Default)]
+pub struct KillRequest {
+    /// GPUs or MIG instances by name (index, UUID, bus id, MIG UUID, GPU/GI).
+    pub gpus: Vec<String>,
+    pub pids: Vec<u32>,
+    pub uids: Vec<u32>,
+    /// Owners from the cgroup or the job's environment (`slurm:123`, `unit:x.service`, …).
+    pub owners: Vec<OwnerMatch>,
+    /// Only leftovers of crashed runs, as `clear` finds them.
+    pub stale: bool,
+    pub min_bytes: Option<u64>,
+    pub older_than: Option<Duration>,
+    /// Every GPU process the other selectors allow: must be said, never implied.
+    pub all: bool,
+    pub ending: Ending,
+    /// Plan and report, signal nothing.
+    pub dry_run: bool,
+}
+
+impl KillRequest {
+    /// The selector of this request, its GPU names resolved to `places`.
+    fn selector(&self, places: Option<Vec<Place>>) -> Result<Selector> {
+        let mut criteria = Vec::new();
+        if let Some(places) = places {
+            criteria.push(Criterion::Gpus(places));
+        }
+        if !self.pids.is_empty() {
+            criteria.push(Criterion::Pids(self.pids.clone()));
+        }
+        if !self.uids.is_empty() {
+            criteria.push(Criterion::Uids(self.uids.clone()));
+        }
+        if !self.owners.is_empty() {
+            criteria.push(Criterion::Owners(self.owners.clone()));
+        }
+        if self.stale {
+            criteria.push(Criterion::Stale);
+        }
+        if let Some(min) = self.min_bytes {
+            criteria.push(Criterion::MinBytes(min));
+        }
+        if let Some(age) = self.older_than {
+            criteria.push(Criterion::OlderThan(age));
+        }
+        if self.all {
+            criteria.push(Criterion::All);
+        }
+        Selector::all_of(criteria).map_err(|_| {
+            CoreError::Usage(
+                "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
+                 --older-than or --all"
+                    .into(),
+            )
+        })
+    }
+}
+
+/// What `kill` did: the road's outcome for each target, and the pids it refused.
+#[derive(Debug)]
+pub struct Killed {
+    pub outcomes: Vec<Outcome>,
+    pub refused: Vec<Refusal>,
+}
+
+/// A kill selected and guarded but not yet carried out: a front that asks before acting
+/// (a terminal prompt, `gpuctl top`'s confirmation) looks at it between the two steps.
+pub struct PreparedKill<'s> {
+    session: &'s Session,
+    request: KillRequest,
+    snapshot: Snapshot,
+    targets: Vec<Target>,
+    refused: Vec<Refusal>,
+    guard: Guard,
+    all: bool,
+}
+
+/// What a kill needs the caller's yes for: processes of several users, or `all`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consent {
+    pub all: bool,
+    /// The users whose processes would be signalled ("alice", "uid 1002").
+    pub users: Vec<String>,
+    /// How many processes would be signalled.
+    pub processes: usize,
+    pub signal: Signal,
+}
+
+/// Selects and guards what `request` names. `None` when no GPU process matches it.
+pub fn prepare_kill<'s>(
+    session: &'s Session,
+    request: &KillRequest,
+) -> Result<Option<PreparedKill<'s>>> {
+    let selector = request.selector(session.places(&request.gpus)?)?;
+    // An explicit kill is the admin's call: only protected commands are spared, not users.
+    let protection = Protection::configured(&session.loaded.protect()).programs_only();
+    let (snapshot, findings) = classified(&session.gpus, &Policy::default(), None, &protection)?;
+    let (targets, refused) = select::select(&snapshot, &findings, &selector);
+    if targets.is_empty() && refused.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(PreparedKill {
+        session,
+        request: request.clone(),
+        snapshot,
+        targets,
+        refused,
+        guard: Guard::for_this_process(protection),
+        all: selector.is_all(),
+    }))
+}
+
+/// Selects, guards, signals and verifies: [`prepare_kill`] and [`PreparedKill::run`] with
+/// no one to ask. `None` when no GPU process matches.
+pub fn kill(session: &Session, request: &KillRequest) -> Result<Option<Killed>> {
+    Ok(prepare_kill(session, request)?.map(PreparedKill::run))
+}
+
+/// The consent signalling `targets` needs: with `all`, or for processes of several users
+/// (those the guard skips do not count).
+fn consent(targets: &[Target], guard: &Guard, all: bool, signal: Signal) -> Option<Consent> {
+    let acting: Vec<&Target> = targets
+        .iter()
+        .filter(|t| guard.check(t).is_none())
+        .collect();
+    let users: BTreeSet<String> = acting.iter().map(|t| t.owner_name()).collect();
+    if acting.is_empty() || (!all && users.len() <= 1) {
+        return None;
+    }
+    Some(Consent {
+        all,
+        users: users.into_iter().collect(),
+        processes: acting.len(),
+        signal,
+    })
+}
+
+impl PreparedKill<'_> {
+    /// What the plan would signal, in target order.
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    /// Whether a yes is needed before signalling: with `all`, or when processes of more than
+    /// one user would be signalled (targets the guard skips do not count). Never for a dry
+    /// run, which signals nothing.
+    pub fn consent(&self) -> Option<Consent> {
+        if self.request.dry_run {
+            return None;
+        }
+        consent(
+            &self.targets,
+            &self.guard,
+            self.all,
+            self.request.ending.signal,
+        )
+    }
+
+    /// The road from the plan on: guarded, signalled (unless a dry run), verified.
+    pub fn run(self) -> Killed {
+        let outcomes = self
+            .request
+            .ending
+            .reclaim(&self.session.gpus, &self.guard, self.request.dry_run)
+            .run(&self.snapshot, self.targets);
+        Killed {
+            outcomes,
+            refused: self.refused,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::HostProcess;
+
+    #[test]
+    fn a_request_without_a_selector_is_a_usage_error() {
+        let error = KillRequest::default().selector(None).unwrap_err();
+        assert!(matches!(error, CoreError::Usage(_)), "{error}");
+        assert!(
+            error
+                .to_string()
+                .starts_with("no process selected: give --pid")
+        );
+        // Ending and dry run select nothing on their own either.
+        let request = KillRequest {
+            dry_run: true,
+            ending: Ending {
+                signal: Signal::KILL,
+                timeout: Duration::ZERO,
+            },
+            ..KillRequest::default()
+        };
+        assert!(request.selector(None).is_err());
+    }
+
+    #[test]
+    fn each_field_is_a_criterion_and_gpus_come_resolved() {
+        let request = KillRequest {
+            pids: vec![7],
+            ..KillRequest::default()
+        };
+        let expected = Selector::by(Criterion::Pids(vec![7]));
+        assert_eq!(request.selector(None).unwrap(), expected);
+        let places = vec![Place::whole(1)];
+        assert_eq!(
+            request.selector(Some(places.clone())).unwrap(),
+            Selector::by(Criterion::Gpus(places)).and(Criterion::Pids(vec![7]))
+        );
+        let all = KillRequest {
+            all: true,
+            min_bytes: Some(1 << 30),
+            ..KillRequest::default()
+        };
+        let selector = all.selector(None).unwrap();
+        assert!(selector.is_all());
+        assert_eq!(
+            selector,
+            Selector::by(Criterion::MinBytes(1 << 30)).and(Criterion::All)
+        );
+    }
+
+    fn target(pid: u32, uid: u32, user: &str) -> Target {
+        let host = HostProcess {
+            confirmed: true,
+            uid: Some(uid),
+            user: Some(user.into()),
+            start_ticks: Some(1),
+            ..HostProcess::unconfirmed("")
+        };
+        let mut target = Target::new(pid, &Arc::new(host));
+        target.gpus = vec![0];
+        target
+    }
+
+    #[test]
+    fn consent_is_asked_for_several_users_or_all_but_not_for_one() {
+        let guard = Guard::for_this_process(Protection::built_in());
+        // Pids that are neither this process nor its ancestors (nor init).
+        let alice = target(4_000_001, 1001, "alice");
+        let alice2 = target(4_000_002, 1001, "alice");
+        let bob = target(4_000_003, 1002, "bob");
+        let one_user = [alice.clone(), alice2];
+        if guard.is_root() {
+            assert_eq!(consent(&one_user, &guard, false, Signal::TERM), None);
+            let asked = consent(&[alice.clone(), bob], &guard, false, Signal::TERM).unwrap();
+            assert_eq!(asked.users, ["alice", "bob"]);
+            assert_eq!((asked.processes, asked.all), (2, false));
+            let all = consent(&[alice], &guard, true, Signal::KILL).unwrap();
+            assert!(all.all && all.processes == 1 && all.signal == Signal::KILL);
+        } else {
+            // Another user's processes are skipped by the guard: nothing to ask about.
+            assert_eq!(consent(&[alice, bob], &guard, true, Signal::TERM), None);
+        }
+        assert_eq!(consent(&[], &guard, true, Signal::TERM), None);
+    }
+}

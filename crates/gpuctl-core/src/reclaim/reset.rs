@@ -1,0 +1,117 @@
+//! `reset`: restore the card settings a finished job may have changed, and clear peak marks.
+
+use super::Session;
+use crate::cardset::{self, GpuItems, ItemOutcome, ItemResult, ResetItem};
+use crate::error::Result;
+use crate::nvml::Place;
+use crate::snapshot::peaks::PeakStore;
+
+/// Which GPUs, and which of their settings.
+#[derive(Debug, Clone, Default)]
+pub struct ResetRequest {
+    /// GPUs or MIG instances by name; empty: every GPU.
+    pub gpus: Vec<String>,
+    /// Empty: every item ([`ResetItem::ALL`]).
+    pub items: Vec<ResetItem>,
+    pub dry_run: bool,
+}
+
+impl ResetRequest {
+    /// The items to restore, in restoring order: those named, or every item.
+    pub fn items(&self) -> Vec<ResetItem> {
+        if self.items.is_empty() {
+            return ResetItem::ALL.to_vec();
+        }
+        ResetItem::ALL
+            .into_iter()
+            .filter(|item| self.items.contains(item))
+            .collect()
+    }
+}
+
+/// Each GPU's items and how each ended. A MIG instance named is reported with every item
+/// skipped: it has no settings of its own.
+pub fn reset(session: &Session, request: &ResetRequest) -> Result<Vec<GpuItems>> {
+    let gpus = &session.gpus;
+    let items = request.items();
+    // A MIG instance (`MIG-...`, `0/9`, as a Slurm epilog passes a job's slice) has no
+    // settings of its own: the card's are shared by its other instances' tenants.
+    let places = match session.places(&request.gpus)? {
+        Some(places) => places,
+        None => gpus.resolve(&[])?.into_iter().map(Place::whole).collect(),
+    };
+    let indices: Vec<u32> = places
+        .iter()
+        .filter(|p| p.gpu_instance.is_none())
+        .map(|p| p.gpu)
+        .collect();
+    let peaks = PeakStore::default_location();
+    let mut results = cardset::reset(gpus, &indices, &items, request.dry_run, peaks.as_ref());
+    for place in places.iter().filter(|p| p.gpu_instance.is_some()) {
+        let why = format!(
+            "GPU {}/{} is a MIG instance; card settings and peak marks are the whole GPU's, \
+             shared with its other instances (reset --gpu {} for the card; the MIG layout is \
+             never changed)",
+            place.gpu,
+            place.gpu_instance.unwrap_or_default(),
+            place.gpu
+        );
+        results.push(GpuItems {
+            index: place.gpu,
+            uuid: None,
+            items: items
+                .iter()
+                .map(|&item| ItemResult {
+                    item,
+                    outcome: ItemOutcome::Skipped { why: why.clone() },
+                })
+                .collect(),
+        });
+    }
+    Ok(results)
+}
+
+/// Whether any item of `results` failed.
+pub fn failed(results: &[GpuItems]) -> bool {
+    results
+        .iter()
+        .flat_map(|gpu| &gpu.items)
+        .any(|item| item.outcome.is_failure())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_item_named_is_every_item_and_named_ones_keep_the_restoring_order() {
+        assert_eq!(ResetRequest::default().items(), ResetItem::ALL);
+        let request = ResetRequest {
+            items: vec![ResetItem::PeakMarks, ResetItem::ComputeMode],
+            ..ResetRequest::default()
+        };
+        assert_eq!(
+            request.items(),
+            [ResetItem::ComputeMode, ResetItem::PeakMarks]
+        );
+    }
+
+    #[test]
+    fn a_failed_item_fails_the_reset_and_a_skip_does_not() {
+        let gpu = |outcome| GpuItems {
+            index: 0,
+            uuid: None,
+            items: vec![ItemResult {
+                item: ResetItem::ComputeMode,
+                outcome,
+            }],
+        };
+        let skipped = gpu(ItemOutcome::Skipped { why: "MIG".into() });
+        let done = gpu(ItemOutcome::Done);
+        assert!(!failed(&[skipped.clone(), done.clone()]));
+        let broken = gpu(ItemOutcome::Failed {
+            error: "Unknown Error".into(),
+        });
+        assert!(failed(&[done, broken]));
+    }
+}

@@ -1,0 +1,183 @@
+//! `gpuctl slurm prolog|epilog|healthcheck`: what packaging/slurm's scripts run under
+//! slurmd. They walk the same road as `clear`, `kill` and `reset`, through gpuctl-core's
+//! requests (`steps.rs`); what is Slurm's own here is reading the job from the environment
+//! (`job.rs`), turning a failure into a drain reason that names the GPU and the process to
+//! blame and undraining only what gpuctl drained (`drain.rs`), and the per-job account
+//! (`account.rs`). Nothing here uses the CLI's argument types past [`run`].
+
+mod account;
+mod drain;
+mod job;
+mod steps;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use gpuctl_core::config;
+use gpuctl_core::nvml::Place;
+use gpuctl_core::reclaim::Session;
+use gpuctl_core::verify::{self, GpuState};
+
+use crate::Exit;
+use account::Account;
+use drain::{NodeState, REASON_PREFIX, blame, drain_or_log, drain_reason, named_gpus, scontrol};
+use gpuctl::cli::SlurmCommand;
+use job::{Job, node_name};
+
+pub fn run(command: &SlurmCommand) -> Result<Exit> {
+    match command {
+        SlurmCommand::Prolog(args) => prolog(args.wait, args.no_drain),
+        SlurmCommand::Epilog(args) => epilog(args.timeout, args.no_drain),
+        SlurmCommand::Healthcheck(args) => healthcheck(args.node.as_deref(), args.dry_run),
+    }
+}
+
+/// `wait`: how long the job's GPUs may take to be free. `no_drain`: fail without draining.
+fn prolog(wait: Duration, no_drain: bool) -> Result<Exit> {
+    let job = Job::from_env()?;
+    if job.gpus.is_empty() {
+        return Ok(Exit::Ok);
+    }
+    let (log, session) = open("prolog");
+    match session.and_then(|session| steps::prolog(&job, wait, &session, &log)) {
+        Ok(problems) if problems.is_empty() => Ok(Exit::Ok),
+        Ok(problems) => {
+            drain_or_log(&log, &job.node, &drain_reason(&problems), no_drain);
+            Ok(Exit::Failed)
+        }
+        Err(error) => {
+            let reason = drain_reason(&[format!("prolog of job {}: {error:#}", job.id)]);
+            drain_or_log(&log, &job.node, &reason, no_drain);
+            Err(error)
+        }
+    }
+}
+
+/// `timeout`: how long a leftover gets after SIGTERM, and its memory to be released.
+fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
+    let job = Job::from_env()?;
+    let (log, session) = open("epilog");
+    let mut account = Account::new(&job);
+    match session.and_then(|session| steps::epilog(&job, timeout, &session, &mut account)) {
+        Ok(problems) if problems.is_empty() => {
+            account.finish(&log, None);
+            Ok(Exit::Ok)
+        }
+        Ok(problems) => {
+            let reason = drain_reason(&problems);
+            account.finish(&log, Some(&reason));
+            drain_or_log(&log, &job.node, &reason, no_drain);
+            Ok(Exit::Failed)
+        }
+        Err(error) => {
+            let reason = drain_reason(&[format!("epilog of job {}: {error:#}", job.id)]);
+            account.finish(&log, Some(&reason));
+            drain_or_log(&log, &job.node, &reason, no_drain);
+            Err(error)
+        }
+    }
+}
+
+/// Resumes `node` (default: this one) if gpuctl drained it and the GPUs its reason names
+/// are free; `dry_run`: only says so.
+fn healthcheck(node: Option<&str>, dry_run: bool) -> Result<Exit> {
+    let loaded = config::load()?;
+    let log = Log::new("healthcheck", Some(&loaded));
+    let node = node_name(node);
+    let shown = scontrol(&["show", "node", &node]).map_err(anyhow::Error::msg)?;
+    let state = NodeState::parse(&shown)
+        .with_context(|| format!("scontrol show node {node}: no State= in its answer"))?;
+    if !state.drained() {
+        return Ok(Exit::Ok);
+    }
+    let Some(reason) = state
+        .reason
+        .as_deref()
+        .filter(|r| r.starts_with(REASON_PREFIX))
+    else {
+        // An admin's drain (or Slurm's own): theirs to lift.
+        return Ok(Exit::Ok);
+    };
+    // NVML only for a node gpuctl drained: most checks end above.
+    let Session { gpus, .. } = Session::with(loaded)?;
+    let named = named_gpus(reason);
+    // The GPUs the reason names, where they still resolve; every GPU otherwise.
+    let places: Option<Vec<Place>> = match gpus.resolve_places(&named) {
+        Ok(places) if !named.is_empty() => Some(places),
+        _ => None,
+    };
+    let look = verify::wait_until_free(&gpus, places.as_deref(), Duration::ZERO, None)?;
+    if !look.met {
+        let busy: Vec<GpuState> = look.gpus.into_iter().filter(|g| !g.free).collect();
+        let seen = steps::held_by(&gpus, &busy);
+        log.line(&format!(
+            "{node} stays drained: {}",
+            blame(&busy, &[], seen.as_ref()).join("; ")
+        ));
+        return Ok(Exit::Ok);
+    }
+    if dry_run {
+        log.line(&format!(
+            "{node} would be resumed: its GPUs are free (drained for: {reason})"
+        ));
+        return Ok(Exit::Ok);
+    }
+    scontrol(&["update", &format!("NodeName={node}"), "State=RESUME"])
+        .map_err(anyhow::Error::msg)?;
+    log.line(&format!(
+        "resumed {node}: its GPUs are free (drained for: {reason})"
+    ));
+    Ok(Exit::Ok)
+}
+
+/// The configuration, the log it places, and NVML: read once per command.
+fn open(command: &'static str) -> (Log, Result<Session>) {
+    match config::load() {
+        Ok(loaded) => (
+            Log::new(command, Some(&loaded)),
+            Session::with(loaded).map_err(Into::into),
+        ),
+        Err(error) => (Log::new(command, None), Err(error.into())),
+    }
+}
+
+/// What the Slurm commands did, for admins: to stderr and, with a time, to slurm.log in the
+/// watchdog's state directory (slurmd keeps no prolog or epilog output).
+struct Log {
+    command: &'static str,
+    dir: Option<PathBuf>,
+}
+
+impl Log {
+    fn new(command: &'static str, loaded: Option<&config::Loaded>) -> Log {
+        Log {
+            command,
+            dir: config::watchdog_state_dir(loaded),
+        }
+    }
+
+    fn line(&self, text: &str) {
+        eprintln!("gpuctl slurm {}: {text}", self.command);
+        if let Some(dir) = &self.dir {
+            let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
+            let _ = append(
+                &dir.join("slurm.log"),
+                &format!("{stamp} {}: {text}", self.command),
+            );
+        }
+    }
+}
+
+/// Appends one line in one write (O_APPEND), so concurrent epilogs' lines do not interleave.
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    file.write_all(format!("{line}\n").as_bytes())
+}

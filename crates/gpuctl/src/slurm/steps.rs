@@ -1,0 +1,149 @@
+//! What the prolog and epilog do, as gpuctl-core requests: the prolog is `clear --wait` on
+//! the job's GPUs; the epilog is `kill --owner slurm:JOB`, a wait for the job's GPUs to be
+//! released, and `reset` of their settings. Each returns what went wrong, as the parts of
+//! a drain reason.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use gpuctl_core::act::Signal;
+use gpuctl_core::nvml::{Gpus, Place};
+use gpuctl_core::reclaim::{
+    self, ClearRequest, Cleared, Ending, KillRequest, Killed, ResetRequest, Session,
+};
+use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
+use gpuctl_core::units;
+use gpuctl_core::verify::{self, GpuState};
+
+use super::Log;
+use super::account::Account;
+use super::drain::{blame, failure, process_label};
+use super::job::Job;
+
+/// Leftovers of earlier runs on the job's GPUs ended, then a wait of at most `wait` for the
+/// GPUs to be free.
+pub fn prolog(job: &Job, wait: Duration, session: &Session, log: &Log) -> Result<Vec<String>> {
+    let request = ClearRequest {
+        gpus: job.gpus.clone(),
+        wait: Some(wait),
+        ending: Ending::default(),
+        ..ClearRequest::default()
+    };
+    let Cleared { outcomes, wait, .. } = reclaim::clear(session, &request)?;
+    let ended = outcomes.iter().filter(|o| o.succeeded()).count();
+    if ended > 0 {
+        log.line(&format!(
+            "job {}: ended {ended} leftover{} of earlier runs on GPU {}",
+            job.id,
+            units::plural(ended, "s"),
+            job.gpus.join(",")
+        ));
+    }
+    let not_free: Vec<GpuState> = wait
+        .map(|w| w.gpus.into_iter().filter(|g| !g.free).collect())
+        .unwrap_or_default();
+    let seen = held_by(&session.gpus, &not_free);
+    Ok(blame(&not_free, &outcomes, seen.as_ref()))
+}
+
+/// End the job's leftovers (each given `timeout` after SIGTERM), check its GPUs are
+/// released, restore their settings.
+pub fn epilog(
+    job: &Job,
+    timeout: Duration,
+    session: &Session,
+    account: &mut Account,
+) -> Result<Vec<String>> {
+    let request = KillRequest {
+        owners: vec![job.owner()?],
+        ending: Ending {
+            signal: Signal::TERM,
+            timeout,
+        },
+        ..KillRequest::default()
+    };
+    let mut problems = Vec::new();
+    let Killed { outcomes, refused } = reclaim::kill(session, &request)?.unwrap_or(Killed {
+        outcomes: Vec::new(),
+        refused: Vec::new(),
+    });
+    account.leftovers(&outcomes);
+    for refusal in &refused {
+        problems.push(format!("pid {}: {}", refusal.pid, refusal.reason));
+    }
+
+    let gpus = &session.gpus;
+    let places = if job.gpus.is_empty() {
+        Vec::new()
+    } else {
+        gpus.resolve_places(&job.gpus)?
+    };
+    let not_free: Vec<GpuState> = if places.is_empty() {
+        Vec::new()
+    } else {
+        verify::wait_until_free(gpus, Some(&places), timeout, None)?
+            .gpus
+            .into_iter()
+            .filter(|g| !g.free)
+            .collect()
+    };
+    let seen = look(gpus, &places);
+    if let Some(seen) = &seen {
+        account.allocated(seen, &places);
+    }
+    problems.extend(blame(&not_free, &outcomes, seen.as_ref()));
+    // A leftover that would not die, on a GPU the job was not given (or with none).
+    for outcome in outcomes.iter().filter(|o| !o.succeeded()) {
+        let on_reported = outcome
+            .target
+            .gpus
+            .iter()
+            .any(|g| not_free.iter().any(|s| s.index == *g));
+        if !on_reported {
+            problems.push(format!(
+                "GPU {}: {} {}",
+                units::gpu_list(&outcome.target.gpus),
+                process_label(
+                    outcome.target.pid,
+                    &outcome.target.owner_name(),
+                    &outcome.target.command
+                ),
+                failure(outcome)
+            ));
+        }
+    }
+
+    if !job.gpus.is_empty() {
+        let request = ResetRequest {
+            gpus: job.gpus.clone(),
+            ..ResetRequest::default()
+        };
+        for gpu in &reclaim::reset(session, &request)? {
+            for item in gpu.items.iter().filter(|i| i.outcome.is_failure()) {
+                problems.push(format!(
+                    "GPU {}: {} not restored ({})",
+                    gpu.index,
+                    item.item.label(),
+                    item.outcome.label()
+                ));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// One look at the GPUs that are not free, for who holds them; none when all are.
+pub fn held_by(gpus: &Gpus, not_free: &[GpuState]) -> Option<Snapshot> {
+    let places: Vec<Place> = not_free.iter().map(|g| Place::whole(g.index)).collect();
+    look(gpus, &places)
+}
+
+/// One look at `places`' GPUs: their UUIDs, MIG instances and processes.
+fn look(gpus: &Gpus, places: &[Place]) -> Option<Snapshot> {
+    let mut indices = Place::gpus(places);
+    indices.dedup();
+    if indices.is_empty() {
+        return None;
+    }
+    Snapshot::take(gpus, &SnapshotOptions::info(Some(indices))).ok()
+}
