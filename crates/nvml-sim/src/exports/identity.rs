@@ -8,9 +8,9 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(d: nvmlDevice_t, out: *mut c_uint) -
     // A MIG device answers its index under its parent: nvidia-smi prints it as "MIG Dev"
     // (found by answering a marker and reading where it landed) and lists no MIG device
     // whose index fails.
-    guard!(with_target(d, None, |_, t| match t {
-        Target::Gpu(i) => unsafe { put(out, i as c_uint) },
-        Target::Mig { index, .. } => unsafe { put(out, index as c_uint) },
+    guard!(mut out => with_target(d, None, |_, t| match t {
+        Target::Gpu(i) => put(out, i as c_uint),
+        Target::Mig { index, .. } => put(out, index as c_uint),
     }))
 }
 
@@ -19,7 +19,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::MinorNumber), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::MinorNumber), |s, i| {
         put(out, s.gpu(i).minor)
     }))
 }
@@ -30,7 +30,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |s, t| {
+    guard!(buf name => with_target(d, None, |s, t| {
         let n = match t {
             Target::Gpu(i) => s.gpu(i).name.clone(),
             Target::Mig { gpu, index, .. } => {
@@ -38,7 +38,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
                 format!("{} MIG {}", g.name, g.mig[index].profile.name)
             }
         };
-        unsafe { put_str(name, length, &n) }
+        put_str(name, length, &n)
     }))
 }
 
@@ -48,12 +48,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |s, t| {
+    guard!(buf uuid => with_target(d, None, |s, t| {
         let u = match t {
             Target::Gpu(i) => s.gpu(i).uuid.clone(),
             Target::Mig { gpu, gi, ci, .. } => crate::mig::mig_uuid(&s.gpu(gpu).uuid, gi, ci),
         };
-        unsafe { put_str(uuid, length, &u) }
+        put_str(uuid, length, &u)
     }))
 }
 
@@ -63,14 +63,14 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     serial: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Serial), |s, i| unsafe {
+    guard!(buf serial => with_dev(d, Some(Feature::Serial), |s, i| {
         put_str(serial, length, &s.gpu(i).serial)
     }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetBrand(d: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Brand), |_, _| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Brand), |_, _| {
         put(out, NVML_BRAND_NVIDIA)
     }))
 }
@@ -80,7 +80,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Architecture), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Architecture), |s, i| {
         put(out, s.gpu(i).architecture)
     }))
 }
@@ -91,15 +91,14 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut c_int,
     minor: *mut c_int,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::CudaComputeCapability), |s, i| {
-        if major.is_null() || minor.is_null() {
+    guard!(mut major, minor => with_dev(d, Some(Feature::CudaComputeCapability), |s, i| {
+        let (Some(major), Some(minor)) = (major, minor) else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         let (a, b) = s.gpu(i).cuda_cc;
-        unsafe {
-            put(major, a);
-            put(minor, b)
-        }
+        *major = a;
+        *minor = b;
+        NVML_SUCCESS
     }))
 }
 
@@ -121,7 +120,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
     d: nvmlDevice_t,
     out: *mut nvmlPciInfo_v1_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::PciInfo), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::PciInfo), |s, i| {
         let g = s.gpu(i);
         let v1 = nvmlPciInfo_v1_t {
             busId: fill_chars(&g.pci.legacy()),
@@ -132,7 +131,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
             pciSubSystemId: g.pci_subsystem_id,
             reserved: [0; 4],
         };
-        unsafe { put(out, v1) }
+        put(out, v1)
     }))
 }
 
@@ -141,7 +140,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     d: nvmlDevice_t,
     out: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::PciInfo), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::PciInfo), |s, i| {
         put(out, pci_info(s, i))
     }))
 }
@@ -151,7 +150,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     d: nvmlDevice_t,
     out: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::PciInfo), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::PciInfo), |s, i| {
         put(out, pci_info(s, i))
     }))
 }

@@ -11,7 +11,39 @@ use crate::sim::{self, INIT_COUNT, Sim, handle_of, index_of};
 use crate::state::{AppClocks, ClockRange};
 use crate::types::*;
 
+/// Runs an export's body under catch_unwind. The forms with `mut` and `buf` first take the
+/// pointer parameters they name, once, into what the body works on:
+///
+/// - `mut p, q => body`: each out-pointer becomes an `Option<&mut T>` (`None` for null);
+/// - `buf b => body`: each caller array (a string, a list) becomes a [`Buf`], sliced where
+///   its length is known;
+/// - `mut p; buf b => body`: both.
+///
+/// The null check stays in the body ([`put`], `let Some(..) else`), where each export has
+/// always made it: after the device checks (uninitialized, lost, hang, injected fault,
+/// unsupported), whose return codes come first.
 macro_rules! guard {
+    (mut $($p:ident),+ ; buf $($b:ident),+ => $body:expr) => {
+        guard!(mut $($p),+ => guard!(@buf $($b),+ => $body))
+    };
+    (mut $($p:ident),+ => $body:expr) => {
+        guard!({
+            // SAFETY: NVML's contract for an out-parameter: null, or the address of a `T`
+            // the caller owns for the call (aligned, as every C object is) and no one else
+            // touches meanwhile. Each is a distinct parameter, so no two alias.
+            let ($($p,)+) = unsafe { ($($p.as_mut(),)+) };
+            $body
+        })
+    };
+    (buf $($b:ident),+ => $body:expr) => {
+        guard!(guard!(@buf $($b),+ => $body))
+    };
+    (@buf $($b:ident),+ => $body:expr) => {{
+        // SAFETY: NVML's contract for a caller array: null, or as many writable elements as
+        // the call's length (or count) argument says, which is what `Buf::new` asks.
+        let ($($b,)+) = unsafe { ($(Buf::new($b),)+) };
+        $body
+    }};
     ($body:expr) => {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> nvmlReturn_t { $body })) {
             Ok(code) => code,
@@ -158,28 +190,55 @@ fn fixed(
     with_dev(device, None, f)
 }
 
-/// Writes `v` through `p`; a null `p` is INVALID_ARGUMENT.
-unsafe fn put<T>(p: *mut T, v: T) -> nvmlReturn_t {
-    if p.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
+/// Writes `v` to an out-parameter; a null one is INVALID_ARGUMENT.
+fn put<T>(out: Option<&mut T>, v: T) -> nvmlReturn_t {
+    match out {
+        None => NVML_ERROR_INVALID_ARGUMENT,
+        Some(out) => {
+            *out = v;
+            NVML_SUCCESS
+        }
     }
-    // SAFETY: the caller passes a pointer to a writable T (the NVML contract).
-    unsafe { p.write_unaligned(v) };
-    NVML_SUCCESS
+}
+
+/// A caller's array (a string buffer, a list). How many elements it holds is another
+/// argument, read in the body, so it stays a pointer until [`Buf::slice`] is given that.
+struct Buf<T>(*mut T);
+
+impl<T> Buf<T> {
+    /// # Safety
+    ///
+    /// `p` is null, or points to as many writable `T` as the call's length or count
+    /// argument says (or nvml.h fixes), owned by the caller for the call.
+    unsafe fn new(p: *mut T) -> Self {
+        Buf(p)
+    }
+
+    fn is_null(&self) -> bool {
+        self.0.is_null()
+    }
+
+    /// The array as the `len` elements the caller said it holds; `None` when null.
+    fn slice<'a>(self, len: usize) -> Option<&'a mut [T]> {
+        // SAFETY: non-null, and `Buf::new`'s contract is that it holds `len` elements;
+        // `self` is consumed, so the slice is the only view of it.
+        (!self.0.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(self.0, len) })
+    }
 }
 
 /// Copies `s` and a NUL into a caller buffer of `len` bytes.
-unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> nvmlReturn_t {
+fn put_str(buf: Buf<c_char>, len: c_uint, s: &str) -> nvmlReturn_t {
     if buf.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     if s.len() + 1 > len as usize {
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    // SAFETY: the buffer holds at least `len` >= s.len() + 1 bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), s.len());
-        *buf.add(s.len()) = 0;
+    let Some(buf) = buf.slice(s.len() + 1) else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    for (o, b) in buf.iter_mut().zip(s.bytes().chain([0])) {
+        *o = b as c_char;
     }
     NVML_SUCCESS
 }
@@ -195,25 +254,30 @@ fn fill_chars<const N: usize>(s: &str) -> [c_char; N] {
 /// The size-query convention of NVML list functions: with a null buffer or a count too
 /// small, write the needed count and return INSUFFICIENT_SIZE; an empty list is SUCCESS
 /// with count 0.
-unsafe fn put_list<T: Copy>(count: *mut c_uint, out: *mut T, items: &[T]) -> nvmlReturn_t {
-    if count.is_null() {
+fn put_list<T: Copy>(count: Option<&mut c_uint>, out: Buf<T>, items: &[T]) -> nvmlReturn_t {
+    let Some(count) = count else {
         return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    let cap = *count as usize;
+    *count = items.len() as c_uint;
+    if items.is_empty() {
+        return NVML_SUCCESS;
     }
-    // SAFETY: count is non-null and points to a c_uint (NVML contract).
-    unsafe {
-        let cap = *count as usize;
-        *count = items.len() as c_uint;
-        if items.is_empty() {
-            return NVML_SUCCESS;
-        }
-        if out.is_null() || cap < items.len() {
-            return NVML_ERROR_INSUFFICIENT_SIZE;
-        }
-        std::ptr::copy_nonoverlapping(items.as_ptr(), out, items.len());
+    if cap < items.len() {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    NVML_SUCCESS
+    match out.slice(items.len()) {
+        None => NVML_ERROR_INSUFFICIENT_SIZE,
+        Some(out) => {
+            out.copy_from_slice(items);
+            NVML_SUCCESS
+        }
+    }
 }
 
+/// # Safety
+///
+/// `p` is null or a NUL-terminated string that outlives `'a`.
 unsafe fn c_str<'a>(p: *const c_char) -> Option<&'a str> {
     if p.is_null() {
         return None;

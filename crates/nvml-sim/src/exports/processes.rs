@@ -20,10 +20,10 @@ pub(super) fn procs_of(
         .collect()
 }
 
-unsafe fn running_v1(
+fn running_v1(
     d: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
+    count: Option<&mut c_uint>,
+    infos: Buf<nvmlProcessInfo_v1_t>,
     want: fn(crate::scenario::ProcKind) -> bool,
 ) -> nvmlReturn_t {
     with_target(d, Some(Feature::Processes), |s, t| {
@@ -34,14 +34,14 @@ unsafe fn running_v1(
                 usedGpuMemory: p.used_bytes.unwrap_or(NVML_VALUE_NOT_AVAILABLE_ULL),
             })
             .collect();
-        unsafe { put_list(count, infos, &items) }
+        put_list(count, infos, &items)
     })
 }
 
-unsafe fn running_v2(
+fn running_v2(
     d: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
+    count: Option<&mut c_uint>,
+    infos: Buf<nvmlProcessInfo_t>,
     want: fn(crate::scenario::ProcKind) -> bool,
 ) -> nvmlReturn_t {
     with_target(d, Some(Feature::Processes), |s, t| {
@@ -54,7 +54,7 @@ unsafe fn running_v2(
                 computeInstanceId: p.instance.map_or(NO_INSTANCE_ID, |i| i.1),
             })
             .collect();
-        unsafe { put_list(count, infos, &items) }
+        put_list(count, infos, &items)
     })
 }
 
@@ -79,7 +79,7 @@ macro_rules! process_queries {
             count: *mut c_uint,
             infos: *mut nvmlProcessInfo_v1_t,
         ) -> nvmlReturn_t {
-            guard!(unsafe { running_v1(d, count, infos, $want) })
+            guard!(mut count; buf infos => running_v1(d, count, infos, $want))
         }
 
         #[unsafe(no_mangle)]
@@ -88,7 +88,7 @@ macro_rules! process_queries {
             count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t,
         ) -> nvmlReturn_t {
-            guard!(unsafe { running_v2(d, count, infos, $want) })
+            guard!(mut count; buf infos => running_v2(d, count, infos, $want))
         }
 
         #[unsafe(no_mangle)]
@@ -97,7 +97,7 @@ macro_rules! process_queries {
             count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t,
         ) -> nvmlReturn_t {
-            guard!(unsafe { running_v2(d, count, infos, $want) })
+            guard!(mut count; buf infos => running_v2(d, count, infos, $want))
         }
     )*};
 }
@@ -118,10 +118,10 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut c_uint,
     last_seen: c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::ProcessUtilization), |s, i| {
-        if count.is_null() {
+    guard!(mut count; buf samples => with_dev(d, Some(Feature::ProcessUtilization), |s, i| {
+        let Some(count) = count else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         if s.gpu(i).mig_mode {
             return NVML_ERROR_NOT_SUPPORTED;
         }
@@ -143,10 +143,10 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
                 .collect()
         };
         if items.is_empty() {
-            unsafe { *count = 0 };
+            *count = 0;
             return NVML_ERROR_NOT_FOUND;
         }
-        unsafe { put_list(count, samples, &items) }
+        put_list(Some(count), samples, &items)
     }))
 }
 
@@ -155,15 +155,13 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
     d: nvmlDevice_t,
     info: *mut nvmlProcessesUtilizationInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::ProcessUtilization), |s, i| {
-        if info.is_null() {
+    guard!(mut info => with_dev(d, Some(Feature::ProcessUtilization), |s, i| {
+        let Some(info) = info else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         if s.gpu(i).mig_mode {
             return NVML_ERROR_NOT_SUPPORTED;
         }
-        // SAFETY: non-null pointer to the caller's struct.
-        let info = unsafe { &mut *info };
         if info.version != NVML_PROCESSES_UTILIZATION_INFO_V1 {
             return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         }
@@ -190,6 +188,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
             info.processSamplesCount = 0;
             return NVML_ERROR_NOT_FOUND;
         }
-        unsafe { put_list(&mut info.processSamplesCount, info.procUtilArray, &items) }
+        // SAFETY: the struct's contract: procUtilArray is null or holds processSamplesCount
+        // entries.
+        let array = unsafe { Buf::new(info.procUtilArray) };
+        put_list(Some(&mut info.processSamplesCount), array, &items)
     }))
 }

@@ -16,22 +16,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     d: nvmlDevice_t,
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, Some(Feature::Memory), |s, t| {
-        if out.is_null() {
+    guard!(mut out => with_target(d, Some(Feature::Memory), |s, t| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let (total, _reserved, free, _used) = memory_of(s, t);
         // v1 folds the reserved memory into `used`.
-        unsafe {
-            put(
-                out,
-                nvmlMemory_t {
-                    total,
-                    free,
-                    used: total - free,
-                },
-            )
-        }
+        put(
+            out,
+            nvmlMemory_t {
+                total,
+                free,
+                used: total - free,
+            },
+        )
     }))
 }
 
@@ -40,28 +38,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     d: nvmlDevice_t,
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, Some(Feature::Memory), |s, t| {
-        if out.is_null() {
+    guard!(mut out => with_target(d, Some(Feature::Memory), |s, t| {
+        let Some(out) = out else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        // SAFETY: non-null pointer to the caller's struct, whose first field is the version.
-        let version = unsafe { std::ptr::addr_of!((*out).version).read_unaligned() };
+        };
+        let version = out.version;
         if version != NVML_MEMORY_V2 {
             return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         }
         let (total, reserved, free, used) = memory_of(s, t);
-        unsafe {
-            put(
-                out,
-                nvmlMemory_v2_t {
-                    version,
-                    total,
-                    reserved,
-                    free,
-                    used,
-                },
-            )
-        }
+        put(
+            Some(out),
+            nvmlMemory_v2_t {
+                version,
+                total,
+                reserved,
+                free,
+                used,
+            },
+        )
     }))
 }
 
@@ -70,8 +65,8 @@ pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
     d: nvmlDevice_t,
     out: *mut nvmlBAR1Memory_t,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, Some(Feature::Bar1Memory), |s, t| {
-        if out.is_null() {
+    guard!(mut out => with_target(d, Some(Feature::Bar1Memory), |s, t| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         // A MIG device maps its share of the BAR1 aperture: its memory slices of eight.
@@ -83,16 +78,14 @@ pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
             ),
         };
         let used = (1 + 2 * procs) * MIB;
-        unsafe {
-            put(
-                out,
-                nvmlBAR1Memory_t {
-                    bar1Total: total,
-                    bar1Free: total - used,
-                    bar1Used: used,
-                },
-            )
-        }
+        put(
+            out,
+            nvmlBAR1Memory_t {
+                bar1Total: total,
+                bar1Free: total - used,
+                bar1Used: used,
+            },
+        )
     }))
 }
 
@@ -101,8 +94,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     d: nvmlDevice_t,
     out: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Utilization), |s, i| {
-        if out.is_null() {
+    guard!(mut out => with_dev(d, Some(Feature::Utilization), |s, i| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         // A MIG-enabled GPU has no whole-GPU utilization counters (nor do its MIG devices).
@@ -110,7 +103,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
             return NVML_ERROR_NOT_SUPPORTED;
         }
         let (gpu, memory) = s.utilization(i);
-        unsafe { put(out, nvmlUtilization_t { gpu, memory }) }
+        put(out, nvmlUtilization_t { gpu, memory })
     }))
 }
 
@@ -128,12 +121,12 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Temperature), |s, i| {
-        if sensor != NVML_TEMPERATURE_GPU || out.is_null() {
+    guard!(mut out => with_dev(d, Some(Feature::Temperature), |s, i| {
+        if sensor != NVML_TEMPERATURE_GPU || out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let t = temperature(s, i);
-        unsafe { put(out, t) }
+        put(out, t)
     }))
 }
 
@@ -152,12 +145,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Power), |s, i| {
-        if out.is_null() {
+    guard!(mut out => with_dev(d, Some(Feature::Power), |s, i| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let p = power_usage(s, i);
-        unsafe { put(out, p) }
+        put(out, p)
     }))
 }
 
@@ -166,7 +159,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Power), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Power), |s, i| {
         put(out, s.gpu(i).power_limit_mw)
     }))
 }
@@ -176,7 +169,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Power), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Power), |s, i| {
         put(out, s.gpu(i).power_limit_mw)
     }))
 }
@@ -186,17 +179,17 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Power), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Power), |s, i| {
         put(out, s.gpu(i).power_limit_mw)
     }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(d: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Fan), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::Fan), |s, i| {
         match s.gpu(i).fan_pct {
             None => NVML_ERROR_NOT_SUPPORTED,
-            Some(f) => unsafe { put(out, f) },
+            Some(f) => put(out, f),
         }
     }))
 }
@@ -207,11 +200,11 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
     fan: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Fan), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::Fan), |s, i| {
         match s.gpu(i).fan_pct {
             None => NVML_ERROR_NOT_SUPPORTED,
             Some(_) if fan != 0 => NVML_ERROR_INVALID_ARGUMENT,
-            Some(f) => unsafe { put(out, f) },
+            Some(f) => put(out, f),
         }
     }))
 }
@@ -221,10 +214,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPerformanceState(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(
+    guard!(mut out => with_dev(
         d,
         Some(Feature::PerformanceState),
-        |_, _| unsafe { put(out, 0) }
+        |_, _| put(out, 0)
     ))
 }
 
@@ -277,12 +270,12 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     kind: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(
+    guard!(mut out => with_dev(
         d,
         Some(Feature::Clocks),
         |s, i| match current_clock(s, i, kind) {
             None => NVML_ERROR_INVALID_ARGUMENT,
-            Some(c) => unsafe { put(out, c) },
+            Some(c) => put(out, c),
         }
     ))
 }
@@ -293,10 +286,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     kind: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Clocks), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
         match max_clock(s, i, kind) {
             None => NVML_ERROR_INVALID_ARGUMENT,
-            Some(c) => unsafe { put(out, c) },
+            Some(c) => put(out, c),
         }
     }))
 }

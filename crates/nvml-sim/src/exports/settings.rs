@@ -8,12 +8,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::PersistenceMode), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::PersistenceMode), |s, i| {
         let on = s
             .gpu_state(i)
             .persistence_mode
             .unwrap_or(s.gpu(i).persistence_mode);
-        unsafe { put(out, on as c_uint) }
+        put(out, on as c_uint)
     }))
 }
 
@@ -38,14 +38,14 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::ComputeMode), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::ComputeMode), |s, i| {
         let mode = s
             .gpu_state(i)
             .compute_mode
             .as_deref()
             .and_then(ComputeMode::parse)
             .unwrap_or(s.gpu(i).compute_mode);
-        unsafe { put(out, mode.to_nvml()) }
+        put(out, mode.to_nvml())
     }))
 }
 
@@ -85,10 +85,10 @@ pub unsafe extern "C" fn nvmlDeviceGetApplicationsClock(
     kind: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::ApplicationsClocks), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::ApplicationsClocks), |s, i| {
         match app_clock(s, i, kind, false) {
             None => NVML_ERROR_INVALID_ARGUMENT,
-            Some(c) => unsafe { put(out, c) },
+            Some(c) => put(out, c),
         }
     }))
 }
@@ -99,10 +99,10 @@ pub unsafe extern "C" fn nvmlDeviceGetDefaultApplicationsClock(
     kind: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::ApplicationsClocks), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::ApplicationsClocks), |s, i| {
         match app_clock(s, i, kind, true) {
             None => NVML_ERROR_INVALID_ARGUMENT,
-            Some(c) => unsafe { put(out, c) },
+            Some(c) => put(out, c),
         }
     }))
 }
@@ -241,9 +241,9 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingMode(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Accounting), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::Accounting), |s, i| {
         let on = s.gpu_state(i).accounting_mode.unwrap_or(false);
-        unsafe { put(out, on as c_uint) }
+        put(out, on as c_uint)
     }))
 }
 
@@ -281,8 +281,8 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
     count: *mut c_uint,
     pids: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Accounting), |s, i| {
-        if count.is_null() {
+    guard!(mut count; buf pids => with_dev(d, Some(Feature::Accounting), |s, i| {
+        if count.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let st = s.gpu_state(i);
@@ -299,6 +299,6 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
             let recorded = list.clone();
             let _ = s.update_gpu_state(i, |g| g.accounting_pids = recorded);
         }
-        unsafe { put_list(count, pids, &list) }
+        put_list(count, pids, &list)
     }))
 }

@@ -67,7 +67,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_sim(|s| unsafe {
+    guard!(buf version => with_sim(|s| {
         put_str(version, length, &s.scenario.driver_version)
     }))
 }
@@ -77,21 +77,21 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_sim(|s| unsafe {
+    guard!(buf version => with_sim(|s| {
         put_str(version, length, &s.scenario.nvml_version)
     }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> nvmlReturn_t {
-    guard!(with_sim(|s| unsafe {
+    guard!(mut v => with_sim(|s| {
         put(v, s.scenario.cuda_driver_version)
     }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvmlReturn_t {
-    guard!(with_sim(|s| unsafe {
+    guard!(mut v => with_sim(|s| {
         put(v, s.scenario.cuda_driver_version)
     }))
 }
@@ -117,14 +117,14 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_sim(|_| match process_name(pid) {
+    guard!(buf name => with_sim(|_| match process_name(pid) {
         None => NVML_ERROR_NOT_FOUND,
         Some(n) => {
             let n: String = n
                 .chars()
                 .take((length as usize).saturating_sub(1))
                 .collect();
-            unsafe { put_str(name, length, &n) }
+            put_str(name, length, &n)
         }
     }))
 }
