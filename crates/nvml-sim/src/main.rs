@@ -236,6 +236,8 @@ fn leader_exited(pid: i32) -> bool {
     let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) };
     // With WNOHANG, si_pid stays 0 while the child runs; an error means there is nothing to
     // wait for.
+    // SAFETY: waitid filled `info` in for a child-state event (or left it zeroed), which is
+    // when si_pid is the field to read.
     r != 0 || unsafe { info.si_pid() } != 0
 }
 

@@ -175,7 +175,10 @@ fn gpu_and_compute_instances() {
     let gpu = nvml.device_by_index(0).unwrap();
     // SAFETY: the handle stays valid while `nvml` lives.
     let h = unsafe { gpu.handle() };
+    // SAFETY: the sim's library runs no code at load that could misbehave.
     let lib = unsafe { libloading::Library::new(lib_path()) }.unwrap();
+    // SAFETY: each symbol is typed as nvml.h declares it, and every pointer passed points to
+    // a zeroed struct or array of the size the call writes, owned here.
     unsafe {
         let profile_info = lib
             .get::<ProfileInfoFn>(b"nvmlDeviceGetGpuInstanceProfileInfo")

@@ -13,7 +13,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDisplayActive(
     d: nvmlDevice_t,
     active: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetDisplayActive", d, |_, _| unsafe {
+    guard!(mut active => fixed("nvmlDeviceGetDisplayActive", d, |_, _| {
         put(active, DISABLED)
     }))
 }
@@ -23,7 +23,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDisplayMode(
     d: nvmlDevice_t,
     mode: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetDisplayMode", d, |_, _| unsafe {
+    guard!(mut mode => fixed("nvmlDeviceGetDisplayMode", d, |_, _| {
         put(mode, DISABLED)
     }))
 }
@@ -35,14 +35,13 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetEccMode", d, |_, _| {
-        if current.is_null() || pending.is_null() {
+    guard!(mut current, pending => fixed("nvmlDeviceGetEccMode", d, |_, _| {
+        let (Some(current), Some(pending)) = (current, pending) else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe {
-            put(current, ENABLED);
-            put(pending, ENABLED)
-        }
+        };
+        *current = ENABLED;
+        *pending = ENABLED;
+        NVML_SUCCESS
     }))
 }
 
@@ -52,7 +51,7 @@ pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
     d: nvmlDevice_t,
     mode: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetVirtualizationMode", d, |_, _| unsafe {
+    guard!(mut mode => fixed("nvmlDeviceGetVirtualizationMode", d, |_, _| {
         put(mode, 0)
     }))
 }

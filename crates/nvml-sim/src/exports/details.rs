@@ -33,9 +33,9 @@ macro_rules! fixed_uint {
     ($($name:ident => |$s:ident, $i:ident| $value:expr;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(d: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
-            guard!(fixed(stringify!($name), d, |$s, $i| {
+            guard!(mut out => fixed(stringify!($name), d, |$s, $i| {
                 let _ = (&$s, &$i);
-                unsafe { put(out, $value) }
+                put(out, $value)
             }))
         }
     )*};
@@ -65,7 +65,7 @@ macro_rules! fixed_str {
             buf: *mut c_char,
             len: c_uint,
         ) -> nvmlReturn_t {
-            guard!(fixed(stringify!($name), d, |$s, $i| unsafe { put_str(buf, len, $value) }))
+            guard!(buf buf => fixed(stringify!($name), d, |$s, $i| put_str(buf, len, $value)))
         }
     )*};
 }
@@ -84,12 +84,12 @@ pub unsafe extern "C" fn nvmlDeviceGetInforomVersion(
     buf: *mut c_char,
     len: c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(buf buf => fixed(
         "nvmlDeviceGetInforomVersion",
         d,
         |_, _| match object {
-            0 => unsafe { put_str(buf, len, "2.1") },
-            1 => unsafe { put_str(buf, len, "7.16") },
+            0 => put_str(buf, len, "2.1"),
+            1 => put_str(buf, len, "7.16"),
             2 => NVML_ERROR_NOT_SUPPORTED,
             _ => NVML_ERROR_INVALID_ARGUMENT,
         }
@@ -103,7 +103,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGspFirmwareVersion(
     d: nvmlDevice_t,
     buf: *mut c_char,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetGspFirmwareVersion", d, |s, _| unsafe {
+    guard!(buf buf => fixed("nvmlDeviceGetGspFirmwareVersion", d, |s, _| {
         put_str(buf, 64, &s.scenario.driver_version)
     }))
 }
@@ -114,11 +114,11 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(mut out => fixed(
         "nvmlDeviceGetPcieThroughput",
         d,
         |_, _| match counter {
-            0 | 1 => unsafe { put(out, 0) },
+            0 | 1 => put(out, 0),
             _ => NVML_ERROR_INVALID_ARGUMENT,
         }
     ))
@@ -133,14 +133,13 @@ macro_rules! idle_engine {
             util: *mut c_uint,
             period_us: *mut c_uint,
         ) -> nvmlReturn_t {
-            guard!(fixed(stringify!($name), d, |_, _| {
-                if util.is_null() || period_us.is_null() {
+            guard!(mut util, period_us => fixed(stringify!($name), d, |_, _| {
+                let (Some(util), Some(period_us)) = (util, period_us) else {
                     return NVML_ERROR_INVALID_ARGUMENT;
-                }
-                unsafe {
-                    put(util, 0);
-                    put(period_us, 167_000)
-                }
+                };
+                *util = 0;
+                *period_us = 167_000;
+                NVML_SUCCESS
             }))
         }
     )*};
@@ -160,15 +159,14 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderStats(
     fps: *mut c_uint,
     latency_us: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetEncoderStats", d, |_, _| {
-        if sessions.is_null() || fps.is_null() || latency_us.is_null() {
+    guard!(mut sessions, fps, latency_us => fixed("nvmlDeviceGetEncoderStats", d, |_, _| {
+        let (Some(sessions), Some(fps), Some(latency_us)) = (sessions, fps, latency_us) else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe {
-            put(sessions, 0);
-            put(fps, 0);
-            put(latency_us, 0)
-        }
+        };
+        *sessions = 0;
+        *fps = 0;
+        *latency_us = 0;
+        NVML_SUCCESS
     }))
 }
 
@@ -177,7 +175,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFBCStats(
     d: nvmlDevice_t,
     out: *mut nvmlFBCStats_t,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetFBCStats", d, |_, _| unsafe {
+    guard!(mut out => fixed("nvmlDeviceGetFBCStats", d, |_, _| {
         put(
             out,
             nvmlFBCStats_t {
@@ -195,10 +193,10 @@ pub unsafe extern "C" fn nvmlDeviceGetConfComputeProtectedMemoryUsage(
     d: nvmlDevice_t,
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(mut out => fixed(
         "nvmlDeviceGetConfComputeProtectedMemoryUsage",
         d,
-        |_, _| unsafe {
+        |_, _| {
             put(
                 out,
                 nvmlMemory_t {
@@ -225,11 +223,11 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter_type: c_uint,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed_mig_too("nvmlDeviceGetTotalEccErrors", d, |_| {
+    guard!(mut out => fixed_mig_too("nvmlDeviceGetTotalEccErrors", d, |_| {
         if error_type >= ECC_ERROR_TYPES || counter_type >= ECC_COUNTER_TYPES {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        unsafe { put(out, 0) }
+        put(out, 0)
     }))
 }
 
@@ -241,14 +239,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
     location: c_uint,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed_mig_too("nvmlDeviceGetMemoryErrorCounter", d, |_| {
+    guard!(mut out => fixed_mig_too("nvmlDeviceGetMemoryErrorCounter", d, |_| {
         if error_type >= ECC_ERROR_TYPES
             || counter_type >= ECC_COUNTER_TYPES
             || location >= MEMORY_LOCATIONS
         {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        unsafe { put(out, 0) }
+        put(out, 0)
     }))
 }
 
@@ -261,35 +259,32 @@ pub unsafe extern "C" fn nvmlDeviceGetSramEccErrorStatus(
     d: nvmlDevice_t,
     out: *mut nvmlEccSramErrorStatus_v1_t,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetSramEccErrorStatus", d, |_, _| {
-        if out.is_null() {
+    guard!(mut out => fixed("nvmlDeviceGetSramEccErrorStatus", d, |_, _| {
+        let Some(out) = out else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        // SAFETY: non-null pointer to the caller's struct, whose first field is the version.
-        let version = unsafe { std::ptr::addr_of!((*out).version).read_unaligned() };
+        };
+        let version = out.version;
         if version != ECC_SRAM_ERROR_STATUS_V1 {
             return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         }
-        unsafe {
-            put(
-                out,
-                nvmlEccSramErrorStatus_v1_t {
-                    version,
-                    aggregateUncParity: 0,
-                    aggregateUncSecDed: 0,
-                    aggregateCor: 0,
-                    volatileUncParity: 0,
-                    volatileUncSecDed: 0,
-                    volatileCor: 0,
-                    aggregateUncBucketL2: 0,
-                    aggregateUncBucketSm: 0,
-                    aggregateUncBucketPcie: 0,
-                    aggregateUncBucketMcu: 0,
-                    aggregateUncBucketOther: 0,
-                    bThresholdExceeded: 0,
-                },
-            )
-        }
+        put(
+            Some(out),
+            nvmlEccSramErrorStatus_v1_t {
+                version,
+                aggregateUncParity: 0,
+                aggregateUncSecDed: 0,
+                aggregateCor: 0,
+                volatileUncParity: 0,
+                volatileUncSecDed: 0,
+                volatileCor: 0,
+                aggregateUncBucketL2: 0,
+                aggregateUncBucketSm: 0,
+                aggregateUncBucketPcie: 0,
+                aggregateUncBucketMcu: 0,
+                aggregateUncBucketOther: 0,
+                bThresholdExceeded: 0,
+            },
+        )
     }))
 }
 
@@ -301,19 +296,17 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     pending: *mut c_uint,
     failed: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetRemappedRows", d, |_, _| {
-        if [corrected, uncorrected, pending, failed]
-            .iter()
-            .any(|p| p.is_null())
-        {
+    guard!(mut corrected, uncorrected, pending, failed => fixed("nvmlDeviceGetRemappedRows", d, |_, _| {
+        let (Some(corrected), Some(uncorrected), Some(pending), Some(failed)) =
+            (corrected, uncorrected, pending, failed)
+        else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe {
-            put(corrected, 0);
-            put(uncorrected, 0);
-            put(pending, 0);
-            put(failed, 0)
-        }
+        };
+        *corrected = 0;
+        *uncorrected = 0;
+        *pending = 0;
+        *failed = 0;
+        NVML_SUCCESS
     }))
 }
 
@@ -324,10 +317,10 @@ pub unsafe extern "C" fn nvmlDeviceGetRowRemapperHistogram(
     d: nvmlDevice_t,
     out: *mut nvmlRowRemapperHistogramValues_t,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(mut out => fixed(
         "nvmlDeviceGetRowRemapperHistogram",
         d,
-        |_, _| unsafe {
+        |_, _| {
             put(
                 out,
                 nvmlRowRemapperHistogramValues_t {
@@ -363,7 +356,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
     threshold: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetTemperatureThreshold", d, |_, _| {
+    guard!(mut out => fixed("nvmlDeviceGetTemperatureThreshold", d, |_, _| {
         let value = match threshold {
             0 => SHUTDOWN_C,
             1 => SLOWDOWN_C,
@@ -372,7 +365,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
             4..=6 => return NVML_ERROR_NOT_SUPPORTED,
             _ => return NVML_ERROR_INVALID_ARGUMENT,
         };
-        unsafe { put(out, value) }
+        put(out, value)
     }))
 }
 
@@ -384,10 +377,10 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
     d: nvmlDevice_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(mut out => fixed(
         "nvmlDeviceGetSupportedClocksThrottleReasons",
         d,
-        |_, _| unsafe { put(out, CLOCK_EVENT_REASONS_ALL) }
+        |_, _| put(out, CLOCK_EVENT_REASONS_ALL)
     ))
 }
 
@@ -396,10 +389,10 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksEventReasons(
     d: nvmlDevice_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(fixed(
+    guard!(mut out => fixed(
         "nvmlDeviceGetSupportedClocksEventReasons",
         d,
-        |_, _| unsafe { put(out, CLOCK_EVENT_REASONS_ALL) }
+        |_, _| put(out, CLOCK_EVENT_REASONS_ALL)
     ))
 }
 
@@ -414,7 +407,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     d: nvmlDevice_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Clocks), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
         put(out, clock_event_reasons(s, i))
     }))
 }
@@ -424,7 +417,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     d: nvmlDevice_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Clocks), |s, i| unsafe {
+    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
         put(out, clock_event_reasons(s, i))
     }))
 }
@@ -438,7 +431,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClock(
     id: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, Some(Feature::Clocks), |s, i| {
+    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
         let mhz = match id {
             0 => current_clock(s, i, kind),
             1 => app_clock(s, i, kind, false),
@@ -448,7 +441,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClock(
         };
         match mhz {
             None => NVML_ERROR_INVALID_ARGUMENT,
-            Some(mhz) => unsafe { put(out, mhz) },
+            Some(mhz) => put(out, mhz),
         }
     }))
 }
@@ -459,7 +452,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
     d: nvmlDevice_t,
     out: *mut nvmlGpuFabricInfo_t,
 ) -> nvmlReturn_t {
-    guard!(fixed("nvmlDeviceGetGpuFabricInfo", d, |_, _| unsafe {
+    guard!(mut out => fixed("nvmlDeviceGetGpuFabricInfo", d, |_, _| {
         put(
             out,
             nvmlGpuFabricInfo_t {
@@ -488,10 +481,10 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
     count: *mut c_uint,
     samples: *mut nvmlSample_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| {
-        if value_type.is_null() || count.is_null() {
+    guard!(mut value_type, count; buf samples => with_dev(d, None, |s, i| {
+        let (Some(value_type), Some(count)) = (value_type, count) else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         let value = match kind {
             0 => power_usage(s, i),
             // No whole-GPU utilization counters in MIG mode (as nvmlDeviceGetUtilizationRates).
@@ -505,16 +498,16 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             _ => return NVML_ERROR_INVALID_ARGUMENT,
         };
         let now = sim::now_unix_us();
-        unsafe { put(value_type, VALUE_TYPE_UNSIGNED_INT) };
+        *value_type = VALUE_TYPE_UNSIGNED_INT;
         if last_seen >= now {
-            unsafe { *count = 0 };
+            *count = 0;
             return NVML_ERROR_NOT_FOUND;
         }
         let sample = nvmlSample_t {
             timeStamp: now,
             sampleValue: nvmlValue_t { uiVal: value },
         };
-        unsafe { put_list(count, samples, &[sample]) }
+        put_list(Some(count), samples, &[sample])
     }))
 }
 
@@ -566,12 +559,13 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     count: c_int,
     values: *mut nvmlFieldValue_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| {
+    guard!(buf values => with_dev(d, None, |s, i| {
         if values.is_null() || count < 0 {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        // SAFETY: the caller passes `count` field values.
-        let values = unsafe { std::slice::from_raw_parts_mut(values, count as usize) };
+        let Some(values) = values.slice(count as usize) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
         let now = sim::now_unix_us() as i64;
         for v in values {
             v.timestamp = now;

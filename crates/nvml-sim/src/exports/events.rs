@@ -32,16 +32,17 @@ fn live(set: nvmlEventSet_t) -> bool {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
-    guard!(with_sim(|_| {
-        if set.is_null() {
+    guard!(mut set => with_sim(|_| {
+        let Some(set) = set else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         let p = Box::into_raw(Box::<EventSet>::default()) as nvmlEventSet_t;
         SETS.lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashSet::new)
             .insert(p as usize);
-        unsafe { put(set, p) }
+        *set = p;
+        NVML_SUCCESS
     }))
 }
 
@@ -68,7 +69,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(with_dev(device, None, |_, _| unsafe {
+    guard!(mut types => with_dev(device, None, |_, _| {
         put(types, SUPPORTED_EVENTS)
     }))
 }
@@ -98,11 +99,15 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
 
 /// No event is ever pending: waits `timeout_ms` (at most a second a call, so a client that
 /// passes a huge timeout still gets TIMEOUT back and can be stopped) and times out.
-fn wait(set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeout_ms: c_uint) -> nvmlReturn_t {
+fn wait(
+    set: nvmlEventSet_t,
+    data: Option<&mut nvmlEventData_t>,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
     if crate::sim::INIT_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         return NVML_ERROR_UNINITIALIZED;
     }
-    if !live(set) || data.is_null() {
+    if !live(set) || data.is_none() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     std::thread::sleep(Duration::from_millis(u64::from(timeout_ms).min(1000)));
@@ -115,7 +120,7 @@ pub unsafe extern "C" fn nvmlEventSetWait(
     data: *mut nvmlEventData_t,
     timeout_ms: c_uint,
 ) -> nvmlReturn_t {
-    guard!(wait(set, data, timeout_ms))
+    guard!(mut data => wait(set, data, timeout_ms))
 }
 
 #[unsafe(no_mangle)]
@@ -124,5 +129,5 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut nvmlEventData_t,
     timeout_ms: c_uint,
 ) -> nvmlReturn_t {
-    guard!(wait(set, data, timeout_ms))
+    guard!(mut data => wait(set, data, timeout_ms))
 }

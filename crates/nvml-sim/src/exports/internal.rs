@@ -95,34 +95,54 @@ const _: () = {
 
 type Args = [usize; 6];
 
-fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
+/// Runs slot `slot` on the six words nvidia-smi passed it.
+///
+/// # Safety
+///
+/// `a` holds what the slot's contract (the table in the module docs) names: each pointer
+/// null or valid for the call. Words a slot does not use are never read.
+unsafe fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
     if FIXED_SLOTS.contains(&slot) {
         trace::gap(format_args!("export table slot {slot}"), Gap::Default);
     }
     match slot {
         SLOT_LOG => NVML_SUCCESS,
+        // SAFETY: `a` is slot 12's arguments (this function's contract).
         SLOT_PARSE_PCI_BUS_ID => unsafe { parse_pci_bus_id(a) },
+        // SAFETY: `a` is slot 75's arguments (this function's contract).
         SLOT_PCI_LOCATION_BY_INDEX => unsafe { pci_location(a) },
-        // SAFETY (all three): nvidia-smi passes the pointers the slot's contract names.
-        SLOT_HANDLE_BY_INDEX => unsafe { by_index(a[0] as c_uint, a[1] as *mut nvmlDevice_t) },
+        // SAFETY: slot 81's second word is the out-parameter of a handle.
+        SLOT_HANDLE_BY_INDEX => by_index(a[0] as c_uint, unsafe { out_arg(a[1]) }),
+        // SAFETY: `a` is slot 213's arguments (this function's contract).
         SLOT_COMPUTE_PROCESSES => unsafe { process_list(a, is_compute) },
+        // SAFETY: `a` is slot 214's arguments (this function's contract).
         SLOT_GRAPHICS_PROCESSES => unsafe { process_list(a, is_graphics) },
+        // SAFETY: `a` is slot 215's arguments (this function's contract).
         SLOT_MPS_PROCESSES => unsafe { process_list(a, is_mps) },
-        SLOT_VOLTAGE => fixed_uint(a, |_, _| 670_000),
-        SLOT_HOST_MAX_PCIE_GEN => fixed_uint(a, |_, _| 5),
+        // SAFETY: in each fixed_uint slot the second word is an `unsigned *` (or `int *`).
+        SLOT_VOLTAGE => unsafe { fixed_uint(a, |_, _| 670_000) },
+        // SAFETY: as above.
+        SLOT_HOST_MAX_PCIE_GEN => unsafe { fixed_uint(a, |_, _| 5) },
         SLOT_GPU_PART_NUMBER => {
-            let (device, buf, len) = (a[0] as nvmlDevice_t, a[1] as *mut c_char, a[2] as c_uint);
+            let (device, len) = (a[0] as nvmlDevice_t, a[2] as c_uint);
+            // SAFETY: slot 231's second word is a buffer of `len` (the third) bytes.
+            let buf = unsafe { Buf::new(a[1] as *mut c_char) };
             with_dev(device, None, |s, i| {
                 // The part number begins with the PCI device id (0x2330 H100 SXM, 0x2335 H200).
                 let part = format!("{:04X}-885-A1", s.gpu(i).pci_device_id >> 16);
-                unsafe { put_str(buf, len, &part) }
+                put_str(buf, len, &part)
             })
         }
-        SLOT_TLIMIT_TEMPERATURE => fixed_uint(a, |s, i| {
-            (super::details::GPU_MAX_OPERATING_C as i32 - temperature(s, i) as i32) as c_uint
-        }),
-        SLOT_ADDRESSING_MODE => fixed_uint(a, |_, _| 0),
-        SLOT_SPARSE_OPERATION_MODE => fixed_uint(a, |_, _| 0),
+        // SAFETY: as the other fixed_uint slots.
+        SLOT_TLIMIT_TEMPERATURE => unsafe {
+            fixed_uint(a, |s, i| {
+                (super::details::GPU_MAX_OPERATING_C as i32 - temperature(s, i) as i32) as c_uint
+            })
+        },
+        // SAFETY: as the other fixed_uint slots.
+        SLOT_ADDRESSING_MODE => unsafe { fixed_uint(a, |_, _| 0) },
+        // SAFETY: as the other fixed_uint slots.
+        SLOT_SPARSE_OPERATION_MODE => unsafe { fixed_uint(a, |_, _| 0) },
         _ => {
             trace::gap(format_args!("export table slot {slot}"), Gap::NotModelled);
             unmodelled_slot()
@@ -130,46 +150,78 @@ fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
     }
 }
 
+/// A slot's word as the out-parameter its contract names there (`None` for null).
+///
+/// # Safety
+///
+/// `w` is null or the address of a `T` the caller owns for the call.
+unsafe fn out_arg<'a, T>(w: usize) -> Option<&'a mut T> {
+    // SAFETY: as this function's contract.
+    unsafe { (w as *mut T).as_mut() }
+}
+
+/// # Safety
+///
+/// `a` is slot 12's arguments: a NUL-terminated string and four `unsigned *` (or nulls).
 unsafe fn parse_pci_bus_id(a: Args) -> nvmlReturn_t {
-    let parts = [a[1], a[2], a[3], a[4]].map(|p| p as *mut c_uint);
-    if parts.iter().any(|p| p.is_null()) {
+    // SAFETY: as this function's contract; the four out-parameters are distinct.
+    let (bus_id, parts) = unsafe {
+        (
+            c_str(a[0] as *const c_char),
+            [a[1], a[2], a[3], a[4]].map(|w| out_arg::<c_uint>(w)),
+        )
+    };
+    let [Some(domain), Some(bus), Some(device), Some(function)] = parts else {
         return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    match unsafe { c_str(a[0] as *const c_char) }.and_then(PciBusId::parse) {
+    };
+    match bus_id.and_then(PciBusId::parse) {
         None => NVML_ERROR_INVALID_ARGUMENT,
-        Some(id) => unsafe {
-            put(parts[0], id.domain);
-            put(parts[1], id.bus);
-            put(parts[2], id.device);
-            put(parts[3], id.function)
-        },
+        Some(id) => {
+            *domain = id.domain;
+            *bus = id.bus;
+            *device = id.device;
+            *function = id.function;
+            NVML_SUCCESS
+        }
     }
 }
 
+/// # Safety
+///
+/// `a` is slot 75's arguments: an index and three `unsigned *` (or nulls).
 unsafe fn pci_location(a: Args) -> nvmlReturn_t {
-    let parts = [a[1], a[2], a[3]].map(|p| p as *mut c_uint);
+    // SAFETY: as this function's contract; the three out-parameters are distinct.
+    let parts = unsafe { [a[1], a[2], a[3]].map(|w| out_arg::<c_uint>(w)) };
     with_sim(|s| {
         s.refresh();
         let index = a[0] as c_uint as usize;
-        if index >= s.scenario.gpus.len() || parts.iter().any(|p| p.is_null()) {
+        if index >= s.scenario.gpus.len() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
+        let [Some(domain), Some(bus), Some(device)] = parts else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
         // A lost GPU's location is still known (the driver enumerated it at load), so
         // `-i BUS_ID` of a healthy GPU passes it by.
         let pci = s.gpu(index).pci;
-        unsafe {
-            put(parts[0], pci.domain);
-            put(parts[1], pci.bus);
-            put(parts[2], pci.device)
-        }
+        *domain = pci.domain;
+        *bus = pci.bus;
+        *device = pci.device;
+        NVML_SUCCESS
     })
 }
 
 /// A slot of shape `(nvmlDevice_t, unsigned *out)` answered without a scenario key.
-fn fixed_uint(a: Args, value: impl FnOnce(&mut Sim, usize) -> c_uint) -> nvmlReturn_t {
+///
+/// # Safety
+///
+/// `a[1]` is null or the address of an `unsigned` the caller owns for the call.
+unsafe fn fixed_uint(a: Args, value: impl FnOnce(&mut Sim, usize) -> c_uint) -> nvmlReturn_t {
+    // SAFETY: as this function's contract.
+    let out = unsafe { out_arg::<c_uint>(a[1]) };
     with_dev(a[0] as nvmlDevice_t, None, |s, i| {
         let v = value(s, i);
-        unsafe { put(a[1] as *mut c_uint, v) }
+        put(out, v)
     })
 }
 
@@ -177,12 +229,19 @@ fn unmodelled_slot() -> nvmlReturn_t {
     crate::unmodelled()
 }
 
+/// # Safety
+///
+/// `a` is the arguments of slot 213, 214 or 215: a device, an `unsigned *count` and an
+/// array of `*count` records (or nulls).
 unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> nvmlReturn_t {
-    let (device, count, out) = (
-        a[0] as nvmlDevice_t,
-        a[1] as *mut c_uint,
-        a[2] as *mut ProcessRecord,
-    );
+    let device = a[0] as nvmlDevice_t;
+    // SAFETY: as this function's contract.
+    let (count, out) = unsafe {
+        (
+            out_arg::<c_uint>(a[1]),
+            Buf::new(a[2] as *mut ProcessRecord),
+        )
+    };
     with_target(device, Some(Feature::Processes), |s, t| {
         let records: Vec<ProcessRecord> = procs_of(s, t, want)
             .into_iter()
@@ -197,7 +256,7 @@ unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> 
                 name: fill_chars(&process_name(p.real_pid).unwrap_or_default()),
             })
             .collect();
-        unsafe { put_list(count, out, &records) }
+        put_list(count, out, &records)
     })
 }
 
@@ -210,7 +269,9 @@ extern "C" fn slot<const N: usize>(
     a4: usize,
     a5: usize,
 ) -> nvmlReturn_t {
-    guard!(dispatch(N, [a0, a1, a2, a3, a4, a5]))
+    // SAFETY: nvidia-smi calls slot N with the arguments its contract names (module docs);
+    // the words past them are whatever its registers held, and go unread.
+    guard!(unsafe { dispatch(N, [a0, a1, a2, a3, a4, a5]) })
 }
 
 type SlotFn = extern "C" fn(usize, usize, usize, usize, usize, usize) -> nvmlReturn_t;
@@ -276,8 +337,8 @@ pub unsafe extern "C" fn nvmlInternalGetExportTable(
     out: *mut *const c_void,
     id: *const c_void,
 ) -> nvmlReturn_t {
-    guard!({
-        if out.is_null() || id.is_null() {
+    guard!(mut out => {
+        if out.is_none() || id.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         // SAFETY: an export-table id is 16 bytes.
@@ -289,6 +350,6 @@ pub unsafe extern "C" fn nvmlInternalGetExportTable(
             );
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        unsafe { put(out, table().as_ptr().cast()) }
+        put(out, table().as_ptr().cast())
     })
 }

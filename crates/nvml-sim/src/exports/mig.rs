@@ -15,16 +15,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| {
-        if current.is_null() || pending.is_null() {
+    guard!(mut current, pending => with_dev(d, None, |s, i| {
+        let (Some(current), Some(pending)) = (current, pending) else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         let g = s.gpu(i);
         let mode = |on: bool| if on { ENABLED } else { DISABLED };
-        unsafe {
-            put(current, mode(g.mig_mode));
-            put(pending, mode(g.mig_pending))
-        }
+        *current = mode(g.mig_mode);
+        *pending = mode(g.mig_pending);
+        NVML_SUCCESS
     }))
 }
 
@@ -34,13 +33,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     d: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| {
+    guard!(mut count => with_dev(d, None, |s, i| {
         let n = if s.gpu(i).mig_mode {
             MAX_MIG_DEVICES
         } else {
             0
         };
-        unsafe { put(count, n) }
+        put(count, n)
     }))
 }
 
@@ -49,7 +48,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     d: nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |_, t| unsafe {
+    guard!(mut is_mig => with_target(d, None, |_, t| {
         put(is_mig, matches!(t, Target::Mig { .. }) as c_uint)
     }))
 }
@@ -62,14 +61,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(d, None, |s, i| {
+    guard!(mut out => with_dev(d, None, |s, i| {
         let g = s.gpu(i);
-        if !g.mig_mode || out.is_null() || index >= MAX_MIG_DEVICES {
+        if !g.mig_mode || out.is_none() || index >= MAX_MIG_DEVICES {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         match g.mig.get(index as usize) {
             None => NVML_ERROR_NOT_FOUND,
-            Some(m) => unsafe { put(out, mig_handle(i, m.gi, m.ci)) },
+            Some(m) => put(out, mig_handle(i, m.gi, m.ci)),
         }
     }))
 }
@@ -79,8 +78,8 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     d: nvmlDevice_t,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |_, t| match t {
-        Target::Mig { gpu, .. } => unsafe { put(out, handle_of(gpu)) },
+    guard!(mut out => with_target(d, None, |_, t| match t {
+        Target::Mig { gpu, .. } => put(out, handle_of(gpu)),
         Target::Gpu(_) => NVML_ERROR_INVALID_ARGUMENT,
     }))
 }
@@ -90,8 +89,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |_, t| match t {
-        Target::Mig { gi, .. } => unsafe { put(out, gi) },
+    guard!(mut out => with_target(d, None, |_, t| match t {
+        Target::Mig { gi, .. } => put(out, gi),
         Target::Gpu(_) => NVML_ERROR_INVALID_ARGUMENT,
     }))
 }
@@ -101,35 +100,33 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     d: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_target(d, None, |_, t| match t {
-        Target::Mig { ci, .. } => unsafe { put(out, ci) },
+    guard!(mut out => with_target(d, None, |_, t| match t {
+        Target::Mig { ci, .. } => put(out, ci),
         Target::Gpu(_) => NVML_ERROR_INVALID_ARGUMENT,
     }))
 }
 
 /// A MIG device's share of the GPU (what nvidia-smi's MIG devices table shows: SM, CE,
 /// ENC, DEC, OFA, JPG). Whole GPUs answer NOT_SUPPORTED here.
-unsafe fn attributes(d: nvmlDevice_t, out: *mut nvmlDeviceAttributes_t) -> nvmlReturn_t {
+fn attributes(d: nvmlDevice_t, out: Option<&mut nvmlDeviceAttributes_t>) -> nvmlReturn_t {
     with_target(d, None, |s, t| match t {
         Target::Gpu(_) => NVML_ERROR_NOT_SUPPORTED,
         Target::Mig { gpu, index, .. } => {
             let p = s.gpu(gpu).mig[index].profile;
-            unsafe {
-                put(
-                    out,
-                    nvmlDeviceAttributes_t {
-                        multiprocessorCount: p.sms,
-                        sharedCopyEngineCount: p.copy_engines,
-                        sharedDecoderCount: p.decoders,
-                        sharedEncoderCount: p.encoders,
-                        sharedJpegCount: p.jpegs,
-                        sharedOfaCount: p.ofas,
-                        gpuInstanceSliceCount: p.slices,
-                        computeInstanceSliceCount: p.slices,
-                        memorySizeMB: p.memory_mib,
-                    },
-                )
-            }
+            put(
+                out,
+                nvmlDeviceAttributes_t {
+                    multiprocessorCount: p.sms,
+                    sharedCopyEngineCount: p.copy_engines,
+                    sharedDecoderCount: p.decoders,
+                    sharedEncoderCount: p.encoders,
+                    sharedJpegCount: p.jpegs,
+                    sharedOfaCount: p.ofas,
+                    gpuInstanceSliceCount: p.slices,
+                    computeInstanceSliceCount: p.slices,
+                    memorySizeMB: p.memory_mib,
+                },
+            )
         }
     })
 }
@@ -139,7 +136,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes(
     d: nvmlDevice_t,
     out: *mut nvmlDeviceAttributes_t,
 ) -> nvmlReturn_t {
-    guard!(unsafe { attributes(d, out) })
+    guard!(mut out => attributes(d, out))
 }
 
 #[unsafe(no_mangle)]
@@ -147,13 +144,13 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     d: nvmlDevice_t,
     out: *mut nvmlDeviceAttributes_t,
 ) -> nvmlReturn_t {
-    guard!(unsafe { attributes(d, out) })
+    guard!(mut out => attributes(d, out))
 }
 
 /// `nvmlDeviceGetHandleByUUID` for a `MIG-` UUID.
-pub(super) unsafe fn by_uuid(uuid: &str, out: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub(super) fn by_uuid(uuid: &str, out: Option<&mut nvmlDevice_t>) -> nvmlReturn_t {
     with_sim(|s| {
-        if out.is_null() {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         s.refresh();
@@ -166,7 +163,7 @@ pub(super) unsafe fn by_uuid(uuid: &str, out: *mut nvmlDevice_t) -> nvmlReturn_t
                     if g.lost {
                         return NVML_ERROR_GPU_IS_LOST;
                     }
-                    return unsafe { put(out, mig_handle(g.index as usize, m.gi, m.ci)) };
+                    return put(out, mig_handle(g.index as usize, m.gi, m.ci));
                 }
             }
         }
@@ -233,69 +230,81 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |_, _, table| {
+    guard!(mut info => with_mig_gpu(d, |_, _, table| {
         match profile_by_enum(table, profile) {
             Err(e) => e,
-            Ok(p) => unsafe { put(info, gi_profile_info(p)) },
+            Ok(p) => put(info, gi_profile_info(p)),
         }
     }))
 }
 
+// v3 drops a field of v2 and adds one: the same size and alignment, so the caller's struct
+// of either version is what `&mut nvmlGpuInstanceProfileInfo_v2_t` covers.
+const _: () = {
+    use std::mem::{align_of, size_of};
+    assert!(
+        size_of::<nvmlGpuInstanceProfileInfo_v2_t>()
+            == size_of::<nvmlGpuInstanceProfileInfo_v3_t>()
+    );
+    assert!(
+        align_of::<nvmlGpuInstanceProfileInfo_v2_t>()
+            == align_of::<nvmlGpuInstanceProfileInfo_v3_t>()
+    );
+};
+
 /// The versioned profile info (v2 and v3 share the head; v3 drops isP2pSupported and adds
 /// capabilities). The version decides the layout written.
-unsafe fn put_gi_profile_v(
+fn put_gi_profile_v(
     p: &MigProfile,
-    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
+    info: Option<&mut nvmlGpuInstanceProfileInfo_v2_t>,
 ) -> nvmlReturn_t {
-    if info.is_null() {
+    let Some(info) = info else {
         return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null; the version is the first field of every version.
-    let version = unsafe { std::ptr::addr_of!((*info).version).read_unaligned() };
+    };
+    let version = info.version;
     let name = format!("MIG {}", p.name);
     if version == NVML_GPU_INSTANCE_PROFILE_INFO_V2 {
         let v = gi_profile_info(p);
-        unsafe {
-            put(
-                info,
-                nvmlGpuInstanceProfileInfo_v2_t {
-                    version,
-                    id: v.id,
-                    isP2pSupported: v.isP2pSupported,
-                    sliceCount: v.sliceCount,
-                    instanceCount: v.instanceCount,
-                    multiprocessorCount: v.multiprocessorCount,
-                    copyEngineCount: v.copyEngineCount,
-                    decoderCount: v.decoderCount,
-                    encoderCount: v.encoderCount,
-                    jpegCount: v.jpegCount,
-                    ofaCount: v.ofaCount,
-                    memorySizeMB: v.memorySizeMB,
-                    name: fill_chars(&name),
-                },
-            )
-        }
+        put(
+            Some(info),
+            nvmlGpuInstanceProfileInfo_v2_t {
+                version,
+                id: v.id,
+                isP2pSupported: v.isP2pSupported,
+                sliceCount: v.sliceCount,
+                instanceCount: v.instanceCount,
+                multiprocessorCount: v.multiprocessorCount,
+                copyEngineCount: v.copyEngineCount,
+                decoderCount: v.decoderCount,
+                encoderCount: v.encoderCount,
+                jpegCount: v.jpegCount,
+                ofaCount: v.ofaCount,
+                memorySizeMB: v.memorySizeMB,
+                name: fill_chars(&name),
+            },
+        )
     } else if version == NVML_GPU_INSTANCE_PROFILE_INFO_V3 {
+        let info = std::ptr::from_mut(info).cast::<nvmlGpuInstanceProfileInfo_v3_t>();
+        // SAFETY: the caller's struct is a v3 (its version says so), of v2's size and
+        // alignment (asserted above), and `info` comes from the only reference to it.
         unsafe {
-            put(
-                info.cast::<nvmlGpuInstanceProfileInfo_v3_t>(),
-                nvmlGpuInstanceProfileInfo_v3_t {
-                    version,
-                    id: p.id,
-                    sliceCount: p.slices,
-                    instanceCount: p.instance_count,
-                    multiprocessorCount: p.sms,
-                    copyEngineCount: p.copy_engines,
-                    decoderCount: p.decoders,
-                    encoderCount: p.encoders,
-                    jpegCount: p.jpegs,
-                    ofaCount: p.ofas,
-                    memorySizeMB: p.memory_mib,
-                    name: fill_chars(&name),
-                    capabilities: 0,
-                },
-            )
-        }
+            info.write(nvmlGpuInstanceProfileInfo_v3_t {
+                version,
+                id: p.id,
+                sliceCount: p.slices,
+                instanceCount: p.instance_count,
+                multiprocessorCount: p.sms,
+                copyEngineCount: p.copy_engines,
+                decoderCount: p.decoders,
+                encoderCount: p.encoders,
+                jpegCount: p.jpegs,
+                ofaCount: p.ofas,
+                memorySizeMB: p.memory_mib,
+                name: fill_chars(&name),
+                capabilities: 0,
+            })
+        };
+        NVML_SUCCESS
     } else {
         NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     }
@@ -307,10 +316,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |_, _, table| {
+    guard!(mut info => with_mig_gpu(d, |_, _, table| {
         match profile_by_enum(table, profile) {
             Err(e) => e,
-            Ok(p) => unsafe { put_gi_profile_v(p, info) },
+            Ok(p) => put_gi_profile_v(p, info),
         }
     }))
 }
@@ -321,10 +330,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
     profile_id: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |_, _, table| {
+    guard!(mut info => with_mig_gpu(d, |_, _, table| {
         match profile_by_id(table, profile_id) {
             Err(e) => e,
-            Ok(p) => unsafe { put_gi_profile_v(p, info) },
+            Ok(p) => put_gi_profile_v(p, info),
         }
     }))
 }
@@ -337,7 +346,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |_, _, table| {
+    guard!(mut count; buf placements => with_mig_gpu(d, |_, _, table| {
         match profile_by_id(table, profile_id) {
             Err(e) => e,
             Ok(p) => {
@@ -349,7 +358,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
                         size: p.mem_slices,
                     })
                     .collect();
-                unsafe { put_list(count, placements, &items) }
+                put_list(count, placements, &items)
             }
         }
     }))
@@ -361,12 +370,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     profile_id: c_uint,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |s, i, table| {
+    guard!(mut count => with_mig_gpu(d, |s, i, table| {
         match profile_by_id(table, profile_id) {
             Err(e) => e,
             Ok(p) => {
                 let n = crate::mig::remaining_capacity(p, &s.gpu(i).mig);
-                unsafe { put(count, n) }
+                put(count, n)
             }
         }
     }))
@@ -381,10 +390,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     instances: *mut nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |s, i, table| {
-        if count.is_null() {
+    guard!(mut count; buf instances => with_mig_gpu(d, |s, i, table| {
+        let Some(count) = count else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         let p = match profile_by_id(table, profile_id) {
             Err(e) => return e,
             Ok(p) => p,
@@ -399,9 +408,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
         if !found.is_empty() && instances.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        unsafe {
-            *count = found.len() as c_uint;
-            std::ptr::copy_nonoverlapping(found.as_ptr(), instances, found.len());
+        *count = found.len() as c_uint;
+        // The array holds the profile's instanceCount, and no profile has more instances.
+        if let Some(instances) = instances.slice(found.len()) {
+            instances.copy_from_slice(&found);
         }
         NVML_SUCCESS
     }))
@@ -413,13 +423,13 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     out: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
-    guard!(with_mig_gpu(d, |s, i, _| {
-        if out.is_null() {
+    guard!(mut out => with_mig_gpu(d, |s, i, _| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         match s.gpu(i).mig.iter().find(|m| m.gi == id) {
             None => NVML_ERROR_NOT_FOUND,
-            Some(m) => unsafe { put(out, gi_handle(i, m.gi)) },
+            Some(m) => put(out, gi_handle(i, m.gi)),
         }
     }))
 }
@@ -455,7 +465,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     gi: nvmlGpuInstance_t,
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_gi(gi, |_, i, m| unsafe {
+    guard!(mut info => with_gi(gi, |_, i, m| {
         put(
             info,
             nvmlGpuInstanceInfo_t {
@@ -508,13 +518,13 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
-    guard!(with_gi(gi, |_, _, m| {
+    guard!(mut info => with_gi(gi, |_, _, m| {
         if eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         match ci_profile(&m, profile) {
             Err(e) => e,
-            Ok(c) => unsafe { put(info, ci_profile_info(&m, profile, c)) },
+            Ok(c) => put(info, ci_profile_info(&m, profile, c)),
         }
     }))
 }
@@ -526,6 +536,8 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
+    // `info` stays a pointer: a v3 is larger than the v2 it is declared as, so no
+    // `&mut` v2 may stand for it.
     guard!(with_gi(gi, |_, _, m| {
         if eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED || info.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -557,12 +569,14 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
             name: fill_chars(&name),
         };
         if version == NVML_COMPUTE_INSTANCE_PROFILE_INFO_V2 {
-            unsafe { put(info, v2) }
+            // SAFETY: non-null, and the caller's struct is a v2 (its version says so).
+            unsafe { info.write_unaligned(v2) };
+            NVML_SUCCESS
         } else if version == NVML_COMPUTE_INSTANCE_PROFILE_INFO_V3 {
+            // SAFETY: non-null, and the caller's struct is a v3 (its version says so).
             unsafe {
-                put(
-                    info.cast::<nvmlComputeInstanceProfileInfo_v3_t>(),
-                    nvmlComputeInstanceProfileInfo_v3_t {
+                info.cast::<nvmlComputeInstanceProfileInfo_v3_t>()
+                    .write_unaligned(nvmlComputeInstanceProfileInfo_v3_t {
                         version,
                         id: v2.id,
                         sliceCount: v2.sliceCount,
@@ -575,9 +589,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
                         sharedOfaCount: v2.sharedOfaCount,
                         name: v2.name,
                         capabilities: 0,
-                    },
-                )
-            }
+                    })
+            };
+            NVML_SUCCESS
         } else {
             NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         }
@@ -593,22 +607,20 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     out: *mut nvmlComputeInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard!(with_gi(gi, |_, i, m| {
-        if count.is_null() {
+    guard!(mut out, count => with_gi(gi, |_, i, m| {
+        let Some(count) = count else {
             return NVML_ERROR_INVALID_ARGUMENT;
-        }
+        };
         if let Err(e) = ci_profile(&m, profile) {
             return e;
         }
         let mine = profile == crate::mig::full_ci_profile(m.profile.slices);
-        if mine && out.is_null() {
+        if mine && out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        unsafe {
-            *count = mine as c_uint;
-            if mine {
-                *out = ci_handle(i, m.gi, m.ci);
-            }
+        *count = mine as c_uint;
+        if let (true, Some(out)) = (mine, out) {
+            *out = ci_handle(i, m.gi, m.ci);
         }
         NVML_SUCCESS
     }))
@@ -620,14 +632,14 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     id: c_uint,
     out: *mut nvmlComputeInstance_t,
 ) -> nvmlReturn_t {
-    guard!(with_gi(gi, |_, i, m| {
-        if out.is_null() {
+    guard!(mut out => with_gi(gi, |_, i, m| {
+        if out.is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         if id != m.ci {
             return NVML_ERROR_NOT_FOUND;
         }
-        unsafe { put(out, ci_handle(i, m.gi, m.ci)) }
+        put(out, ci_handle(i, m.gi, m.ci))
     }))
 }
 
@@ -638,13 +650,18 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
     count: *mut c_uint,
 ) -> nvmlReturn_t {
     // The one compute instance spans its GPU instance: no room for another.
-    guard!(with_gi(gi, |_, _, m| match ci_profile(&m, profile) {
+    guard!(mut count => with_gi(gi, |_, _, m| match ci_profile(&m, profile) {
         Err(e) => e,
-        Ok(_) => unsafe { put(count, 0) },
+        Ok(_) => put(count, 0),
     }))
 }
 
-fn ci_info(
+/// `info` stays a pointer: a v1 caller's struct is shorter than the one it is declared as.
+///
+/// # Safety
+///
+/// `info` is null, or a v2 struct (`v2`) or a v1 one (the 24-byte head) the caller owns.
+unsafe fn ci_info(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
     v2: bool,
@@ -667,9 +684,12 @@ fn ci_info(
             },
         };
         if v2 {
-            return unsafe { put(info, full) };
+            // SAFETY: non-null, and a v2 caller passes the whole struct.
+            unsafe { info.write_unaligned(full) };
+            return NVML_SUCCESS;
         }
         // v1 predates `placement`: write the 24-byte head only.
+        // SAFETY: non-null, and a v1 caller's struct is that 24-byte head.
         unsafe {
             let p = info.cast::<u8>();
             std::ptr::copy_nonoverlapping(std::ptr::from_ref(&full).cast::<u8>(), p, 24);
@@ -683,7 +703,8 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
-    guard!(ci_info(ci, info, false))
+    // SAFETY: the caller passes a v1 struct, or null.
+    guard!(unsafe { ci_info(ci, info, false) })
 }
 
 #[unsafe(no_mangle)]
@@ -691,5 +712,6 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
-    guard!(ci_info(ci, info, true))
+    // SAFETY: the caller passes a v2 struct, or null.
+    guard!(unsafe { ci_info(ci, info, true) })
 }
