@@ -360,16 +360,33 @@ fn healthy_run_and_holder(uid: Option<u32>) -> (TrainingRun, Proc, Sim) {
     (run, holder, sim)
 }
 
+/// The daemon's loop counter in the metrics file (0 before the file is written). The file
+/// is written at least once a second, so it may lag the daemon by that much.
+fn loops(sim: &Sim) -> u64 {
+    metrics(sim)
+        .lines()
+        .find_map(|line| line.strip_prefix("gpuctl_watchdog_loops_total "))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// Waits for `n` loops (the metrics file is written at least once a second).
 fn wait_for_loops(sim: &Sim, n: u64) {
-    let loops = |sim: &Sim| {
-        metrics(sim)
-            .lines()
-            .find_map(|line| line.strip_prefix("gpuctl_watchdog_loops_total "))
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
     wait_until(Duration::from_secs(10), || loops(sim) >= n);
+}
+
+/// Waits until the daemon has run `n` whole loops after this call: what a test then shows
+/// did not happen had that many chances to. Loops start at least `interval` apart, so this
+/// also lets (n - 1) intervals pass. Counted from the first write of the metrics file after
+/// the call, as the counter read now may lag the daemon.
+fn wait_more_loops(sim: &Sim, n: u64) {
+    let before = loops(sim);
+    let mut from = before;
+    wait_until(Duration::from_secs(10), || {
+        from = loops(sim);
+        from > before
+    });
+    wait_until(Duration::from_secs(10), || loops(sim) >= from + n);
 }
 
 /// SIGKILLs the run's parent and has the holder's main thread exit.
@@ -389,7 +406,9 @@ fn a_soak_with_healthy_jobs_coming_and_going_kills_nothing() {
     let mut runs: Vec<TrainingRun> = Vec::new();
     let soak = Instant::now();
     let mut round = 0;
-    while soak.elapsed() < Duration::from_secs(6) {
+    // At least 8 rounds (as many as 6 s of fixed sleeps gave): a round lasts as long as
+    // the daemon takes to loop over it.
+    while round < 8 || soak.elapsed() < Duration::from_secs(6) {
         round += 1;
         runs.push(TrainingRun::start(2, "sleep", "python3", &["train.py"]));
         if runs.len() > 2 {
@@ -402,8 +421,8 @@ fn a_soak_with_healthy_jobs_coming_and_going_kills_nothing() {
         } else {
             write_scenario(&sim, &busy, &runs);
         }
-        // Everything still registered is alive.
-        std::thread::sleep(Duration::from_millis(700));
+        // Everything still registered is alive, a few loops after the daemon saw it.
+        wait_more_loops(&sim, 3);
         assert!(
             alive(busy.pid(0)),
             "the busy job was killed:\n{}",
@@ -468,7 +487,7 @@ fn a_process_above_its_share_is_warned_then_terminated_or_only_warned_in_report_
                 Duration::from_secs(5),
             );
             // A few more loops: still alive, warned once.
-            std::thread::sleep(Duration::from_millis(600));
+            wait_more_loops(&sim, 3);
             assert!(alive(hog.pid()), "{}", daemon.log());
             assert_eq!(daemon.count(&["ACTION=warn", &pid]), 1, "{}", daemon.log());
             assert_eq!(daemon.count(&["ACTION=terminated"]), 0, "{}", daemon.log());
@@ -600,8 +619,9 @@ fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
         &["ACTION=left", "incomplete snapshot"],
         Duration::from_secs(5),
     );
-    // Well past grace + interval: nothing reclaimed from the incomplete snapshot.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Well past grace + interval (8 loops of 200ms: 1.4 s at least): nothing reclaimed from
+    // the incomplete snapshot.
+    wait_more_loops(&sim, 8);
     for &pid in &run.workers.pids {
         assert!(alive(pid), "{}", daemon.log());
     }
@@ -641,7 +661,9 @@ fn nvml_failing_mid_run_and_a_missing_library_keep_the_daemon_alive() {
     wait_until(Duration::from_secs(5), || {
         metrics(&sim).contains("gpuctl_nvml_up 0")
     });
-    std::thread::sleep(Duration::from_millis(1000));
+    // Loops go on while NVML is down; 8 of them (1.4 s at least) see retries at 200ms,
+    // 400ms and 800ms of backoff.
+    wait_more_loops(&sim, 8);
     daemon.assert_running();
     for &pid in &run.workers.pids {
         assert!(alive(pid), "{}", daemon.log());
@@ -774,7 +796,7 @@ fn the_daemon_in_dry_run_reclaims_nothing() {
             Duration::from_secs(5),
         );
     }
-    std::thread::sleep(Duration::from_millis(600));
+    wait_more_loops(&sim, 3);
     for &pid in &run.workers.pids {
         assert!(alive(pid), "{}", daemon.log());
     }
@@ -861,8 +883,8 @@ fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
             && line.contains("claims to be nvidia-persistenced but is not"),
         "{line}"
     );
-    // Several loops later (interval 200ms), still once.
-    std::thread::sleep(Duration::from_millis(800));
+    // Several loops later, still once.
+    wait_more_loops(&sim, 4);
     assert_eq!(daemon.count(&["ACTION=impostor"]), 1, "{}", daemon.log());
     daemon.assert_running();
 }
@@ -896,18 +918,9 @@ fn a_gpu_that_stops_answering_suspends_reclaim_and_the_daemon_keeps_going() {
         &["ACTION=suspended", "GPU 1 not answering after 1s"],
         Duration::from_secs(10),
     );
-    // Well past grace + interval, loops go on (no wait behind the blocked call) and nothing
-    // is reclaimed from the incomplete snapshot.
-    let loops = |sim: &Sim| {
-        metrics(sim)
-            .lines()
-            .find_map(|l| l.strip_prefix("gpuctl_watchdog_loops_total "))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let before = loops(&sim);
-    std::thread::sleep(Duration::from_millis(2000));
-    assert!(loops(&sim) >= before + 3, "{}", daemon.log());
+    // Loops go on (no wait behind the blocked call) well past grace + interval (8 loops of
+    // 200ms: 1.4 s at least), and nothing is reclaimed from the incomplete snapshot.
+    wait_more_loops(&sim, 8);
     for &pid in &run.workers.pids {
         assert!(alive(pid), "{}", daemon.log());
     }
@@ -1015,7 +1028,8 @@ fn a_soak_under_injected_faults_and_hangs_kills_nothing_healthy_and_reclaims_eve
             .chain(crashed.iter().map(|(r, g, _)| (r, *g)))
             .collect();
         sim.write(&scenario_of(hang, &all));
-        std::thread::sleep(Duration::from_millis(1500));
+        // As long as 1.5 s of loops at least.
+        wait_more_loops(&sim, 8);
 
         for (run, _) in &healthy {
             assert!(alive(run.parent.pid()), "round {round}:\n{}", daemon.log());
@@ -1125,8 +1139,8 @@ fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
         metrics(&sim).contains(&stuck_metric(0))
     });
 
-    // Busy at 650 W of 700: working, not stuck, however long.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Busy at 650 W of 700: working, not stuck, however long (8 loops: past stuck_after).
+    wait_more_loops(&sim, 8);
     assert_eq!(daemon.count(&["stuck"]), 0, "{}", daemon.log());
 
     // Power falls to 100 W (14 %): reported within stuck_after and a loop or two.
@@ -1136,7 +1150,7 @@ fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
     wait_until(Duration::from_secs(3), || {
         metrics(&sim).contains(&stuck_metric(1))
     });
-    std::thread::sleep(Duration::from_millis(800));
+    wait_more_loops(&sim, 4);
     assert_eq!(
         daemon.count(&["stuck for"]),
         1,
@@ -1166,9 +1180,20 @@ fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
         metrics(&sim).contains(&stuck_metric(0))
     });
     let reported = daemon.count(&["stuck for"]);
+    let used = |sim: &Sim| {
+        metrics(sim)
+            .lines()
+            .find(|l| l.starts_with("gpuctl_gpu_memory_used_bytes{gpu=\"0\""))
+            .map(str::to_string)
+    };
+    let mut seen = used(&sim);
     for step in 0..12u64 {
         sim.write(&at(100_000, 40960 + (step % 2) * 4096));
-        std::thread::sleep(Duration::from_millis(200));
+        // The next step once a loop saw this one's memory (the first step's is the same).
+        if step > 0 {
+            wait_until(Duration::from_secs(3), || used(&sim) != seen);
+            seen = used(&sim);
+        }
     }
     assert_eq!(daemon.count(&["stuck for"]), reported, "{}", daemon.log());
     assert!(

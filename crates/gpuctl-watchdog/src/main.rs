@@ -2,16 +2,21 @@
 //! xtask can generate the man page from it; the loop and its reporting live here.
 
 mod daemon;
+mod events;
+mod link;
 mod log;
 mod metrics;
 mod notify;
+mod publish;
+mod settings;
 mod signals;
 
 use clap::Parser;
 use gpuctl_watchdog::cli::Cli;
 
-use daemon::{Daemon, Settings};
+use daemon::Daemon;
 use gpuctl_core::exit::Exit;
+use settings::Settings;
 
 /// The command line as given (SIGHUP re-reads the configuration it names).
 pub(crate) fn cli_args() -> Cli {

@@ -76,15 +76,19 @@ mod tests {
         // The crate ends every assignment with a newline, the last one too.
         assert_eq!(&buffer[..n], b"RELOADING=1\nMONOTONIC_USEC=42\n");
 
+        // SAFETY: as above, this test alone touches these variables.
         unsafe { std::env::set_var("WATCHDOG_PID", "1") };
         assert_eq!(
             Notifier::from_env().watchdog,
             None,
             "another process's watchdog"
         );
+        // SAFETY: as above.
         unsafe { std::env::set_var("WATCHDOG_PID", &pid) };
+        // SAFETY: as above.
         unsafe { std::env::set_var("WATCHDOG_USEC", "0") };
         assert_eq!(Notifier::from_env().watchdog, None);
+        // SAFETY: as above.
         unsafe {
             std::env::remove_var("NOTIFY_SOCKET");
             std::env::remove_var("WATCHDOG_USEC");

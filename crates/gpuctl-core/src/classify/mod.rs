@@ -12,6 +12,7 @@
 //! evidence that its run died. Without that evidence it is reported, not reclaimed.
 
 mod above_fraction;
+pub mod grace;
 pub mod holders;
 mod orphaned;
 mod state;

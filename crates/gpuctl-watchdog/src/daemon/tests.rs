@@ -1,0 +1,137 @@
+//! The daemon's judgement over one pass, on a made-up snapshot.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use gpuctl_core::classify::Policy;
+use gpuctl_core::config::{self, Watchdog};
+use gpuctl_core::host::{HostProcess, ProcState};
+use gpuctl_core::plan::Guard;
+use gpuctl_core::protect::Protection;
+use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType, ReadTimes};
+
+use super::*;
+
+/// A daemon with `grace` and, when given, a fraction policy, acting on nothing real.
+fn daemon(grace: Duration, fraction: Option<&str>) -> Daemon {
+    let watchdog = Watchdog {
+        grace,
+        ..Watchdog::default()
+    };
+    let fraction = fraction.map(|text| {
+        let path = std::path::Path::new("/etc/gpuctl/gpuctl.toml");
+        Arc::new(config::Loaded {
+            system: Some((
+                config::Source::new(config::Origin::System, path),
+                config::parse(text, path).unwrap(),
+            )),
+            user: None,
+        })
+    });
+    let settings = Settings {
+        watchdog,
+        nvml_timeout: Duration::from_secs(10),
+        dry_run: true,
+        guard: Guard::for_this_process(Protection::default()),
+        policy: Policy {
+            fraction,
+            ..Policy::default()
+        },
+        source: "test".into(),
+    };
+    Daemon::new(
+        settings,
+        crate::log::Logger::from_env(),
+        Notifier::from_env(),
+    )
+}
+
+/// One GPU of 80 GiB with two processes: pid 10 a zombie holder, pid 11 holding 50 GiB.
+fn seen() -> Seen {
+    let process = |pid: u32, state: ProcState, threads: u32, gib: u64| {
+        let mut host = HostProcess::unconfirmed("test");
+        host.confirmed = true;
+        host.unconfirmed_reason = None;
+        host.state = Some(state);
+        host.threads = Some(threads);
+        host.ppid = Some(1);
+        host.pgid = Some(pid);
+        host.start_ticks = Some(1000 + u64::from(pid));
+        GpuProcess {
+            pid,
+            used_bytes: Some(gib << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: Some(0),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            host: Arc::new(host),
+        }
+    };
+    let gpu = GpuSnapshot {
+        memory: Some(Memory {
+            total_bytes: 80 << 30,
+            used_bytes: 52 << 30,
+            free_bytes: 28 << 30,
+            reserved_bytes: 0,
+            unattributed_bytes: Some(0),
+        }),
+        processes: vec![
+            process(10, ProcState::Zombie, 3, 2),
+            process(11, ProcState::Sleeping, 8, 50),
+        ],
+        ..GpuSnapshot::unread(0)
+    };
+    Seen {
+        snapshot: Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices: vec![gpu],
+            read_times: ReadTimes::default(),
+        },
+        lineages: PidMap::default(),
+        incomplete: None,
+        reopen: false,
+        now: Instant::now(),
+    }
+}
+
+fn due(judged: &Judged) -> Vec<(u32, Kind, Remedy)> {
+    judged
+        .due
+        .iter()
+        .map(|(f, remedy)| (f.identity.unwrap().pid, f.kind, *remedy))
+        .collect()
+}
+
+#[test]
+fn judge_holds_findings_for_the_grace_then_names_their_remedy() {
+    let mut waiting = daemon(
+        Duration::from_secs(3600),
+        Some("[fraction]\ndefault = 0.5\n"),
+    );
+    let judged = waiting.judge(&seen(), false);
+    assert_eq!(judged.stale.len(), 1, "the zombie holder is stale");
+    assert!(judged.over_ids.iter().any(|id| id.pid == 11));
+    assert!(due(&judged).is_empty(), "nothing is due before the grace");
+
+    let mut at_once = daemon(Duration::ZERO, Some("[fraction]\ndefault = 0.5\n"));
+    let judged = at_once.judge(&seen(), false);
+    assert_eq!(
+        due(&judged),
+        [
+            (10, Kind::ZombieHolder, Remedy::Reclaim),
+            (11, Kind::AboveFraction, Remedy::Enforce)
+        ]
+    );
+}
+
+#[test]
+fn judge_checks_no_share_without_a_fraction_policy() {
+    let mut daemon = daemon(Duration::ZERO, None);
+    let judged = daemon.judge(&seen(), true);
+    assert!(judged.over_ids.is_empty());
+    assert_eq!(due(&judged), [(10, Kind::ZombieHolder, Remedy::Reclaim)]);
+}

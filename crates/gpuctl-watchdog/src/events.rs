@@ -1,0 +1,219 @@
+//! What the daemon tells journald about findings: each finding once when it appears, each
+//! impostor of a protected program once, and the structured fields that every event about
+//! a process or a GPU carries (GPU_UUID, PID, USER, ...).
+
+use gpuctl_core::act::Identity;
+use gpuctl_core::classify::{Finding, Kind, Remedy, Verdict};
+use gpuctl_core::config::Watchdog;
+use gpuctl_core::pidmap::PidSet;
+use gpuctl_core::plan::Guard;
+use gpuctl_core::protect::{Claim, Claimant};
+use gpuctl_core::select::Target;
+use gpuctl_core::snapshot::Snapshot;
+use gpuctl_core::units::bytes;
+
+use crate::log::{Logger, Priority};
+
+/// The findings and claims already logged, so that each is logged once.
+#[derive(Debug, Default)]
+pub struct FindingLog {
+    logged: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
+    /// Processes whose claim to a protected name was judged (impostors are logged once).
+    claims_judged: PidSet<Identity>,
+}
+
+impl FindingLog {
+    /// Each process that names itself after a protected program without being it, once: it
+    /// is not protected. Judged once per process (its executable cannot change).
+    pub fn impostors(&mut self, log: &Logger, guard: &Guard, snapshot: &Snapshot) {
+        let protection = guard.protection();
+        let mut seen: PidSet<Identity> = PidSet::default();
+        let mut impostors = Vec::new();
+        for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
+            let host = &process.host;
+            let Some(ticks) = host.start_ticks else {
+                continue;
+            };
+            let claimant = Claimant::of(process.pid, host);
+            if protection.claimed(&claimant).is_none() {
+                continue;
+            }
+            let id = Identity::new(process.pid, ticks);
+            seen.insert(id);
+            if self.claims_judged.insert(id)
+                && let Claim::Impostor { name, why } = protection.judge(&claimant)
+            {
+                impostors.push((id, name, why));
+            }
+        }
+        self.claims_judged.retain(|id| seen.contains(id));
+        for (id, name, why) in impostors {
+            let fields = fields_of(
+                snapshot,
+                id,
+                &[("ACTION", "impostor".into()), ("REASON", why.clone())],
+            );
+            let user = fields
+                .iter()
+                .find(|(k, _)| *k == "USER")
+                .map_or("?".to_string(), |(_, v)| v.clone());
+            log.log(
+                Priority::Warning,
+                &format!(
+                    "pid {} ({user}) claims to be {name} but is not ({why}): not protected",
+                    id.pid
+                ),
+                &fields,
+            );
+        }
+    }
+
+    /// Each finding once, when it appears (and again if it goes away and comes back). Those
+    /// above their share are warned of once they lasted the grace (see `Daemon::judge`).
+    pub fn findings(
+        &mut self,
+        log: &Logger,
+        watchdog: &Watchdog,
+        snapshot: &Snapshot,
+        findings: &[Finding],
+    ) {
+        let logged = || {
+            findings
+                .iter()
+                .filter(|f| f.kind.remedy() != Remedy::Enforce)
+        };
+        let keys: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)> = logged()
+            .map(|f| (f.identity, f.gpus.clone(), f.kind, f.verdict))
+            .collect();
+        for f in logged() {
+            let key = (f.identity, f.gpus.clone(), f.kind, f.verdict);
+            if self.logged.contains(&key) {
+                continue;
+            }
+            let covered = f
+                .kind
+                .reclaim_kind()
+                .is_some_and(|k| watchdog.reclaim.contains(&k));
+            let (priority, action, note) = match (f.verdict, covered) {
+                (Verdict::Reclaim, true) => (
+                    Priority::Warning,
+                    "stale",
+                    format!(
+                        "; reclaimed if it stays so for {}",
+                        humantime::format_duration(watchdog.grace)
+                    ),
+                ),
+                (Verdict::Reclaim, false) => (
+                    Priority::Notice,
+                    "report",
+                    " (its kind is not in watchdog.reclaim)".to_string(),
+                ),
+                (Verdict::Report, _) => (Priority::Notice, "report", String::new()),
+            };
+            let gpus = f
+                .gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let (message, mut fields) = match f.identity {
+                Some(id) => {
+                    let fields = fields_of(snapshot, id, &[]);
+                    let user = fields
+                        .iter()
+                        .find(|(k, _)| *k == "USER")
+                        .map_or("?".to_string(), |(_, v)| v.clone());
+                    (
+                        format!("pid {} ({user}) on GPU {gpus}: {}{note}", id.pid, f.reason),
+                        fields,
+                    )
+                }
+                // A GPU finding: the GPU by index and UUID, and the memory it concerns when
+                // the finding counts some (unattributed memory).
+                None => {
+                    let fields = gpu_uuid_fields(snapshot, &f.gpus);
+                    let uuid = fields
+                        .iter()
+                        .find(|(k, _)| *k == "GPU_UUID")
+                        .map_or("?".to_string(), |(_, v)| v.clone());
+                    let amount = f
+                        .bytes
+                        .map(|b| format!("{} ", bytes(b)))
+                        .unwrap_or_default();
+                    (format!("GPU {gpus} ({uuid}): {amount}{}", f.reason), fields)
+                }
+            };
+            fields.push(("REASON", f.reason.clone()));
+            fields.push(("ACTION", action.into()));
+            log.log(priority, &message, &fields);
+        }
+        self.logged = keys;
+    }
+}
+
+/// GPU_UUID (comma-separated for several), PID, USER of a process in the snapshot, then
+/// `extra`.
+pub fn fields_of(
+    snapshot: &Snapshot,
+    id: Identity,
+    extra: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    let gpus: Vec<u32> = snapshot
+        .devices
+        .iter()
+        .filter(|g| g.processes.iter().any(|p| p.pid == id.pid))
+        .map(|g| g.index)
+        .collect();
+    let mut fields = gpu_uuid_fields(snapshot, &gpus);
+    fields.push(("PID", id.pid.to_string()));
+    let host = snapshot
+        .devices
+        .iter()
+        .flat_map(|g| &g.processes)
+        .find(|p| p.pid == id.pid)
+        .map(|p| &p.host);
+    let user = host
+        .and_then(|h| h.user_name())
+        .unwrap_or_else(|| "?".into());
+    fields.push(("USER", user));
+    fields.extend(extra.iter().cloned());
+    fields
+}
+
+pub fn gpu_uuid_fields(snapshot: &Snapshot, gpus: &[u32]) -> Vec<(&'static str, String)> {
+    let uuids: Vec<String> = gpus
+        .iter()
+        .filter_map(|i| snapshot.devices.iter().find(|g| g.index == *i))
+        .map(|g| {
+            g.uuid
+                .clone()
+                .unwrap_or_else(|| format!("index {}", g.index))
+        })
+        .collect();
+    vec![("GPU_UUID", uuids.join(","))]
+}
+
+pub fn target_fields(
+    snapshot: &Snapshot,
+    target: &Target,
+    action: &str,
+    remedy: Remedy,
+) -> Vec<(&'static str, String)> {
+    let mut fields = gpu_uuid_fields(snapshot, &target.gpus);
+    fields.push(("PID", target.pid.to_string()));
+    fields.push(("USER", target.owner_name()));
+    fields.push(("REASON", target.reasons.join("; ")));
+    fields.push(("ACTION", action.to_string()));
+    fields.push((
+        "CAUSE",
+        match remedy {
+            Remedy::Enforce => "fraction",
+            _ => "stale",
+        }
+        .into(),
+    ));
+    if let Some(used) = target.used_bytes {
+        fields.push(("GPU_MEMORY_BYTES", used.to_string()));
+    }
+    fields
+}

@@ -1,0 +1,117 @@
+//! The configuration in force: the system file's `[watchdog]` table (or the file that
+//! `--config` names) with the command line's overrides, and what follows from it.
+
+use std::time::Duration;
+
+use gpuctl_core::act::{Escalation, Signal};
+use gpuctl_core::classify::Policy;
+use gpuctl_core::classify::stuck::StuckCriteria;
+use gpuctl_core::config::{self, ConfigError, ReclaimKind, Watchdog, WatchdogMode};
+use gpuctl_core::plan::Guard;
+use gpuctl_core::protect::Protection;
+use gpuctl_watchdog::cli::{Cli, Mode};
+
+/// The configuration in force, with the command line's overrides applied.
+pub struct Settings {
+    pub watchdog: Watchdog,
+    /// How long NVML may take to answer for one GPU.
+    pub nvml_timeout: Duration,
+    pub dry_run: bool,
+    pub guard: Guard,
+    pub policy: Policy,
+    /// The file the settings came from, for messages.
+    pub source: String,
+}
+
+impl Settings {
+    pub fn load(cli: &Cli) -> Result<Settings, ConfigError> {
+        let loaded = match &cli.config {
+            Some(path) => config::load_explicit(path)?,
+            None => config::load()?,
+        };
+        // The daemon's own table comes from the system file (or the one file --config or
+        // GPUCTL_CONFIG names); a user file does not steer a root daemon.
+        let (source, mut watchdog) = match &loaded.system {
+            Some((source, config)) => (source.to_string(), config.watchdog.clone()),
+            None => {
+                let (system, _) = config::paths();
+                let path = cli.config.clone().unwrap_or(system.path);
+                (
+                    format!("{} (absent: defaults)", path.display()),
+                    Watchdog::default(),
+                )
+            }
+        };
+        if let Some(mode) = cli.mode {
+            watchdog.mode = match mode {
+                Mode::Report => WatchdogMode::Report,
+                Mode::Reclaim => WatchdogMode::Reclaim,
+            };
+        }
+        let protection = Protection::configured(&loaded.protect())
+            .with(&watchdog.protect_commands, &watchdog.protect_users);
+        let guard = Guard::for_this_process(protection);
+        let policy = Policy {
+            include_stopped: watchdog.reclaim.contains(&ReclaimKind::Stopped),
+            // A stopped process becomes a finding once stopped for the grace; the grace is
+            // then counted from when it stopped (see `Daemon::judge`).
+            stopped_after: watchdog.grace,
+            fraction: loaded
+                .has_fraction_policy()
+                .then(|| std::sync::Arc::new(loaded.clone())),
+            stuck: (!watchdog.stuck_after.is_zero()).then_some(StuckCriteria {
+                after: watchdog.stuck_after,
+                util_pct: watchdog.stuck_util_pct,
+                power_fraction: watchdog.stuck_power_fraction,
+            }),
+            ..Policy::default()
+        };
+        let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())
+            .map_err(|e| ConfigError::Value(e.to_string()))?;
+        Ok(Settings {
+            nvml_timeout,
+            watchdog,
+            dry_run: cli.dry_run,
+            guard,
+            policy,
+            source,
+        })
+    }
+
+    pub fn acts(&self) -> bool {
+        self.watchdog.mode == WatchdogMode::Reclaim
+    }
+
+    pub fn escalation(&self) -> Escalation {
+        let term_timeout = self.watchdog.term_timeout;
+        Escalation::then_kill(Signal::TERM, term_timeout).with_kill_timeout(
+            Escalation::KILL_TIMEOUT.min(term_timeout.max(Duration::from_secs(1))),
+        )
+    }
+
+    pub fn summary(&self) -> String {
+        let w = &self.watchdog;
+        format!(
+            "mode {}{}, interval {}, grace {}, term_timeout {}, reclaim [{}], enforce_fraction {}",
+            w.mode.as_str(),
+            if self.dry_run { " (dry run)" } else { "" },
+            humantime::format_duration(w.interval),
+            humantime::format_duration(w.grace),
+            humantime::format_duration(w.term_timeout),
+            w.reclaim
+                .iter()
+                .map(|k| kind_name(*k))
+                .collect::<Vec<_>>()
+                .join(", "),
+            w.enforce_fraction
+        )
+    }
+}
+
+fn kind_name(kind: ReclaimKind) -> &'static str {
+    match kind {
+        ReclaimKind::Orphaned => "orphaned",
+        ReclaimKind::Zombie => "zombie",
+        ReclaimKind::Stopped => "stopped",
+    }
+}
