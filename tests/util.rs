@@ -313,8 +313,8 @@ impl Gpu {
     }
 }
 
-/// A process NVML lists (or, `unlisted`, only counts): by default on GPU 0, with no memory
-/// and no SM use of its own.
+/// A process NVML lists (or, `unlisted`, only counts): by default on GPU 0, its memory "not
+/// available" (no `used`: NVML's answer for it, counted as 0) and no SM use.
 #[derive(Debug, Clone)]
 pub struct Process {
     pid: u32,
