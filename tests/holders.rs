@@ -14,7 +14,7 @@ use crate::util::{
 fn sim_with_devices(gpus: usize) -> (Sim, PathBuf) {
     let sim = Sim::new("");
     let dev = sim.dev_dir();
-    sim.write(devices(&dev).gpus(gpus, Gpu::new()));
+    sim.write(&devices(&dev).gpus(gpus, Gpu::new()));
     let first = sim.run(&["info"]);
     assert_eq!(first.code, 0, "{}", first.stderr);
     for name in ["nvidia0", "nvidiactl", "nvidia-uvm"] {
@@ -70,7 +70,7 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
         )
     });
     sim.write(
-        devices(&dev)
+        &devices(&dev)
             .gpus(2, Gpu::new())
             .process(Process::new(job.pid()).used(40 * GIB))
             .process(Process::new(hidden.pid()).on(1).used(30 * GIB).unlisted()),
@@ -174,7 +174,7 @@ fn a_holder_in_a_live_jobs_process_group_is_named_but_never_cleared() {
         std::fs::read_link(format!("/proc/{}/fd/3", helper.pid())).is_ok()
     });
     sim.write(
-        devices(&dev)
+        &devices(&dev)
             .gpu(Gpu::new())
             .process(Process::new(listed.pid()).used(GIB))
             .process(Process::new(helper.pid()).used(4 * GIB).unlisted()),
@@ -221,7 +221,7 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
     };
     // 512 MiB nobody accounts for: below 1 GiB, no scan.
     sim.write(
-        devices(&dev)
+        &devices(&dev)
             .gpu(Gpu::new().leaked(512 * MIB))
             .gpu(Gpu::new()),
     );
@@ -240,7 +240,7 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
     std::fs::remove_file(sim.config_path()).unwrap();
     // 2 GiB: above the default.
     sim.write(
-        devices(&dev)
+        &devices(&dev)
             .gpu(Gpu::new().leaked(2 * GIB))
             .gpu(Gpu::new()),
     );
@@ -276,7 +276,7 @@ fn a_zombie_leader_holding_a_device_file_through_its_threads_is_found_and_cleare
     });
     zombie.wait_for_state('Z');
     sim.write(
-        devices(&dev)
+        &devices(&dev)
             .gpu(Gpu::new())
             .process(Process::new(zombie.pid()).used(8 * GIB).unlisted()),
     );

@@ -47,7 +47,7 @@ fn command_of(doc: &Value, pid: u32) -> String {
 #[test]
 fn escape_sequences_and_newlines_are_shown_escaped_in_one_row_and_exact_in_json() {
     let job = Proc::sleeper("python3", &["train.py", HOSTILE]);
-    let sim = Sim::new(one_job(job.pid(), 2 * GIB));
+    let sim = Sim::new(&one_job(job.pid(), 2 * GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     assert_terminal_safe(&table.stdout);
@@ -89,7 +89,7 @@ fn a_megabyte_command_line_is_one_capped_row_and_whole_in_json() {
     let chunk = "x".repeat(128 * 1024 - 1);
     let args: Vec<&str> = std::iter::repeat_n(chunk.as_str(), 8).collect();
     let job = Proc::sleeper("python3", &args);
-    let sim = Sim::new(one_job(job.pid(), 4 * GIB));
+    let sim = Sim::new(&one_job(job.pid(), 4 * GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     let row = table
@@ -121,7 +121,7 @@ fn hanging(hang: Duration, jobs: &[(u32, u32)]) -> Scenario {
 fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
     let job0 = Proc::sleeper("python3", &["train.py"]);
     let job1 = Proc::sleeper("python3", &["eval.py"]);
-    let sim = Sim::new(hanging(
+    let sim = Sim::new(&hanging(
         Duration::from_secs(60),
         &[(job0.pid(), 0), (job1.pid(), 1)],
     ));
@@ -177,7 +177,7 @@ fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
 
 #[test]
 fn reset_of_a_gpu_that_does_not_answer_fails_it_alone_within_the_deadline() {
-    let sim = Sim::new(hanging(Duration::from_secs(60), &[]));
+    let sim = Sim::new(&hanging(Duration::from_secs(60), &[]));
     let started = std::time::Instant::now();
     let run = crate::util::Run::from(
         sim.gpuctl(&["reset", "--compute-mode", "--json"])
@@ -210,7 +210,7 @@ fn bytes_that_are_not_utf8_are_shown_as_hex_in_tables_and_replaced_in_json() {
     crate::util::wait_until(std::time::Duration::from_secs(10), || {
         std::fs::read(&path).is_ok_and(|bytes| bytes.ends_with(b"ok\0"))
     });
-    let sim = Sim::new(one_job(pid, GIB));
+    let sim = Sim::new(&one_job(pid, GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     assert_terminal_safe(&table.stdout);

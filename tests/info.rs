@@ -32,7 +32,7 @@ fn table_shows_processes_with_host_facts_and_unattributed_memory() {
     let train = Proc::sleeper("python3", &["train.py", "--model", "llama-70b"]);
     let notebook = Proc::sleeper("jupyter-kernel", &[]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .gpu(h200().leaked(2 * GIB))
             .process(Process::new(train.pid()).used(40 * GIB))
@@ -69,7 +69,7 @@ fn table_shows_processes_with_host_facts_and_unattributed_memory() {
 fn json_document_carries_devices_processes_and_memory_arithmetic() {
     let holder = Proc::sleeper("python3", &["-m", "torch.distributed.run", "train.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .gpu(h200().leaked(512 * MIB))
             .process(Process::new(holder.pid()).on_each(&[0, 1]).used(1000 * MIB)),
@@ -107,7 +107,7 @@ fn json_document_carries_devices_processes_and_memory_arithmetic() {
 
 #[test]
 fn gpu_selection_by_index_and_uuid_and_bad_selector() {
-    let sim = Sim::new(header().gpus(3, h200()));
+    let sim = Sim::new(&header().gpus(3, h200()));
     let doc = sim.json(&["info", "--gpu", "2"]);
     let devices = doc["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 1);
@@ -134,7 +134,7 @@ fn gpu_selection_by_index_and_uuid_and_bad_selector() {
 fn lost_gpu_is_reported_while_the_others_are_shown() {
     let holder = Proc::sleeper("python3", &["serve.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(Gpu::new())
             .gpu(Gpu::new().lost())
             .gpu(Gpu::new())
@@ -157,7 +157,7 @@ fn lost_gpu_is_reported_while_the_others_are_shown() {
 
 #[test]
 fn missing_library_and_unloaded_driver_exit_3_with_one_line() {
-    let sim = Sim::new(header().gpu(h200()));
+    let sim = Sim::new(&header().gpu(h200()));
     let run = sim
         .gpuctl(&["info"])
         .env("GPUCTL_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
@@ -167,7 +167,7 @@ fn missing_library_and_unloaded_driver_exit_3_with_one_line() {
     run.assert_one_line_error(3, "could not be loaded");
     assert!(run.stderr.contains("GPUCTL_NVML_LIB"), "{}", run.stderr);
 
-    let no_driver = Sim::new(header().init_error("DRIVER_NOT_LOADED").gpu(h200()));
+    let no_driver = Sim::new(&header().init_error("DRIVER_NOT_LOADED").gpu(h200()));
     no_driver
         .run(&["info", "--json"])
         .assert_one_line_error(3, "kernel driver is not loaded");
@@ -184,7 +184,7 @@ fn zombie_is_not_listed_but_zombie_leader_with_live_threads_is() {
     let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
     leader.wait_for_state('Z');
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .process(Process::new(zombie_pid).used(4 * GIB))
             .process(Process::new(leader.pid()).used(2 * GIB)),
@@ -209,7 +209,7 @@ fn zombie_is_not_listed_but_zombie_leader_with_live_threads_is() {
 fn colors_follow_flag_and_no_color() {
     let holder = Proc::sleeper("python3", &["a.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .process(Process::new(holder.pid()).used(10 * MIB)),
     );
@@ -231,7 +231,7 @@ fn colors_follow_flag_and_no_color() {
 
 #[test]
 fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
-    let sim = Sim::new(header().gpus(8, h200()));
+    let sim = Sim::new(&header().gpus(8, h200()));
     // `head` closes the pipe after 3 documents; gpuctl must then end without a word.
     let script = format!(
         "'{}' info --json --watch 0.1 | head -n 3",
@@ -265,7 +265,7 @@ fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
 fn scenario_changes_are_seen_between_refreshes() {
     let first = Proc::sleeper("python3", &["one.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .process(Process::new(first.pid()).used(100 * MIB)),
     );
@@ -291,7 +291,7 @@ fn scenario_changes_are_seen_between_refreshes() {
         vec![first.pid() as u64]
     );
     sim.write(
-        header()
+        &header()
             .gpu(h200())
             .process(Process::new(second.pid()).used(100 * MIB)),
     );
@@ -309,7 +309,7 @@ fn scenario_changes_are_seen_between_refreshes() {
 
 #[test]
 fn bad_watch_values_are_usage_errors() {
-    let sim = Sim::new(header().gpu(h200()));
+    let sim = Sim::new(&header().gpu(h200()));
     for bad in ["0", "-1", "abc", "NaN"] {
         let run = sim.run(&["info", "--watch", bad]);
         run.assert_one_line_error(2, "--watch");
@@ -340,7 +340,7 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
     }
     let holder = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpu(h200())
             .process(Process::new(holder.pid()).used(100 * MIB)),
     );
@@ -383,7 +383,7 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
 fn timings_are_one_stderr_line_only_when_asked_for() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(
-        header()
+        &header()
             .gpus(2, h200())
             .process(Process::new(job.pid()).on(1).used(2 * GIB)),
     );
@@ -438,7 +438,7 @@ fn totals_by_user_and_owner_are_the_sums_of_the_rows() {
     if let Some(other) = holders.get(2) {
         scenario = scenario.process(Process::new(other.pid()).used(2 * GIB));
     }
-    let sim = Sim::new(scenario);
+    let sim = Sim::new(&scenario);
     for by in ["user", "owner"] {
         let doc = sim.json(&["info", "--by", by]);
         let mut want: std::collections::BTreeMap<String, (u64, Vec<u64>, Vec<u64>)> =

@@ -103,7 +103,7 @@ fn clear_reclaims_the_workers_of_a_crashed_run() {
     let workers = &run.workers.pids;
     // Two workers on GPU 0, one on GPU 1; GPU 0 also has 512 MiB nobody accounts for.
     let sim = Sim::new(
-        Scenario::new()
+        &Scenario::new()
             .gpu(Gpu::h200().leaked(512 * MIB))
             .gpu(Gpu::h200())
             .process(Process::new(workers[0]).used(2 * GIB))
@@ -157,7 +157,7 @@ fn healthy_runs_and_background_jobs_are_never_touched() {
     let busy_job = background_job("python3", &["serve.py", "--port", "8000"]);
     let idle_job = background_job("python3", &["notebook_job.py"]);
     let sim = Sim::new(
-        h200s(2)
+        &h200s(2)
             .process(Process::new(healthy.parent.pid()).used(8 * GIB).sm(40))
             .process(Process::new(healthy.workers.pid(0)).used(512 * MIB))
             .process(Process::new(healthy.workers.pid(1)).used(512 * MIB))
@@ -229,7 +229,7 @@ fn protected_daemons_are_skipped() {
         "nvidia-persiste",
         "the kernel keeps 15 bytes of comm"
     );
-    let sim = Sim::new(h200s(1).process(Process::new(daemon.pid()).used(0)));
+    let sim = Sim::new(&h200s(1).process(Process::new(daemon.pid()).used(0)));
     let pid = daemon.pid().to_string();
 
     let run = sim.run(&[
@@ -279,7 +279,7 @@ fn a_protected_name_alone_buys_no_protection() {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", by_comm.pid())).unwrap();
         assert_eq!(comm.trim(), &name[..name.len().min(15)]);
         let sim = Sim::new(
-            h200s(1)
+            &h200s(1)
                 .process(Process::new(by_argv0.pid()).used(39 * GIB))
                 .process(Process::new(by_comm.pid()).used(GIB)),
         );
@@ -325,7 +325,7 @@ fn other_users_processes_are_skipped_for_a_non_root_caller() {
     let theirs = Proc::spawn_as(OTHER, "sleep", &["train.py"]);
     let mine = Proc::spawn_as(CALLER, "sleep", &["eval.py"]);
     let sim = Sim::new(
-        h200s(1)
+        &h200s(1)
             .process(Process::new(theirs.pid()).used(4 * GIB))
             .process(Process::new(mine.pid()).used(GIB)),
     );
@@ -365,7 +365,7 @@ fn kill_usage_errors_and_refusals() {
     let b = Proc::sleeper("python3", &["b.py"]);
     let stranger = Proc::sleeper("python3", &["not-on-a-gpu.py"]);
     let sim = Sim::new(
-        h200s(2)
+        &h200s(2)
             .process(Process::new(a.pid()).used(GIB))
             .process(Process::new(b.pid()).on(1).used(GIB)),
     );
@@ -412,7 +412,7 @@ fn kill_usage_errors_and_refusals() {
 fn clear_wait_times_out_while_memory_is_still_held() {
     let mut holder = Proc::sleeper("python3", &["finetune.py"]);
     let sim = Sim::new(
-        h200s(1).process(
+        &h200s(1).process(
             Process::new(holder.pid())
                 .used(20 * GIB)
                 .teardown(Duration::from_secs(60)),
@@ -457,7 +457,7 @@ fn clear_wait_times_out_while_memory_is_still_held() {
 fn clear_wait_succeeds_once_teardown_ends() {
     let mut holder = Proc::sleeper("python3", &["finetune.py"]);
     let sim = Sim::new(
-        h200s(1).process(
+        &h200s(1).process(
             Process::new(holder.pid())
                 .used(20 * GIB)
                 .teardown(Duration::from_millis(300)),
@@ -480,7 +480,7 @@ fn workers_that_ignore_sigterm_are_killed_after_the_timeout() {
     let mut run = TrainingRun::start(2, "ignore-term", "python3", &["train.py"]);
     run.crash();
     let sim = Sim::new(
-        h200s(1)
+        &h200s(1)
             .process(Process::new(run.workers.pid(0)).used(GIB))
             .process(Process::new(run.workers.pid(1)).used(GIB)),
     );
@@ -499,7 +499,7 @@ fn workers_that_ignore_sigterm_are_killed_after_the_timeout() {
 
     // The same through kill --pid.
     let stubborn = Proc::spawn_ready("ignore-term", "python3", &["stubborn.py"]);
-    let sim = Sim::new(h200s(1).process(Process::new(stubborn.pid()).used(GIB)));
+    let sim = Sim::new(&h200s(1).process(Process::new(stubborn.pid()).used(GIB)));
     let pid = stubborn.pid().to_string();
     let (doc, code, _) = json_with_code(&sim, &["kill", "--pid", &pid, "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
@@ -513,7 +513,7 @@ fn dry_runs_print_reasons_and_signal_nothing() {
     let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py"]);
     run.crash();
     let sim = Sim::new(
-        h200s(1)
+        &h200s(1)
             .process(Process::new(run.workers.pid(0)).used(GIB))
             .process(Process::new(run.workers.pid(1)).used(GIB)),
     );
@@ -575,7 +575,7 @@ fn stopped_processes_are_reclaimed_only_with_include_stopped() {
     let stopped = Proc::spawn_ready("sleep", "python3", &["eval.py"]);
     stopped.signal(libc::SIGSTOP);
     stopped.wait_for_state('T');
-    let sim = Sim::new(h200s(1).process(Process::new(stopped.pid()).used(2 * GIB)));
+    let sim = Sim::new(&h200s(1).process(Process::new(stopped.pid()).used(2 * GIB)));
 
     let (doc, code, _) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
@@ -597,7 +597,7 @@ fn stopped_processes_are_reclaimed_only_with_include_stopped() {
 fn clear_reclaims_a_zombie_holder() {
     let holder = Proc::spawn("zombie-leader", "python3", &["serve.py"]);
     holder.wait_for_state('Z');
-    let sim = Sim::new(h200s(1).process(Process::new(holder.pid()).used(4 * GIB)));
+    let sim = Sim::new(&h200s(1).process(Process::new(holder.pid()).used(4 * GIB)));
     let (doc, code, _) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
     let outcome = outcome_of(&doc, holder.pid());
@@ -623,7 +623,7 @@ fn a_pid_reused_after_the_snapshot_is_refused() {
 
     let mut target = Proc::sleeper("python3", &["train.py"]);
     let pid = target.pid();
-    let sim = Sim::new(h200s(1).process(Process::new(pid).used(GIB)));
+    let sim = Sim::new(&h200s(1).process(Process::new(pid).used(GIB)));
     let pty = Pty::open();
     let received = pty.reader();
     let mut gpuctl = sim.gpuctl(&["kill", "--all", "--timeout", "1s", "--json"]);

@@ -30,7 +30,7 @@ fn h100_mixed(a: u32, b: u32) -> Scenario {
 fn info_shows_each_instance_with_its_memory_and_processes() {
     let a = Proc::spawn_ready("sleep", "python3", &["train.py"]);
     let b = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
-    let sim = Sim::new(h100_mixed(a.pid(), b.pid()));
+    let sim = Sim::new(&h100_mixed(a.pid(), b.pid()));
     let doc = sim.json(&["info"]);
     let gpu: &Value = &doc["devices"][0];
     assert_eq!(gpu["mig_enabled"], true, "{gpu}");
@@ -106,7 +106,7 @@ fn kill_and_clear_are_confined_to_one_instance() {
     let zombie = Proc::spawn("zombie-leader", "python3", &["finetune.py"]);
     zombie.wait_for_state('Z');
     let sim = Sim::new(
-        h100_mixed(live.pid(), other.pid())
+        &h100_mixed(live.pid(), other.pid())
             .process(Process::new(zombie.pid()).instance(9).used(2 * GIB)),
     );
     let doc = sim.json(&["info"]);
@@ -162,7 +162,7 @@ fn kill_and_clear_are_confined_to_one_instance() {
 /// a Slurm epilog handing a job's MIG UUID must not fail); the whole GPU is still reset.
 #[test]
 fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
-    let sim = Sim::new(h100_mig());
+    let sim = Sim::new(&h100_mig());
     let doc = sim.json(&["info"]);
     let uuid = doc["devices"][0]["mig_devices"][1]["uuid"]
         .as_str()
@@ -200,7 +200,7 @@ fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
 fn info_gpu_names_a_mig_instance() {
     let a = Proc::spawn_ready("sleep", "python3", &["train.py"]);
     let b = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
-    let sim = Sim::new(h100_mixed(a.pid(), b.pid()));
+    let sim = Sim::new(&h100_mixed(a.pid(), b.pid()));
     let uuid = sim.json(&["info"])["devices"][0]["mig_devices"][2]["uuid"]
         .as_str()
         .unwrap()

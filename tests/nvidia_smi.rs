@@ -833,7 +833,7 @@ fn live_scenario_edits_and_process_deaths_show_in_both_on_the_next_call() {
             .gpu(Gpu::new().leaked(leaked))
             .process(Process::new(job.pid()).used(20 * GIB))
     };
-    let sim = Sim::new(scenario(8 * GIB));
+    let sim = Sim::new(&scenario(8 * GIB));
     let used = |sim: &Sim| -> (u64, u64) {
         let row = smi(
             sim,
@@ -848,7 +848,7 @@ fn live_scenario_edits_and_process_deaths_show_in_both_on_the_next_call() {
     assert_eq!(used(&sim), (20480 + 8192, 20480 + 8192));
 
     // The leak is freed: both see it on their next call.
-    sim.write(scenario(0));
+    sim.write(&scenario(0));
     assert_eq!(used(&sim), (20480, 20480));
 
     // The process dies: nvidia-smi lists no process and the memory is free; gpuctl agrees.

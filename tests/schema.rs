@@ -159,7 +159,7 @@ fn info_json_matches_its_schema_in_every_shape() {
     let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
     leader.wait_for_state('Z');
     let sim = Sim::new(
-        Scenario::new()
+        &Scenario::new()
             .gpu(Gpu::new().leaked(100 * MIB))
             .gpu(Gpu::new().lost())
             .gpu(Gpu::new().unsupported(&["temperature", "power", "utilization"]))
@@ -285,7 +285,7 @@ fn kill_and_clear_json_match_their_schema() {
     let _ = leader.wait();
     let alone = Proc::sleeper("python3", &["eval.py"]);
     let sim = Sim::new(
-        Scenario::new()
+        &Scenario::new()
             .driver_version("1")
             .gpu(Gpu::new().leaked(512 * MIB))
             .processes(

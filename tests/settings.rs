@@ -102,10 +102,10 @@ fn peak_marks_rise_with_use_and_clear_on_reset() {
             .gpu(Gpu::new())
             .process(Process::new(holder.pid()).used(used))
     };
-    let sim = Sim::new(scenario(4 * GIB));
+    let sim = Sim::new(&scenario(4 * GIB));
     let peak = |sim: &Sim| sim.json(&["info"])["devices"][0]["peak"]["used_bytes"].as_u64();
     assert_eq!(peak(&sim), Some(4096 << 20));
-    sim.write(scenario(GIB));
+    sim.write(&scenario(GIB));
     assert_eq!(
         peak(&sim),
         Some(4096 << 20),
@@ -323,7 +323,7 @@ fn protect_lists_from_the_config_spare_processes() {
     );
     let impostor = Proc::sleeper("my-monitor", &["--interval", "5"]);
     let sim = Sim::new(
-        Scenario::new()
+        &Scenario::new()
             .driver_version("1")
             .gpu(Gpu::new())
             .process(Process::new(monitor.pid()).used(100 * MIB))

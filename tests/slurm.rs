@@ -103,7 +103,7 @@ fn prolog_frees_only_the_jobs_gpus_and_passes_jobs_without_gpus() {
         .map(|&pid| (pid, 0, 0))
         .collect();
     processes.push((busy.pid(), 1, 80));
-    let sim = Sim::new(scenario(&processes));
+    let sim = Sim::new(&scenario(&processes));
 
     // A job without GPUs: nothing is touched, nothing waited for.
     let run = run_script(&sim, "prolog.sh", &[("SLURM_JOB_ID", "10")]);
@@ -199,7 +199,7 @@ fn epilog_ends_the_jobs_leftovers_and_restores_its_gpus() {
     let leftover = Proc::sleeper("python3", &["train.py", "--job", "leftover"]);
     cgroup.add(leftover.pid());
     let neighbour = Proc::sleeper("python3", &["serve.py"]);
-    let sim = Sim::new(scenario(&[
+    let sim = Sim::new(&scenario(&[
         (leftover.pid(), 1, 0),
         (neighbour.pid(), 0, 50),
     ]));
@@ -255,7 +255,7 @@ fn prolog_and_epilog_on_a_mig_slice_touch_that_instance_only() {
     let leftover = Proc::spawn("zombie-leader", "python3", &["train.py"]);
     leftover.wait_for_state('Z');
     let sim = Sim::new(
-        Scenario::new()
+        &Scenario::new()
             .gpu(Gpu::h100().mig("3g.40gb", 1).mig("3g.40gb", 2))
             .process(
                 Process::new(neighbour.pid())
@@ -312,7 +312,7 @@ fn without_a_job_cgroup_the_environment_names_the_job_and_the_epilog_ends_its_le
         std::fs::read(format!("/proc/{}/environ", leftover.pid()))
             .is_ok_and(|e| e.windows(16).any(|w| w == b"SLURM_JOB_ID=777"))
     });
-    let sim = Sim::new(scenario(&[
+    let sim = Sim::new(&scenario(&[
         (leftover.pid(), 0, 0),
         (other_job.pid(), 1, 50),
     ]));

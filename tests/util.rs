@@ -50,7 +50,7 @@ pub struct Sim {
 
 impl Sim {
     /// `scenario` is a [`Scenario`], or TOML text as it is (a file under test, or a literal).
-    pub fn new(scenario: impl Display) -> Sim {
+    pub fn new(scenario: &(impl Display + ?Sized)) -> Sim {
         let sim = Sim {
             dir: tempfile::tempdir().expect("tempdir"),
         };
@@ -78,7 +78,7 @@ impl Sim {
     }
 
     /// Replaces the scenario atomically, as a program polling it must see whole files.
-    pub fn write(&self, scenario: impl Display) {
+    pub fn write(&self, scenario: &(impl Display + ?Sized)) {
         let tmp = self.dir.path().join("scenario.toml.tmp");
         std::fs::write(&tmp, scenario.to_string()).expect("write scenario");
         std::fs::rename(&tmp, self.scenario_path()).expect("rename scenario");
