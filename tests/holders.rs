@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::util::{Proc, RootOwnedProgram, Run, Sim, alive, is_root, wait_exited};
+use crate::util::{
+    GIB, Gpu, MIB, Proc, Process, RootOwnedProgram, Run, Scenario, Sim, alive, is_root, wait_exited,
+};
 
 /// A sim with `device_dir`, its device files created (by a first NVML client).
 fn sim_with_devices(gpus: usize) -> (Sim, PathBuf) {
     let sim = Sim::new("");
     let dev = sim.dev_dir();
-    sim.write(&devices_scenario(&dev, gpus, ""));
+    sim.write(&devices(&dev).gpus(gpus, Gpu::new()));
     let first = sim.run(&["info"]);
     assert_eq!(first.code, 0, "{}", first.stderr);
     for name in ["nvidia0", "nvidiactl", "nvidia-uvm"] {
@@ -25,12 +27,9 @@ fn sim_with_devices(gpus: usize) -> (Sim, PathBuf) {
     (sim, dev)
 }
 
-fn devices_scenario(dev: &Path, gpus: usize, rest: &str) -> String {
-    format!(
-        "device_dir = \"{}\"\n{}{rest}",
-        dev.display(),
-        "[[gpu]]\n".repeat(gpus)
-    )
+/// A scenario whose GPUs' device files go in `dev`.
+fn devices(dev: &Path) -> Scenario {
+    Scenario::new().device_dir(dev)
 }
 
 fn holders_of(doc: &Value, gpu: usize) -> &Vec<Value> {
@@ -70,16 +69,12 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
             &[&ctl, &gpu0, &gpu1],
         )
     });
-    sim.write(&devices_scenario(
-        &dev,
-        2,
-        &format!(
-            "[[process]]\npid = {}\ngpu = 0\nused_mib = 40960\n\
-             [[process]]\npid = {}\ngpu = 1\nused_mib = 30720\nunlisted = true\n",
-            job.pid(),
-            hidden.pid()
-        ),
-    ));
+    sim.write(
+        &devices(&dev)
+            .gpus(2, Gpu::new())
+            .process(Process::new(job.pid()).used(40 * GIB))
+            .process(Process::new(hidden.pid()).on(1).used(30 * GIB).unlisted()),
+    );
 
     // 30 GiB nobody accounts for is above the 1 GiB threshold: the scan runs unasked.
     let doc = sim.json(&["info"]);
@@ -178,16 +173,12 @@ fn a_holder_in_a_live_jobs_process_group_is_named_but_never_cleared() {
     crate::util::wait_until(std::time::Duration::from_secs(5), || {
         std::fs::read_link(format!("/proc/{}/fd/3", helper.pid())).is_ok()
     });
-    sim.write(&devices_scenario(
-        &dev,
-        1,
-        &format!(
-            "[[process]]\npid = {}\ngpu = 0\nused_mib = 1024\n\
-             [[process]]\npid = {}\ngpu = 0\nused_mib = 4096\nunlisted = true\n",
-            listed.pid(),
-            helper.pid()
-        ),
-    ));
+    sim.write(
+        &devices(&dev)
+            .gpu(Gpu::new())
+            .process(Process::new(listed.pid()).used(GIB))
+            .process(Process::new(helper.pid()).used(4 * GIB).unlisted()),
+    );
     let doc = sim.json(&["info", "--holders"]);
     let named = holder(&doc, 0, helper.pid()).expect("named");
     let reason = named["reason"].as_str().unwrap();
@@ -229,11 +220,11 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
         timed
     };
     // 512 MiB nobody accounts for: below 1 GiB, no scan.
-    sim.write(&devices_scenario(&dev, 2, "").replacen(
-        "[[gpu]]\n",
-        "[[gpu]]\nleaked_mib = 512\n",
-        1,
-    ));
+    sim.write(
+        &devices(&dev)
+            .gpu(Gpu::new().leaked(512 * MIB))
+            .gpu(Gpu::new()),
+    );
     assert!(!scanned(&timed(&["info", "--json"])), "below the threshold");
     // Asked for: every device carries a list, empty or not.
     let asked = timed(&["info", "--json", "--holders"]);
@@ -248,11 +239,11 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
     );
     std::fs::remove_file(sim.config_path()).unwrap();
     // 2 GiB: above the default.
-    sim.write(&devices_scenario(&dev, 2, "").replacen(
-        "[[gpu]]\n",
-        "[[gpu]]\nleaked_mib = 2048\n",
-        1,
-    ));
+    sim.write(
+        &devices(&dev)
+            .gpu(Gpu::new().leaked(2 * GIB))
+            .gpu(Gpu::new()),
+    );
     assert!(scanned(&timed(&["info", "--json"])), "above 1 GiB");
     // The table explains the GPU with memory to explain, and says nothing of the other.
     let table = sim.run(&["info"]);
@@ -284,14 +275,11 @@ fn a_zombie_leader_holding_a_device_file_through_its_threads_is_found_and_cleare
             .process_group(0);
     });
     zombie.wait_for_state('Z');
-    sim.write(&devices_scenario(
-        &dev,
-        1,
-        &format!(
-            "[[process]]\npid = {}\ngpu = 0\nused_mib = 8192\nunlisted = true\n",
-            zombie.pid()
-        ),
-    ));
+    sim.write(
+        &devices(&dev)
+            .gpu(Gpu::new())
+            .process(Process::new(zombie.pid()).used(8 * GIB).unlisted()),
+    );
     let doc = sim.json(&["info"]);
     let named = holder(&doc, 0, zombie.pid()).expect("found through its threads");
     assert_eq!(named["suspect"], "job_process", "{named}");

@@ -2,25 +2,22 @@
 //! as control characters: tables escape it, one row per process, and cap its length; JSON
 //! keeps it exact.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
-use crate::util::{Proc, Sim};
+use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim};
 
 /// An argument that would retitle the terminal, clear it, colour what follows, start a
 /// fake row, and reorder the rest with a right-to-left override.
 const HOSTILE: &str =
     "\x1b]0;owned\x07\x1b[2J\x1b[31mred\nFAKE ROW 1 root\t\u{9b}1A\u{202e}txt.exe";
 
-fn scenario(processes: &[(u32, u64)]) -> String {
-    let mut text = String::from(
-        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\n[[gpu]]\nname = \"NVIDIA H200\"\n",
-    );
-    for (pid, mib) in processes {
-        text.push_str(&format!(
-            "\n[[process]]\npid = {pid}\ngpu = 0\nused_mib = {mib}\nsm_pct = 50\n"
-        ));
-    }
-    text
+/// An H200 with one busy job holding `used` bytes.
+fn one_job(pid: u32, used: u64) -> Scenario {
+    Scenario::new()
+        .gpu(Gpu::h200())
+        .process(Process::new(pid).used(used).sm(50))
 }
 
 /// No byte of a control character (C0 other than the newlines between rows, DEL, the UTF-8
@@ -50,7 +47,7 @@ fn command_of(doc: &Value, pid: u32) -> String {
 #[test]
 fn escape_sequences_and_newlines_are_shown_escaped_in_one_row_and_exact_in_json() {
     let job = Proc::sleeper("python3", &["train.py", HOSTILE]);
-    let sim = Sim::new(&scenario(&[(job.pid(), 2048)]));
+    let sim = Sim::new(&one_job(job.pid(), 2 * GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     assert_terminal_safe(&table.stdout);
@@ -92,7 +89,7 @@ fn a_megabyte_command_line_is_one_capped_row_and_whole_in_json() {
     let chunk = "x".repeat(128 * 1024 - 1);
     let args: Vec<&str> = std::iter::repeat_n(chunk.as_str(), 8).collect();
     let job = Proc::sleeper("python3", &args);
-    let sim = Sim::new(&scenario(&[(job.pid(), 4096)]));
+    let sim = Sim::new(&one_job(job.pid(), 4 * GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     let row = table
@@ -109,25 +106,25 @@ fn a_megabyte_command_line_is_one_capped_row_and_whole_in_json() {
     );
 }
 
-/// Two H200s, GPU 1 blocking every call for `hang_ms`; a job on each.
-fn hanging(hang_ms: u64, jobs: &[(u32, u32)]) -> String {
-    let mut text = String::from(
-        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\n[[gpu]]\nname = \"NVIDIA H200\"\n\n[[gpu]]\nname = \"NVIDIA H200\"\n",
-    );
-    text.push_str(&format!("hang_ms = {hang_ms}\n"));
-    for (pid, gpu) in jobs {
-        text.push_str(&format!(
-            "\n[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = 1024\nsm_pct = 50\n"
-        ));
-    }
-    text
+/// Two H200s, GPU 1 blocking every call for `hang`; a job on each.
+fn hanging(hang: Duration, jobs: &[(u32, u32)]) -> Scenario {
+    Scenario::new()
+        .gpu(Gpu::h200())
+        .gpu(Gpu::h200().hang(hang))
+        .processes(
+            jobs.iter()
+                .map(|&(pid, gpu)| Process::new(pid).on(gpu).used(GIB).sm(50)),
+        )
 }
 
 #[test]
 fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
     let job0 = Proc::sleeper("python3", &["train.py"]);
     let job1 = Proc::sleeper("python3", &["eval.py"]);
-    let sim = Sim::new(&hanging(60_000, &[(job0.pid(), 0), (job1.pid(), 1)]));
+    let sim = Sim::new(&hanging(
+        Duration::from_secs(60),
+        &[(job0.pid(), 0), (job1.pid(), 1)],
+    ));
 
     let started = std::time::Instant::now();
     let table = sim.run(&["info", "--timeout", "1s", "--color", "never"]);
@@ -180,7 +177,7 @@ fn a_gpu_that_does_not_answer_is_marked_and_info_returns_within_its_deadline() {
 
 #[test]
 fn reset_of_a_gpu_that_does_not_answer_fails_it_alone_within_the_deadline() {
-    let sim = Sim::new(&hanging(60_000, &[]));
+    let sim = Sim::new(&hanging(Duration::from_secs(60), &[]));
     let started = std::time::Instant::now();
     let run = crate::util::Run::from(
         sim.gpuctl(&["reset", "--compute-mode", "--json"])
@@ -213,7 +210,7 @@ fn bytes_that_are_not_utf8_are_shown_as_hex_in_tables_and_replaced_in_json() {
     crate::util::wait_until(std::time::Duration::from_secs(10), || {
         std::fs::read(&path).is_ok_and(|bytes| bytes.ends_with(b"ok\0"))
     });
-    let sim = Sim::new(&scenario(&[(pid, 1024)]));
+    let sim = Sim::new(&one_job(pid, GIB));
     let table = sim.run(&["info", "--color", "never"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     assert_terminal_safe(&table.stdout);

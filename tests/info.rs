@@ -5,23 +5,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Run, Sim, wait_until};
+use crate::util::{GIB, Gpu, MIB, Proc, Process, Run, Scenario, Sim, wait_until};
 
-const MIB: u64 = 1024 * 1024;
-
-fn gpus(n: usize) -> String {
-    (0..n)
-        .map(|_| "[[gpu]]\nname = \"NVIDIA H200\"\nmemory_total_mib = 143771\n".to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The versions the tests assert on (the sim's defaults, named here so they stay).
+fn header() -> Scenario {
+    Scenario::new()
+        .driver_version("570.133.20")
+        .cuda_driver_version(12080)
 }
 
-fn header() -> &'static str {
-    "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n"
-}
-
-fn process(pid: u32, gpu: &str, used_mib: u64) -> String {
-    format!("[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {used_mib}\n")
+fn h200() -> Gpu {
+    Gpu::h200().memory_total(143771 * MIB)
 }
 
 fn device(doc: &Value, index: u64) -> &Value {
@@ -37,14 +31,13 @@ fn device(doc: &Value, index: u64) -> &Value {
 fn table_shows_processes_with_host_facts_and_unattributed_memory() {
     let train = Proc::sleeper("python3", &["train.py", "--model", "llama-70b"]);
     let notebook = Proc::sleeper("jupyter-kernel", &[]);
-    let scenario = format!(
-        "{}{}\nleaked_mib = 2048\n\n{}\n{}",
-        header(),
-        gpus(2),
-        process(train.pid(), "0", 40960),
-        process(notebook.pid(), "1", 1024),
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .gpu(h200().leaked(2 * GIB))
+            .process(Process::new(train.pid()).used(40 * GIB))
+            .process(Process::new(notebook.pid()).on(1).used(GIB)),
     );
-    let sim = Sim::new(&scenario);
     let run = sim.run(&["info", "--color", "never"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let out = &run.stdout;
@@ -75,13 +68,12 @@ fn table_shows_processes_with_host_facts_and_unattributed_memory() {
 #[test]
 fn json_document_carries_devices_processes_and_memory_arithmetic() {
     let holder = Proc::sleeper("python3", &["-m", "torch.distributed.run", "train.py"]);
-    let scenario = format!(
-        "{}{}\nleaked_mib = 512\n\n{}",
-        header(),
-        gpus(2),
-        process(holder.pid(), "[0, 1]", 1000),
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .gpu(h200().leaked(512 * MIB))
+            .process(Process::new(holder.pid()).on_each(&[0, 1]).used(1000 * MIB)),
     );
-    let sim = Sim::new(&scenario);
     let doc = sim.json(&["info"]);
     assert_eq!(doc["schema"], 1);
     assert_eq!(doc["driver_version"], "570.133.20");
@@ -115,7 +107,7 @@ fn json_document_carries_devices_processes_and_memory_arithmetic() {
 
 #[test]
 fn gpu_selection_by_index_and_uuid_and_bad_selector() {
-    let sim = Sim::new(&format!("{}{}", header(), gpus(3)));
+    let sim = Sim::new(&header().gpus(3, h200()));
     let doc = sim.json(&["info", "--gpu", "2"]);
     let devices = doc["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 1);
@@ -141,12 +133,13 @@ fn gpu_selection_by_index_and_uuid_and_bad_selector() {
 #[test]
 fn lost_gpu_is_reported_while_the_others_are_shown() {
     let holder = Proc::sleeper("python3", &["serve.py"]);
-    let scenario = format!(
-        "{}[[gpu]]\n[[gpu]]\nlost = true\n[[gpu]]\n\n{}",
-        header(),
-        process(holder.pid(), "2", 300)
+    let sim = Sim::new(
+        &header()
+            .gpu(Gpu::new())
+            .gpu(Gpu::new().lost())
+            .gpu(Gpu::new())
+            .process(Process::new(holder.pid()).on(2).used(300 * MIB)),
     );
-    let sim = Sim::new(&scenario);
     let run = sim.run(&["info", "--json"]);
     // The report is complete for the healthy GPUs; the status tells scripts one failed.
     assert_eq!(run.code, 1, "{}", run.stderr);
@@ -164,7 +157,7 @@ fn lost_gpu_is_reported_while_the_others_are_shown() {
 
 #[test]
 fn missing_library_and_unloaded_driver_exit_3_with_one_line() {
-    let sim = Sim::new(&format!("{}{}", header(), gpus(1)));
+    let sim = Sim::new(&header().gpu(h200()));
     let run = sim
         .gpuctl(&["info"])
         .env("GPUCTL_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
@@ -174,11 +167,7 @@ fn missing_library_and_unloaded_driver_exit_3_with_one_line() {
     run.assert_one_line_error(3, "could not be loaded");
     assert!(run.stderr.contains("GPUCTL_NVML_LIB"), "{}", run.stderr);
 
-    let no_driver = Sim::new(&format!(
-        "{}init_error = \"DRIVER_NOT_LOADED\"\n{}",
-        header(),
-        gpus(1)
-    ));
+    let no_driver = Sim::new(&header().init_error("DRIVER_NOT_LOADED").gpu(h200()));
     no_driver
         .run(&["info", "--json"])
         .assert_one_line_error(3, "kernel driver is not loaded");
@@ -194,14 +183,12 @@ fn zombie_is_not_listed_but_zombie_leader_with_live_threads_is() {
     });
     let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
     leader.wait_for_state('Z');
-    let scenario = format!(
-        "{}{}\n{}\n{}",
-        header(),
-        gpus(1),
-        process(zombie_pid, "0", 4096),
-        process(leader.pid(), "0", 2048)
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .process(Process::new(zombie_pid).used(4 * GIB))
+            .process(Process::new(leader.pid()).used(2 * GIB)),
     );
-    let sim = Sim::new(&scenario);
     let doc = sim.json(&["info"]);
     let gpu = device(&doc, 0);
     let pids: Vec<u64> = gpu["processes"]
@@ -221,12 +208,11 @@ fn zombie_is_not_listed_but_zombie_leader_with_live_threads_is() {
 #[test]
 fn colors_follow_flag_and_no_color() {
     let holder = Proc::sleeper("python3", &["a.py"]);
-    let sim = Sim::new(&format!(
-        "{}{}\n{}",
-        header(),
-        gpus(1),
-        process(holder.pid(), "0", 10)
-    ));
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .process(Process::new(holder.pid()).used(10 * MIB)),
+    );
     let always = sim.run(&["info", "--color", "always"]);
     assert!(always.stdout.contains("\x1b["), "{}", always.stdout);
     // auto on a pipe: no color; NO_COLOR does not override an explicit `always`.
@@ -245,7 +231,7 @@ fn colors_follow_flag_and_no_color() {
 
 #[test]
 fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
-    let sim = Sim::new(&format!("{}{}", header(), gpus(8)));
+    let sim = Sim::new(&header().gpus(8, h200()));
     // `head` closes the pipe after 3 documents; gpuctl must then end without a word.
     let script = format!(
         "'{}' info --json --watch 0.1 | head -n 3",
@@ -278,12 +264,11 @@ fn watch_refreshes_and_ends_quietly_when_the_reader_goes_away() {
 #[test]
 fn scenario_changes_are_seen_between_refreshes() {
     let first = Proc::sleeper("python3", &["one.py"]);
-    let sim = Sim::new(&format!(
-        "{}{}\n{}",
-        header(),
-        gpus(1),
-        process(first.pid(), "0", 100)
-    ));
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .process(Process::new(first.pid()).used(100 * MIB)),
+    );
     let mut watch = sim
         .gpuctl(&["info", "--json", "--watch", "0.1"])
         .stdout(Stdio::piped())
@@ -305,12 +290,11 @@ fn scenario_changes_are_seen_between_refreshes() {
         pids(lines.next().unwrap().unwrap()),
         vec![first.pid() as u64]
     );
-    sim.write(&format!(
-        "{}{}\n{}",
-        header(),
-        gpus(1),
-        process(second.pid(), "0", 100)
-    ));
+    sim.write(
+        &header()
+            .gpu(h200())
+            .process(Process::new(second.pid()).used(100 * MIB)),
+    );
     let mut seen = false;
     for _ in 0..100 {
         if pids(lines.next().unwrap().unwrap()) == vec![second.pid() as u64] {
@@ -325,7 +309,7 @@ fn scenario_changes_are_seen_between_refreshes() {
 
 #[test]
 fn bad_watch_values_are_usage_errors() {
-    let sim = Sim::new(&format!("{}{}", header(), gpus(1)));
+    let sim = Sim::new(&header().gpu(h200()));
     for bad in ["0", "-1", "abc", "NaN"] {
         let run = sim.run(&["info", "--watch", bad]);
         run.assert_one_line_error(2, "--watch");
@@ -355,12 +339,11 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
         return;
     }
     let holder = Proc::sleeper("python3", &["train.py"]);
-    let sim = Sim::new(&format!(
-        "{}{}\n{}",
-        header(),
-        gpus(1),
-        process(holder.pid(), "0", 100)
-    ));
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .process(Process::new(holder.pid()).used(100 * MIB)),
+    );
     // Without --mount-proc, /proc is still the host's: only the namespace differs, so a pid
     // that exists in /proc must still not be attributed.
     let command = sim.gpuctl(&["info", "--json"]);
@@ -399,12 +382,11 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
 #[test]
 fn timings_are_one_stderr_line_only_when_asked_for() {
     let job = Proc::sleeper("python3", &["train.py"]);
-    let sim = Sim::new(&format!(
-        "{}{}\n{}",
-        header(),
-        gpus(2),
-        process(job.pid(), "1", 2048)
-    ));
+    let sim = Sim::new(
+        &header()
+            .gpus(2, h200())
+            .process(Process::new(job.pid()).on(1).used(2 * GIB)),
+    );
     let quiet = sim.run(&["info", "--json"]);
     assert_eq!((quiet.code, quiet.stderr.as_str()), (0, ""));
     let timed = Run::from(
@@ -445,11 +427,16 @@ fn totals_by_user_and_owner_are_the_sums_of_the_rows() {
     if crate::util::is_root() {
         holders.push(Proc::spawn_as(65534, "sleep", &["serve.py"]));
     }
-    let mut scenario = gpus(2);
-    scenario.push_str(&process(holders[0].pid(), "[0, 1]", 4096));
-    scenario.push_str(&process(holders[1].pid(), "1", 1024));
+    let mut scenario = Scenario::new()
+        .gpus(2, h200())
+        .process(
+            Process::new(holders[0].pid())
+                .on_each(&[0, 1])
+                .used(4 * GIB),
+        )
+        .process(Process::new(holders[1].pid()).on(1).used(GIB));
     if let Some(other) = holders.get(2) {
-        scenario.push_str(&process(other.pid(), "0", 2048));
+        scenario = scenario.process(Process::new(other.pid()).used(2 * GIB));
     }
     let sim = Sim::new(&scenario);
     for by in ["user", "owner"] {

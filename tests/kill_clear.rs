@@ -3,36 +3,17 @@
 //! alone, protected daemons, other users, escalation, stopped and zombie holders, `--wait`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::util::{
-    Proc, RootOwnedProgram, Sim, TrainingRun, alive, background_job, is_root, proc_state,
+    GIB, Gpu, MIB, Proc, Process, RootOwnedProgram, Scenario, Sim, TrainingRun, alive,
+    background_job, is_root, proc_state,
 };
 
-const MIB: u64 = 1024 * 1024;
-
-/// A scenario with `gpus` H200s; GPU 0 has `leaked_mib` that no process accounts for.
-fn scenario(gpus: usize, leaked_mib: u64, processes: &[String]) -> String {
-    let mut text = String::from("driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n");
-    for index in 0..gpus {
-        text.push_str("\n[[gpu]]\nname = \"NVIDIA H200\"\n");
-        if index == 0 && leaked_mib > 0 {
-            text.push_str(&format!("leaked_mib = {leaked_mib}\n"));
-        }
-    }
-    for process in processes {
-        text.push('\n');
-        text.push_str(process);
-    }
-    text
-}
-
-/// A `[[process]]` entry; `extra` is more TOML lines (`teardown_ms = 300`).
-fn process(pid: u32, gpu: u32, used_mib: u64, sm_pct: u32, extra: &str) -> String {
-    format!(
-        "[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {used_mib}\nsm_pct = {sm_pct}\n{extra}"
-    )
+fn h200s(count: usize) -> Scenario {
+    Scenario::new().gpus(count, Gpu::h200())
 }
 
 /// The document of `gpuctl ARGS --json` whatever its exit status, which is returned too.
@@ -121,15 +102,14 @@ fn clear_reclaims_the_workers_of_a_crashed_run() {
     run.crash();
     let workers = &run.workers.pids;
     // Two workers on GPU 0, one on GPU 1; GPU 0 also has 512 MiB nobody accounts for.
-    let sim = Sim::new(&scenario(
-        2,
-        512,
-        &[
-            process(workers[0], 0, 2048, 0, ""),
-            process(workers[1], 0, 2048, 0, ""),
-            process(workers[2], 1, 4096, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::h200().leaked(512 * MIB))
+            .gpu(Gpu::h200())
+            .process(Process::new(workers[0]).used(2 * GIB))
+            .process(Process::new(workers[1]).used(2 * GIB))
+            .process(Process::new(workers[2]).on(1).used(4 * GIB)),
+    );
 
     let (doc, code, stderr) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{stderr}\n{doc:#}");
@@ -176,17 +156,14 @@ fn healthy_runs_and_background_jobs_are_never_touched() {
     let healthy = TrainingRun::start(2, "sleep", "python3", &["train.py"]);
     let busy_job = background_job("python3", &["serve.py", "--port", "8000"]);
     let idle_job = background_job("python3", &["notebook_job.py"]);
-    let sim = Sim::new(&scenario(
-        2,
-        0,
-        &[
-            process(healthy.parent.pid(), 0, 8192, 40, ""),
-            process(healthy.workers.pid(0), 0, 512, 0, ""),
-            process(healthy.workers.pid(1), 0, 512, 0, ""),
-            process(busy_job.pid(0), 1, 16384, 50, ""),
-            process(idle_job.pid(0), 1, 1024, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &h200s(2)
+            .process(Process::new(healthy.parent.pid()).used(8 * GIB).sm(40))
+            .process(Process::new(healthy.workers.pid(0)).used(512 * MIB))
+            .process(Process::new(healthy.workers.pid(1)).used(512 * MIB))
+            .process(Process::new(busy_job.pid(0)).on(1).used(16 * GIB).sm(50))
+            .process(Process::new(idle_job.pid(0)).on(1).used(GIB)),
+    );
     let everyone = [
         healthy.parent.pid(),
         healthy.workers.pid(0),
@@ -252,7 +229,7 @@ fn protected_daemons_are_skipped() {
         "nvidia-persiste",
         "the kernel keeps 15 bytes of comm"
     );
-    let sim = Sim::new(&scenario(1, 0, &[process(daemon.pid(), 0, 0, 0, "")]));
+    let sim = Sim::new(&h200s(1).process(Process::new(daemon.pid()).used(0)));
     let pid = daemon.pid().to_string();
 
     let run = sim.run(&[
@@ -301,14 +278,11 @@ fn a_protected_name_alone_buys_no_protection() {
         let by_comm = Proc::spawn_ready_with_comm("sleep", "python3", name);
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", by_comm.pid())).unwrap();
         assert_eq!(comm.trim(), &name[..name.len().min(15)]);
-        let sim = Sim::new(&scenario(
-            1,
-            0,
-            &[
-                process(by_argv0.pid(), 0, 39 * 1024, 0, ""),
-                process(by_comm.pid(), 0, 1024, 0, ""),
-            ],
-        ));
+        let sim = Sim::new(
+            &h200s(1)
+                .process(Process::new(by_argv0.pid()).used(39 * GIB))
+                .process(Process::new(by_comm.pid()).used(GIB)),
+        );
 
         let table = sim.run(&["info", "--color", "never"]);
         let claims = format!("[claims to be {name}]");
@@ -350,14 +324,11 @@ fn other_users_processes_are_skipped_for_a_non_root_caller() {
     const CALLER: u32 = 65533;
     let theirs = Proc::spawn_as(OTHER, "sleep", &["train.py"]);
     let mine = Proc::spawn_as(CALLER, "sleep", &["eval.py"]);
-    let sim = Sim::new(&scenario(
-        1,
-        0,
-        &[
-            process(theirs.pid(), 0, 4096, 0, ""),
-            process(mine.pid(), 0, 1024, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &h200s(1)
+            .process(Process::new(theirs.pid()).used(4 * GIB))
+            .process(Process::new(mine.pid()).used(GIB)),
+    );
     sim.share();
     let args = [
         "kill",
@@ -393,14 +364,11 @@ fn kill_usage_errors_and_refusals() {
     let a = Proc::sleeper("python3", &["a.py"]);
     let b = Proc::sleeper("python3", &["b.py"]);
     let stranger = Proc::sleeper("python3", &["not-on-a-gpu.py"]);
-    let sim = Sim::new(&scenario(
-        2,
-        0,
-        &[
-            process(a.pid(), 0, 1024, 0, ""),
-            process(b.pid(), 1, 1024, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &h200s(2)
+            .process(Process::new(a.pid()).used(GIB))
+            .process(Process::new(b.pid()).on(1).used(GIB)),
+    );
 
     sim.run(&["kill"])
         .assert_one_line_error(2, "no process selected");
@@ -443,11 +411,13 @@ fn kill_usage_errors_and_refusals() {
 #[test]
 fn clear_wait_times_out_while_memory_is_still_held() {
     let mut holder = Proc::sleeper("python3", &["finetune.py"]);
-    let sim = Sim::new(&scenario(
-        1,
-        0,
-        &[process(holder.pid(), 0, 20480, 0, "teardown_ms = 60000\n")],
-    ));
+    let sim = Sim::new(
+        &h200s(1).process(
+            Process::new(holder.pid())
+                .used(20 * GIB)
+                .teardown(Duration::from_secs(60)),
+        ),
+    );
     holder.kill();
 
     let run = sim.run(&["clear", "--wait=1s", "--timeout", "1s", "--color", "never"]);
@@ -486,11 +456,13 @@ fn clear_wait_times_out_while_memory_is_still_held() {
 #[test]
 fn clear_wait_succeeds_once_teardown_ends() {
     let mut holder = Proc::sleeper("python3", &["finetune.py"]);
-    let sim = Sim::new(&scenario(
-        1,
-        0,
-        &[process(holder.pid(), 0, 20480, 0, "teardown_ms = 300\n")],
-    ));
+    let sim = Sim::new(
+        &h200s(1).process(
+            Process::new(holder.pid())
+                .used(20 * GIB)
+                .teardown(Duration::from_millis(300)),
+        ),
+    );
     holder.kill();
     let (doc, code, stderr) = json_with_code(&sim, &["clear", "--wait=5s", "--timeout", "1s"]);
     assert_eq!(code, 0, "{stderr}\n{doc:#}");
@@ -507,14 +479,11 @@ fn clear_wait_succeeds_once_teardown_ends() {
 fn workers_that_ignore_sigterm_are_killed_after_the_timeout() {
     let mut run = TrainingRun::start(2, "ignore-term", "python3", &["train.py"]);
     run.crash();
-    let sim = Sim::new(&scenario(
-        1,
-        0,
-        &[
-            process(run.workers.pid(0), 0, 1024, 0, ""),
-            process(run.workers.pid(1), 0, 1024, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &h200s(1)
+            .process(Process::new(run.workers.pid(0)).used(GIB))
+            .process(Process::new(run.workers.pid(1)).used(GIB)),
+    );
     let (doc, code, stderr) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{stderr}\n{doc:#}");
     for &pid in &run.workers.pids {
@@ -530,7 +499,7 @@ fn workers_that_ignore_sigterm_are_killed_after_the_timeout() {
 
     // The same through kill --pid.
     let stubborn = Proc::spawn_ready("ignore-term", "python3", &["stubborn.py"]);
-    let sim = Sim::new(&scenario(1, 0, &[process(stubborn.pid(), 0, 1024, 0, "")]));
+    let sim = Sim::new(&h200s(1).process(Process::new(stubborn.pid()).used(GIB)));
     let pid = stubborn.pid().to_string();
     let (doc, code, _) = json_with_code(&sim, &["kill", "--pid", &pid, "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
@@ -543,14 +512,11 @@ fn workers_that_ignore_sigterm_are_killed_after_the_timeout() {
 fn dry_runs_print_reasons_and_signal_nothing() {
     let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py"]);
     run.crash();
-    let sim = Sim::new(&scenario(
-        1,
-        0,
-        &[
-            process(run.workers.pid(0), 0, 1024, 0, ""),
-            process(run.workers.pid(1), 0, 1024, 0, ""),
-        ],
-    ));
+    let sim = Sim::new(
+        &h200s(1)
+            .process(Process::new(run.workers.pid(0)).used(GIB))
+            .process(Process::new(run.workers.pid(1)).used(GIB)),
+    );
     for args in [
         &["clear", "--dry-run", "--color", "never"][..],
         &["kill", "--stale", "--dry-run", "--color", "never"][..],
@@ -609,7 +575,7 @@ fn stopped_processes_are_reclaimed_only_with_include_stopped() {
     let stopped = Proc::spawn_ready("sleep", "python3", &["eval.py"]);
     stopped.signal(libc::SIGSTOP);
     stopped.wait_for_state('T');
-    let sim = Sim::new(&scenario(1, 0, &[process(stopped.pid(), 0, 2048, 0, "")]));
+    let sim = Sim::new(&h200s(1).process(Process::new(stopped.pid()).used(2 * GIB)));
 
     let (doc, code, _) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
@@ -631,7 +597,7 @@ fn stopped_processes_are_reclaimed_only_with_include_stopped() {
 fn clear_reclaims_a_zombie_holder() {
     let holder = Proc::spawn("zombie-leader", "python3", &["serve.py"]);
     holder.wait_for_state('Z');
-    let sim = Sim::new(&scenario(1, 0, &[process(holder.pid(), 0, 4096, 0, "")]));
+    let sim = Sim::new(&h200s(1).process(Process::new(holder.pid()).used(4 * GIB)));
     let (doc, code, _) = json_with_code(&sim, &["clear", "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
     let outcome = outcome_of(&doc, holder.pid());
@@ -657,7 +623,7 @@ fn a_pid_reused_after_the_snapshot_is_refused() {
 
     let mut target = Proc::sleeper("python3", &["train.py"]);
     let pid = target.pid();
-    let sim = Sim::new(&scenario(1, 0, &[process(pid, 0, 1024, 0, "")]));
+    let sim = Sim::new(&h200s(1).process(Process::new(pid).used(GIB)));
     let pty = Pty::open();
     let received = pty.reader();
     let mut gpuctl = sim.gpuctl(&["kill", "--all", "--timeout", "1s", "--json"]);

@@ -3,20 +3,27 @@
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim};
+use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim};
 
 const MIB: u64 = 1024 * 1024;
 
-fn h100_mixed(a: u32, b: u32) -> String {
-    format!(
-        "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
-         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
-         [[gpu.mig]]\nprofile = \"1g.10gb\"\ngpu_instance = 9\n\
-         [[gpu.mig]]\nprofile = \"1g.10gb\"\ngpu_instance = 10\n\
-         [[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
-         [[process]]\npid = {a}\ngpu = 0\ngpu_instance = 1\nused_mib = 20480\n\
-         [[process]]\npid = {b}\ngpu = 0\ngpu_instance = 10\nused_mib = 4096\n"
-    )
+/// Two H100s, GPU 0 in MIG mode (instances 1, 9 and 10), no process.
+fn h100_mig() -> Scenario {
+    Scenario::new()
+        .gpu(
+            Gpu::h100()
+                .mig("3g.40gb", 1)
+                .mig("1g.10gb", 9)
+                .mig("1g.10gb", 10),
+        )
+        .gpu(Gpu::h100())
+}
+
+/// [`h100_mig`] with `a` in instance 1 and `b` in instance 10.
+fn h100_mixed(a: u32, b: u32) -> Scenario {
+    h100_mig()
+        .process(Process::new(a).instance(1).used(20 * GIB))
+        .process(Process::new(b).instance(10).used(4 * GIB))
 }
 
 #[test]
@@ -98,11 +105,10 @@ fn kill_and_clear_are_confined_to_one_instance() {
     // A crashed run's leftover in instance 9: a zombie leader whose threads hold the context.
     let zombie = Proc::spawn("zombie-leader", "python3", &["finetune.py"]);
     zombie.wait_for_state('Z');
-    let sim = Sim::new(&format!(
-        "{}[[process]]\npid = {}\ngpu = 0\ngpu_instance = 9\nused_mib = 2048\n",
-        h100_mixed(live.pid(), other.pid()),
-        zombie.pid()
-    ));
+    let sim = Sim::new(
+        &h100_mixed(live.pid(), other.pid())
+            .process(Process::new(zombie.pid()).instance(9).used(2 * GIB)),
+    );
     let doc = sim.json(&["info"]);
     let migs = doc["devices"][0]["mig_devices"].as_array().unwrap().clone();
     let uuid_of = |gi: u64| {
@@ -156,7 +162,7 @@ fn kill_and_clear_are_confined_to_one_instance() {
 /// a Slurm epilog handing a job's MIG UUID must not fail); the whole GPU is still reset.
 #[test]
 fn reset_of_a_mig_instance_leaves_the_shared_card_alone_and_says_so() {
-    let sim = Sim::new(h100_mixed(1, 1).split("[[process]]").next().unwrap());
+    let sim = Sim::new(&h100_mig());
     let doc = sim.json(&["info"]);
     let uuid = doc["devices"][0]["mig_devices"][1]["uuid"]
         .as_str()

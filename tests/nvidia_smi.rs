@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim, gpuctl_bin, sim_lib, target_dir, wait_until};
+use crate::util::{
+    GIB, Gpu, Proc, Process, Scenario, Sim, gpuctl_bin, sim_lib, target_dir, wait_until,
+};
 
 fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -827,12 +829,11 @@ fn smi(sim: &Sim, args: &[&str]) -> String {
 fn live_scenario_edits_and_process_deaths_show_in_both_on_the_next_call() {
     let job = Proc::spawn_ready("sleep", "python3", &["train.py"]);
     let scenario = |leaked: u64| {
-        format!(
-            "[[gpu]]\nleaked_mib = {leaked}\n[[process]]\npid = {}\ngpu = 0\nused_mib = 20480\n",
-            job.pid()
-        )
+        Scenario::new()
+            .gpu(Gpu::new().leaked(leaked))
+            .process(Process::new(job.pid()).used(20 * GIB))
     };
-    let sim = Sim::new(&scenario(8192));
+    let sim = Sim::new(&scenario(8 * GIB));
     let used = |sim: &Sim| -> (u64, u64) {
         let row = smi(
             sim,

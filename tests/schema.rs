@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 
 use serde_json::{Map, Value};
 
-use crate::util::{Proc, Sim};
+use crate::util::{Gpu, MIB, Proc, Process, Scenario, Sim};
 
 fn schema_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema")
@@ -158,15 +158,20 @@ fn info_json_matches_its_schema_in_every_shape() {
     let healthy = Proc::sleeper("python3", &["train.py"]);
     let leader = Proc::spawn("zombie-leader", "python3", &["worker.py"]);
     leader.wait_for_state('Z');
-    let scenario = format!(
-        "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\
-         [[gpu]]\nleaked_mib = 100\n[[gpu]]\nlost = true\n[[gpu]]\nunsupported = [\"temperature\", \"power\", \"utilization\"]\n\
-         [[process]]\npid = {}\ngpu = [0, 2]\nused_mib = 500\nsm_pct = 40\n\
-         [[process]]\npid = {}\ngpu = 0\n",
-        healthy.pid(),
-        leader.pid()
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new().leaked(100 * MIB))
+            .gpu(Gpu::new().lost())
+            .gpu(Gpu::new().unsupported(&["temperature", "power", "utilization"]))
+            .process(
+                Process::new(healthy.pid())
+                    .on_each(&[0, 2])
+                    .used(500 * MIB)
+                    .sm(40),
+            )
+            // No used_mib: NVML reports the process's memory as unavailable.
+            .process(Process::new(leader.pid())),
     );
-    let sim = Sim::new(&scenario);
     let run = sim.run(&["info", "--json"]);
     assert_eq!(run.code, 1, "one GPU is lost: {}", run.stderr);
     let doc: Value = serde_json::from_str(&run.stdout).unwrap();
@@ -279,16 +284,14 @@ fn kill_and_clear_json_match_their_schema() {
     let _ = leader.kill();
     let _ = leader.wait();
     let alone = Proc::sleeper("python3", &["eval.py"]);
-    let scenario = format!(
-        "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\nleaked_mib = 512\n\
-         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
-         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
-         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n",
-        workers[0],
-        workers[1],
-        alone.pid()
+    let sim = Sim::new(
+        &Scenario::new()
+            .driver_version("1")
+            .gpu(Gpu::new().leaked(512 * MIB))
+            .processes(
+                [workers[0], workers[1], alone.pid()].map(|pid| Process::new(pid).used(100 * MIB)),
+            ),
     );
-    let sim = Sim::new(&scenario);
     let schema = schema("reclaim-v1.schema.json");
     for args in [
         vec!["clear", "--dry-run"],

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::util::{Proc, Sim};
+use crate::util::{GIB, Gpu, MIB, Proc, Process, Scenario, Sim};
 
 fn sim_state(sim: &Sim) -> Value {
     serde_json::from_str(&std::fs::read_to_string(sim.state_path()).unwrap_or("{}".into())).unwrap()
@@ -96,17 +96,16 @@ fn reset_items_are_selectable_and_not_supported_is_not_a_failure() {
 #[test]
 fn peak_marks_rise_with_use_and_clear_on_reset() {
     let holder = Proc::sleeper("python3", &["train.py"]);
-    let scenario = |mib: u32| {
-        format!(
-            "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n\
-             [[process]]\npid = {}\ngpu = 0\nused_mib = {mib}\n",
-            holder.pid()
-        )
+    let scenario = |used: u64| {
+        Scenario::new()
+            .driver_version("1")
+            .gpu(Gpu::new())
+            .process(Process::new(holder.pid()).used(used))
     };
-    let sim = Sim::new(&scenario(4096));
+    let sim = Sim::new(&scenario(4 * GIB));
     let peak = |sim: &Sim| sim.json(&["info"])["devices"][0]["peak"]["used_bytes"].as_u64();
     assert_eq!(peak(&sim), Some(4096 << 20));
-    sim.write(&scenario(1024));
+    sim.write(&scenario(GIB));
     assert_eq!(
         peak(&sim),
         Some(4096 << 20),
@@ -323,13 +322,13 @@ fn protect_lists_from_the_config_spare_processes() {
         &["--interval", "5"],
     );
     let impostor = Proc::sleeper("my-monitor", &["--interval", "5"]);
-    let sim = Sim::new(&format!(
-        "driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n\
-         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n\
-         [[process]]\npid = {}\ngpu = 0\nused_mib = 100\n",
-        monitor.pid(),
-        impostor.pid()
-    ));
+    let sim = Sim::new(
+        &Scenario::new()
+            .driver_version("1")
+            .gpu(Gpu::new())
+            .process(Process::new(monitor.pid()).used(100 * MIB))
+            .process(Process::new(impostor.pid()).used(100 * MIB)),
+    );
     std::fs::write(
         sim.config_path(),
         "[protect]\ncommands = [\"my-monitor\"]\n",

@@ -6,7 +6,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::util::{Proc, Run, Sim, TrainingRun, alive, wait_exited};
+use crate::util::{
+    ComputeMode, GIB, Gpu, Proc, Process, Run, Scenario, Sim, TrainingRun, alive, wait_exited,
+};
 
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -77,18 +79,16 @@ fn scontrol_calls(sim: &Sim) -> String {
     std::fs::read_to_string(sim.dir.path().join("scontrol.calls")).unwrap_or_default()
 }
 
-fn scenario(processes: &[(u32, u32, u32)]) -> String {
-    let mut text = String::from(
-        "driver_version = \"1\"\ncuda_driver_version = 12080\n\
-         [[gpu]]\ncompute_mode = \"exclusive_process\"\n\
-         [[gpu]]\ncompute_mode = \"exclusive_process\"\n",
-    );
-    for (pid, gpu, sm) in processes {
-        text.push_str(&format!(
-            "[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = 2048\nsm_pct = {sm}\n"
-        ));
-    }
-    text
+/// Two GPUs in exclusive-process mode and `processes` as (pid, GPU, SM %), 2 GiB each.
+fn scenario(processes: &[(u32, u32, u32)]) -> Scenario {
+    Scenario::new()
+        .driver_version("1")
+        .gpus(2, Gpu::new().compute_mode(ComputeMode::ExclusiveProcess))
+        .processes(
+            processes
+                .iter()
+                .map(|&(pid, gpu, sm)| Process::new(pid).on(gpu).used(2 * GIB).sm(sm)),
+        )
 }
 
 #[test]
@@ -254,15 +254,17 @@ fn prolog_and_epilog_on_a_mig_slice_touch_that_instance_only() {
     let neighbour = Proc::sleeper("python3", &["serve.py"]);
     let leftover = Proc::spawn("zombie-leader", "python3", &["train.py"]);
     leftover.wait_for_state('Z');
-    let sim = Sim::new(&format!(
-        "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
-         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
-         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 2\n\
-         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 1\nused_mib = 8192\nsm_pct = 80\n\
-         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 2\nused_mib = 4096\n",
-        neighbour.pid(),
-        leftover.pid()
-    ));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::h100().mig("3g.40gb", 1).mig("3g.40gb", 2))
+            .process(
+                Process::new(neighbour.pid())
+                    .instance(1)
+                    .used(8 * GIB)
+                    .sm(80),
+            )
+            .process(Process::new(leftover.pid()).instance(2).used(4 * GIB)),
+    );
     let info = sim.json(&["info"]);
     let slice = info["devices"][0]["mig_devices"][1]["uuid"]
         .as_str()

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::fmt::{self, Display};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -48,7 +49,8 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub fn new(scenario: &str) -> Sim {
+    /// `scenario` is a [`Scenario`], or TOML text as it is (a file under test, or a literal).
+    pub fn new(scenario: &(impl Display + ?Sized)) -> Sim {
         let sim = Sim {
             dir: tempfile::tempdir().expect("tempdir"),
         };
@@ -76,9 +78,9 @@ impl Sim {
     }
 
     /// Replaces the scenario atomically, as a program polling it must see whole files.
-    pub fn write(&self, scenario: &str) {
+    pub fn write(&self, scenario: &(impl Display + ?Sized)) {
         let tmp = self.dir.path().join("scenario.toml.tmp");
-        std::fs::write(&tmp, scenario).expect("write scenario");
+        std::fs::write(&tmp, scenario.to_string()).expect("write scenario");
         std::fs::rename(&tmp, self.scenario_path()).expect("rename scenario");
     }
 
@@ -113,6 +115,374 @@ impl Sim {
         assert_eq!(run.code, 0, "gpuctl {all:?} failed: {}", run.stderr);
         serde_json::from_str(&run.stdout)
             .unwrap_or_else(|e| panic!("invalid JSON ({e}): {}", run.stdout))
+    }
+}
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// An nvml-sim scenario (crates/nvml-sim/src/scenario.rs), written as the TOML the sim
+/// reads: only what a test sets is written, everything else is the sim's default.
+#[derive(Debug, Clone, Default)]
+pub struct Scenario {
+    driver_version: Option<String>,
+    cuda_driver_version: Option<i32>,
+    init_error: Option<String>,
+    device_dir: Option<PathBuf>,
+    faults: Option<Faults>,
+    gpus: Vec<Gpu>,
+    processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone)]
+struct Faults {
+    rate: f64,
+    seed: u64,
+    errors: Vec<String>,
+}
+
+impl Scenario {
+    pub fn new() -> Scenario {
+        Scenario::default()
+    }
+
+    pub fn driver_version(mut self, version: &str) -> Scenario {
+        self.driver_version = Some(version.to_string());
+        self
+    }
+
+    /// As NVML gives it: 12080 is CUDA 12.8.
+    pub fn cuda_driver_version(mut self, version: i32) -> Scenario {
+        self.cuda_driver_version = Some(version);
+        self
+    }
+
+    /// Every NVML init fails with this error (a name: `DRIVER_NOT_LOADED`).
+    pub fn init_error(mut self, name: &str) -> Scenario {
+        self.init_error = Some(name.to_string());
+        self
+    }
+
+    /// Where the sim makes the GPUs' device files.
+    pub fn device_dir(mut self, dir: &Path) -> Scenario {
+        self.device_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Each call on a GPU's handle fails with chance `rate`, with one of `errors` (names),
+    /// drawn from a generator seeded with `seed`.
+    pub fn faults(mut self, rate: f64, seed: u64, errors: &[&str]) -> Scenario {
+        let errors = errors.iter().map(|e| e.to_string()).collect();
+        self.faults = Some(Faults { rate, seed, errors });
+        self
+    }
+
+    /// The next GPU: its index is the number of GPUs before it.
+    pub fn gpu(mut self, gpu: Gpu) -> Scenario {
+        self.gpus.push(gpu);
+        self
+    }
+
+    /// `count` GPUs like `gpu`.
+    pub fn gpus(mut self, count: usize, gpu: Gpu) -> Scenario {
+        self.gpus.extend(std::iter::repeat_n(gpu, count));
+        self
+    }
+
+    pub fn process(mut self, process: Process) -> Scenario {
+        self.processes.push(process);
+        self
+    }
+
+    pub fn processes(mut self, processes: impl IntoIterator<Item = Process>) -> Scenario {
+        self.processes.extend(processes);
+        self
+    }
+}
+
+/// A GPU: `Gpu::new()` is the sim's default model (an H200) with every default.
+#[derive(Debug, Clone, Default)]
+pub struct Gpu {
+    name: Option<String>,
+    memory_total_mib: Option<u64>,
+    leaked_mib: Option<u64>,
+    utilization_pct: Option<u32>,
+    power_mw: Option<u32>,
+    lost: bool,
+    hang_ms: Option<u64>,
+    compute_mode: Option<ComputeMode>,
+    unsupported: Vec<String>,
+    mig: Vec<Mig>,
+}
+
+#[derive(Debug, Clone)]
+struct Mig {
+    profile: String,
+    gpu_instance: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+    Prohibited,
+}
+
+impl ComputeMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "default",
+            ComputeMode::ExclusiveProcess => "exclusive_process",
+            ComputeMode::Prohibited => "prohibited",
+        }
+    }
+}
+
+impl Gpu {
+    pub fn new() -> Gpu {
+        Gpu::default()
+    }
+
+    pub fn h200() -> Gpu {
+        Gpu::new().name("NVIDIA H200")
+    }
+
+    /// The model MIG is modelled on besides the H200.
+    pub fn h100() -> Gpu {
+        Gpu::new().name("NVIDIA H100 80GB HBM3")
+    }
+
+    /// The model's name, which gives its memory, power limit, clocks (the sim's table).
+    pub fn name(mut self, name: &str) -> Gpu {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    pub fn memory_total(mut self, bytes: u64) -> Gpu {
+        self.memory_total_mib = Some(mib(bytes));
+        self
+    }
+
+    /// Used memory that no process accounts for.
+    pub fn leaked(mut self, bytes: u64) -> Gpu {
+        self.leaked_mib = Some(mib(bytes));
+        self
+    }
+
+    pub fn utilization(mut self, pct: u32) -> Gpu {
+        self.utilization_pct = Some(pct);
+        self
+    }
+
+    pub fn power_mw(mut self, milliwatts: u32) -> Gpu {
+        self.power_mw = Some(milliwatts);
+        self
+    }
+
+    /// Fallen off the bus.
+    pub fn lost(mut self) -> Gpu {
+        self.lost = true;
+        self
+    }
+
+    /// Every call on this GPU blocks this long (0: answers at once).
+    pub fn hang(mut self, time: std::time::Duration) -> Gpu {
+        self.hang_ms = Some(millis(time));
+        self
+    }
+
+    pub fn compute_mode(mut self, mode: ComputeMode) -> Gpu {
+        self.compute_mode = Some(mode);
+        self
+    }
+
+    /// Features whose queries answer NOT_SUPPORTED (names: `temperature`, `locked_clocks`).
+    pub fn unsupported(mut self, features: &[&str]) -> Gpu {
+        self.unsupported = features.iter().map(|f| f.to_string()).collect();
+        self
+    }
+
+    /// A MIG instance of `profile` (`3g.40gb`) as GPU instance `gpu_instance`; any puts the
+    /// GPU in MIG mode.
+    pub fn mig(mut self, profile: &str, gpu_instance: u32) -> Gpu {
+        self.mig.push(Mig {
+            profile: profile.to_string(),
+            gpu_instance,
+        });
+        self
+    }
+}
+
+/// A process NVML lists (or, `unlisted`, only counts): by default on GPU 0, its memory "not
+/// available" (no `used`: NVML's answer for it, counted as 0) and no SM use.
+#[derive(Debug, Clone)]
+pub struct Process {
+    pid: u32,
+    gpus: Vec<u32>,
+    used_mib: Option<u64>,
+    sm_pct: Option<u32>,
+    gpu_instance: Option<u32>,
+    teardown_ms: Option<u64>,
+    unlisted: bool,
+}
+
+impl Process {
+    pub fn new(pid: u32) -> Process {
+        Process {
+            pid,
+            gpus: vec![0],
+            used_mib: None,
+            sm_pct: None,
+            gpu_instance: None,
+            teardown_ms: None,
+            unlisted: false,
+        }
+    }
+
+    pub fn on(mut self, gpu: u32) -> Process {
+        self.gpus = vec![gpu];
+        self
+    }
+
+    /// On several GPUs at once (one context on each).
+    pub fn on_each(mut self, gpus: &[u32]) -> Process {
+        self.gpus = gpus.to_vec();
+        self
+    }
+
+    pub fn used(mut self, bytes: u64) -> Process {
+        self.used_mib = Some(mib(bytes));
+        self
+    }
+
+    pub fn sm(mut self, pct: u32) -> Process {
+        self.sm_pct = Some(pct);
+        self
+    }
+
+    /// The MIG GPU instance it runs in (required on a GPU in MIG mode).
+    pub fn instance(mut self, gpu_instance: u32) -> Process {
+        self.gpu_instance = Some(gpu_instance);
+        self
+    }
+
+    /// Its memory stays held this long after it exits (a driver tearing a context down).
+    pub fn teardown(mut self, time: std::time::Duration) -> Process {
+        self.teardown_ms = Some(millis(time));
+        self
+    }
+
+    /// Holds memory but is in no process list (a holder NVML cannot attribute).
+    pub fn unlisted(mut self) -> Process {
+        self.unlisted = true;
+        self
+    }
+}
+
+/// The sim counts memory in MiB: a test giving bytes that are not whole MiB is wrong.
+fn mib(bytes: u64) -> u64 {
+    assert_eq!(bytes % MIB, 0, "{bytes} bytes is not a whole number of MiB");
+    bytes / MIB
+}
+
+fn millis(time: std::time::Duration) -> u64 {
+    u64::try_from(time.as_millis()).expect("milliseconds fit in u64")
+}
+
+/// A TOML string, escaped by the toml crate (a path or name may hold quotes or backslashes).
+fn quoted(text: &str) -> toml::Value {
+    toml::Value::String(text.to_string())
+}
+
+fn quoted_list(items: &[String]) -> String {
+    let items: Vec<String> = items.iter().map(|i| quoted(i).to_string()).collect();
+    format!("[{}]", items.join(", "))
+}
+
+impl Display for Scenario {
+    /// Keys in the order of the sim's own structs, each table's keys before its sub-tables.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(v) = &self.driver_version {
+            writeln!(f, "driver_version = {}", quoted(v))?;
+        }
+        if let Some(v) = self.cuda_driver_version {
+            writeln!(f, "cuda_driver_version = {v}")?;
+        }
+        if let Some(v) = &self.init_error {
+            writeln!(f, "init_error = {}", quoted(v))?;
+        }
+        if let Some(dir) = &self.device_dir {
+            let dir = dir.to_str().expect("a UTF-8 device_dir");
+            writeln!(f, "device_dir = {}", quoted(dir))?;
+        }
+        if let Some(Faults { rate, seed, errors }) = &self.faults {
+            // {:?} of an f64 always has a '.' or an exponent: a TOML float, never an integer.
+            writeln!(f, "fault_rate = {rate:?}")?;
+            writeln!(f, "fault_seed = {seed}")?;
+            writeln!(f, "fault_errors = {}", quoted_list(errors))?;
+        }
+        for gpu in &self.gpus {
+            writeln!(f, "\n[[gpu]]")?;
+            if let Some(v) = &gpu.name {
+                writeln!(f, "name = {}", quoted(v))?;
+            }
+            if let Some(v) = gpu.memory_total_mib {
+                writeln!(f, "memory_total_mib = {v}")?;
+            }
+            if let Some(v) = gpu.leaked_mib {
+                writeln!(f, "leaked_mib = {v}")?;
+            }
+            if let Some(v) = gpu.utilization_pct {
+                writeln!(f, "utilization_pct = {v}")?;
+            }
+            if let Some(v) = gpu.power_mw {
+                writeln!(f, "power_mw = {v}")?;
+            }
+            if gpu.lost {
+                writeln!(f, "lost = true")?;
+            }
+            if let Some(v) = gpu.hang_ms {
+                writeln!(f, "hang_ms = {v}")?;
+            }
+            if let Some(v) = gpu.compute_mode {
+                writeln!(f, "compute_mode = {}", quoted(v.as_str()))?;
+            }
+            if !gpu.unsupported.is_empty() {
+                writeln!(f, "unsupported = {}", quoted_list(&gpu.unsupported))?;
+            }
+            for m in &gpu.mig {
+                writeln!(f, "[[gpu.mig]]")?;
+                writeln!(f, "profile = {}", quoted(&m.profile))?;
+                writeln!(f, "gpu_instance = {}", m.gpu_instance)?;
+            }
+        }
+        for p in &self.processes {
+            writeln!(f, "\n[[process]]")?;
+            writeln!(f, "pid = {}", p.pid)?;
+            match p.gpus.as_slice() {
+                [one] => writeln!(f, "gpu = {one}")?,
+                many => {
+                    let list: Vec<String> = many.iter().map(u32::to_string).collect();
+                    writeln!(f, "gpu = [{}]", list.join(", "))?
+                }
+            }
+            if let Some(v) = p.used_mib {
+                writeln!(f, "used_mib = {v}")?;
+            }
+            if let Some(v) = p.sm_pct {
+                writeln!(f, "sm_pct = {v}")?;
+            }
+            if let Some(v) = p.gpu_instance {
+                writeln!(f, "gpu_instance = {v}")?;
+            }
+            if let Some(v) = p.teardown_ms {
+                writeln!(f, "teardown_ms = {v}")?;
+            }
+            if p.unlisted {
+                writeln!(f, "unlisted = true")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -754,3 +1124,54 @@ impl Drop for RootOwnedProgram {
 }
 
 static NEXT_PROGRAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[test]
+fn a_scenario_renders_as_the_toml_the_sim_reads() {
+    use std::time::Duration;
+    let text = Scenario::new()
+        .driver_version("1")
+        .cuda_driver_version(12080)
+        .device_dir(Path::new("/tmp/a \"b\"\\c"))
+        .faults(0.02, 42, &["UNKNOWN", "TIMEOUT"])
+        .gpu(Gpu::h200().leaked(512 * MIB).lost().hang(Duration::ZERO))
+        .gpu(Gpu::h100().mig("3g.40gb", 1).mig("1g.10gb", 9))
+        .gpu(
+            Gpu::new()
+                .compute_mode(ComputeMode::ExclusiveProcess)
+                .unsupported(&["power"]),
+        )
+        .process(Process::new(7).on_each(&[0, 2]).used(GIB).sm(40))
+        .process(
+            Process::new(8)
+                .on(1)
+                .instance(9)
+                .teardown(Duration::from_millis(300)),
+        )
+        .process(Process::new(9).unlisted())
+        .to_string();
+    // Whatever quoting the toml crate picks, the path reads back as given.
+    let doc: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        doc["device_dir"].as_str(),
+        Some("/tmp/a \"b\"\\c"),
+        "{text}"
+    );
+    let without_dir: String = text
+        .lines()
+        .filter(|l| !l.starts_with("device_dir = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        without_dir,
+        "driver_version = \"1\"\ncuda_driver_version = 12080\n\
+         fault_rate = 0.02\nfault_seed = 42\nfault_errors = [\"UNKNOWN\", \"TIMEOUT\"]\n\
+         \n[[gpu]]\nname = \"NVIDIA H200\"\nleaked_mib = 512\nlost = true\nhang_ms = 0\n\
+         \n[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
+         [[gpu.mig]]\nprofile = \"1g.10gb\"\ngpu_instance = 9\n\
+         \n[[gpu]]\ncompute_mode = \"exclusive_process\"\nunsupported = [\"power\"]\n\
+         \n[[process]]\npid = 7\ngpu = [0, 2]\nused_mib = 1024\nsm_pct = 40\n\
+         \n[[process]]\npid = 8\ngpu = 1\ngpu_instance = 9\nteardown_ms = 300\n\
+         \n[[process]]\npid = 9\ngpu = 0\nunlisted = true\n"
+    );
+}

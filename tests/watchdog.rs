@@ -9,33 +9,30 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::util::{Proc, Run, Sim, TrainingRun, alive, is_root, sim_lib, wait_until, watchdog_bin};
+use crate::util::{
+    Gpu, Proc, Process, Run, Scenario, Sim, TrainingRun, alive, is_root, sim_lib, wait_until,
+    watchdog_bin,
+};
 
 const MIB: u64 = 1024 * 1024;
 
-/// A scenario of `gpus` H200s (those in `lost` fallen off the bus) and `processes`, with
-/// `top` lines first (`init_error = ...`).
-fn scenario(gpus: usize, lost: &[usize], top: &str, processes: &[String]) -> String {
-    let mut text = format!("driver_version = \"570.133.20\"\n{top}\n");
-    for index in 0..gpus {
-        text.push_str("\n[[gpu]]\nname = \"NVIDIA H200\"\n");
-        if lost.contains(&index) {
-            text.push_str("lost = true\n");
-        }
-    }
-    for process in processes {
-        text.push('\n');
-        text.push_str(process);
-    }
-    text
+/// A scenario of `gpus` H200s (those in `lost` fallen off the bus) and `processes`.
+fn scenario(gpus: usize, lost: &[usize], processes: &[Process]) -> Scenario {
+    (0..gpus)
+        .map(|index| match lost.contains(&index) {
+            true => Gpu::h200().lost(),
+            false => Gpu::h200(),
+        })
+        .fold(Scenario::new(), Scenario::gpu)
+        .processes(processes.iter().cloned())
 }
 
-fn process(pid: u32, gpu: u32, used_mib: u64, sm_pct: u32) -> String {
-    format!("[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {used_mib}\nsm_pct = {sm_pct}\n")
+fn process(pid: u32, gpu: u32, used_mib: u64, sm_pct: u32) -> Process {
+    Process::new(pid).on(gpu).used(used_mib * MIB).sm(sm_pct)
 }
 
 /// The workers of a crashed run (parent SIGKILLed, workers idle on GPU 0, 4096 MiB each).
-fn crashed_run(workers: usize) -> (TrainingRun, Vec<String>) {
+fn crashed_run(workers: usize) -> (TrainingRun, Vec<Process>) {
     let mut run = TrainingRun::start(workers, "sleep", "python3", &["train.py", "--lr", "3e-4"]);
     run.crash();
     let entries = run
@@ -211,7 +208,7 @@ fn used_bytes(sim: &Sim, gpu: usize) -> u64 {
 #[test]
 fn a_crashed_run_is_reclaimed_after_the_grace_and_its_memory_shows_free() {
     let (run, entries) = crashed_run(2);
-    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    let sim = Sim::new(&scenario(2, &[], &entries));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
     let stale = daemon.expect(&["ACTION=stale"], Duration::from_secs(5));
@@ -349,14 +346,14 @@ fn healthy_run_and_holder(uid: Option<u32>) -> (TrainingRun, Proc, Sim) {
             command.uid(uid).gid(uid);
         }
     });
-    let mut entries: Vec<String> = run
+    let mut entries: Vec<Process> = run
         .workers
         .pids
         .iter()
         .map(|&pid| process(pid, 0, 4096, 0))
         .collect();
     entries.push(process(holder.pid(), 1, 4096, 0));
-    let sim = Sim::new(&scenario(2, &[], "", &entries));
+    let sim = Sim::new(&scenario(2, &[], &entries));
     (run, holder, sim)
 }
 
@@ -400,7 +397,7 @@ fn crash_both(run: &mut TrainingRun, holder: &mut Proc) {
 #[test]
 fn a_soak_with_healthy_jobs_coming_and_going_kills_nothing() {
     let busy = crate::util::background_job("python3", &["serve.py", "--port", "8000"]);
-    let sim = Sim::new(&scenario(2, &[], "", &[process(busy.pid(0), 1, 16384, 50)]));
+    let sim = Sim::new(&scenario(2, &[], &[process(busy.pid(0), 1, 16384, 50)]));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
     let mut runs: Vec<TrainingRun> = Vec::new();
@@ -459,7 +456,7 @@ fn write_scenario(sim: &Sim, busy: &crate::util::Strays, runs: &[TrainingRun]) {
             entries.push(process(pid, 0, 512, 0));
         }
     }
-    sim.write(&scenario(2, &[], "", &entries));
+    sim.write(&scenario(2, &[], &entries));
 }
 
 #[test]
@@ -467,7 +464,7 @@ fn a_process_above_its_share_is_warned_then_terminated_or_only_warned_in_report_
     for (mode, enforced) in [("reclaim", true), ("report", false)] {
         // 20000 MiB of 143771: above a 10% share. Busy, so not stale.
         let hog = Proc::spawn_ready("sleep", "python3", &["big_model.py"]);
-        let sim = Sim::new(&scenario(1, &[], "", &[process(hog.pid(), 0, 20000, 80)]));
+        let sim = Sim::new(&scenario(1, &[], &[process(hog.pid(), 0, 20000, 80)]));
         configure(
             &sim,
             &format!("mode = \"{mode}\"\nenforce_fraction = true"),
@@ -499,7 +496,7 @@ fn a_process_above_its_share_is_warned_then_terminated_or_only_warned_in_report_
 
 #[test]
 fn sd_notify_ready_watchdog_status_and_stopping() {
-    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    let sim = Sim::new(&scenario(2, &[], &[]));
     configure(&sim, "interval = \"5s\"", "");
     // The [watchdog] table above sets interval twice otherwise: write it whole.
     let dir = sim.dir.path();
@@ -575,7 +572,7 @@ fn sd_notify_ready_watchdog_status_and_stopping() {
 
 #[test]
 fn sighup_with_a_bad_config_keeps_the_old_one() {
-    let sim = Sim::new(&scenario(1, &[], "", &[]));
+    let sim = Sim::new(&scenario(1, &[], &[]));
     configure(&sim, "", "");
     let mut daemon = Daemon::start(&sim, &[]);
     daemon.expect(&["ACTION=start", "mode report"], Duration::from_secs(5));
@@ -605,7 +602,7 @@ fn sighup_with_a_bad_config_keeps_the_old_one() {
 
 #[test]
 fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
-    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    let sim = Sim::new(&scenario(2, &[], &[]));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
     daemon.expect(&["ACTION=start"], Duration::from_secs(5));
@@ -613,7 +610,7 @@ fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
         metrics(&sim).contains("gpuctl_nvml_up 1")
     });
     let (run, entries) = crashed_run(2);
-    sim.write(&scenario(2, &[1], "", &entries));
+    sim.write(&scenario(2, &[1], &entries));
     daemon.expect(&["ACTION=suspended", "GPU 1 lost"], Duration::from_secs(5));
     daemon.expect(
         &["ACTION=left", "incomplete snapshot"],
@@ -631,7 +628,7 @@ fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
         "{}",
         metrics(&sim)
     );
-    sim.write(&scenario(2, &[], "", &entries));
+    sim.write(&scenario(2, &[], &entries));
     daemon.expect(&["ACTION=resumed"], Duration::from_secs(10));
     wait_until(Duration::from_secs(10), || {
         run.workers.pids.iter().all(|&pid| !alive(pid))
@@ -643,19 +640,14 @@ fn a_gpu_lost_mid_run_suspends_reclaim_until_it_answers_again() {
 #[test]
 fn nvml_failing_mid_run_and_a_missing_library_keep_the_daemon_alive() {
     // NVML fails mid-run: a GPU is lost and re-opening NVML fails (driver unloaded).
-    let sim = Sim::new(&scenario(2, &[], "", &[]));
+    let sim = Sim::new(&scenario(2, &[], &[]));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
     wait_until(Duration::from_secs(5), || {
         metrics(&sim).contains("gpuctl_nvml_up 1")
     });
     let (run, entries) = crashed_run(2);
-    sim.write(&scenario(
-        2,
-        &[1],
-        "init_error = \"DRIVER_NOT_LOADED\"",
-        &entries,
-    ));
+    sim.write(&scenario(2, &[1], &entries).init_error("DRIVER_NOT_LOADED"));
     let down = daemon.expect(&["ACTION=nvml-down"], Duration::from_secs(10));
     assert!(down.contains("driver is not loaded"), "{down}");
     wait_until(Duration::from_secs(5), || {
@@ -670,7 +662,7 @@ fn nvml_failing_mid_run_and_a_missing_library_keep_the_daemon_alive() {
     }
     // Logged once per change, not every retry.
     assert_eq!(daemon.count(&["ACTION=nvml-down"]), 1, "{}", daemon.log());
-    sim.write(&scenario(2, &[], "", &entries));
+    sim.write(&scenario(2, &[], &entries));
     daemon.expect(&["ACTION=nvml-up"], Duration::from_secs(10));
     wait_until(Duration::from_secs(10), || {
         run.workers.pids.iter().all(|&pid| !alive(pid))
@@ -695,19 +687,14 @@ fn nvml_failing_mid_run_and_a_missing_library_keep_the_daemon_alive() {
 fn once_exit_statuses_and_dry_run() {
     // Nothing stale: 0.
     let healthy = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
-    let sim = Sim::new(&scenario(
-        1,
-        &[],
-        "",
-        &[process(healthy.pid(), 0, 1024, 30)],
-    ));
+    let sim = Sim::new(&scenario(1, &[], &[process(healthy.pid(), 0, 1024, 30)]));
     configure(&sim, "", "");
     let run = once(&sim, &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
 
     // Stale in report mode: 4, left alone.
     let (crashed, entries) = crashed_run(2);
-    sim.write(&scenario(1, &[], "", &entries));
+    sim.write(&scenario(1, &[], &entries));
     let run = once(&sim, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     assert!(run.stderr.contains("ACTION=left"), "{}", run.stderr);
@@ -749,7 +736,7 @@ fn once_exit_statuses_and_dry_run() {
     }
 
     // NVML unavailable: 3.
-    sim.write(&scenario(1, &[], "init_error = \"DRIVER_NOT_LOADED\"", &[]));
+    sim.write(&scenario(1, &[], &[]).init_error("DRIVER_NOT_LOADED"));
     let run = once(&sim, &[]);
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert!(run.stderr.contains("ACTION=nvml-down"), "{}", run.stderr);
@@ -787,7 +774,7 @@ fn once_exit_statuses_and_dry_run() {
 #[test]
 fn the_daemon_in_dry_run_reclaims_nothing() {
     let (run, entries) = crashed_run(2);
-    let sim = Sim::new(&scenario(1, &[], "", &entries));
+    let sim = Sim::new(&scenario(1, &[], &entries));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &["--dry-run"]);
     for &pid in &run.workers.pids {
@@ -837,7 +824,7 @@ fn the_kubernetes_configmap_policy_is_accepted() {
         .map(|l| l.get(indent..).unwrap_or("").to_string() + "\n")
         .collect();
     assert!(policy.contains("[watchdog]"), "{policy}");
-    let sim = Sim::new(&scenario(1, &[], "", &[]));
+    let sim = Sim::new(&scenario(1, &[], &[]));
     // The paths it names are the pod's; here they point into the scratch directory.
     let policy = policy
         .replace(
@@ -869,12 +856,7 @@ fn user_name(uid: u32) -> String {
 #[test]
 fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
     let impostor = Proc::spawn_ready("sleep", "nvidia-persistenced", &[]);
-    let sim = Sim::new(&scenario(
-        1,
-        &[],
-        "",
-        &[process(impostor.pid(), 0, 4096, 30)],
-    ));
+    let sim = Sim::new(&scenario(1, &[], &[process(impostor.pid(), 0, 4096, 30)]));
     configure(&sim, "", "");
     let mut daemon = Daemon::start(&sim, &[]);
     let line = daemon.expect(&["ACTION=impostor"], Duration::from_secs(5));
@@ -891,12 +873,8 @@ fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
 
 #[test]
 fn a_gpu_that_stops_answering_suspends_reclaim_and_the_daemon_keeps_going() {
-    let gpus = |hang_ms: u64| {
-        format!(
-            "[[gpu]]\nname = \"NVIDIA H200\"\n\n[[gpu]]\nname = \"NVIDIA H200\"\nhang_ms = {hang_ms}\n"
-        )
-    };
-    let sim = Sim::new(&format!("driver_version = \"570.133.20\"\n{}", gpus(0)));
+    let gpus = |hang: Duration| Scenario::new().gpu(Gpu::h200()).gpu(Gpu::h200().hang(hang));
+    let sim = Sim::new(&gpus(Duration::ZERO));
     configure(&sim, "mode = \"reclaim\"", "");
     let mut command = command(&sim, &[]);
     command.env("GPUCTL_NVML_TIMEOUT", "1s");
@@ -906,14 +884,8 @@ fn a_gpu_that_stops_answering_suspends_reclaim_and_the_daemon_keeps_going() {
         metrics(&sim).contains("gpuctl_nvml_up 1")
     });
     let (run, entries) = crashed_run(2);
-    let with_jobs = |hang_ms: u64| {
-        format!(
-            "driver_version = \"570.133.20\"\n{}\n{}",
-            gpus(hang_ms),
-            entries.join("\n")
-        )
-    };
-    sim.write(&with_jobs(600_000));
+    let with_jobs = |hang: Duration| gpus(hang).processes(entries.iter().cloned());
+    sim.write(&with_jobs(Duration::from_secs(600)));
     daemon.expect(
         &["ACTION=suspended", "GPU 1 not answering after 1s"],
         Duration::from_secs(10),
@@ -928,7 +900,7 @@ fn a_gpu_that_stops_answering_suspends_reclaim_and_the_daemon_keeps_going() {
     daemon.assert_running();
 
     // It answers again: reclaim resumes.
-    sim.write(&with_jobs(0));
+    sim.write(&with_jobs(Duration::ZERO));
     daemon.expect(&["ACTION=resumed"], Duration::from_secs(10));
     wait_until(Duration::from_secs(10), || {
         run.workers.pids.iter().all(|&pid| !alive(pid))
@@ -959,19 +931,22 @@ fn a_soak_under_injected_faults_and_hangs_kills_nothing_healthy_and_reclaims_eve
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
     let scenario_of = |hang: bool, runs: &[(&TrainingRun, u32)]| {
-        let mut text = String::from(
-            "driver_version = \"570.133.20\"\nfault_rate = 0.02\nfault_seed = 42\n\
-             fault_errors = [\"UNKNOWN\", \"TIMEOUT\", \"GPU_IS_LOST\", \"NOT_FOUND\"]\n\
-             [[gpu]]\nname = \"NVIDIA H200\"\n[[gpu]]\nname = \"NVIDIA H200\"\n",
-        );
-        text.push_str(&format!("hang_ms = {}\n", if hang { 600_000 } else { 0 }));
+        let hang = Duration::from_secs(if hang { 600 } else { 0 });
+        let mut scenario = Scenario::new()
+            .faults(
+                0.02,
+                42,
+                &["UNKNOWN", "TIMEOUT", "GPU_IS_LOST", "NOT_FOUND"],
+            )
+            .gpu(Gpu::h200())
+            .gpu(Gpu::h200().hang(hang));
         for (run, gpu) in runs {
-            text.push_str(&process(run.parent.pid(), *gpu, 8192, 40));
+            scenario = scenario.process(process(run.parent.pid(), *gpu, 8192, 40));
             for &pid in &run.workers.pids {
-                text.push_str(&process(pid, *gpu, 512, 0));
+                scenario = scenario.process(process(pid, *gpu, 512, 0));
             }
         }
-        text
+        scenario
     };
     let sim = Sim::new(&scenario_of(false, &[]));
     configure(&sim, "mode = \"reclaim\"", "");
@@ -1117,11 +1092,10 @@ fn a_soak_under_injected_faults_and_hangs_kills_nothing_healthy_and_reclaims_eve
 fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
     let job = Proc::spawn_ready("sleep", "python3", &["train.py", "--backend", "nccl"]);
     let at = |power_mw: u32, used_mib: u64| {
-        format!(
-            "driver_version = \"570.133.20\"\n[[gpu]]\nutilization_pct = 100\npower_mw = {power_mw}\n\
-             [[gpu]]\n[[process]]\npid = {}\ngpu = 0\nused_mib = {used_mib}\n",
-            job.pid()
-        )
+        Scenario::new()
+            .gpu(Gpu::new().utilization(100).power_mw(power_mw))
+            .gpu(Gpu::new())
+            .process(Process::new(job.pid()).used(used_mib * MIB))
     };
     let sim = Sim::new(&at(650_000, 40960));
     let uuid = sim.json(&["info"])["devices"][0]["uuid"]
@@ -1212,15 +1186,12 @@ fn a_leftover_in_one_mig_instance_is_reclaimed_and_the_neighbour_lives() {
     let live = Proc::spawn_ready("sleep", "python3", &["train.py"]);
     let zombie = Proc::spawn("zombie-leader", "python3", &["finetune.py"]);
     zombie.wait_for_state('Z');
-    let sim = Sim::new(&format!(
-        "driver_version = \"570.133.20\"\n[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\n\
-         [[gpu.mig]]\nprofile = \"3g.40gb\"\ngpu_instance = 1\n\
-         [[gpu.mig]]\nprofile = \"1g.10gb\"\ngpu_instance = 9\n\
-         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 1\nused_mib = 8192\n\
-         [[process]]\npid = {}\ngpu = 0\ngpu_instance = 9\nused_mib = 4096\n",
-        live.pid(),
-        zombie.pid()
-    ));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::h100().mig("3g.40gb", 1).mig("1g.10gb", 9))
+            .process(Process::new(live.pid()).instance(1).used(8192 * MIB))
+            .process(Process::new(zombie.pid()).instance(9).used(4096 * MIB)),
+    );
     configure(&sim, "mode = \"reclaim\"", "");
     let daemon = Daemon::start(&sim, &[]);
     let reclaimed = daemon.expect(

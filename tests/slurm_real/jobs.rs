@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::Mode;
 use crate::cluster::{Batch, Tracking, WAIT};
-use crate::util::{Proc, alive, wait_exited, wait_until};
+use crate::util::{Gpu, Proc, Process, Scenario, alive, wait_exited, wait_until};
 
 const MIB: u64 = 1 << 20;
 
@@ -45,20 +45,17 @@ impl Mode {
     /// Writes the scenario: the GPUs with their device files, `processes`, and memory held
     /// by no process (`leaked`: GPU, MiB).
     pub fn set_scenario(&self, processes: &[OnGpu], leaked: &[(u32, u64)]) {
-        let mut text = format!("device_dir = \"{}\"\n", self.sim.dev_dir().display());
+        let mut scenario = Scenario::new().device_dir(&self.sim.dev_dir());
         for gpu in 0..crate::GPUS as u32 {
-            text.push_str("[[gpu]]\n");
-            if let Some((_, mib)) = leaked.iter().find(|(g, _)| *g == gpu) {
-                text.push_str(&format!("leaked_mib = {mib}\n"));
-            }
+            scenario = scenario.gpu(match leaked.iter().find(|(g, _)| *g == gpu) {
+                Some((_, mib)) => Gpu::new().leaked(mib * MIB),
+                None => Gpu::new(),
+            });
         }
         for p in processes {
-            text.push_str(&format!(
-                "[[process]]\npid = {}\ngpu = {}\nused_mib = {}\n",
-                p.pid, p.gpu, p.mib
-            ));
+            scenario = scenario.process(Process::new(p.pid).on(p.gpu).used(p.mib * MIB));
         }
-        self.sim.write(&text);
+        self.sim.write(&scenario);
     }
 
     fn jobs_dir(&self) -> PathBuf {

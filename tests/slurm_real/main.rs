@@ -54,12 +54,10 @@ fn slot(tracking: Tracking) -> &'static Mutex<Option<Result<Mode, String>>> {
 }
 
 /// A scenario with `GPUS` GPUs whose device files go in the sim's device directory.
-fn scenario(dev: &Path) -> String {
-    format!(
-        "device_dir = \"{}\"\n{}",
-        dev.display(),
-        "[[gpu]]\n".repeat(GPUS)
-    )
+fn scenario(dev: &Path) -> util::Scenario {
+    util::Scenario::new()
+        .device_dir(dev)
+        .gpus(GPUS, util::Gpu::new())
 }
 
 /// What Slurm runs (through the cluster's wrapper): a line recording the run, with the job
