@@ -27,8 +27,6 @@ use crate::publish::{self, Publisher, Status};
 use crate::settings::Settings;
 use crate::signals;
 
-/// Per-process utilization is read over this window, as `gpuctl clear` does.
-const ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 /// What one pass saw.
 struct Seen {
     snapshot: Snapshot,
@@ -275,14 +273,8 @@ impl Daemon {
             Snapshot::take_cached(
                 gpus,
                 &view,
-                &SnapshotOptions {
-                    gpus: None,
-                    utilization_window: Some(ACTIVITY_WINDOW),
-                    only_memory_and_processes: true,
-                    // Utilization and power, for the stuck-GPU check.
-                    activity: self.settings.policy.stuck.is_some(),
-                    holders: None,
-                },
+                // Utilization and power too, for the stuck-GPU check.
+                &SnapshotOptions::watch(self.settings.policy.stuck.is_some()),
                 &mut self.facts,
             )
             .map(|snapshot| {

@@ -29,7 +29,7 @@ fn main() {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("gpuctl-watchdog: {error}");
-            std::process::exit(Exit::Usage.code().into());
+            std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
         }
     };
     if let Err(error) = signals::install() {

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use gpuctl_core::CoreError;
 use gpuctl_core::act::{Escalation, Signal};
 use gpuctl_core::classify::Policy;
 use gpuctl_core::classify::stuck::StuckCriteria;
-use gpuctl_core::config::{self, ConfigError, ReclaimKind, Watchdog, WatchdogMode};
+use gpuctl_core::config::{self, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
 use gpuctl_watchdog::cli::{Cli, Mode};
@@ -24,7 +25,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn load(cli: &Cli) -> Result<Settings, ConfigError> {
+    pub fn load(cli: &Cli) -> Result<Settings, CoreError> {
         let loaded = match &cli.config {
             Some(path) => config::load_explicit(path)?,
             None => config::load()?,
@@ -66,8 +67,7 @@ impl Settings {
             }),
             ..Policy::default()
         };
-        let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())
-            .map_err(|e| ConfigError::Value(e.to_string()))?;
+        let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())?;
         Ok(Settings {
             nvml_timeout,
             watchdog,
