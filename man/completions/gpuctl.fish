@@ -37,18 +37,18 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fraction" -d 'Show or
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI (0/9). Repeat for several' -r
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted; with --json, one document per line at each refresh' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l timeout -d 'How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the configuration\'s nvml_timeout, else 10s). A GPU that has not answered by then is shown as not answering (exit status 1) and the others as read; info never waits longer than this and a second' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l by -d 'Totals instead of the per-GPU view: one row per user, or per owner (Slurm job, systemd unit, container, Kubernetes pod), with the memory and the GPUs it holds. With --json, the document gains a `totals` list' -r -f -a "user\t''
 owner\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (schema version in its `schema` field; see docs/json.md). With --watch, one document per line at each refresh'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l holders -d 'Look for the processes holding each GPU\'s device file (/dev/nvidiaN) that NVML does not list on it, and say what each is suspected to be. Without it the scan runs only when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed process accounts for. With --json, each device then carries `holders`'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Processes on this GPU (index, UUID or bus id), or in this MIG instance (its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them: 0/9). Repeat for several' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l user -d 'Processes of this user (name or uid). Repeat for several' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l owner -d 'Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID, unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several. A Slurm epilog ends a finished job\'s leftovers with --owner slurm:$SLURM_JOB_ID' -r
@@ -62,11 +62,11 @@ never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l stale -d 'Leftovers of crashed runs, as `gpuctl clear` finds them'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l all -d 'Every GPU process the other selectors allow. Needs --yes, or a confirmation on a terminal'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s y -l yes -d 'Do not ask before signalling several users\' processes, or with --all'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l dry-run -d 'Print what would be signalled and why, and signal nothing'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l gpu -d 'Only this GPU (index, UUID or bus id), or this MIG instance (its MIG-... UUID, or GPU/GI: 0/9): then nothing of the card\'s other instances is touched, and --wait waits for the instance\'s memory. Repeat for several. Default: every GPU' -r
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l wait -d 'Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l wait -d 'Then wait until the selected GPUs (or MIG instances: their own memory) are free (see --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l min-free -d 'What --wait waits for: at least this much free memory on each selected GPU, as a size (130GiB) or a percentage of its memory (90%). Default: no process left on the GPU and under 256 MiB in use' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l signal -d 'The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...)' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l timeout -d 'How long to wait for the process to exit after the first signal before SIGKILL, and for NVML to show its memory released (10s, 500ms, 2m)' -r
@@ -75,10 +75,10 @@ always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l include-stopped -d 'Also reclaim stopped processes (state T)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l holders -d 'Also end the processes holding a GPU\'s device file (/dev/nvidiaN) that NVML does not list on it and that no live job claims: a zombie or exiting process, one in a container\'s PID namespace, one nothing places (see `gpuctl info --holders`). Never a protected program, a process NVML lists on another GPU, or a process of a job NVML lists alive'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l dry-run -d 'Print what would be reclaimed and why, and signal nothing'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand clear" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l gpu -d 'Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
@@ -88,15 +88,15 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l memory-locked-cl
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l compute-mode -d 'Compute mode back to DEFAULT'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l accounting -d 'Clear accounting\'s records of finished processes'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l peaks -d 'Clear gpuctl\'s peak memory marks'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l dry-run -d 'Print what would be reset, and change nothing'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l gpu -d 'A per-GPU entry (index or UUID); when showing, only this GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l user -d 'A per-user entry; when showing, the share this user\'s processes get' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l json -d 'Print one JSON document (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l shell -d 'Print the settings for this shell' -r -f -a "sh\t''
 bash\t''
@@ -106,7 +106,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l gpu -d 'The GPU
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l json -d 'Print one JSON document instead (see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -l persistence -d 'Also turn persistence mode on for the selected GPUs (root): the driver stays loaded between jobs, so the next one starts without the initialisation delay'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand enable" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and not __fish_seen_subcommand_from prolog epilog healthcheck help" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
@@ -133,7 +133,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_sub
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from healthcheck" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from healthcheck" -l dry-run -d 'Say what would be done, and resume nothing'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from healthcheck" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from healthcheck" -s h -l help -d 'Print help'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from help" -f -a "prolog" -d 'Before a job: reclaim crashed runs\' leftovers on the job\'s GPUs only, and wait until they are free; if they are not, drain the node with the reason and exit 1 (Slurm then requeues the job)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand slurm; and __fish_seen_subcommand_from help" -f -a "epilog" -d 'After a job: end what is left of it (by its cgroup, or by SLURM_JOB_ID in the environment of processes no cgroup ties to a job), check its GPUs\' memory is released, restore the card settings it may have changed, and write its account. On failure, drain the node with the reason and exit 1'

@@ -131,6 +131,34 @@ pub enum Command {
     Slurm(SlurmCommand),
 }
 
+/// The GPUs or MIG instances a command is limited to: `--gpu`, defined once for every
+/// command that selects places.
+#[derive(Debug, Clone, Default, Args)]
+pub struct GpuArgs {
+    /// Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only
+    /// this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9).
+    /// Repeat for several. Default: every GPU.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+}
+
+/// `--json`, defined once.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct JsonArg {
+    /// Print one JSON document (its version in the `schema` field; see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--dry-run`, defined once for the commands that act.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct DryRunArg {
+    /// Say what would be done and why, and do it not: nothing is signalled, reset or
+    /// resumed.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum SlurmCommand {
     /// Before a job: reclaim crashed runs' leftovers on the job's GPUs only, and wait until
@@ -180,9 +208,8 @@ pub struct SlurmHealthcheckArgs {
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
 
-    /// Say what would be done, and resume nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub plan: DryRunArg,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -199,9 +226,8 @@ pub struct FractionArgs {
     #[arg(long, value_name = "USER", conflicts_with = "gpu")]
     pub user: Option<String>,
 
-    /// Print one JSON document (see docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -218,9 +244,8 @@ pub struct EnableArgs {
     #[arg(long, value_enum, value_name = "SHELL", default_value_t = ShellKind::Sh)]
     pub shell: ShellKind,
 
-    /// Print one JSON document instead (see docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 
     /// Also turn persistence mode on for the selected GPUs (root): the driver stays loaded
     /// between jobs, so the next one starts without the initialisation delay.
@@ -239,9 +264,8 @@ pub struct EnableArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ResetArgs {
-    /// Only this GPU (index, UUID or bus id). Repeat for several. Default: every GPU.
-    #[arg(long = "gpu", value_name = "GPU")]
-    pub gpus: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Application clocks back to their default.
     #[arg(long)]
@@ -267,13 +291,11 @@ pub struct ResetArgs {
     #[arg(long)]
     pub peaks: bool,
 
-    /// Print what would be reset, and change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub plan: DryRunArg,
 
-    /// Print one JSON document (see docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 }
 
 /// How targets are ended.
@@ -291,10 +313,8 @@ pub struct SignalArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct KillArgs {
-    /// Processes on this GPU (index, UUID or bus id), or in this MIG instance (its MIG-...
-    /// UUID, or GPU/GI as nvidia-smi -L shows them: 0/9). Repeat for several.
-    #[arg(long = "gpu", value_name = "GPU")]
-    pub gpus: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// This process. Repeat for several. A pid that is not using a GPU is refused.
     #[arg(long = "pid", value_name = "PID")]
@@ -334,22 +354,17 @@ pub struct KillArgs {
     #[arg(long, short = 'y')]
     pub yes: bool,
 
-    /// Print what would be signalled and why, and signal nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub plan: DryRunArg,
 
-    /// Print one JSON document (see docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ClearArgs {
-    /// Only this GPU (index, UUID or bus id), or this MIG instance (its MIG-... UUID, or
-    /// GPU/GI: 0/9): then nothing of the card's other instances is touched, and --wait waits
-    /// for the instance's memory. Repeat for several. Default: every GPU.
-    #[arg(long = "gpu", value_name = "GPU")]
-    pub gpus: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Also reclaim stopped processes (state T).
     #[arg(long)]
@@ -363,8 +378,8 @@ pub struct ClearArgs {
     #[arg(long)]
     pub holders: bool,
 
-    /// Then wait until the selected GPUs are free (see --min-free), for at most TIMEOUT
-    /// (default 60s). Not free by then: exit status 4.
+    /// Then wait until the selected GPUs (or MIG instances: their own memory) are free (see
+    /// --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4.
     #[arg(
         long,
         value_name = "TIMEOUT",
@@ -384,13 +399,11 @@ pub struct ClearArgs {
     #[command(flatten)]
     pub how: SignalArgs,
 
-    /// Print what would be reclaimed and why, and signal nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub plan: DryRunArg,
 
-    /// Print one JSON document (see docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 }
 
 impl SignalArgs {
@@ -407,7 +420,7 @@ impl KillArgs {
     /// What these arguments ask of gpuctl-core.
     pub fn request(&self) -> KillRequest {
         KillRequest {
-            gpus: self.gpus.clone(),
+            gpus: self.gpu.gpus.clone(),
             pids: self.pids.clone(),
             uids: self.users.clone(),
             owners: self.owners.clone(),
@@ -416,7 +429,7 @@ impl KillArgs {
             older_than: self.older_than,
             all: self.all,
             ending: self.how.ending(),
-            dry_run: self.dry_run,
+            dry_run: self.plan.dry_run,
         }
     }
 }
@@ -425,13 +438,13 @@ impl ClearArgs {
     /// What these arguments ask of gpuctl-core.
     pub fn request(&self) -> ClearRequest {
         ClearRequest {
-            gpus: self.gpus.clone(),
+            gpus: self.gpu.gpus.clone(),
             include_stopped: self.include_stopped,
             holders: self.holders,
             wait: self.wait,
             min_free: self.min_free,
             ending: self.how.ending(),
-            dry_run: self.dry_run,
+            dry_run: self.plan.dry_run,
         }
     }
 }
@@ -451,9 +464,9 @@ impl ResetArgs {
         .filter_map(|(wanted, item)| wanted.then_some(item))
         .collect();
         ResetRequest {
-            gpus: self.gpus.clone(),
+            gpus: self.gpu.gpus.clone(),
             items,
-            dry_run: self.dry_run,
+            dry_run: self.plan.dry_run,
         }
     }
 }
@@ -488,17 +501,14 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Clone, Default, Args)]
 pub struct InfoArgs {
-    /// Only this GPU: an index, a UUID (or a unique prefix of one) or a PCI bus id; or only
-    /// this MIG instance: its MIG-... UUID, or GPU/GI (0/9). Repeat for several.
-    #[arg(long = "gpu", value_name = "GPU")]
-    pub gpus: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
-    /// Print one JSON document (schema version in its `schema` field; see docs/json.md).
-    /// With --watch, one document per line at each refresh.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: JsonArg,
 
-    /// Refresh every SECONDS (fractions allowed) until interrupted.
+    /// Refresh every SECONDS (fractions allowed) until interrupted; with --json, one
+    /// document per line at each refresh.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, allow_negative_numbers = true)]
     pub watch: Option<Duration>,
 

@@ -149,7 +149,7 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         files,
         gpus: shares,
     };
-    render::emit(args.json, &document, || fraction_table(&document, &style))?;
+    render::emit(args.output.json, &document, || fraction_table(&document, &style))?;
     Ok(Exit::Ok)
 }
 
@@ -293,7 +293,7 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
         ShellKind::Fish => Shell::Fish,
         ShellKind::Sh | ShellKind::Bash | ShellKind::Zsh => Shell::Posix,
     };
-    render::emit(args.json, &document, || {
+    render::emit(args.output.json, &document, || {
         settings::shell_exports(&env, shell)
     })?;
     // The settings are printed either way; the status says persistence was not done.

@@ -31,7 +31,7 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "kill",
-        dry_run: args.dry_run,
+        dry_run: args.plan.dry_run,
         signal: args.how.signal.name(),
         timeout_ms: args.how.timeout.as_millis() as u64,
         outcomes: &outcomes,
@@ -39,8 +39,8 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
         reported: Vec::new(),
         wait: None,
     };
-    render::emit(args.json, &document, || {
-        table(&document, &style, args.dry_run || args.stale)
+    render::emit(args.output.json, &document, || {
+        table(&document, &style, args.plan.dry_run || args.stale)
     })?;
     Ok(if ok { Exit::Ok } else { Exit::Failed })
 }
@@ -55,7 +55,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     let document = ReclaimReport {
         schema: RECLAIM_SCHEMA,
         command: "clear",
-        dry_run: args.dry_run,
+        dry_run: args.plan.dry_run,
         signal: args.how.signal.name(),
         timeout_ms: args.how.timeout.as_millis() as u64,
         outcomes,
@@ -63,7 +63,7 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         reported: reported.iter().collect(),
         wait: wait.clone(),
     };
-    render::emit(args.json, &document, || table(&document, &style, true))?;
+    render::emit(args.output.json, &document, || table(&document, &style, true))?;
     Ok(match wait {
         Some(wait) if !wait.met => {
             eprintln!(

@@ -23,10 +23,10 @@ pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
     let results = reclaim::reset(&Session::open()?, &args.request())?;
     let document = ResetDocument {
         schema: RESET_SCHEMA,
-        dry_run: args.dry_run,
+        dry_run: args.plan.dry_run,
         gpus: &results,
     };
-    render::emit(args.json, &document, || table(&results, &style))?;
+    render::emit(args.output.json, &document, || table(&results, &style))?;
     Ok(if reclaim::reset_failed(&results) {
         Exit::Failed
     } else {

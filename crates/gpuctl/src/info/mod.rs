@@ -53,8 +53,8 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
     let opened = started.elapsed();
     // `--gpu` may name MIG instances: their GPU is read, and only those instances shown.
-    let places = (!args.gpus.is_empty())
-        .then(|| gpus.resolve_places(&args.gpus))
+    let places = (!args.gpu.gpus.is_empty())
+        .then(|| gpus.resolve_places(&args.gpu.gpus))
         .transpose()?;
     let options = SnapshotOptions {
         holders: Some(HolderScan {
@@ -96,7 +96,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         let by = group_by(args);
         let watchdog = watchdog_findings(loaded.as_ref());
         render::emit(
-            args.json,
+            args.output.json,
             &document(&snapshot, by, watchdog.clone()),
             || view(&snapshot, by, watchdog.as_ref(), &style),
         )?;
@@ -125,7 +125,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     loop {
         let snapshot = take()?;
         let (by, watchdog) = (group_by(args), watchdog_findings(loaded.as_ref()));
-        if args.json {
+        if args.output.json {
             let mut line = serde_json::to_string(&document(&snapshot, by, watchdog))?;
             line.push('\n');
             out.write_all(line.as_bytes())?;

@@ -30,7 +30,7 @@ pub fn run(command: &SlurmCommand) -> Result<Exit> {
     match command {
         SlurmCommand::Prolog(args) => prolog(args.wait, args.no_drain),
         SlurmCommand::Epilog(args) => epilog(args.timeout, args.no_drain),
-        SlurmCommand::Healthcheck(args) => healthcheck(args.node.as_deref(), args.dry_run),
+        SlurmCommand::Healthcheck(args) => healthcheck(args.node.as_deref(), args.plan.dry_run),
     }
 }
 
