@@ -4,6 +4,7 @@
 mod alloc;
 mod checkpoint;
 mod cli;
+mod cuda;
 mod data;
 mod loader;
 mod memory;
@@ -650,7 +651,7 @@ fn wait_allocatable(ordinal: usize, freed: u64, limit: Duration) -> Result<(), F
     }
     let deadline = Instant::now() + limit;
     loop {
-        let memory = gpuctl_core::cuda::memory(ordinal)
+        let memory = cuda::memory(ordinal)
             .map_err(|e| Failure::NoCuda(format!("checking the freed memory through CUDA: {e}")))?;
         if memory.free_bytes >= freed {
             log(format!(
