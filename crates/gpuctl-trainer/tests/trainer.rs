@@ -849,6 +849,65 @@ fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
 }
 
 #[test]
+fn startup_cleanup_spares_a_protected_leftover_that_is_on_no_gpu() {
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    // A leftover NVML does not list (the scenario has no processes), in the run file.
+    let leftover = Leftover::spawn();
+    let record = serde_json::json!({
+        "version": 1,
+        "name": "job",
+        "device": "cpu",
+        "processes": [recorded(leftover.pid(), start_ticks(leftover.pid()), "worker")],
+    });
+    std::fs::write(checkpoint.join("job.run.json"), record.to_string()).unwrap();
+    let args = [
+        "--run-name",
+        "job",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+    ];
+    let me = Command::new("id").arg("-un").output().unwrap();
+    let me = String::from_utf8(me.stdout).unwrap().trim().to_string();
+
+    // The guard of `gpuctl clear` decides for it as for a GPU process: a protected user's
+    // process, and a protected program (sleep is root's, in root's directories), are not
+    // signalled, and the run stops as startup cleanup could not end them.
+    for (protect, why) in [
+        (
+            format!("users = [\"{me}\"]"),
+            format!("protected user: {me}"),
+        ),
+        (
+            "commands = [\"sleep\"]".to_string(),
+            "protected: sleep".into(),
+        ),
+    ] {
+        std::fs::write(
+            scratch.path("gpuctl.toml"),
+            format!("[protect]\n{protect}\n"),
+        )
+        .unwrap();
+        let run = scratch.run(&args);
+        assert_eq!(run.code, 4, "{}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!(
+                "pid {} (worker), not on a GPU: not signalled ({why})",
+                leftover.pid()
+            )),
+            "{}",
+            run.stderr
+        );
+        assert!(leftover.running());
+    }
+}
+
+#[test]
 fn help_lists_the_exit_table_in_gpuctl_core() {
     let out = Command::new(trainer_bin()).arg("--help").output().unwrap();
     assert!(out.status.success(), "{out:?}");
