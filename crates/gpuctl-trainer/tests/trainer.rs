@@ -632,6 +632,7 @@ fn a_live_run_keeps_its_name_and_stops_cleanly_on_sigterm() {
 
     // SIGTERM (Slurm's and systemd's stop): finish the step, checkpoint, exit 143.
     let _ = checkpoint;
+    // SAFETY: kill(2) takes no pointers; the pid is our child, not yet reaped.
     unsafe { libc::kill(trainer_pid as i32, libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -752,6 +753,7 @@ fn a_stop_sent_to_the_whole_job_ends_it_after_a_checkpoint() {
         assert!(wait_until(Duration::from_secs(30), || checkpoint
             .join("latest")
             .exists()));
+        // SAFETY: killpg(2) takes no pointers; the group is our child's, which leads it.
         unsafe { libc::killpg(child.id() as i32, signal) };
         let output = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -820,6 +822,7 @@ fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
     assert!(mine.running());
 
     // Another user's process listed in it is not signalled, whoever runs the trainer.
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped the other-user half: it needs root to start a process as another user");
         return;
