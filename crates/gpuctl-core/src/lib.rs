@@ -11,7 +11,6 @@ pub mod act;
 pub mod cardset;
 pub mod classify;
 pub mod config;
-pub mod cuda;
 pub mod error;
 pub mod exit;
 pub mod files;

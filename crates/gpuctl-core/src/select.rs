@@ -72,6 +72,18 @@ impl Target {
         target
     }
 
+    /// The target for process `identity` that is on no GPU (a crashed run's leftover that
+    /// holds no GPU memory), from its host facts, so the plan guards it like any other;
+    /// there is nothing for verification to check on a GPU. `None` when the facts are not
+    /// of that process (its pid reused, or it could not be read), as nothing may be done to
+    /// a process other than the one named.
+    pub fn off_gpu(identity: Identity, host: HostProcess) -> Option<Target> {
+        if host.start_ticks != Some(identity.start_ticks) {
+            return None;
+        }
+        Some(Target::new(identity.pid, &Arc::new(host)))
+    }
+
     /// Whether it is on one of `places` (a GPU, or a MIG instance of one).
     pub fn in_places(&self, places: &[Place]) -> bool {
         self.places
@@ -505,6 +517,21 @@ mod tests {
             "{reasons:?}"
         );
         assert_eq!(reasons[1], "pid 99 is not using a GPU");
+    }
+
+    #[test]
+    fn a_target_off_gpu_is_only_of_the_process_named() {
+        let host = process(20, 1000, 0, true).host.as_ref().clone();
+        let target = Target::off_gpu(Identity::new(20, 1020), host.clone()).expect("same");
+        assert_eq!(target.identity(), Some(Identity::new(20, 1020)));
+        assert!(target.gpus.is_empty() && target.places.is_empty());
+        assert_eq!(target.uid, Some(1000));
+        assert!(
+            Target::off_gpu(Identity::new(20, 5), host).is_none(),
+            "pid reused"
+        );
+        let unread = crate::host::HostProcess::unconfirmed("test");
+        assert!(Target::off_gpu(Identity::new(20, 1020), unread).is_none());
     }
 
     #[test]

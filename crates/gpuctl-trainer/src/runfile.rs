@@ -5,6 +5,7 @@
 //! that run did not finish cleanly. Its processes that are still alive, by pid *and* start
 //! time, are its leftovers; those holding GPU memory are reclaimed through gpuctl-core's
 //! reclaim road (the one `gpuctl clear` walks), and NVML must show their memory released.
+//! The others are planned with the same guard before they are ended.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -15,11 +16,12 @@ use std::time::Duration;
 
 use gpuctl_core::act::{self, Ended, Escalation, Identity, Signal};
 use gpuctl_core::config::Protect;
+use gpuctl_core::host::{ProcView, UserNames};
 use gpuctl_core::nvml::Gpus;
-use gpuctl_core::plan::Guard;
+use gpuctl_core::plan::{self, Action, Guard};
 use gpuctl_core::protect::Protection;
 use gpuctl_core::reclaim::Reclaim;
-use gpuctl_core::select::{self, Criterion, Selector};
+use gpuctl_core::select::{self, Criterion, Selector, Target};
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 use serde::{Deserialize, Serialize};
 
@@ -231,9 +233,10 @@ pub struct Cleanup {
     pub failures: Vec<String>,
 }
 
-/// Ends the previous run's processes that are still alive: through the reclaim road for
-/// those NVML lists on a GPU (signal, then verify the memory came back), with a plain
-/// TERM-then-KILL for the rest. `log` gets one line per thing done.
+/// Ends the previous run's processes that are still alive, each planned with the guard of
+/// `gpuctl clear`: through the reclaim road for those NVML lists on a GPU (signal, then
+/// verify the memory came back), and by the same plan and TERM-then-KILL for the rest.
+/// `log` gets one line per thing done.
 pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String)) -> Cleanup {
     let mut cleanup = Cleanup::default();
     let own = std::process::id();
@@ -285,73 +288,7 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
     // The same guard as `gpuctl clear`: the built-in and configured protected commands and
     // users are never signalled, nor another user's process unless this is root.
     let guard = Guard::for_this_process(Protection::configured(protect));
-
-    let mut on_gpu: Vec<u32> = Vec::new();
-    match Gpus::open() {
-        Ok(gpus) => {
-            let options = SnapshotOptions {
-                gpus: None,
-                utilization_window: None,
-                only_memory_and_processes: false,
-                activity: false,
-                holders: None,
-            };
-            match Snapshot::take(&gpus, &options) {
-                Ok(snapshot) => {
-                    // The same processes, not new ones that reused their pids.
-                    let selector = Selector::by(Criterion::Processes(
-                        alive
-                            .iter()
-                            .map(|p| Identity::new(p.pid, p.start_ticks))
-                            .collect(),
-                    ));
-                    let (mut targets, _not_on_gpu) = select::select(&snapshot, &[], &selector);
-                    for target in &mut targets {
-                        target.reasons = vec![format!("leftover of run {:?}", previous.name)];
-                    }
-                    on_gpu = targets.iter().map(|t| t.pid).collect();
-                    let outcomes = Reclaim {
-                        gpus: &gpus,
-                        guard: &guard,
-                        how: how.clone(),
-                        verify_for: Duration::from_secs(10),
-                        dry_run: false,
-                    }
-                    .run(&snapshot, targets);
-                    for outcome in outcomes {
-                        let held = outcome.target.used_bytes.unwrap_or(0);
-                        let line = format!(
-                            "pid {} held {} on GPU {}: {}",
-                            outcome.target.pid,
-                            crate::memory::bytes(held as i64),
-                            outcome
-                                .target
-                                .gpus
-                                .iter()
-                                .map(u32::to_string)
-                                .collect::<Vec<_>>()
-                                .join(","),
-                            outcome.skipped.clone().unwrap_or_else(|| outcome.summary())
-                        );
-                        if outcome.succeeded() {
-                            cleanup.freed_bytes += held;
-                        } else {
-                            cleanup.failures.push(line.clone());
-                        }
-                        log(line);
-                    }
-                }
-                Err(e) => log(format!(
-                    "NVML could not list GPU processes ({e}); the leftovers are ended without \
-                     checking their GPU memory"
-                )),
-            }
-        }
-        Err(e) => log(format!(
-            "{e}; the leftovers are ended without checking their GPU memory"
-        )),
-    }
-
+    let on_gpu = reclaim_on_gpu(&previous.name, &alive, &guard, &how, &mut cleanup, log);
     // The rest hold no GPU memory (or NVML could not tell): ended all the same, as they are
     // this run name's own processes, identified by pid and start time.
     let rest: Vec<&Recorded> = alive
@@ -359,27 +296,183 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
         .copied()
         .filter(|p| !on_gpu.contains(&p.pid))
         .collect();
-    let identities: Vec<Identity> = rest
-        .iter()
-        .map(|p| Identity::new(p.pid, p.start_ticks))
-        .collect();
-    for (recorded, ended) in rest.iter().zip(act::end_all(&identities, &how)) {
-        let done = matches!(
-            ended,
-            Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone | Ended::Reused { .. }
-        );
+    end_off_gpu(&previous.name, &rest, &guard, &how, &mut cleanup, log);
+    cleanup
+}
+
+/// Reclaims the leftovers NVML lists on a GPU through the reclaim road (plan with the
+/// guard, signal, verify the memory came back); returns their pids.
+fn reclaim_on_gpu(
+    run: &str,
+    alive: &[&Recorded],
+    guard: &Guard,
+    how: &Escalation,
+    cleanup: &mut Cleanup,
+    log: &mut dyn FnMut(String),
+) -> Vec<u32> {
+    let gpus = match Gpus::open() {
+        Ok(gpus) => gpus,
+        Err(e) => {
+            log(format!(
+                "{e}; the leftovers are ended without checking their GPU memory"
+            ));
+            return Vec::new();
+        }
+    };
+    let options = SnapshotOptions {
+        gpus: None,
+        utilization_window: None,
+        only_memory_and_processes: false,
+        activity: false,
+        holders: None,
+    };
+    let snapshot = match Snapshot::take(&gpus, &options) {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            log(format!(
+                "NVML could not list GPU processes ({e}); the leftovers are ended without \
+                 checking their GPU memory"
+            ));
+            return Vec::new();
+        }
+    };
+    // The same processes, not new ones that reused their pids.
+    let selector = Selector::by(Criterion::Processes(
+        alive
+            .iter()
+            .map(|p| Identity::new(p.pid, p.start_ticks))
+            .collect(),
+    ));
+    let (mut targets, _not_on_gpu) = select::select(&snapshot, &[], &selector);
+    for target in &mut targets {
+        target.reasons = vec![format!("leftover of run {run:?}")];
+    }
+    let on_gpu = targets.iter().map(|t| t.pid).collect();
+    let outcomes = Reclaim {
+        gpus: &gpus,
+        guard,
+        how: how.clone(),
+        verify_for: Duration::from_secs(10),
+        dry_run: false,
+    }
+    .run(&snapshot, targets);
+    for outcome in outcomes {
+        let held = outcome.target.used_bytes.unwrap_or(0);
         let line = format!(
-            "pid {} ({}), not on a GPU: {}",
-            recorded.pid,
-            recorded.role,
-            describe(&ended)
+            "pid {} held {} on GPU {}: {}",
+            outcome.target.pid,
+            crate::memory::bytes(held as i64),
+            outcome
+                .target
+                .gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            outcome.skipped.clone().unwrap_or_else(|| outcome.summary())
+        );
+        if outcome.succeeded() {
+            cleanup.freed_bytes += held;
+        } else {
+            cleanup.failures.push(line.clone());
+        }
+        log(line);
+    }
+    on_gpu
+}
+
+/// Ends the leftovers on no GPU by the same road as those on one, with nothing to verify
+/// on a GPU: each is a target planned with the guard (so a protected program or user named
+/// in the run file is skipped with the guard's reason), then ended by identity.
+fn end_off_gpu(
+    run: &str,
+    rest: &[&Recorded],
+    guard: &Guard,
+    how: &Escalation,
+    cleanup: &mut Cleanup,
+    log: &mut dyn FnMut(String),
+) {
+    if rest.is_empty() {
+        return;
+    }
+    // These pids are the ones the previous run recorded in this PID namespace, not NVML's
+    // host pids, so they are read here whatever namespace this is.
+    let view = ProcView::at(PathBuf::from("/proc"), true, UserNames::Nss);
+    let pids: Vec<u32> = rest.iter().map(|p| p.pid).collect();
+    let mut facts = view
+        .as_ref()
+        .map(|view| view.processes(&pids))
+        .unwrap_or_default();
+    // What became of each, in run-file order: what to say, and whether it is done.
+    let mut said: Vec<Option<(String, bool)>> = vec![None; rest.len()];
+    let mut targets = Vec::new();
+    let mut planned = Vec::new();
+    for (i, p) in rest.iter().enumerate() {
+        let identity = Identity::new(p.pid, p.start_ticks);
+        match facts
+            .remove(&p.pid)
+            .and_then(|host| Target::off_gpu(identity, host))
+        {
+            Some(mut target) => {
+                target.reasons = vec![format!("leftover of run {run:?}")];
+                targets.push(target);
+                planned.push(i);
+            }
+            None => {
+                // Its facts are not of the recorded process: it is gone or its pid reused
+                // since it was found alive (nothing is sent), or /proc could not be read.
+                let ended = match Identity::observe(p.pid) {
+                    Err(_) => Ended::Gone,
+                    Ok(now) if now.start_ticks != p.start_ticks => Ended::Reused {
+                        now_start_ticks: now.start_ticks,
+                    },
+                    Ok(_) => Ended::Failed {
+                        error: match &view {
+                            Err(e) => format!("/proc could not be read ({e}): not signalled"),
+                            Ok(_) => "its /proc facts could not be read: not signalled".into(),
+                        },
+                    },
+                };
+                said[i] = Some((describe(&ended), done(&ended)));
+            }
+        }
+    }
+    let mut signalled = Vec::new();
+    let mut identities = Vec::new();
+    for (outcome, i) in plan::plan(targets, guard, false).into_iter().zip(planned) {
+        match (outcome.action, outcome.target.identity()) {
+            (Action::Signal, Some(identity)) => {
+                signalled.push(i);
+                identities.push(identity);
+            }
+            _ => {
+                let why = outcome.skipped.clone().unwrap_or_else(|| outcome.summary());
+                said[i] = Some((format!("not signalled ({why})"), false));
+            }
+        }
+    }
+    for (i, ended) in signalled.into_iter().zip(act::end_all(&identities, how)) {
+        said[i] = Some((describe(&ended), done(&ended)));
+    }
+    for (recorded, said) in rest.iter().zip(said) {
+        let (what, done) = said.expect("each leftover is planned, or said why not");
+        let line = format!(
+            "pid {} ({}), not on a GPU: {what}",
+            recorded.pid, recorded.role
         );
         if !done {
             cleanup.failures.push(line.clone());
         }
         log(line);
     }
-    cleanup
+}
+
+/// Whether a leftover is no longer running: ended, or not the run's process any more.
+fn done(ended: &Ended) -> bool {
+    matches!(
+        ended,
+        Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone | Ended::Reused { .. }
+    )
 }
 
 /// A zombie whose threads have all exited: it holds nothing, and only its parent can reap

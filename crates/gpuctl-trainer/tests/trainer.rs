@@ -632,6 +632,7 @@ fn a_live_run_keeps_its_name_and_stops_cleanly_on_sigterm() {
 
     // SIGTERM (Slurm's and systemd's stop): finish the step, checkpoint, exit 143.
     let _ = checkpoint;
+    // SAFETY: kill(2) takes no pointers; the pid is our child, not yet reaped.
     unsafe { libc::kill(trainer_pid as i32, libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -752,6 +753,7 @@ fn a_stop_sent_to_the_whole_job_ends_it_after_a_checkpoint() {
         assert!(wait_until(Duration::from_secs(30), || checkpoint
             .join("latest")
             .exists()));
+        // SAFETY: killpg(2) takes no pointers; the group is our child's, which leads it.
         unsafe { libc::killpg(child.id() as i32, signal) };
         let output = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -820,6 +822,7 @@ fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
     assert!(mine.running());
 
     // Another user's process listed in it is not signalled, whoever runs the trainer.
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped the other-user half: it needs root to start a process as another user");
         return;
@@ -846,6 +849,65 @@ fn a_run_file_cannot_point_startup_cleanup_at_someone_else() {
         run.stderr
     );
     assert!(theirs.running());
+}
+
+#[test]
+fn startup_cleanup_spares_a_protected_leftover_that_is_on_no_gpu() {
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    // A leftover NVML does not list (the scenario has no processes), in the run file.
+    let leftover = Leftover::spawn();
+    let record = serde_json::json!({
+        "version": 1,
+        "name": "job",
+        "device": "cpu",
+        "processes": [recorded(leftover.pid(), start_ticks(leftover.pid()), "worker")],
+    });
+    std::fs::write(checkpoint.join("job.run.json"), record.to_string()).unwrap();
+    let args = [
+        "--run-name",
+        "job",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+    ];
+    let me = Command::new("id").arg("-un").output().unwrap();
+    let me = String::from_utf8(me.stdout).unwrap().trim().to_string();
+
+    // The guard of `gpuctl clear` decides for it as for a GPU process: a protected user's
+    // process, and a protected program (sleep is root's, in root's directories), are not
+    // signalled, and the run stops as startup cleanup could not end them.
+    for (protect, why) in [
+        (
+            format!("users = [\"{me}\"]"),
+            format!("protected user: {me}"),
+        ),
+        (
+            "commands = [\"sleep\"]".to_string(),
+            "protected: sleep".into(),
+        ),
+    ] {
+        std::fs::write(
+            scratch.path("gpuctl.toml"),
+            format!("[protect]\n{protect}\n"),
+        )
+        .unwrap();
+        let run = scratch.run(&args);
+        assert_eq!(run.code, 4, "{}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!(
+                "pid {} (worker), not on a GPU: not signalled ({why})",
+                leftover.pid()
+            )),
+            "{}",
+            run.stderr
+        );
+        assert!(leftover.running());
+    }
 }
 
 #[test]

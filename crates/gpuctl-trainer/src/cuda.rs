@@ -1,7 +1,8 @@
 //! This process's view of a GPU through the CUDA driver (libcuda, loaded at run time): free
-//! and total memory of its context, for programs that use gpuctl-core in-process. It uses the
-//! device's primary context, the one PyTorch and the CUDA runtime use, so asking creates no
-//! second context (a context costs hundreds of MiB).
+//! and total memory of its context, which startup cleanup waits on. It lives here, not in
+//! gpuctl-core, so the CLI and the watchdog do not link cudarc. It uses the device's primary
+//! context, the one PyTorch and the CUDA runtime use, so asking creates no second context (a
+//! context costs hundreds of MiB).
 
 use cudarc::driver::CudaContext;
 
