@@ -38,6 +38,14 @@ enum Failure {
     NoCuda(String),
     NotFree(String),
     OutOfMemory(String),
+    /// What gpuctl-core refused, with the status its kind documents.
+    Core(gpuctl_core::CoreError),
+}
+
+impl From<gpuctl_core::CoreError> for Failure {
+    fn from(error: gpuctl_core::CoreError) -> Failure {
+        Failure::Core(error)
+    }
 }
 
 impl Failure {
@@ -48,16 +56,18 @@ impl Failure {
             Failure::NoCuda(_) => Exit::Unavailable,
             Failure::NotFree(_) => Exit::NotClean,
             Failure::OutOfMemory(_) => Exit::OutOfMemory,
+            Failure::Core(error) => error.exit(),
         }
     }
 
-    fn message(&self) -> &str {
+    fn message(&self) -> String {
         match self {
             Failure::Failed(m)
             | Failure::Usage(m)
             | Failure::NoCuda(m)
             | Failure::NotFree(m)
-            | Failure::OutOfMemory(m) => m,
+            | Failure::OutOfMemory(m) => m.clone(),
+            Failure::Core(error) => error.to_string(),
         }
     }
 }

@@ -319,14 +319,7 @@ fn reclaim_on_gpu(
             return Vec::new();
         }
     };
-    let options = SnapshotOptions {
-        gpus: None,
-        utilization_window: None,
-        only_memory_and_processes: false,
-        activity: false,
-        holders: None,
-    };
-    let snapshot = match Snapshot::take(&gpus, &options) {
+    let snapshot = match Snapshot::take(&gpus, &SnapshotOptions::info(None)) {
         Ok(snapshot) => snapshot,
         Err(e) => {
             log(format!(

@@ -47,7 +47,8 @@ pub fn start_up(args: &Args) -> Result<Startup, Failure> {
     }
     // gpuctl.toml: its [protect] lists guard startup cleanup, its [fraction] policy the
     // allocator.
-    let policy = gpuctl_core::config::load().map_err(|e| Failure::Usage(e.to_string()))?;
+    // An invalid or untrusted configuration is bad input: the one conversion says so.
+    let policy = gpuctl_core::config::load().map_err(gpuctl_core::CoreError::from)?;
     let freed = match &previous {
         Some(previous) => {
             let cleanup = runfile::clean_up(previous, &policy.protect(), &mut |line| log(line));

@@ -149,7 +149,9 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         files,
         gpus: shares,
     };
-    render::emit(args.output.json, &document, || fraction_table(&document, &style))?;
+    render::emit(args.output.json, &document, || {
+        fraction_table(&document, &style)
+    })?;
     Ok(Exit::Ok)
 }
 

@@ -63,7 +63,9 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
         reported: reported.iter().collect(),
         wait: wait.clone(),
     };
-    render::emit(args.output.json, &document, || table(&document, &style, true))?;
+    render::emit(args.output.json, &document, || {
+        table(&document, &style, true)
+    })?;
     Ok(match wait {
         Some(wait) if !wait.met => {
             eprintln!(
