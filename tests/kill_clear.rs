@@ -78,6 +78,7 @@ fn assert_outcome_fields(outcome: &Value, pid: u32, gpus: &[u32], used_mib: u64)
     assert!(outcome["start_ticks"].as_u64().is_some(), "{outcome:#}");
     assert_eq!(
         outcome["uid"].as_u64(),
+        // SAFETY: getuid(2) takes nothing, cannot fail and touches no memory of ours.
         Some(unsafe { libc::getuid() } as u64)
     );
     assert!(outcome["user"].is_string(), "{outcome:#}");

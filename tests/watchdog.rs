@@ -711,6 +711,7 @@ fn once_exit_statuses_and_dry_run() {
     }
     // A reclaim the guard refuses (a protected user, the one the workers run as; a command
     // name alone protects nothing, see tests/kill_clear.rs): 1.
+    // SAFETY: geteuid(2) takes nothing, cannot fail and touches no memory of ours.
     let user = user_name(unsafe { libc::geteuid() });
     configure(&sim, &format!("protect_users = [\"{user}\"]"), "");
     let run = once(&sim, &["--mode", "reclaim"]);

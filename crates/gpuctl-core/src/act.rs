@@ -21,6 +21,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::sys::{pidfd, procfile};
@@ -504,7 +507,8 @@ impl Handle {
             Some(fd) => pidfd::send_signal(fd, signal.0),
             None => {
                 self.verify()?;
-                // SAFETY: kill(2) takes plain integers.
+                // libc, not nix: nix's Signal has no real-time signals, which --signal takes.
+                // SAFETY: kill(2) takes two integers and touches no memory of ours.
                 let rc = unsafe { libc::kill(self.pid as libc::pid_t, signal.0) };
                 if rc == 0 {
                     Ok(())
@@ -532,9 +536,8 @@ impl Handle {
             Err(error) if is_missing(&error) => true,
             Err(_) => {
                 // /proc unreadable (hidepid?): ask the kernel whether the pid exists at all.
-                // SAFETY: kill(2) with signal 0 sends nothing.
-                let rc = unsafe { libc::kill(self.pid as libc::pid_t, 0) };
-                rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                // Signal 0 (None) sends nothing.
+                kill(Pid::from_raw(self.pid as libc::pid_t), None) == Err(Errno::ESRCH)
             }
         }
     }

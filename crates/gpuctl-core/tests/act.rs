@@ -10,6 +10,8 @@ use gpuctl_core::act::{
     Ended, Escalation, Identity, Method, MethodChoice, Signal, available_method, end_all,
     end_all_with, send,
 };
+use nix::sys::signal::{SIGKILL, SIGSTOP, kill};
+use nix::unistd::Pid;
 
 /// The methods this machine can exercise: the fallback always, pidfds where the kernel and
 /// sandbox allow them.
@@ -221,10 +223,9 @@ fn an_unreaped_zombie_is_gone() {
     for method in methods() {
         let child = sleeper(false);
         let target = identity(&child);
-        // SAFETY: signalling our own child, which we have not reaped.
         assert_eq!(
-            unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGKILL) },
-            0
+            kill(Pid::from_raw(target.pid as libc::pid_t), SIGKILL),
+            Ok(())
         );
         assert!(wait_until(Duration::from_secs(5), || stat_state(
             target.pid
@@ -252,8 +253,7 @@ fn a_stopped_process_with_a_term_handler_gets_sigcont() {
             }),
             "the shell never installed its TERM trap"
         );
-        // SAFETY: stopping our own child.
-        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+        assert_eq!(kill(Pid::from_raw(pid as libc::pid_t), SIGSTOP), Ok(()));
         assert!(wait_until(Duration::from_secs(5), || stat_state(pid) == Some('T')));
 
         let results = end_all_with(&[identity(&child)], &escalation(Signal::TERM, 2000), method);

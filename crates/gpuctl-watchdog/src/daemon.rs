@@ -15,7 +15,7 @@ use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::select::{self, Target};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
-use gpuctl_core::units::bytes;
+use gpuctl_core::units::{self, bytes};
 use nix::time::{ClockId, clock_gettime};
 
 use crate::events::{FindingLog, fields_of, target_fields};
@@ -573,7 +573,7 @@ impl Daemon {
         self.metrics.nvml_up = true;
         self.metrics.gpus = publish::gpu_metrics(snapshot, &judged.stale, &judged.stuck);
         if seen.incomplete.is_none() {
-            self.metrics.last_good_poll = Some(publish::unix_now());
+            self.metrics.last_good_poll = Some(units::unix_seconds());
         }
         self.status = Status {
             stale: judged.stale_ids.len(),
@@ -595,7 +595,7 @@ impl Daemon {
         };
         let (snapshot, now) = (&seen.snapshot, seen.now);
         let unix_at = |since: Option<Instant>| {
-            publish::unix_now()
+            units::unix_seconds()
                 - now
                     .saturating_duration_since(since.unwrap_or(now))
                     .as_secs_f64()
@@ -615,7 +615,7 @@ impl Daemon {
                 .first()
                 .and_then(|&i| self.history.stuck_for(i))
                 .unwrap_or_default();
-            let since_unix = publish::unix_now() - lasted.as_secs_f64();
+            let since_unix = units::unix_seconds() - lasted.as_secs_f64();
             findings.push(publish::finding_entry(snapshot, f, since_unix));
         }
         let interval = self.settings.watchdog.interval;

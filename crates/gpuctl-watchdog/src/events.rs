@@ -10,7 +10,7 @@ use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::{Claim, Claimant};
 use gpuctl_core::select::Target;
 use gpuctl_core::snapshot::Snapshot;
-use gpuctl_core::units::bytes;
+use gpuctl_core::units::{self, bytes};
 
 use crate::log::{Logger, Priority};
 
@@ -110,12 +110,7 @@ impl FindingLog {
                 ),
                 (Verdict::Report, _) => (Priority::Notice, "report", String::new()),
             };
-            let gpus = f
-                .gpus
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
+            let gpus = units::gpu_list(&f.gpus);
             let (message, mut fields) = match f.identity {
                 Some(id) => {
                     let fields = fields_of(snapshot, id, &[]);

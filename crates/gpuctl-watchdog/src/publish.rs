@@ -2,12 +2,13 @@
 //! node_exporter's textfile collector, and the findings file that `gpuctl info` shows.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use gpuctl_core::classify::Finding;
 use gpuctl_core::pidmap::PidSet;
 use gpuctl_core::report::{WatchdogFinding, WatchdogFindings, watchdog_findings_path};
 use gpuctl_core::snapshot::{GpuStatus, Snapshot};
+use gpuctl_core::units;
 
 use crate::log::{Logger, Priority};
 use crate::metrics::{self, GpuMetrics, InstanceMetrics, Metrics};
@@ -95,7 +96,7 @@ impl Publisher {
             return;
         }
         let document = WatchdogFindings {
-            written_unix: unix_now(),
+            written_unix: units::unix_seconds(),
             interval_s: interval.as_secs_f64(),
             findings: findings.clone(),
         };
@@ -175,9 +176,9 @@ impl Status<'_> {
         let mut status = format!(
             "{} GPU{}, {} process{}, {} stale",
             snapshot.devices.len(),
-            if snapshot.devices.len() == 1 { "" } else { "s" },
+            units::plural(snapshot.devices.len(), "s"),
             processes.len(),
-            if processes.len() == 1 { "" } else { "es" },
+            units::plural(processes.len(), "es"),
             self.stale
         );
         if let Some(what) = self.incomplete {
@@ -218,17 +219,9 @@ pub fn finding_entry(snapshot: &Snapshot, f: &Finding, since_unix: f64) -> Watch
     }
 }
 
-pub fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// The local time of day, "12:03:04".
 pub fn clock_time() -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    let now = units::unix_seconds() as libc::time_t;
     // SAFETY: libc::tm is plain integers (and a pointer that may be null), so all zeroes
     // is a valid value.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };

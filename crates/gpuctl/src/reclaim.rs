@@ -97,7 +97,7 @@ fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
                 0 => format!("GPU {place}: {used}, held by no process (unattributed)"),
                 n => format!(
                     "GPU {place}: {used} by {n} process{} (pid {})",
-                    if n == 1 { "" } else { "es" },
+                    units::plural(n, "es"),
                     g.processes
                         .iter()
                         .map(u32::to_string)
@@ -131,7 +131,7 @@ fn confirm(consent: &Consent) -> Result<()> {
         "Send {} to {} process{} of {users}? [y/N] ",
         consent.signal.name(),
         consent.processes,
-        if consent.processes == 1 { "" } else { "es" }
+        units::plural(consent.processes, "es")
     );
     let mut answer = String::new();
     io::stdin().read_line(&mut answer)?;
@@ -162,11 +162,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                 [
                     t.pid.to_string(),
                     render::safe(&t.owner_name()).into_owned(),
-                    t.gpus
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(","),
+                    units::gpu_list(&t.gpus),
                     t.used_bytes.map_or("n/a".into(), units::bytes),
                     match &o.skipped {
                         Some(reason) => format!("skipped: {}", render::safe(reason)),
@@ -230,12 +226,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
             style.paint(Color::Bold, "reported, not acted on:")
         ));
         for finding in &document.reported {
-            let gpus = finding
-                .gpus
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
+            let gpus = units::gpu_list(&finding.gpus);
             let subject = match finding.identity {
                 Some(identity) => format!("pid {} on GPU {gpus}", identity.pid),
                 None => format!(

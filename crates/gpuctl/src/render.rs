@@ -85,9 +85,17 @@ fn locale_is_utf8() -> bool {
 }
 
 fn terminal_width() -> Option<usize> {
-    // SAFETY: TIOCGWINSZ writes a winsize into the struct we own; fd 1 is only queried.
-    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    // Typed by nix: the ioctl can only be handed a winsize.
+    nix::ioctl_read_bad!(window_size, libc::TIOCGWINSZ, libc::winsize);
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ on fd 1 only writes a winsize into `size`, a live local of that
+    // type; on a descriptor that is not a terminal it fails (ENOTTY) and writes nothing.
+    let ok = unsafe { window_size(libc::STDOUT_FILENO, &mut size) }.is_ok();
     if ok && size.ws_col > 0 {
         return Some(size.ws_col as usize);
     }

@@ -2,6 +2,7 @@
 
 use super::{Facts, Held, Verdict};
 use crate::host::ProcState;
+use crate::units;
 
 /// D: no signal ends it until its kernel call returns.
 pub(super) fn uninterruptible(_: &Facts, h: &Held) -> Option<(Verdict, String)> {
@@ -30,7 +31,7 @@ pub(super) fn zombie(_: &Facts, h: &Held) -> Option<(Verdict, String)> {
                 "zombie holder: its main thread exited but {} other thread{} still hold the \
                  GPU context",
                 threads - 1,
-                if threads == 2 { "" } else { "s" }
+                units::plural((threads - 1) as usize, "s")
             ),
         )
     } else {

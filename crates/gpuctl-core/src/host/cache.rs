@@ -288,6 +288,9 @@ impl ProcView {
 
 #[cfg(test)]
 mod tests {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
     use super::*;
     use crate::host::tests::{not_root, spawn_reading_line};
 
@@ -349,8 +352,8 @@ mod tests {
         cache.refresh_every = Duration::ZERO;
         assert_eq!(lineage(&mut cache).parent, None);
         let once = view.lineage(pid, &fact, false, &mut Relatives::default());
-        // SAFETY: kill(2) on the sleep started above, still alive (it was just read).
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // The sleep started above, still alive (it was just read).
+        let _ = kill(Pid::from_raw(pid as libc::pid_t), Signal::SIGKILL);
         assert_eq!(once.unwrap().parent, None);
     }
 
@@ -446,8 +449,8 @@ mod tests {
         parent.kill().unwrap();
         parent.wait().unwrap();
         let after = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
-        // SAFETY: kill(2) on the sleep started above, still alive (it was just read).
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // The sleep started above, still alive (it was just read).
+        let _ = kill(Pid::from_raw(pid as libc::pid_t), Signal::SIGKILL);
         assert_ne!(after.ppid, Some(parent.id()), "{after:?}");
         assert!(!cache.parents.contains_key(&parent.id()));
     }

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -300,10 +299,9 @@ fn prune_owners(owners: &mut BTreeMap<String, OwnerPeaks>, now: u64) -> bool {
     owners.len() != before
 }
 
+/// Now, in whole seconds: the peaks file keeps no finer.
 fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::units::unix_seconds() as u64
 }
 
 #[cfg(test)]

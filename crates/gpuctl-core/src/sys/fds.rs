@@ -46,12 +46,14 @@ fn each_target_in(dir: &str, mut each: impl FnMut(&[u8])) -> io::Result<usize> {
         if entry.is_null() {
             break;
         }
-        // SAFETY: d_name is NUL-terminated.
+        // SAFETY: `entry` is non-null (checked above) and readdir keeps the dirent it points to
+        // valid until the next call on `dir`; the kernel NUL-terminates d_name.
         let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
         if name.to_bytes().first() == Some(&b'.') {
             continue;
         }
-        // SAFETY: the name is relative to the stream's directory; the buffer is writable.
+        // SAFETY: dirfd names the open stream's directory, `name` is NUL-terminated and lives
+        // through the call, and readlinkat writes at most `target.len()` bytes into `target`.
         let n = unsafe {
             libc::readlinkat(
                 libc::dirfd(dir),

@@ -1,18 +1,13 @@
 //! Resource limits.
 
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::sys::resource::{Resource, getrlimit};
+use nix::unistd::close;
+
 /// How many files a long-running reader may keep open for itself: a quarter of the soft
 /// open-file limit (at most 16384), so the program keeps plenty for everything else.
 pub fn open_file_budget() -> usize {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we own.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        limit.rlim_cur as usize
-    } else {
-        1024
-    };
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft as usize);
     (soft / 4).min(16384)
 }
 
@@ -22,12 +17,9 @@ pub fn open_file_budget() -> usize {
 /// on a VM, paid in the middle of a read when a library opens its 256th descriptor (nvml-sim
 /// holds a pidfd per process). Best effort: a limit lower than `count` leaves it as it is.
 pub fn reserve_descriptors(count: i32) {
-    // SAFETY: F_DUPFD duplicates stdin (or fails) to the lowest free descriptor at or above
+    // F_DUPFD duplicates stdin (or fails) to the lowest free descriptor at or above
     // count - 1; the copy is closed at once. Nothing else is touched.
-    unsafe {
-        let high = libc::fcntl(libc::STDIN_FILENO, libc::F_DUPFD_CLOEXEC, count - 1);
-        if high >= 0 {
-            libc::close(high);
-        }
+    if let Ok(high) = fcntl(std::io::stdin(), FcntlArg::F_DUPFD_CLOEXEC(count - 1)) {
+        let _ = close(high);
     }
 }

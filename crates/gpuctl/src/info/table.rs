@@ -32,9 +32,7 @@ pub fn view(
 /// One line per finding the watchdog holds, with since when; and how old the file is, so a
 /// stopped watchdog is not taken for a quiet one.
 fn watchdog_lines(out: &mut String, watchdog: &WatchdogFindings, style: &Style) {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let now = units::unix_seconds();
     let age = |at: f64| Duration::from_secs((now - at).max(0.0) as u64);
     let written = age(watchdog.written_unix);
     // Rewritten at least every minute: older than two minutes (or three loops) is stale.
@@ -54,12 +52,7 @@ fn watchdog_lines(out: &mut String, watchdog: &WatchdogFindings, style: &Style) 
     out.push_str(&style.paint(if stale { Color::Yellow } else { Color::Bold }, &title));
     out.push('\n');
     for finding in &watchdog.findings {
-        let gpus = finding
-            .gpus
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let gpus = units::gpu_list(&finding.gpus);
         let what = match finding.pid {
             Some(pid) => format!("pid {pid} on GPU {gpus}"),
             None => format!("GPU {gpus}"),
@@ -413,7 +406,7 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         if elsewhere > 0 {
             parts.push(format!(
                 "{elsewhere} process{} NVML lists on other GPUs",
-                if elsewhere == 1 { "" } else { "es" }
+                units::plural(elsewhere, "es")
             ));
         }
         if !tools.is_empty() {
