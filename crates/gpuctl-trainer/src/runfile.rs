@@ -8,7 +8,7 @@
 //! The others are planned with the same guard before they are ended.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -23,6 +23,9 @@ use gpuctl_core::protect::Protection;
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::select::{self, Criterion, Selector, Target};
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::write_atomically;
@@ -83,10 +86,16 @@ pub fn location(name: &str, checkpoint: Option<&Path>) -> Result<PathBuf, RunErr
         return Err(RunError::BadName(name.to_string()));
     }
     if let Some(dir) = checkpoint {
-        fs::create_dir_all(dir).map_err(|source| RunError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        // Not group-writable whatever the umask (002 is common): a directory others can
+        // write in must be sticky to keep the run file (see `open_dir`).
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|source| RunError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         return Ok(dir.join(format!("{name}.run.json")));
     }
     let base = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
@@ -122,23 +131,15 @@ fn private_dir(dir: &Path) -> Result<(), RunError> {
 
 /// Takes run `name`'s lock and reads what its previous run left, if anything.
 pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), RunError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = open_dir(dir.unwrap_or(Path::new(".")))?;
     let lock_path = path.with_extension("lock");
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|source| RunError::Io {
-            path: lock_path.clone(),
-            source,
-        })?;
+    let lock = open_lock(&dir, &lock_path)?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let error = io::Error::last_os_error();
         if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let holder = read_record(path)
+            let holder = read_record(&dir, path)
                 .ok()
                 .flatten()
                 .and_then(|r| r.processes.into_iter().find(|p| p.role == "trainer"))
@@ -154,7 +155,7 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
             source: error,
         });
     }
-    let previous = read_record(path).map_err(|source| RunError::Io {
+    let previous = read_record(&dir, path).map_err(|source| RunError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -167,28 +168,122 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
     ))
 }
 
-fn read_record(path: &Path) -> io::Result<Option<Record>> {
-    // The run file decides what is signalled: it must be this user's, writable by no one
-    // else (a checkpoint directory may be shared).
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        let uid = nix::unistd::geteuid().as_raw();
-        if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "not a regular file of uid {uid} writable only by it: refusing to act on \
-                     it (remove it if this run's name is yours)"
-                ),
-            ));
+/// The directory of the run file and its lock, opened once: both are opened relative to
+/// it, so they are found where it was checked. It must be this user's or root's, and sticky
+/// where group or others may write in it (a checkpoint directory shared by a team, as /tmp
+/// is): without the sticky bit another user could rename this run's lock away while it runs
+/// (and start a second run of the name, which would end the first as its leftovers), or put
+/// their file at the run file's name; with it, only a file's owner and the directory's
+/// can. A directory another user owns is refused for the same reason, sticky or not.
+fn open_dir(dir: &Path) -> Result<File, RunError> {
+    let io = |source| RunError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    let uid = nix::unistd::geteuid().as_raw();
+    let shared = meta.mode() & 0o022 != 0;
+    let sticky = meta.mode() & libc::S_ISVTX != 0;
+    if (meta.uid() != uid && meta.uid() != 0) || (shared && !sticky) {
+        return Err(RunError::Unsafe(format!(
+            "{}: a run file's directory must be owned by uid {uid} or root, and sticky if \
+             group or others can write in it (as /tmp is: chmod +t): refusing to keep the run \
+             file and its lock there",
+            dir.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// Opens, or creates, the lock in `dir`. Never through a link (a planted one would have this
+/// process, root perhaps, create or open any file it can): opened with `O_NOFOLLOW`, created
+/// with `O_EXCL`, and the opened file checked to be this user's own.
+fn open_lock(dir: &File, path: &Path) -> Result<File, RunError> {
+    let name = path.file_name().unwrap_or_default();
+    let io = |source: io::Error| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut opened = Err(Errno::ENOENT);
+    // Bounded: another process removing and creating it in a loop gets a refusal, not a hang.
+    for _ in 0..3 {
+        opened = match openat(dir, name, flags, Mode::empty()) {
+            Err(Errno::ENOENT) => openat(
+                dir,
+                name,
+                flags | OFlag::O_CREAT | OFlag::O_EXCL,
+                Mode::from_bits_truncate(0o600),
+            ),
+            other => other,
+        };
+        // EEXIST: created by another run since it was found missing: open that one.
+        if !matches!(opened, Err(Errno::EEXIST)) {
+            break;
         }
     }
-    match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    let lock = match opened {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ELOOP) => {
+            return Err(RunError::Unsafe(format!(
+                "{}: a symbolic link, not a lock file: refusing to follow it (remove it if \
+                 this run's name is yours)",
+                path.display()
+            )));
+        }
+        Err(errno) => return Err(io(errno.into())),
+    };
+    let meta = lock.metadata().map_err(io)?;
+    let uid = nix::unistd::geteuid().as_raw();
+    if !meta.is_file() || meta.uid() != uid || meta.nlink() != 1 {
+        return Err(RunError::Unsafe(format!(
+            "{}: not a regular file of uid {uid} with one name: refusing to use it as the \
+             run's lock (remove it if this run's name is yours)",
+            path.display()
+        )));
     }
+    Ok(lock)
+}
+
+/// Reads the run file in `dir`, if there is one. It decides what is signalled, so it must be
+/// this user's, writable by no one else and under no other name (another run's record
+/// linked here is not this run's): checked on the descriptor it is read from, as a check by
+/// path and a read by path may meet two files (a link swapped in between, or a file that
+/// was missing when checked), and opened without following a link.
+fn read_record(dir: &File, path: &Path) -> io::Result<Option<Record>> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let refused = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{what}not a regular file of uid {uid} writable only by it and with one name: \
+                 refusing to act on it (remove it if this run's name is yours)"
+            ),
+        )
+    };
+    let name = path.file_name().unwrap_or_default();
+    // O_NONBLOCK: a FIFO planted at the name must not hang the open; it is refused below.
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let mut file = match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(Errno::ELOOP) => return Err(refused("a symbolic link, ")),
+        Err(errno) => return Err(errno.into()),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o022 != 0 || meta.nlink() != 1 {
+        return Err(refused(""));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 impl RunFile {

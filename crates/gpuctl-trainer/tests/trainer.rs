@@ -924,3 +924,214 @@ fn help_lists_the_exit_table_in_gpuctl_core() {
         .collect();
     assert_eq!(listed, table);
 }
+
+/// The arguments of a short run named `job` whose run file is kept in `checkpoint`.
+fn job_args(checkpoint: &Path) -> Vec<String> {
+    [
+        "--run-name",
+        "job",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--checkpoint",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([checkpoint.to_str().unwrap().to_string()])
+    .collect()
+}
+
+/// A run record of run `job` listing `processes`.
+fn job_record(processes: Vec<Value>) -> String {
+    serde_json::json!({"version": 1, "name": "job", "device": "cpu", "processes": processes})
+        .to_string()
+}
+
+/// The command `inner` run under `prefix` (a tracer), with the same arguments and environment.
+fn wrapped(prefix: &[&str], inner: &Command) -> Command {
+    let mut outer = Command::new(prefix[0]);
+    outer
+        .args(&prefix[1..])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(Stdio::null());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => outer.env(key, value),
+            None => outer.env_remove(key),
+        };
+    }
+    outer
+}
+
+/// Whether strace runs here: it is installed and ptrace is allowed.
+fn strace_works() -> bool {
+    Command::new("strace")
+        .args(["-qq", "-o", "/dev/null", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_run_file_that_is_a_link_is_refused_even_if_it_appears_after_a_check() {
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    let run_file = checkpoint.join("job.run.json");
+    // A forged record (in the attack another user's file, the pid and start time of one of
+    // the caller's processes being world-readable), linked at the run file's name. It is the
+    // caller's own and private here, so only the link itself can be refused.
+    let mine = Leftover::spawn();
+    let forged = scratch.path("forged.json");
+    std::fs::write(
+        &forged,
+        job_record(vec![recorded(
+            mine.pid(),
+            start_ticks(mine.pid()),
+            "worker",
+        )]),
+    )
+    .unwrap();
+    std::fs::set_permissions(&forged, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&forged, &run_file).unwrap();
+    let args = job_args(&checkpoint);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let last = run.stderr.lines().last().unwrap_or("");
+    assert!(last.contains("refusing to act on it"), "{}", run.stderr);
+    assert!(mine.running());
+
+    // The race a link/unlink loop wins now and then: the run file missing when it is checked
+    // and the link there when it is read. Made certain: every stat of the run file reports it
+    // missing, so only a check of what was opened can see the link.
+    if !strace_works() {
+        eprintln!("skipped the race half: it needs strace, and ptrace allowed");
+        return;
+    }
+    let path = run_file.to_str().unwrap();
+    let mut command = wrapped(
+        &[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-P",
+            path,
+            "-e",
+            "trace=%%stat",
+            "-e",
+            "inject=%%stat:error=ENOENT",
+        ],
+        &scratch.trainer(&args),
+    );
+    let run = Finished::from(command.output().unwrap());
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refusing to act on it"),
+        "{}",
+        run.stderr
+    );
+    assert!(mine.running(), "a forged record was acted on");
+}
+
+#[test]
+fn a_lock_that_is_a_link_is_refused_and_its_target_never_created() {
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    // As root the target could be /etc/nologin.
+    let target = checkpoint.join("created_by_trainer");
+    std::os::unix::fs::symlink(&target, checkpoint.join("job.run.lock")).unwrap();
+    let args = job_args(&checkpoint);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let last = run.stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("gpuctl-trainer: ") && last.contains("job.run.lock: a symbolic link"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        run.stderr.matches("job.run.lock").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(
+        std::fs::symlink_metadata(&target).is_err(),
+        "the lock's link was followed: {} was created",
+        target.display()
+    );
+}
+
+#[test]
+fn a_shared_checkpoint_directory_must_be_sticky_and_the_run_file_the_callers_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let checkpoint = scratch.path("ck");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    let args = job_args(&checkpoint);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let chmod =
+        |mode: u32| std::fs::set_permissions(&checkpoint, PermissionsExt::from_mode(mode)).unwrap();
+
+    // Others may write in it and it is not sticky: they could rename this run's lock away
+    // (and start a second run of the name) or put their run file in place of ours.
+    chmod(0o777);
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let last = run.stderr.lines().last().unwrap_or("");
+    assert!(last.contains("sticky"), "{}", run.stderr);
+    assert!(!checkpoint.join("job.run.lock").exists());
+    // Sticky, as /tmp is: each user's files are theirs to remove.
+    chmod(0o1777);
+    scratch.run(&args).summary();
+    chmod(0o755);
+
+    // A second name of another run's file (a hard link) is not this run's record.
+    let mine = Leftover::spawn();
+    let other = checkpoint.join("other.run.json");
+    std::fs::write(
+        &other,
+        job_record(vec![recorded(
+            mine.pid(),
+            start_ticks(mine.pid()),
+            "worker",
+        )]),
+    )
+    .unwrap();
+    std::fs::hard_link(&other, checkpoint.join("job.run.json")).unwrap();
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refusing to act on it"),
+        "{}",
+        run.stderr
+    );
+    assert!(mine.running());
+    std::fs::remove_file(checkpoint.join("job.run.json")).unwrap();
+
+    // Another user's run file.
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other-user half: it needs root to give a file away");
+        return;
+    }
+    std::fs::rename(&other, checkpoint.join("job.run.json")).unwrap();
+    std::os::unix::fs::chown(checkpoint.join("job.run.json"), Some(65534), Some(65534)).unwrap();
+    let run = scratch.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refusing to act on it"),
+        "{}",
+        run.stderr
+    );
+    assert!(mine.running());
+}
