@@ -571,6 +571,11 @@ mod tests {
             assert!(std::time::Instant::now() < deadline);
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        // exec sets the executable before the new environment: until then environ is empty.
+        while fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.is_empty()) {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         child
     }
 
