@@ -1125,6 +1125,94 @@ impl Drop for RootOwnedProgram {
 
 static NEXT_PROGRAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+// ---- Helpers for protection by identity: a program run with more than root's code in it,
+// ---- or by a user.
+
+impl Proc {
+    /// A ready test process run from `program` (a copy of the test binary) as `argv0`, with
+    /// `env` added to its environment (LD_PRELOAD, ...).
+    pub fn spawn_program_env(
+        program: &Path,
+        argv0: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let spawn = || {
+            Command::new(program)
+                .arg0(argv0)
+                .envs(env.iter().copied())
+                .env("GPUCTL_TESTPROC_MODE", "sleep")
+                .env("GPUCTL_TESTPROC_READY", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+        };
+        // As in spawn_program_with: a fork elsewhere may hold the fresh copy open (ETXTBSY).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                result => break result.expect("spawn the installed program"),
+            }
+        };
+        let mut proc = Proc { child };
+        proc.expect_ready();
+        proc
+    }
+
+    /// `program` (a root-owned copy of the test binary) run by user and group `uid`
+    /// through setpriv, which execs it: the pid is the program's, its argv[0] its path.
+    pub fn spawn_program_as(uid: u32, program: &Path) -> Proc {
+        let id = uid.to_string();
+        let child = Command::new("setpriv")
+            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+            .arg(program)
+            .env("GPUCTL_TESTPROC_MODE", "sleep")
+            .env("GPUCTL_TESTPROC_READY", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn setpriv");
+        let mut proc = Proc { child };
+        proc.expect_ready();
+        proc
+    }
+}
+
+/// `workers` background workers of `program` (a copy of the test binary, its argv[0] its
+/// path), run by `uid` where given: their launcher exits, so they live on alone in its
+/// process group, reparented to init, idle: the leftovers of a run that crashed.
+pub fn background_workers_of(program: &Path, uid: Option<u32>, workers: usize) -> Strays {
+    let mut command = match uid {
+        Some(uid) => {
+            let id = uid.to_string();
+            let mut command = Command::new("setpriv");
+            command
+                .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+                .arg(program);
+            command
+        }
+        None => Command::new(program),
+    };
+    {
+        use std::os::unix::process::CommandExt;
+        command
+            .env("GPUCTL_TESTPROC_MODE", "launch-and-exit")
+            .env("GPUCTL_TESTPROC_WORKERS", workers.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .process_group(0);
+    }
+    let mut launcher = command.spawn().expect("spawn the launcher");
+    let stdout = launcher.stdout.take().expect("piped stdout");
+    let job = Strays::read(stdout, workers);
+    let status = launcher.wait().expect("wait for launcher");
+    assert!(status.success(), "launcher failed: {status}");
+    job
+}
+
 #[test]
 fn a_scenario_renders_as_the_toml_the_sim_reads() {
     use std::time::Duration;

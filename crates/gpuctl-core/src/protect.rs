@@ -1,20 +1,32 @@
 //! Protection by identity. The programs that keep GPUs and displays working (and those the
 //! configuration's `protect` lists name) are never signalled, but a name is not an identity:
-//! any process can call itself `nvidia-persistenced` (`exec -a`, `prctl(PR_SET_NAME)`). So a
-//! process that claims a protected name, by its command name or argv[0], is spared only when
-//! it *is* that program:
+//! any process can call itself `nvidia-persistenced` (`exec -a`, `prctl(PR_SET_NAME)`), and
+//! anyone can run the real `nvidia-smi` with code of their own in it (`LD_PRELOAD`, ptrace).
+//! Protection is for system programs run by root or by the program's own service user; a
+//! user's own run of a monitoring tool is that user's process. So a process that claims a
+//! protected name, by its command name or argv[0], is spared only when it *is* that program,
+//! run by the system, with nothing but root's code in it:
 //!
 //! - its executable (`/proc/PID/exe`, resolved in the process's own root, so a container's
 //!   files are the container's) is a regular file owned by root and writable by no one else;
 //! - so is every directory above it, up to `/`: only root could have put the file there;
 //! - the file is the program: its name is the protected name, or the protected name in the
 //!   same directory (or a system bin directory) is a link to the same file (`X` to `Xorg`);
-//! - it runs as root or as one of the program's own users, where the program has such users
-//!   (a display server runs as its session's user, and a name the configuration protects may
-//!   run as anyone).
+//! - every uid it runs with (real, effective, saved, filesystem) is root or one of the
+//!   program's service users: persistenced's own user, a display manager's greeter user for
+//!   a display server, the configuration's `[protect] users` for its `[protect] commands`;
+//! - no one traces it (`TracerPid` is 0): a tracer can put any code in it;
+//! - every file it maps executable (`/proc/PID/maps`) passes the executable's trust rule,
+//!   directories included (a deleted file: the directory it was in; memory named like a file,
+//!   a memfd or SysV segment, never);
+//! - its environment names no library search path or preloaded or audit library
+//!   (`LD_LIBRARY_PATH`, `LD_PRELOAD`, `LD_AUDIT`) that anyone but root could change, links
+//!   followed, in its own root.
 //!
 //! A process that claims a name without being the program is an impostor: not protected,
-//! and said so (`gpuctl info`, the watchdog's log).
+//! and said so (`gpuctl info`, the watchdog's log). So is one whose identity cannot be read
+//! (a caller without CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH): the why says what could not
+//! be read, and nothing is spared on an unverified claim.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -22,36 +34,44 @@ use std::path::{Path, PathBuf};
 
 use crate::host::{Claimed, HostProcess};
 
-/// A program that is never signalled, and the users it may run as (none listed: any user).
+/// A program that is never signalled, and the service users it may run as besides root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Program {
     pub name: String,
+    /// Besides root (none listed: root only).
     pub users: Vec<String>,
+    /// Named by the configuration: its users are the configuration's `[protect] users`.
+    pub configured: bool,
 }
 
-/// The built-in programs: NVIDIA's daemons (root, or persistenced's own user) and display
-/// servers (any user: they run as the session's user).
+/// The users a display manager runs its greeter's display server as (Debian's gdm is
+/// `Debian-gdm`); a user's own session is that user's.
+const DISPLAY_MANAGERS: &[&str] = &["gdm", "Debian-gdm", "sddm", "lightdm"];
+
+/// The built-in programs and their service users besides root: NVIDIA's daemons (root, or
+/// persistenced's own user), monitoring tools (root: a user's `nvidia-smi` is that user's)
+/// and display servers (root, or a display manager's greeter user).
 pub const BUILT_IN: &[(&str, &[&str])] = &[
-    ("nvidia-persistenced", &["root", "nvidia-persistenced"]),
-    ("nv-hostengine", &["root"]),
-    ("nvidia-fabricmanager", &["root"]),
-    ("nvidia-powerd", &["root"]),
+    ("nvidia-persistenced", &["nvidia-persistenced"]),
+    ("nv-hostengine", &[]),
+    ("nvidia-fabricmanager", &[]),
+    ("nvidia-powerd", &[]),
     // Monitoring clients: they open every GPU's device file and hold no memory.
     ("nvidia-smi", &[]),
     ("dcgmi", &[]),
     ("dcgm-exporter", &[]),
     ("nvidia_gpu_exporter", &[]),
-    ("Xorg", &[]),
-    ("X", &[]),
-    ("Xwayland", &[]),
-    ("gnome-shell", &[]),
-    ("kwin_wayland", &[]),
-    ("kwin_x11", &[]),
-    ("weston", &[]),
-    ("sway", &[]),
-    ("Hyprland", &[]),
-    ("gdm-x-session", &[]),
-    ("gdm-wayland-session", &[]),
+    ("Xorg", DISPLAY_MANAGERS),
+    ("X", DISPLAY_MANAGERS),
+    ("Xwayland", DISPLAY_MANAGERS),
+    ("gnome-shell", DISPLAY_MANAGERS),
+    ("kwin_wayland", DISPLAY_MANAGERS),
+    ("kwin_x11", DISPLAY_MANAGERS),
+    ("weston", DISPLAY_MANAGERS),
+    ("sway", DISPLAY_MANAGERS),
+    ("Hyprland", DISPLAY_MANAGERS),
+    ("gdm-x-session", DISPLAY_MANAGERS),
+    ("gdm-wayland-session", DISPLAY_MANAGERS),
 ];
 
 /// Where a program named in a claim may be installed, besides its executable's directory.
@@ -70,6 +90,7 @@ const SYSTEM_BIN_DIRS: &[&str] = &[
 #[derive(Debug, Clone, Copy)]
 pub struct Claimant<'a> {
     pub pid: u32,
+    /// Its effective uid as the snapshot saw it; the judgement reads every uid afresh.
     pub uid: Option<u32>,
     pub comm: Option<&'a str>,
     pub argv0: Option<&'a str>,
@@ -125,8 +146,8 @@ pub struct Protection {
 }
 
 impl Protection {
-    /// The built-in programs, and the configuration's `[protect]` lists (their commands may
-    /// run as any user).
+    /// The built-in programs, and the configuration's `[protect]` lists (its commands may run
+    /// as root or as its users).
     pub fn configured(protect: &crate::config::Protect) -> Protection {
         Protection::built_in().with(&protect.commands, &protect.users)
     }
@@ -138,23 +159,30 @@ impl Protection {
                 .map(|(name, users)| Program {
                     name: name.to_string(),
                     users: users.iter().map(|u| u.to_string()).collect(),
+                    configured: false,
                 })
                 .collect(),
             users: Vec::new(),
         }
     }
 
-    /// More commands (any user) and users on top (the watchdog's own lists).
+    /// More commands and users on top (the watchdog's own lists). Every configured command
+    /// may run as root or as any configured user: those are the site's service accounts.
     pub fn with(mut self, commands: &[String], users: &[String]) -> Protection {
         self.programs.extend(commands.iter().map(|name| Program {
             name: name.clone(),
             users: Vec::new(),
+            configured: true,
         }));
         self.users.extend(users.iter().cloned());
+        for program in self.programs.iter_mut().filter(|p| p.configured) {
+            program.users = self.users.clone();
+        }
         self
     }
 
-    /// Programs only: an explicit `kill` is the admin's call, so users are not spared.
+    /// Programs only: an explicit `kill` is the admin's call, so users are not spared (a
+    /// configured command still runs as one of them: its users stay with it).
     pub fn programs_only(self) -> Protection {
         Protection {
             users: Vec::new(),
@@ -214,9 +242,8 @@ fn verify(program: &Program, claimant: &Claimant, proc: &Path) -> Result<(), Str
     }
     trusted(&file).map_err(|what| format!("its executable {shown} {what}"))?;
     let root = dir.join("root");
-    let inside = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
     for ancestor in exe.ancestors().skip(1) {
-        let meta = fs::metadata(inside(ancestor))
+        let meta = fs::metadata(inside(&root, ancestor))
             .map_err(|e| format!("{} cannot be read ({e})", ancestor.display()))?;
         trusted(&meta).map_err(|what| {
             format!(
@@ -233,7 +260,7 @@ fn verify(program: &Program, claimant: &Claimant, proc: &Path) -> Result<(), Str
             .into_iter()
             .chain(SYSTEM_BIN_DIRS.iter().map(Path::new))
             .any(|bin| {
-                fs::metadata(inside(&bin.join(&program.name))).is_ok_and(|meta| {
+                fs::metadata(inside(&root, &bin.join(&program.name))).is_ok_and(|meta| {
                     meta.dev() == file.dev() && meta.ino() == file.ino() && trusted(&meta).is_ok()
                 })
             })
@@ -241,23 +268,228 @@ fn verify(program: &Program, claimant: &Claimant, proc: &Path) -> Result<(), Str
     if !named && !linked() {
         return Err(format!("its executable is {shown}"));
     }
-    if !program.users.is_empty() {
-        let uid = claimant
-            .uid
-            .ok_or_else(|| "its user is unknown".to_string())?;
-        let allowed = uid == 0
-            || program.users.iter().any(|user| {
-                nix::unistd::User::from_name(user)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|found| found.uid.as_raw() == uid)
-            });
-        if !allowed {
-            return Err(format!(
-                "it runs as uid {uid}, not as root or {}",
-                program.users.join(" or ")
-            ));
+    // The right file, run by whom and with what code in it. /proc/PID/status is readable
+    // by anyone; maps, environ and root need the rights to inspect the process.
+    let status = fs::read_to_string(dir.join("status"))
+        .map_err(|e| format!("its status cannot be read ({e})"))?;
+    runs_as(program, &status)?;
+    if let Some(tracer) = status_field(&status, "TracerPid:").filter(|pid| *pid != "0") {
+        return Err(format!(
+            "it is traced by pid {tracer}, which can change its code"
+        ));
+    }
+    let mut known = std::collections::HashSet::new();
+    mapped_code(&dir, &root, &mut known)?;
+    environment(&dir, &root, &mut known)
+}
+
+/// `path` (absolute) as seen from `root` (a process's /proc/PID/root).
+fn inside(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The value of `/proc/PID/status`'s line `key`, tabs and spaces trimmed.
+fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .map(str::trim)
+}
+
+/// Whether every uid the process has (real, effective, saved, filesystem) is root or one of
+/// the program's service users: any one of them could have changed it.
+fn runs_as(program: &Program, status: &str) -> Result<(), String> {
+    let uids = status_field(status, "Uid:").ok_or("its uids cannot be read")?;
+    let uids: Vec<u32> = uids
+        .split_whitespace()
+        .map(|uid| {
+            uid.parse()
+                .map_err(|_| format!("its uid {uid:?} is not a number"))
+        })
+        .collect::<Result<_, _>>()?;
+    if uids.is_empty() {
+        return Err("its uids cannot be read".into());
+    }
+    let service_uid = |user: &String| {
+        nix::unistd::User::from_name(user)
+            .ok()
+            .flatten()
+            .map(|found| found.uid.as_raw())
+    };
+    let allowed: Vec<u32> = program.users.iter().filter_map(service_uid).collect();
+    match uids
+        .iter()
+        .find(|&&uid| uid != 0 && !allowed.contains(&uid))
+    {
+        None => Ok(()),
+        Some(uid) if program.users.is_empty() => Err(format!("it runs as uid {uid}, not as root")),
+        Some(uid) => Err(format!(
+            "it runs as uid {uid}, not as root or {}",
+            program.users.join(" or ")
+        )),
+    }
+}
+
+/// Whether every file the process maps executable passes the trust rule. `known`: paths
+/// already found trusted.
+fn mapped_code(
+    dir: &Path,
+    root: &Path,
+    known: &mut std::collections::HashSet<PathBuf>,
+) -> Result<(), String> {
+    let maps = fs::read_to_string(dir.join("maps"))
+        .map_err(|e| format!("its memory map cannot be read ({e})"))?;
+    for line in maps.lines() {
+        // address perms offset dev inode, then the path (padded; it may hold spaces).
+        let mut fields = line.splitn(6, ' ');
+        let executable = fields
+            .nth(1)
+            .is_some_and(|perms| perms.as_bytes().get(2) == Some(&b'x'));
+        let Some(path) = fields.nth(3).map(str::trim_start) else {
+            continue;
+        };
+        // Anonymous memory and the kernel's ([vdso]) are no file anyone could replace.
+        if !executable || !path.starts_with('/') {
+            continue;
         }
+        match path.strip_suffix(" (deleted)") {
+            // Replaced on disk (an upgrade): what it was is judged by where it lay. Memory
+            // with a file's name (memfd, SysV segments) lies in no directory: never root's.
+            Some(gone) => {
+                let lay = Path::new(gone)
+                    .parent()
+                    .filter(|dir| *dir != Path::new("/"))
+                    .ok_or_else(|| format!("it runs code from {gone}, which is no file"))?;
+                judge_path(root, lay, true, known)
+                    .map_err(|why| format!("it runs code from {path}: {why}"))?
+            }
+            None => judge_path(root, Path::new(path), true, known)
+                .map_err(|why| format!("it runs code from {path}: {why}"))?,
+        }
+    }
+    Ok(())
+}
+
+/// Whether the process's environment makes ld.so load code that anyone but root could
+/// change: a preloaded or audit library, or a library search directory.
+fn environment(
+    dir: &Path,
+    root: &Path,
+    known: &mut std::collections::HashSet<PathBuf>,
+) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let environ = fs::read(dir.join("environ"))
+        .map_err(|e| format!("its environment cannot be read ({e})"))?;
+    for variable in environ.split(|&b| b == 0) {
+        let Some(eq) = variable.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        let (name, value) = (&variable[..eq], &variable[eq + 1..]);
+        let search_path = name == b"LD_LIBRARY_PATH";
+        if !search_path && name != b"LD_PRELOAD" && name != b"LD_AUDIT" {
+            continue;
+        }
+        let name = String::from_utf8_lossy(name);
+        // ld.so splits these at colons (and LD_PRELOAD at spaces, LD_LIBRARY_PATH at
+        // semicolons); splitting all at each only ever finds more entries to judge.
+        for entry in value.split(|b| b":; \t".contains(b)) {
+            let path = Path::new(std::ffi::OsStr::from_bytes(entry));
+            let shown = path.display();
+            if entry.is_empty() {
+                if search_path {
+                    return Err(format!(
+                        "its {name} has an empty entry, the working directory"
+                    ));
+                }
+                continue;
+            }
+            // A bare library name is looked up in the search path, judged on its own.
+            if !search_path && !entry.contains(&b'/') {
+                continue;
+            }
+            if entry.contains(&b'$') {
+                return Err(format!(
+                    "its {name} names {shown}, which ld.so expands ($ORIGIN, $LIB)"
+                ));
+            }
+            if !path.is_absolute() {
+                return Err(format!("its {name} names {shown}, a relative path"));
+            }
+            judge_path(root, path, false, known)
+                .map_err(|why| format!("its {name} names {shown}: {why}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Why anyone but root could change what `path` (absolute, in the process's root `root`)
+/// names, if anyone could: each component from `/` down is root's and writable by no one
+/// else, links followed inside `root` (a link is root's; its target is judged the same way).
+/// Without `must_exist`, a missing component ends the walk well: only the owner of the
+/// directory above, root, could create it.
+fn judge_path(
+    root: &Path,
+    path: &Path,
+    must_exist: bool,
+    known: &mut std::collections::HashSet<PathBuf>,
+) -> Result<(), String> {
+    use std::path::Component;
+    let top = Path::new("/");
+    if !known.contains(top) {
+        let meta =
+            fs::metadata(inside(root, top)).map_err(|e| format!("/ cannot be read ({e})"))?;
+        trusted(&meta).map_err(|what| format!("/ {what}"))?;
+        known.insert(top.to_path_buf());
+    }
+    // Components still to walk, the next one last.
+    let mut pending: Vec<std::ffi::OsString> = Vec::new();
+    let push = |pending: &mut Vec<std::ffi::OsString>, path: &Path| {
+        for component in path.components().rev() {
+            match component {
+                Component::Normal(name) => pending.push(name.to_os_string()),
+                Component::ParentDir => pending.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    push(&mut pending, path);
+    let mut current = top.to_path_buf();
+    let mut links = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            // Its parent was judged on the way down.
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        if known.contains(&next) {
+            current = next;
+            continue;
+        }
+        let meta = match fs::symlink_metadata(inside(root, &next)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return Ok(()),
+            Err(e) => return Err(format!("{} cannot be read ({e})", next.display())),
+            Ok(meta) => meta,
+        };
+        if meta.file_type().is_symlink() {
+            if meta.uid() != 0 {
+                return Err(format!("{} is a link not owned by root", next.display()));
+            }
+            links += 1;
+            if links > 40 {
+                return Err(format!("{} has too many links", path.display()));
+            }
+            let target = fs::read_link(inside(root, &next))
+                .map_err(|e| format!("{} cannot be read ({e})", next.display()))?;
+            if target.is_absolute() {
+                current = top.to_path_buf();
+            }
+            push(&mut pending, &target);
+            continue;
+        }
+        trusted(&meta).map_err(|what| format!("{} {what}", next.display()))?;
+        known.insert(next.clone());
+        current = next;
     }
     Ok(())
 }
@@ -275,7 +507,7 @@ fn trusted(meta: &fs::Metadata) -> Result<(), &'static str> {
 
 /// Says, for each confirmed process of `snapshot` (listed or holding a device file) that
 /// names itself after a protected program, whether it is that program. Only those are read
-/// (/proc/PID/exe and the directories above it).
+/// (/proc/PID/exe, status, maps, environ and the files they name).
 pub fn mark_claims(snapshot: &mut crate::snapshot::Snapshot, protection: &Protection) {
     let mark = |pid: u32, host: &mut std::sync::Arc<HostProcess>| {
         if !host.confirmed {
@@ -313,22 +545,34 @@ mod tests {
 
     /// `/usr/bin/sleep` (or `/bin/sleep`) started as `argv0`, once it runs that binary.
     fn system_sleep(argv0: &str) -> std::process::Child {
+        system_sleep_with(argv0, |_| {})
+    }
+
+    /// [`system_sleep`], with `configure` applied to the command first.
+    fn system_sleep_with(
+        argv0: &str,
+        configure: impl FnOnce(&mut std::process::Command),
+    ) -> std::process::Child {
         use std::os::unix::process::CommandExt;
         let sleep = ["/usr/bin/sleep", "/bin/sleep"]
             .into_iter()
             .find(|path| Path::new(path).exists())
             .expect("no sleep binary in /usr/bin or /bin");
-        let child = std::process::Command::new(sleep)
-            .arg0(argv0)
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut command = std::process::Command::new(sleep);
+        command.arg0(argv0).arg("30");
+        configure(&mut command);
+        let child = command.spawn().unwrap();
         let pid = child.id();
         // Until exec, its exe is this test's.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while fs::read_link(format!("/proc/{pid}/exe"))
             .is_ok_and(|exe| !exe.to_string_lossy().contains("sleep"))
         {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // exec sets the executable before the new environment: until then environ is empty.
+        while fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.is_empty()) {
             assert!(std::time::Instant::now() < deadline);
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -388,6 +632,27 @@ mod tests {
         }
     }
 
+    /// The user running the tests, by name, where it is not root: configured commands run
+    /// as root or as a configured user.
+    fn me() -> Vec<String> {
+        let uid = nix::unistd::geteuid();
+        match nix::unistd::User::from_uid(uid) {
+            Ok(Some(user)) if !uid.is_root() => vec![user.name],
+            _ => Vec::new(),
+        }
+    }
+
+    fn judged_sleep(
+        protection: &Protection,
+        configure: impl FnOnce(&mut std::process::Command),
+    ) -> Claim {
+        let mut child = system_sleep_with("sleep", configure);
+        let judged = protection.judge(&claimant(child.id(), "sleep", "sleep"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        judged
+    }
+
     #[test]
     fn a_genuine_system_binary_under_its_own_name_is_protected() {
         let mut child = system_sleep("sleep");
@@ -397,22 +662,194 @@ mod tests {
             "the system's sleep is not root's: this machine's system directories are not"
         );
         let pid = child.id();
-        let protection = Protection::default().with(&["sleep".to_string()], &[]);
+        let protection = Protection::default().with(&["sleep".to_string()], &me());
         let judged = protection.judge(&claimant(pid, "sleep", "sleep"));
-        // A program with its own users refuses anyone else.
-        let mut only_daemon = protection.clone();
-        only_daemon.programs[0].users = vec!["a-user-that-does-not-exist".into()];
-        let as_other = Claimant {
-            uid: Some(65534),
-            ..claimant(pid, "sleep", "sleep")
-        };
-        let refused = only_daemon.judge(&as_other);
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(judged, Claim::Genuine("sleep".into()));
+    }
+
+    /// The genuine program run by a user who is not one of its own: that user's process.
+    #[test]
+    fn a_genuine_program_run_by_another_user_is_not_protected() {
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to run a process as another user");
+            return;
+        }
+        let protection = Protection::default().with(&["sleep".to_string()], &[]);
+        let refused = judged_sleep(&protection, |command| {
+            command.uid(65534).gid(65534);
+        });
         assert!(
-            matches!(&refused, Claim::Impostor { why, .. } if why.contains("uid 65534")),
+            matches!(&refused, Claim::Impostor { why, .. } if why.contains("uid 65534, not as root")),
             "{refused:?}"
         );
+        // Its own service user may run it.
+        let nobody = nix::unistd::User::from_uid(65534.into()).unwrap();
+        if let Some(nobody) = nobody {
+            let protection = Protection::default().with(&["sleep".to_string()], &[nobody.name]);
+            let judged = judged_sleep(&protection, |command| {
+                command.uid(65534).gid(65534);
+            });
+            assert_eq!(judged, Claim::Genuine("sleep".into()));
+        }
+    }
+
+    #[test]
+    fn built_in_programs_run_as_root_or_their_service_users() {
+        let protection = Protection::built_in();
+        let users = |name: &str| {
+            protection
+                .programs
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.users.clone())
+                .unwrap()
+        };
+        assert!(users("nvidia-smi").is_empty());
+        assert!(users("dcgm-exporter").is_empty());
+        assert_eq!(users("nvidia-persistenced"), ["nvidia-persistenced"]);
+        assert!(users("Xorg").contains(&"Debian-gdm".to_string()));
+        // Configured commands run as the configured users, whichever list named them, and
+        // keep them when an explicit kill drops the users' own protection.
+        let configured = Protection::built_in()
+            .with(&["my-monitor".into()], &["prometheus".into()])
+            .with(&["other".into()], &["exporter".into()])
+            .programs_only();
+        for name in ["my-monitor", "other"] {
+            let program = configured.programs.iter().find(|p| p.name == name).unwrap();
+            assert_eq!(program.users, ["prometheus", "exporter"], "{name}");
+        }
+        assert!(configured.users.is_empty());
+        assert!(
+            configured
+                .programs
+                .iter()
+                .find(|p| p.name == "nvidia-smi")
+                .unwrap()
+                .users
+                .is_empty()
+        );
+    }
+
+    /// A directory anyone may write to, with a copy of a system library in it.
+    fn writable_dir_with_library() -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let library = [
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu",
+            "/lib64",
+            "/usr/lib64",
+            "/lib",
+            "/usr/lib",
+        ]
+        .iter()
+        .flat_map(|dir| ["libm.so.6", "libdl.so.2", "libutil.so.1"].map(|l| Path::new(dir).join(l)))
+        .find(|path| path.exists())
+        .expect("no system library to copy");
+        let copy = dir.path().join(library.file_name().unwrap());
+        fs::copy(&library, &copy).unwrap();
+        (dir, copy)
+    }
+
+    #[test]
+    fn code_or_search_paths_from_outside_roots_files_void_the_claim() {
+        let protection = Protection::default().with(&["sleep".to_string()], &me());
+        let (dir, library) = writable_dir_with_library();
+        let shown = dir.path().display().to_string();
+        // Preloaded: mapped from a directory anyone can write to (judged once ld.so mapped
+        // it; before, its environment says the same).
+        let mut child = system_sleep_with("sleep", |command| {
+            command.env("LD_PRELOAD", &library);
+        });
+        let maps = format!("/proc/{}/maps", child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !fs::read_to_string(&maps).is_ok_and(|maps| maps.contains(&shown)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the library was never mapped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let judged = protection.judge(&claimant(child.id(), "sleep", "sleep"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            matches!(&judged, Claim::Impostor { why, .. }
+                if why.contains("runs code from") && why.contains(&shown)),
+            "{judged:?}"
+        );
+        // A search directory anyone could fill, loaded from or not.
+        let judged = judged_sleep(&protection, |command| {
+            command.env("LD_LIBRARY_PATH", format!("/usr/lib:{shown}/not-yet"));
+        });
+        assert!(
+            matches!(&judged, Claim::Impostor { why, .. }
+                if why.contains("LD_LIBRARY_PATH names") && why.contains("writable by others")),
+            "{judged:?}"
+        );
+        for (name, value, says) in [
+            ("LD_LIBRARY_PATH", "/usr/lib:", "empty entry"),
+            ("LD_LIBRARY_PATH", "lib", "relative path"),
+            ("LD_AUDIT", "./audit.so", "relative path"),
+            ("LD_PRELOAD", "$ORIGIN/x.so", "expands"),
+        ] {
+            let judged = judged_sleep(&protection, |command| {
+                command.env(name, value);
+            });
+            assert!(
+                matches!(&judged, Claim::Impostor { why, .. } if why.contains(name) && why.contains(says)),
+                "{name}={value}: {judged:?}"
+            );
+        }
+        // Root's own directories, and names found on the search path, change nothing.
+        let judged = judged_sleep(&protection, |command| {
+            command
+                .env("LD_LIBRARY_PATH", "/usr/lib:/usr/lib/no-such-dir")
+                .env("LD_PRELOAD", "libm.so.6");
+        });
+        assert_eq!(judged, Claim::Genuine("sleep".into()));
+    }
+
+    #[test]
+    fn paths_are_judged_component_by_component_links_followed() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let mut known = std::collections::HashSet::new();
+        let judge = |path: &Path, must_exist: bool, known: &mut _| {
+            judge_path(Path::new("/"), path, must_exist, known)
+        };
+        assert_eq!(judge(Path::new("/usr/lib"), true, &mut known), Ok(()));
+        assert_eq!(
+            judge(Path::new("/usr/./lib/../lib/missing"), false, &mut known),
+            Ok(())
+        );
+        assert!(
+            judge(Path::new("/usr/lib/missing"), true, &mut known)
+                .unwrap_err()
+                .contains("cannot be read")
+        );
+        let why = judge(Path::new("/tmp/x.so"), false, &mut known).unwrap_err();
+        assert_eq!(why, "/tmp is writable by others than root");
+        if nix::unistd::geteuid().is_root() {
+            // A root-owned link in a root-owned directory to a file anyone can replace.
+            let dir = tempfile::Builder::new()
+                .prefix("gpuctl-protect-")
+                .tempdir_in("/var/lib")
+                .unwrap();
+            let safe = dir.path().join("safe");
+            fs::create_dir(&safe).unwrap();
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+            fs::set_permissions(&safe, fs::Permissions::from_mode(0o755)).unwrap();
+            symlink("/tmp/evil.so", safe.join("lib.so")).unwrap();
+            symlink("../safe", safe.join("up")).unwrap();
+            let mut known = std::collections::HashSet::new();
+            let why = judge(&safe.join("lib.so"), false, &mut known).unwrap_err();
+            assert!(why.starts_with("/tmp is writable"), "{why}");
+            let through = judge(&safe.join("up/up/lib.so"), false, &mut known).unwrap_err();
+            assert_eq!(through, why);
+        }
     }
 }

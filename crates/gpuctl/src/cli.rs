@@ -71,10 +71,13 @@ pub enum Command {
     /// A daemon is protected by what it is, not by its name: a process that names itself
     /// after one (command name or argv[0]) is spared only when its executable is a
     /// root-owned file of that name (or linked from that name), writable by no one else, in
-    /// directories that are all root's and writable by no one else, and it runs as root or
-    /// as the daemon's own user (display servers and configured commands: any user). Any
-    /// other process using the name is not protected; `gpuctl info` shows it as "claims to
-    /// be NAME".
+    /// directories that are all root's and writable by no one else; it runs as root or as
+    /// the daemon's own service user (display servers: a display manager's; configured
+    /// commands: the configured users); nothing traces it; and the code it maps and the
+    /// libraries its environment names (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT) pass the same
+    /// rule. A user's own run of a protected program is that user's process. Any other
+    /// process using the name is not protected; `gpuctl info` shows it as "claims to be
+    /// NAME", and why.
     Kill(KillArgs),
 
     /// Reclaim GPU memory that crashed runs left behind; with --wait, until it is free.
