@@ -156,13 +156,10 @@ fn a_genuine_program_is_spared_until_something_traces_it() {
     if !needs_root() {
         return;
     }
-    let Some(strace) = ["/usr/bin/strace", "/bin/strace"]
+    let strace = ["/usr/bin/strace", "/bin/strace"]
         .into_iter()
         .find(|path| Path::new(path).exists())
-    else {
-        eprintln!("skipped: needs strace");
-        return;
-    };
+        .expect("strace is not installed: scripts/test installs it (apt-get install strace)");
     let installed = RootOwnedProgram::install("nvidia-persistenced");
     let daemon = Proc::spawn_program_env(installed.path(), "nvidia-persistenced", &[]);
     let sim = Sim::new(&one_gpu(&[daemon.pid()]));
