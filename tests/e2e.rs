@@ -6,6 +6,7 @@ mod exit_codes;
 mod holders;
 mod hostile;
 mod hostile_protect;
+mod hostile_reuse;
 mod info;
 mod kill_clear;
 mod mig;

@@ -1263,3 +1263,30 @@ fn a_scenario_renders_as_the_toml_the_sim_reads() {
          \n[[process]]\npid = 9\ngpu = 0\nunlisted = true\n"
     );
 }
+
+/// Waits (5 s at most) until process `reader` has listed `pid` through nvml-sim, which holds a
+/// pidfd on each live process it lists (its liveness check): then the NVML call that lists
+/// `pid` has run, or is about to return. Where no such pidfd shows (the sim fell back to
+/// /proc), it goes on after the 5 s; the caller's assertions on what was listed tell.
+pub fn wait_until_listed_by(reader: u32, pid: u32) {
+    let holds_pidfd = || {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{reader}/fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target == Path::new("anon_inode:[pidfd]"))
+                && std::fs::read_to_string(format!(
+                    "/proc/{reader}/fdinfo/{}",
+                    fd.file_name().to_string_lossy()
+                ))
+                .is_ok_and(|info| info.lines().any(|line| line == format!("Pid:\t{pid}")))
+        })
+    };
+    let start = Instant::now();
+    while !holds_pidfd() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The list call returns, and the read moves on to the next GPU.
+    std::thread::sleep(Duration::from_millis(200));
+}

@@ -11,6 +11,7 @@ pub use lineage::{LeaderState, Lineage, Relative, Relatives};
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use procfs::FromRead;
 use procfs::process::{Process, Status};
@@ -264,12 +265,18 @@ impl ProcView {
     /// in (both shifted alike by a time namespace), read without a file.
     pub fn refresh_uptime(&mut self) -> io::Result<()> {
         self.uptime_seconds = if self.procfs {
-            let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
-            now.tv_sec() as f64 + now.tv_nsec() as f64 / 1e9
+            boot_clock()?.as_secs_f64()
         } else {
             read_uptime(&self.root.join("uptime"))?
         };
         Ok(())
+    }
+
+    /// `at`, a reading of [`boot_clock`], in the unit of a process's start time (clock ticks
+    /// since boot), rounded down as the kernel rounds start times; `None` for a fixture tree,
+    /// whose start times count in no clock of this machine.
+    pub fn boot_ticks(&self, at: Duration) -> Option<u64> {
+        self.procfs.then(|| ticks_of(at, self.ticks_per_second))
     }
 
     /// Reads the host facts of each PID. User names are looked up once per distinct uid.
@@ -422,6 +429,19 @@ impl ProcView {
             command_not_utf8,
         })
     }
+}
+
+/// CLOCK_BOOTTIME now: the clock /proc/uptime and process start times count in (both
+/// shifted alike by a time namespace). A vDSO call, no file.
+pub fn boot_clock() -> io::Result<Duration> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
+    Ok(Duration::new(now.tv_sec() as u64, now.tv_nsec() as u32))
+}
+
+/// `at` in whole clock ticks, rounded down as the kernel's `nsec_to_clock_t` rounds a
+/// process's start time.
+fn ticks_of(at: Duration, ticks_per_second: u64) -> u64 {
+    u64::try_from(at.as_nanos() * u128::from(ticks_per_second) / 1_000_000_000).unwrap_or(u64::MAX)
 }
 
 /// A whole /proc file, read through the process's directory handle.
@@ -585,6 +605,28 @@ mod tests {
         )
         .unwrap();
         (child, line)
+    }
+
+    /// Rounded down as the kernel rounds start times, so a moment and a process started
+    /// in the same tick compare equal.
+    #[test]
+    fn boot_clock_readings_round_down_to_whole_ticks() {
+        assert_eq!(ticks_of(Duration::from_nanos(2_999_999_999), 100), 299);
+        assert_eq!(ticks_of(Duration::from_secs(3), 100), 300);
+        assert_eq!(ticks_of(Duration::from_millis(1_234), 1000), 1_234);
+        assert_eq!(ticks_of(Duration::ZERO, 100), 0);
+    }
+
+    /// The clock read agrees with /proc: this process started before now.
+    #[test]
+    fn this_process_started_no_later_than_the_boot_clock_reads() {
+        let view = ProcView::system().unwrap();
+        let me = std::process::id();
+        let Some(started) = view.process(me).start_ticks else {
+            return;
+        };
+        let now = view.boot_ticks(boot_clock().unwrap()).unwrap();
+        assert!(started <= now, "started {started}, now {now}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::error::{CoreError, Result};
 use crate::host::{FactCache, HostProcess, LeaderState, Lineage, ProcView, Relatives};
 use crate::nvml::Gpus;
 use crate::pidmap::{PidMap, PidSet};
-use read::{Fields, Listed, read_gpus};
+use read::{Fields, Listing, read_gpus};
 
 /// What to take. `gpus: None` takes every GPU.
 #[derive(Debug, Clone, Default)]
@@ -299,7 +299,7 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
-        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Vec<Listed>>) =
+        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Listing>) =
             read_gpus(gpus, &indices, since_us, Fields::of(options))
                 .into_iter()
                 .unzip();
@@ -308,7 +308,7 @@ impl Snapshot {
         let mut seen = PidSet::default();
         let pids: Vec<u32> = listed
             .iter()
-            .flatten()
+            .flat_map(|listing| &listing.processes)
             .map(|p| p.pid)
             .filter(|&pid| seen.insert(pid))
             .collect();
@@ -317,8 +317,11 @@ impl Snapshot {
         let unread = Arc::new(HostProcess::unconfirmed("not read"));
         let join = |devices: &mut Vec<GpuSnapshot>,
                     fact_of: &dyn Fn(u32) -> Option<Arc<HostProcess>>| {
-            for (gpu, listed) in devices.iter_mut().zip(listed) {
-                gpu.processes = listed
+            for (gpu, listing) in devices.iter_mut().zip(listed) {
+                // Per GPU: each list was read at its own moment (a slow GPU's much later).
+                let listed_at = listing.at.and_then(|at| view.boot_ticks(at));
+                gpu.processes = listing
+                    .processes
                     .into_iter()
                     .map(|p| GpuProcess {
                         pid: p.pid,
@@ -327,7 +330,11 @@ impl Snapshot {
                         sm_util_pct: p.sm_util_pct,
                         gpu_instance_id: p.gpu_instance_id,
                         compute_instance_id: p.compute_instance_id,
-                        host: fact_of(p.pid).unwrap_or_else(|| Arc::clone(&unread)),
+                        host: as_listed(
+                            p.pid,
+                            fact_of(p.pid).unwrap_or_else(|| Arc::clone(&unread)),
+                            listed_at,
+                        ),
                     })
                     .collect();
                 gpu.fill_mig_processes();
@@ -380,6 +387,29 @@ impl Snapshot {
             holders: holders_read,
         };
         Ok(snapshot)
+    }
+}
+
+/// The facts of the process a GPU listed as `pid`, its list read at `listed_at` (boot ticks):
+/// `fact`, or an unconfirmed entry where `fact` is of a process that started after that
+/// moment. A process keeps its pid for life, so such a process is not the one listed: that
+/// one exited after the listing and its pid was given to another (a slow GPU holds the
+/// /proc read back by up to the NVML timeout). It is then never attributed nor a target.
+///
+/// Both sides are whole ticks rounded down (10 ms at USER_HZ 100), and a listed process
+/// started no later than the moment read after its list, so it always has `start_ticks <=
+/// listed_at` and is never dropped. What this cannot tell is a newcomer started later within
+/// the listing's own tick: that takes the listed process exiting and the pid space wrapping
+/// around to its pid within one tick.
+fn as_listed(pid: u32, fact: Arc<HostProcess>, listed_at: Option<u64>) -> Arc<HostProcess> {
+    match (fact.start_ticks, listed_at) {
+        (Some(started), Some(listed)) if started > listed => {
+            Arc::new(HostProcess::unconfirmed(format!(
+                "pid {pid} started after NVML listed it: the listed process is gone and \
+                 another now has its pid"
+            )))
+        }
+        _ => fact,
     }
 }
 
@@ -496,4 +526,90 @@ fn find_holders(devices: &mut [GpuSnapshot], view: &ProcView, dev_dir: &Path) ->
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started_at(ticks: u64) -> Arc<HostProcess> {
+        Arc::new(HostProcess {
+            confirmed: true,
+            unconfirmed_reason: None,
+            start_ticks: Some(ticks),
+            ..HostProcess::unconfirmed("")
+        })
+    }
+
+    #[test]
+    fn a_process_started_after_its_listing_is_not_the_one_listed() {
+        let newcomer = as_listed(42, started_at(1001), Some(1000));
+        assert!(!newcomer.confirmed);
+        assert_eq!(newcomer.start_ticks, None, "nothing of it is attributed");
+        assert_eq!(
+            newcomer.unconfirmed_reason.as_deref(),
+            Some(
+                "pid 42 started after NVML listed it: the listed process is gone and another \
+                 now has its pid"
+            )
+        );
+    }
+
+    /// Both sides are rounded down to whole ticks: a process started within the listing's
+    /// tick, before or after the moment, compares equal and is kept (the one-tick window).
+    #[test]
+    fn a_process_started_up_to_its_listing_tick_is_kept_as_read() {
+        for started in [0, 999, 1000] {
+            let fact = started_at(started);
+            assert!(Arc::ptr_eq(
+                &as_listed(42, Arc::clone(&fact), Some(1000)),
+                &fact
+            ));
+        }
+        // No moment (a fixture tree, the clock failed), or facts without a start time.
+        let fact = started_at(5000);
+        assert!(Arc::ptr_eq(&as_listed(42, Arc::clone(&fact), None), &fact));
+        let unread = Arc::new(HostProcess::unconfirmed("not read"));
+        assert!(Arc::ptr_eq(
+            &as_listed(42, Arc::clone(&unread), Some(1)),
+            &unread
+        ));
+    }
+
+    /// Against the real clock and /proc, read fresh or through the watchdog's cache: a
+    /// process that ran before the moment is kept, one started after it is not.
+    #[test]
+    fn the_boot_clock_tells_a_newcomer_from_a_listed_process_in_both_reads() {
+        let view = ProcView::system().unwrap();
+        if !view.host_pid_namespace() {
+            eprintln!("skipped: not in the host PID namespace");
+            return;
+        }
+        let me = std::process::id();
+        let listed_at = view.boot_ticks(crate::host::boot_clock().unwrap());
+        // Past the listing's tick, so the newcomer's start time is a later one.
+        std::thread::sleep(Duration::from_millis(25));
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let newcomer = child.id();
+        let fresh = view.processes(&[me, newcomer]);
+        let mut cache = FactCache::refreshing_every(Duration::ZERO);
+        let cached = view.processes_cached(&[me, newcomer], &mut cache);
+        let judged = |fact: &Arc<HostProcess>, pid| as_listed(pid, Arc::clone(fact), listed_at);
+        let (fresh_me, fresh_new) = (
+            judged(&Arc::new(fresh[&me].clone()), me),
+            judged(&Arc::new(fresh[&newcomer].clone()), newcomer),
+        );
+        let (cached_me, cached_new) = (
+            judged(&cached[&me], me),
+            judged(&cached[&newcomer], newcomer),
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(fresh_me.confirmed && cached_me.confirmed);
+        assert!(!fresh_new.confirmed, "{fresh_new:?}");
+        assert!(!cached_new.confirmed, "{cached_new:?}");
+    }
 }

@@ -28,6 +28,15 @@ pub(super) struct Listed {
     pub(super) compute_instance_id: Option<u32>,
 }
 
+/// What one GPU lists: its processes, and when the list was read.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    pub(super) processes: Vec<Listed>,
+    /// CLOCK_BOOTTIME just after the list calls returned: every process listed had started
+    /// by then (see [`super::as_listed`]). `None` where no list was read, or the clock failed.
+    pub(super) at: Option<Duration>,
+}
+
 /// Reads one GPU, and the processes it lists (the entry's own list is filled in once their
 /// host facts are read). Failures stay inside the returned entry so the other GPUs are
 /// still shown.
@@ -41,8 +50,8 @@ pub(super) fn read_gpus(
     indices: &[u32],
     since_us: Option<u64>,
     fields: Fields,
-) -> Vec<(GpuSnapshot, Vec<Listed>)> {
-    type Read = (GpuSnapshot, Vec<Listed>);
+) -> Vec<(GpuSnapshot, Listing)> {
+    type Read = (GpuSnapshot, Listing);
     let read = move |nvml: &nvml_wrapper::Nvml, index: u32| read_gpu(nvml, index, since_us, fields);
     let Some(limit) = gpus.timeout() else {
         return gpus
@@ -97,7 +106,7 @@ pub(super) fn read_gpus(
         .into_iter()
         .zip(indices)
         .map(|(read, &index)| {
-            read.unwrap_or_else(|| (GpuSnapshot::not_answering(index, limit), Vec::new()))
+            read.unwrap_or_else(|| (GpuSnapshot::not_answering(index, limit), Listing::default()))
         })
         .collect()
 }
@@ -107,27 +116,27 @@ pub(super) fn read_gpu(
     index: u32,
     since_us: Option<u64>,
     fields: Fields,
-) -> (GpuSnapshot, Vec<Listed>) {
+) -> (GpuSnapshot, Listing) {
     let mut gpu = GpuSnapshot::unread(index);
     let device = match nvml.device_by_index(index) {
         Ok(device) => device,
         Err(error) => {
             gpu.fail(&error, "cannot open the GPU");
-            return (gpu, Vec::new());
+            return (gpu, Listing::default());
         }
     };
-    let mut listed = Vec::new();
-    if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listed, since_us, fields) {
+    let mut listing = Listing::default();
+    if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listing, since_us, fields) {
         gpu.fail(&error, "query failed");
     }
-    (gpu, listed)
+    (gpu, listing)
 }
 
 /// Fields a GPU does not support stay `None`; a lost GPU stops the reading.
 pub(super) fn read_gpu_fields(
     device: &Device<'_>,
     gpu: &mut GpuSnapshot,
-    listed: &mut Vec<Listed>,
+    listing: &mut Listing,
     since_us: Option<u64>,
     fields: Fields,
 ) -> Result<(), NvmlError> {
@@ -169,6 +178,8 @@ pub(super) fn read_gpu_fields(
 
     let compute = process_list(device.running_compute_processes());
     let graphics = process_list(device.running_graphics_processes());
+    // After both lists answered: no process they name started later than this.
+    listing.at = crate::host::boot_clock().ok();
     let (compute, graphics) = match (compute, graphics) {
         (Err(error), _) | (_, Err(error)) if matches!(error, NvmlError::GpuLost) => {
             return Err(error);
@@ -181,14 +192,14 @@ pub(super) fn read_gpu_fields(
         (Ok(compute), Ok(graphics)) => (compute, graphics),
     };
     let utilization = sm_utilization(device, since_us);
-    *listed = merge_processes(compute, graphics, &utilization);
+    listing.processes = merge_processes(compute, graphics, &utilization);
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
         used_bytes: m.used,
         free_bytes: m.free,
         reserved_bytes: m.reserved,
         unattributed_bytes: (gpu.status == GpuStatus::Ok)
-            .then(|| unattributed(m.used, listed))
+            .then(|| unattributed(m.used, &listing.processes))
             .flatten(),
     });
     Ok(())
