@@ -68,7 +68,8 @@ pub enum Owner {
     /// `extern`, `interactive`. `uid` comes from the v1 layout's `uid_<uid>` directory.
     /// `from_environ`: no cgroup names the job (Slurm's proctrack/linuxproc), so it was read
     /// from the process's SLURM_JOB_ID (and SLURM_STEP_ID), which the process could have set
-    /// itself: a fallback, said as such.
+    /// itself: a fallback, said as such, and only a claim of the process's own user, whose
+    /// uid is then `uid`.
     SlurmJob {
         job_id: u64,
         step: Option<String>,
@@ -121,9 +122,10 @@ impl ContainerRuntime {
     }
 }
 
-/// The Slurm job named by a process's environment (NUL-separated `KEY=VALUE`, as
-/// /proc/PID/environ gives it): SLURM_JOB_ID, and SLURM_STEP_ID as its step.
-pub fn slurm_job_from_environ(environ: &[u8]) -> Option<Owner> {
+/// The Slurm job named by the environment (NUL-separated `KEY=VALUE`, as /proc/PID/environ
+/// gives it) of a process running as `uid`: SLURM_JOB_ID, and SLURM_STEP_ID as its step.
+/// Anyone can set these, so the owner carries `uid`: it is that user's claim.
+pub fn slurm_job_from_environ(environ: &[u8], uid: u32) -> Option<Owner> {
     let mut job_id = None;
     let mut step = None;
     for entry in environ.split(|b| *b == 0) {
@@ -142,7 +144,7 @@ pub fn slurm_job_from_environ(environ: &[u8]) -> Option<Owner> {
     Some(Owner::SlurmJob {
         job_id: job_id?,
         step,
-        uid: None,
+        uid: Some(uid),
         from_environ: true,
     })
 }
@@ -277,7 +279,15 @@ impl Owner {
 /// least 8 characters, as `docker ps` shows 12.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerMatch {
+    /// The job, however a process is tied to it (its cgroup, or its environment).
     SlurmJob(u64),
+    /// `slurm:JOBID@UID`: the processes of uid UID whose environment, not a cgroup, names
+    /// the job. The key such a claim is kept under (peaks), apart from the job's own, so
+    /// that no other user's claim reaches the job's account.
+    SlurmClaim {
+        job_id: u64,
+        uid: u32,
+    },
     Pod(String),
     Container(String),
     Unit(String),
@@ -307,10 +317,20 @@ impl std::str::FromStr for OwnerMatch {
             }
         };
         match kind {
-            "slurm" | "slurm-job" => id
-                .parse()
-                .map(OwnerMatch::SlurmJob)
-                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
+            "slurm" | "slurm-job" => {
+                let number = |id: &str| {
+                    parse_digits(id).ok_or_else(|| format!("'{text}': a Slurm job id is a number"))
+                };
+                match id.split_once('@') {
+                    Some((job, uid)) => Ok(OwnerMatch::SlurmClaim {
+                        job_id: number(job)?,
+                        uid: parse_digits(uid).ok_or_else(|| {
+                            format!("'{text}': give slurm:JOBID@UID, a uid number")
+                        })?,
+                    }),
+                    None => number(id).map(OwnerMatch::SlurmJob),
+                }
+            }
             "pod" => prefix(id).map(OwnerMatch::Pod),
             "container" => prefix(id).map(OwnerMatch::Container),
             "unit" => Ok(OwnerMatch::Unit(id.to_string())),
@@ -325,6 +345,7 @@ impl std::fmt::Display for OwnerMatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OwnerMatch::SlurmJob(job_id) => write!(f, "slurm:{job_id}"),
+            OwnerMatch::SlurmClaim { job_id, uid } => write!(f, "slurm:{job_id}@{uid}"),
             OwnerMatch::Pod(uid) => write!(f, "pod:{uid}"),
             OwnerMatch::Container(id) => write!(f, "container:{id}"),
             OwnerMatch::Unit(unit) => write!(f, "unit:{unit}"),
@@ -336,9 +357,21 @@ impl std::fmt::Display for OwnerMatch {
 impl OwnerMatch {
     /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`),
     /// or `None` for no owner. A Slurm job is named without its step and a pod without its
-    /// container, so every process of the job or pod has one key.
+    /// container, so every process of the job or pod has one key. A job only the environment
+    /// names is its user's claim, `slurm:123@1000`, kept apart from the job a cgroup names:
+    /// anyone can set SLURM_JOB_ID, and only the job's own user's claim is the job's.
     pub fn of(owner: &Owner) -> Option<OwnerMatch> {
         Some(match owner {
+            Owner::SlurmJob {
+                job_id,
+                from_environ: true,
+                uid,
+                ..
+            } => OwnerMatch::SlurmClaim {
+                job_id: *job_id,
+                // A claim by no known user is no one's to account.
+                uid: (*uid)?,
+            },
             Owner::SlurmJob { job_id, .. } => OwnerMatch::SlurmJob(*job_id),
             Owner::KubernetesPod { pod_uid, .. } => OwnerMatch::Pod(pod_uid.to_ascii_lowercase()),
             Owner::Container { id, .. } => OwnerMatch::Container(id.to_ascii_lowercase()),
@@ -353,6 +386,18 @@ impl OwnerMatch {
     pub fn matches(&self, owner: &Owner) -> bool {
         match (self, owner) {
             (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (
+                OwnerMatch::SlurmClaim {
+                    job_id: wanted,
+                    uid: claimant,
+                },
+                Owner::SlurmJob {
+                    job_id,
+                    uid,
+                    from_environ: true,
+                    ..
+                },
+            ) => wanted == job_id && *uid == Some(*claimant),
             (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
                 pod_uid.to_ascii_lowercase().starts_with(wanted)
             }
@@ -1404,21 +1449,29 @@ mod tests {
     #[test]
     fn the_environment_names_a_slurm_job_as_a_marked_fallback() {
         let environ = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0HOME=/root\0";
-        let owner = slurm_job_from_environ(environ).unwrap();
+        let owner = slurm_job_from_environ(environ, 1001).unwrap();
         assert_eq!(
             owner,
             Owner::SlurmJob {
                 job_id: 4242,
                 step: Some("0".into()),
-                uid: None,
+                uid: Some(1001),
                 from_environ: true,
             }
         );
         assert_eq!(owner.label(), "slurm 4242.0 (env)");
-        assert_eq!(slurm_job_from_environ(b"HOME=/root\0"), None);
-        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0"), None);
+        // Kept as uid 1001's claim, apart from the job a cgroup names.
+        let key = OwnerMatch::of(&owner).unwrap();
+        assert_eq!(key.to_string(), "slurm:4242@1001");
+        assert_eq!(key, "slurm:4242@1001".parse().unwrap());
+        assert!(key.matches(&owner));
+        let anchored = v2("/system.slice/slurmstepd.scope/job_4242/step_0");
+        assert!(!key.matches(&anchored));
+        assert!(OwnerMatch::SlurmJob(4242).matches(&owner));
+        assert_eq!(slurm_job_from_environ(b"HOME=/root\0", 0), None);
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0", 0), None);
         // A step id that is not a plain word is left out, not shown.
-        let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0").unwrap();
+        let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0", 0).unwrap();
         assert_eq!(odd.label(), "slurm 7 (env)");
     }
 
@@ -1459,8 +1512,14 @@ mod tests {
             container_id: Some("9ec39b91f3d7".into()),
             runtime: None,
         };
+        let claim = Owner::SlurmJob {
+            job_id: 42,
+            step: None,
+            uid: Some(1001),
+            from_environ: true,
+        };
         // Each owner's key reads back as the selector that matches it.
-        for owner in [&slurm, &container, &unit, &pod] {
+        for owner in [&slurm, &claim, &container, &unit, &pod] {
             let key = OwnerMatch::of(owner).unwrap().to_string();
             assert!(key.parse::<OwnerMatch>().unwrap().matches(owner), "{key}");
         }
@@ -1471,6 +1530,10 @@ mod tests {
             "slurm",
             "slurm:",
             "slurm:abc",
+            "slurm:+5",
+            "slurm:42@",
+            "slurm:42@alice",
+            "slurm:@1000",
             "pod:1234",
             "vm:x",
             ":42",
