@@ -19,8 +19,9 @@ fn script(name: &str) -> PathBuf {
 /// The script with the environment slurmd gives it, and gpuctl against `sim`. Slurm's
 /// scontrol is a stand-in that records what it was asked (`scontrol_calls`): these tests
 /// run the scripts without a slurmd (tests/slurm_real runs them under a real one), and must
-/// never drain the machine's own node.
-fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
+/// never drain the machine's own node. The job's user (SLURM_JOB_UID) is this test's,
+/// whose processes the tests start, unless `env` says otherwise.
+pub(crate) fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
     let bin = sim.dir.path().join("bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
     let scontrol = bin.join("scontrol");
@@ -65,6 +66,8 @@ fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
         .env_remove("SLURM_JOB_ID")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("SLURMD_NODENAME")
+        .env_remove("SLURM_JOB_USER")
+        .env("SLURM_JOB_UID", own_uid().to_string())
         .envs(
             gpuctl
                 .get_envs()
@@ -72,6 +75,12 @@ fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
         )
         .envs(env.iter().copied());
     Run::from(command.output().expect("run the script"))
+}
+
+/// This test's effective uid: /proc/self is owned by it.
+fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").expect("/proc/self").uid()
 }
 
 /// What the scripts asked of scontrol, a line per call.

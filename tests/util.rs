@@ -1290,3 +1290,85 @@ pub fn wait_until_listed_by(reader: u32, pid: u32) {
     // The list call returns, and the read moves on to the next GPU.
     std::thread::sleep(Duration::from_millis(200));
 }
+
+// ---- Helpers for processes of other users, with a job's environment or in a cgroup of
+// ---- their own (tests/hostile_owner.rs).
+
+impl Proc {
+    /// [`Proc::spawn_as`] with `env` added to its environment (SLURM_JOB_ID and the like).
+    pub fn spawn_as_with_env(uid: u32, mode: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let id = uid.to_string();
+        let mut child = Command::new("setpriv")
+            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+            .arg(testproc_bin())
+            .args(args)
+            .env("GPUCTL_TESTPROC_MODE", mode)
+            .env("GPUCTL_TESTPROC_READY", "1")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn setpriv");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut proc = Proc { child };
+        proc.child.stdout = Some(stdout);
+        proc.expect_ready();
+        proc
+    }
+}
+
+/// A cgroup made for a test under a mounted hierarchy (`/sys/fs/cgroup/unified`,
+/// `/sys/fs/cgroup/freezer`), at any path: what a user may make in a subtree delegated
+/// to it. On drop its processes go back to the hierarchy's root and the directories this
+/// made are removed, innermost first.
+pub struct TestCgroup {
+    hierarchy: PathBuf,
+    leaf: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl TestCgroup {
+    /// `None` where the hierarchy cannot be written (no root, not mounted).
+    pub fn create(hierarchy: &Path, path: &str) -> Option<TestCgroup> {
+        let mut made = Vec::new();
+        let mut dir = hierarchy.to_path_buf();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            dir.push(part);
+            if !dir.exists() {
+                if std::fs::create_dir(&dir).is_err() {
+                    let cgroup = TestCgroup {
+                        hierarchy: hierarchy.to_path_buf(),
+                        leaf: dir.clone(),
+                        made,
+                    };
+                    drop(cgroup);
+                    return None;
+                }
+                made.push(dir.clone());
+            }
+        }
+        Some(TestCgroup {
+            hierarchy: hierarchy.to_path_buf(),
+            leaf: dir,
+            made,
+        })
+    }
+
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.leaf.join("cgroup.procs"), pid.to_string()).expect("join cgroup");
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let root = self.hierarchy.join("cgroup.procs");
+        if let Ok(pids) = std::fs::read_to_string(self.leaf.join("cgroup.procs")) {
+            for pid in pids.lines() {
+                let _ = std::fs::write(&root, pid);
+            }
+        }
+        for dir in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}

@@ -213,7 +213,13 @@ pub fn job_is_named_accounted_and_cleaned_up(mode: &Mode) {
     // The watchdog has seen the job at its peak (both processes at once).
     let uuid = mode.uuid(job.gpu);
     let peaks = mode.state_dir().join("peaks.json");
-    let key = format!("slurm:{}", job.id);
+    // A job only the environment names is kept as its user's claim, `slurm:JOB@UID`
+    // (the jobs here run as root): anyone can set SLURM_JOB_ID.
+    let key = if env {
+        format!("slurm:{}@0", job.id)
+    } else {
+        format!("slurm:{}", job.id)
+    };
     wait_until(WAIT, || {
         std::fs::read(&peaks)
             .ok()

@@ -21,23 +21,35 @@
 //!
 //! # Layouts recognized
 //!
-//! * Slurm, cgroup/v1 plugin: `/slurm/uid_<uid>/job_<id>/step_<step>/task_<n>` on any
-//!   controller, and `/slurm_<nodename>/...` with multiple slurmd.
+//! Every pattern is anchored where its manager puts it, at places only root can create: a
+//! user may create any cgroup inside a subtree delegated to it (`user@UID.service`, a unit
+//! with `Delegate=yes`), so `.../user@1001.service/app.slice/slurm/job_777/step_0` is user
+//! 1001's own cgroup, not job 777.
+//!
+//! * Slurm, cgroup/v1 plugin: `/slurm/uid_<uid>/job_<id>/step_<step>/task_<n>` at the root of
+//!   any controller, and `/slurm_<nodename>/...` with multiple slurmd.
 //! * Slurm, cgroup/v2 plugin: `/system.slice/slurmstepd.scope/job_<id>/step_<step>/user/task_<n>`
-//!   (also `<nodename>_slurmstepd.scope`, and the step's own `.../step_<step>/slurm`).
-//!   Steps: numeric, `batch`, `extern`, `interactive`.
+//!   (also `/system.slice/<nodename>_slurmstepd.scope`, and the step's own
+//!   `.../step_<step>/slurm`). Steps: numeric, `batch`, `extern`, `interactive`.
 //! * Kubernetes, systemd driver: `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid
 //!   with _>.slice/<runtime>-<id>.scope`; guaranteed pods have no QoS slice
-//!   (`kubepods-pod<uid>.slice`); kind nodes use `kubelet.slice/kubelet-kubepods.slice/...`.
+//!   (`kubepods-pod<uid>.slice`); kind nodes use `/kubelet.slice/kubelet-kubepods.slice/...`.
 //! * Kubernetes, cgroupfs driver: `/kubepods/<qos>/pod<uid>/<id>` (guaranteed:
-//!   `/kubepods/pod<uid>/<id>`), also nested under other prefixes (`/docker/<node>/kubepods/...`).
+//!   `/kubepods/pod<uid>/<id>`).
 //! * Containers: docker (`/docker/<id>`, `docker-<id>.scope`), containerd (`cri-containerd-<id>.scope`,
-//!   `nerdctl-<id>.scope`, `ctr`'s `/default/<id>`), cri-o (`crio-<id>.scope`, `crio-<id>`; its
-//!   monitor `crio-conmon-<id>` is not a container), podman (`libpod-<id>.scope`,
+//!   `nerdctl-<id>.scope`, `ctr`'s `/default/<id>`), cri-o (`crio-<id>.scope`; its monitor
+//!   `crio-conmon-<id>` is not a container), podman (`libpod-<id>.scope`,
 //!   `libpod-<id>.scope/container`, `/libpod_parent/libpod-<id>`; `libpod-conmon-<id>.scope`
-//!   is the monitor, not a container). The innermost container wins (docker-in-docker).
+//!   is the monitor, not a container). A scope counts only in the system manager's slices
+//!   (`/system.slice/`, `/machine.slice/`), a cgroupfs directory only at the root.
+//! * Nested: a container's cgroup is a root again for the containers and pods inside it
+//!   (docker-in-docker `/docker/<id>/docker/<id>`, a kind node's
+//!   `/system.slice/docker-<id>.scope/kubelet.slice/...`, `/docker/<node>/kubepods/...`); the
+//!   innermost wins. Slurm jobs are only the host's.
 //! * systemd: system units (`nginx.service`, `getty@tty1.service`), scopes (`session-3.scope`,
 //!   `init.scope`), and units of a user manager (`user@1000.service/app.slice/jupyter.service`).
+//!   Everything under `user@UID.service` is that user's: the first unit below the manager
+//!   (rootless podman's `libpod-<id>.scope` included), else the manager `user@UID.service`.
 //!   Unit names are kept exactly as systemd writes them, escapes like `\x2d` included.
 
 use serde::Serialize;
@@ -56,7 +68,8 @@ pub enum Owner {
     /// `extern`, `interactive`. `uid` comes from the v1 layout's `uid_<uid>` directory.
     /// `from_environ`: no cgroup names the job (Slurm's proctrack/linuxproc), so it was read
     /// from the process's SLURM_JOB_ID (and SLURM_STEP_ID), which the process could have set
-    /// itself: a fallback, said as such.
+    /// itself: a fallback, said as such, and only a claim of the process's own user, whose
+    /// uid is then `uid`.
     SlurmJob {
         job_id: u64,
         step: Option<String>,
@@ -109,9 +122,10 @@ impl ContainerRuntime {
     }
 }
 
-/// The Slurm job named by a process's environment (NUL-separated `KEY=VALUE`, as
-/// /proc/PID/environ gives it): SLURM_JOB_ID, and SLURM_STEP_ID as its step.
-pub fn slurm_job_from_environ(environ: &[u8]) -> Option<Owner> {
+/// The Slurm job named by the environment (NUL-separated `KEY=VALUE`, as /proc/PID/environ
+/// gives it) of a process running as `uid`: SLURM_JOB_ID, and SLURM_STEP_ID as its step.
+/// Anyone can set these, so the owner carries `uid`: it is that user's claim.
+pub fn slurm_job_from_environ(environ: &[u8], uid: u32) -> Option<Owner> {
     let mut job_id = None;
     let mut step = None;
     for entry in environ.split(|b| *b == 0) {
@@ -130,7 +144,7 @@ pub fn slurm_job_from_environ(environ: &[u8]) -> Option<Owner> {
     Some(Owner::SlurmJob {
         job_id: job_id?,
         step,
-        uid: None,
+        uid: Some(uid),
         from_environ: true,
     })
 }
@@ -265,7 +279,15 @@ impl Owner {
 /// least 8 characters, as `docker ps` shows 12.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerMatch {
+    /// The job, however a process is tied to it (its cgroup, or its environment).
     SlurmJob(u64),
+    /// `slurm:JOBID@UID`: the processes of uid UID whose environment, not a cgroup, names
+    /// the job. The key such a claim is kept under (peaks), apart from the job's own, so
+    /// that no other user's claim reaches the job's account.
+    SlurmClaim {
+        job_id: u64,
+        uid: u32,
+    },
     Pod(String),
     Container(String),
     Unit(String),
@@ -295,10 +317,20 @@ impl std::str::FromStr for OwnerMatch {
             }
         };
         match kind {
-            "slurm" | "slurm-job" => id
-                .parse()
-                .map(OwnerMatch::SlurmJob)
-                .map_err(|_| format!("'{text}': a Slurm job id is a number")),
+            "slurm" | "slurm-job" => {
+                let number = |id: &str| {
+                    parse_digits(id).ok_or_else(|| format!("'{text}': a Slurm job id is a number"))
+                };
+                match id.split_once('@') {
+                    Some((job, uid)) => Ok(OwnerMatch::SlurmClaim {
+                        job_id: number(job)?,
+                        uid: parse_digits(uid).ok_or_else(|| {
+                            format!("'{text}': give slurm:JOBID@UID, a uid number")
+                        })?,
+                    }),
+                    None => number(id).map(OwnerMatch::SlurmJob),
+                }
+            }
             "pod" => prefix(id).map(OwnerMatch::Pod),
             "container" => prefix(id).map(OwnerMatch::Container),
             "unit" => Ok(OwnerMatch::Unit(id.to_string())),
@@ -313,6 +345,7 @@ impl std::fmt::Display for OwnerMatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OwnerMatch::SlurmJob(job_id) => write!(f, "slurm:{job_id}"),
+            OwnerMatch::SlurmClaim { job_id, uid } => write!(f, "slurm:{job_id}@{uid}"),
             OwnerMatch::Pod(uid) => write!(f, "pod:{uid}"),
             OwnerMatch::Container(id) => write!(f, "container:{id}"),
             OwnerMatch::Unit(unit) => write!(f, "unit:{unit}"),
@@ -324,9 +357,21 @@ impl std::fmt::Display for OwnerMatch {
 impl OwnerMatch {
     /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`),
     /// or `None` for no owner. A Slurm job is named without its step and a pod without its
-    /// container, so every process of the job or pod has one key.
+    /// container, so every process of the job or pod has one key. A job only the environment
+    /// names is its user's claim, `slurm:123@1000`, kept apart from the job a cgroup names:
+    /// anyone can set SLURM_JOB_ID, and only the job's own user's claim is the job's.
     pub fn of(owner: &Owner) -> Option<OwnerMatch> {
         Some(match owner {
+            Owner::SlurmJob {
+                job_id,
+                from_environ: true,
+                uid,
+                ..
+            } => OwnerMatch::SlurmClaim {
+                job_id: *job_id,
+                // A claim by no known user is no one's to account.
+                uid: (*uid)?,
+            },
             Owner::SlurmJob { job_id, .. } => OwnerMatch::SlurmJob(*job_id),
             Owner::KubernetesPod { pod_uid, .. } => OwnerMatch::Pod(pod_uid.to_ascii_lowercase()),
             Owner::Container { id, .. } => OwnerMatch::Container(id.to_ascii_lowercase()),
@@ -341,6 +386,18 @@ impl OwnerMatch {
     pub fn matches(&self, owner: &Owner) -> bool {
         match (self, owner) {
             (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (
+                OwnerMatch::SlurmClaim {
+                    job_id: wanted,
+                    uid: claimant,
+                },
+                Owner::SlurmJob {
+                    job_id,
+                    uid,
+                    from_environ: true,
+                    ..
+                },
+            ) => wanted == job_id && *uid == Some(*claimant),
             (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
                 pod_uid.to_ascii_lowercase().starts_with(wanted)
             }
@@ -436,10 +493,14 @@ fn segments(path: &str) -> Vec<&str> {
 }
 
 /// The owner one cgroup path names, most specific first.
+///
+/// Each manager's pattern is anchored where that manager puts its cgroups, at places only
+/// root can create: a user may create any cgroup inside a subtree delegated to it
+/// (`user@UID.service`, a unit with `Delegate=yes`, its own Slurm step), so a name found
+/// further down proves nothing.
 fn classify(segs: &[&str]) -> Owner {
     slurm(segs)
-        .or_else(|| kubernetes(segs))
-        .or_else(|| container(segs))
+        .or_else(|| workload(segs))
         .or_else(|| systemd(segs))
         .unwrap_or(Owner::None)
 }
@@ -447,44 +508,83 @@ fn classify(segs: &[&str]) -> Owner {
 // ---------------------------------------------------------------------------------------------
 // Slurm
 
-/// `slurm` and `slurm_<node>` (cgroup/v1), `slurmstepd.scope` and `<node>_slurmstepd.scope`
-/// (cgroup/v2).
-fn is_slurm_root(seg: &str) -> bool {
-    seg == "slurm" || seg.starts_with("slurm_") || seg.ends_with("slurmstepd.scope")
+/// A Slurm job's cgroup, only where slurmstepd makes it:
+///
+/// * cgroup/v1: `/slurm/uid_<uid>/job_<id>[/step_<step>/...]`, or `/slurm_<nodename>/...`
+///   with multiple slurmd, at the hierarchy's root;
+/// * cgroup/v2: `/system.slice/slurmstepd.scope/job_<id>[/step_<step>/...]`, or
+///   `<nodename>_slurmstepd.scope` (Slurm's cgroup/v2 plugin fixes both names).
+///
+/// The job and step are read at their fixed depth: below its step a job's user may create
+/// cgroups of its own (Slurm's v1 plugin gives the step's directory to the user).
+fn slurm(segs: &[&str]) -> Option<Owner> {
+    let (uid, job_at) = match segs {
+        [root, uid, ..] if *root == "slurm" || root.starts_with("slurm_") => (
+            Some(uid.strip_prefix("uid_").and_then(parse_digits::<u32>)?),
+            2,
+        ),
+        ["system.slice", scope, ..]
+            if *scope == "slurmstepd.scope" || scope.ends_with("_slurmstepd.scope") =>
+        {
+            (None, 2)
+        }
+        _ => return None,
+    };
+    let job_id = segs
+        .get(job_at)?
+        .strip_prefix("job_")
+        .and_then(parse_digits::<u64>)?;
+    let step = segs
+        .get(job_at + 1)
+        .and_then(|s| s.strip_prefix("step_"))
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    Some(Owner::SlurmJob {
+        job_id,
+        step,
+        uid,
+        from_environ: false,
+    })
 }
 
-fn slurm(segs: &[&str]) -> Option<Owner> {
-    let root = segs.iter().position(|s| is_slurm_root(s))?;
-    for i in root + 1..segs.len() {
-        let Some(job_id) = segs[i].strip_prefix("job_").and_then(parse_digits::<u64>) else {
-            continue;
-        };
-        let uid = segs[i - 1]
-            .strip_prefix("uid_")
-            .and_then(parse_digits::<u32>);
-        let step = segs
-            .get(i + 1)
-            .and_then(|s| s.strip_prefix("step_"))
-            .filter(|s| !s.is_empty())
-            .map(str::to_string);
-        return Some(Owner::SlurmJob {
-            job_id,
-            step,
-            uid,
-            from_environ: false,
-        });
+// ---------------------------------------------------------------------------------------------
+// Pods and containers
+
+/// A pod or a container, anchored at the root; a container's own cgroup is a root again
+/// for what runs nested in it (docker-in-docker, a kind node's pods), as its cgroup
+/// namespace shows it to the runtime inside. The innermost wins.
+fn workload(segs: &[&str]) -> Option<Owner> {
+    let mut root = 0;
+    let mut outer = None;
+    loop {
+        let rest = &segs[root..];
+        if let Some(pod) = kubernetes(rest) {
+            return Some(pod);
+        }
+        match container(rest) {
+            Some((at, owner)) => {
+                outer = Some(owner);
+                root += at + 1;
+            }
+            None => return outer,
+        }
     }
-    None
 }
 
 // ---------------------------------------------------------------------------------------------
 // Kubernetes
 
+/// A pod under the kubelet's root: `kubepods.slice` (systemd driver), `kubepods`
+/// (cgroupfs), or a kind node's `kubelet.slice/kubelet-kubepods.slice`; the pod directly
+/// in it (Guaranteed) or in its QoS class's directory, and the container below the pod.
 fn kubernetes(segs: &[&str]) -> Option<Owner> {
-    let first = segs.iter().position(|s| s.contains("kubepods"))?;
-    for i in first..segs.len() {
-        let parent = if i > 0 { Some(segs[i - 1]) } else { None };
-        let Some((pod_uid, qos)) = pod_segment(segs[i], parent) else {
+    let start = match segs {
+        ["kubepods.slice" | "kubepods", ..] => 1,
+        ["kubelet.slice", "kubelet-kubepods.slice", ..] => 2,
+        _ => return None,
+    };
+    for i in start..(start + 2).min(segs.len()) {
+        let Some((pod_uid, qos)) = pod_segment(segs[i], Some(segs[i - 1])) else {
             continue;
         };
         let (container_id, runtime) = match segs.get(i + 1).and_then(|s| pod_container(s)) {
@@ -571,51 +671,60 @@ fn pod_container(seg: &str) -> Option<(Option<String>, Option<ContainerRuntime>)
 // ---------------------------------------------------------------------------------------------
 // Containers
 
-/// The innermost container named in the path.
-fn container(segs: &[&str]) -> Option<Owner> {
-    (0..segs.len()).rev().find_map(|i| {
-        let parent = if i > 0 { Some(segs[i - 1]) } else { None };
-        container_segment(segs[i], parent)
-    })
-}
-
-fn container_segment(seg: &str, parent: Option<&str>) -> Option<Owner> {
+/// A container anchored at the root, and the index of its own cgroup:
+///
+/// * systemd driver: `<runtime>-<id>.scope` in the system manager's slices
+///   (`/system.slice/docker-<id>.scope`, `/machine.slice/libpod-<id>.scope`): only root
+///   creates slices, so a scope whose every parent is one was made by PID 1 for root;
+/// * cgroupfs driver: the runtime's directory at the root: `/docker/<id>`, containerd's
+///   `ctr` namespace `/default/<id>`, podman's `/libpod_parent/libpod-<id>`.
+///
+/// Below `user@UID.service` (rootless podman, or anyone's lookalike) is never a container.
+fn container(segs: &[&str]) -> Option<(usize, Owner)> {
     let make = |runtime, id: &str| Owner::Container {
         runtime,
         id: id.to_string(),
     };
-    if let Some(base) = seg.strip_suffix(".scope") {
-        // systemd driver: `<runtime>-<id>.scope`; the monitors `libpod-conmon-<id>.scope` and
-        // `crio-conmon-<id>.scope` fail the hex test.
-        const SCOPES: [(&str, ContainerRuntime); 5] = [
-            ("docker-", ContainerRuntime::Docker),
-            ("cri-containerd-", ContainerRuntime::Containerd),
-            ("nerdctl-", ContainerRuntime::Containerd),
-            ("crio-", ContainerRuntime::CriO),
-            ("libpod-", ContainerRuntime::Podman),
-        ];
-        return SCOPES.iter().find_map(|&(prefix, runtime)| {
-            let id = base.strip_prefix(prefix)?;
-            is_hex_id(id).then(|| make(runtime, id))
-        });
+    let slices = segs.iter().take_while(|s| s.ends_with(".slice")).count();
+    if let Some(owner) = segs.get(slices).and_then(|seg| container_scope(seg)) {
+        return Some((slices, owner));
     }
-    // cgroupfs driver: `libpod_parent/libpod-<id>`, `.../crio-<id>`.
-    if let Some(id) = seg.strip_prefix("libpod-") {
-        return is_hex_id(id).then(|| make(ContainerRuntime::Podman, id));
-    }
-    if let Some(id) = seg.strip_prefix("crio-") {
-        return is_hex_id(id).then(|| make(ContainerRuntime::CriO, id));
-    }
-    // cgroupfs driver, bare 64-hex id under the runtime's parent: `/docker/<id>`, and
-    // containerd's `ctr`, which uses its namespace: `/default/<id>`.
-    if seg.len() == 64 && is_hex_id(seg) {
-        match parent {
-            Some("docker") => return Some(make(ContainerRuntime::Docker, seg)),
-            Some("default") => return Some(make(ContainerRuntime::Containerd, seg)),
-            _ => {}
-        }
-    }
-    None
+    let (parent, seg) = (*segs.first()?, *segs.get(1)?);
+    let owner = match parent {
+        "docker" if is_full_id(seg) => make(ContainerRuntime::Docker, seg),
+        "default" if is_full_id(seg) => make(ContainerRuntime::Containerd, seg),
+        "libpod_parent" => make(
+            ContainerRuntime::Podman,
+            seg.strip_prefix("libpod-").filter(|id| is_hex_id(id))?,
+        ),
+        _ => return None,
+    };
+    Some((1, owner))
+}
+
+/// systemd driver: `<runtime>-<id>.scope`; the monitors `libpod-conmon-<id>.scope` and
+/// `crio-conmon-<id>.scope` fail the hex test.
+fn container_scope(seg: &str) -> Option<Owner> {
+    const SCOPES: [(&str, ContainerRuntime); 5] = [
+        ("docker-", ContainerRuntime::Docker),
+        ("cri-containerd-", ContainerRuntime::Containerd),
+        ("nerdctl-", ContainerRuntime::Containerd),
+        ("crio-", ContainerRuntime::CriO),
+        ("libpod-", ContainerRuntime::Podman),
+    ];
+    let base = seg.strip_suffix(".scope")?;
+    SCOPES.iter().find_map(|&(prefix, runtime)| {
+        let id = base.strip_prefix(prefix)?;
+        is_hex_id(id).then(|| Owner::Container {
+            runtime,
+            id: id.to_string(),
+        })
+    })
+}
+
+/// The full 64-hex id a cgroupfs runtime names its directory by.
+fn is_full_id(s: &str) -> bool {
+    s.len() == 64 && is_hex_id(s)
 }
 
 fn is_hex_id(s: &str) -> bool {
@@ -846,6 +955,95 @@ mod tests {
         );
     }
 
+    /// A user may create any cgroup in a subtree delegated to it: a manager's name found
+    /// there, or anywhere but where the manager puts it, names no job and no container.
+    #[test]
+    fn names_are_anchored_where_their_manager_puts_them() {
+        let mallory = |rest: &str| {
+            v2(&format!(
+                "/user.slice/user-1001.slice/user@1001.service/app.slice/{rest}"
+            ))
+        };
+        let manager = Owner::SystemdUnit {
+            unit: "user@1001.service".into(),
+        };
+        assert_eq!(mallory("slurm/job_777/step_0"), manager);
+        assert_eq!(mallory("slurm/uid_1000/job_777/step_0"), manager);
+        assert_eq!(
+            mallory("kubepods/pod1fe19bf5-e8ef-11e8-900c-52daee5a874d"),
+            manager
+        );
+        assert_eq!(mallory(&format!("docker/{ID64}")), manager);
+        assert_eq!(
+            mallory(&format!("docker-{ID64}.scope")),
+            Owner::SystemdUserUnit {
+                unit: format!("docker-{ID64}.scope"),
+                uid: 1001
+            }
+        );
+        assert_eq!(
+            mallory("evil.service/system.slice/slurmstepd.scope/job_777/step_0"),
+            Owner::SystemdUserUnit {
+                unit: "evil.service".into(),
+                uid: 1001
+            }
+        );
+        // A system service with Delegate=yes: its own sub-cgroups stay the service's.
+        assert_eq!(
+            v2("/system.slice/ci-runner.service/slurm/uid_0/job_777/step_0"),
+            Owner::SystemdUnit {
+                unit: "ci-runner.service".into()
+            }
+        );
+        assert_eq!(
+            v2(&format!("/system.slice/ci-runner.service/docker/{ID64}")),
+            Owner::SystemdUnit {
+                unit: "ci-runner.service".into()
+            }
+        );
+        // Slurm's names one level off their place.
+        assert_eq!(v2("/a/slurm/uid_0/job_777/step_0"), Owner::None);
+        assert_eq!(v2("/slurm/job_777/step_0"), Owner::None);
+        for off in ["/", "/machine.slice/"] {
+            assert_eq!(
+                v2(&format!("{off}slurmstepd.scope/job_777/step_0")),
+                Owner::SystemdScope {
+                    scope: "slurmstepd.scope".into(),
+                    uid: None
+                }
+            );
+        }
+        // The job sits at its fixed depth: what a job's user creates below its step (Slurm's
+        // v1 plugin gives the step's directory to the user) names no other job.
+        assert_eq!(
+            owner("4:freezer:/slurm/uid_1000/job_5/step_0/slurm/uid_1000/job_777/step_0\n"),
+            Owner::SlurmJob {
+                job_id: 5,
+                step: Some("0".into()),
+                uid: Some(1000),
+                from_environ: false,
+            }
+        );
+        // A Slurm job inside a container is not the host's job.
+        assert_eq!(
+            v2(&format!("/docker/{ID64}/slurm/uid_0/job_777/step_0")),
+            Owner::Container {
+                runtime: ContainerRuntime::Docker,
+                id: ID64.into()
+            }
+        );
+        // Container scopes outside the system manager's slices; cgroupfs ids off the root.
+        assert_eq!(v2(&format!("/a/docker/{ID64}")), Owner::None);
+        assert_eq!(v2(&format!("/docker/x/{ID64}")), Owner::None);
+        // A pod deeper than its QoS directory (inside some container) is not a pod.
+        assert_eq!(
+            v2(&format!(
+                "/kubepods/burstable/{ID64}/pod1fe19bf5-e8ef-11e8-900c-52daee5a874d"
+            )),
+            Owner::None
+        );
+    }
+
     #[test]
     fn slurm_beats_systemd_in_hybrid() {
         let info = parse_cgroup(
@@ -977,11 +1175,15 @@ mod tests {
             v2(&format!("/libpod_parent/libpod-{ID64}")),
             c(ContainerRuntime::Podman)
         );
+        // Rootless podman is its user's own cgroup: a unit of the user's manager.
         assert_eq!(
             v2(&format!(
                 "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope"
             )),
-            c(ContainerRuntime::Podman)
+            Owner::SystemdUserUnit {
+                unit: format!("libpod-{ID64}.scope"),
+                uid: 1000
+            }
         );
         assert_eq!(c(ContainerRuntime::Docker).label(), "docker 3f2a1b4c5d6e");
         assert_eq!(c(ContainerRuntime::CriO).label(), "cri-o 3f2a1b4c5d6e");
@@ -1247,21 +1449,29 @@ mod tests {
     #[test]
     fn the_environment_names_a_slurm_job_as_a_marked_fallback() {
         let environ = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0HOME=/root\0";
-        let owner = slurm_job_from_environ(environ).unwrap();
+        let owner = slurm_job_from_environ(environ, 1001).unwrap();
         assert_eq!(
             owner,
             Owner::SlurmJob {
                 job_id: 4242,
                 step: Some("0".into()),
-                uid: None,
+                uid: Some(1001),
                 from_environ: true,
             }
         );
         assert_eq!(owner.label(), "slurm 4242.0 (env)");
-        assert_eq!(slurm_job_from_environ(b"HOME=/root\0"), None);
-        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0"), None);
+        // Kept as uid 1001's claim, apart from the job a cgroup names.
+        let key = OwnerMatch::of(&owner).unwrap();
+        assert_eq!(key.to_string(), "slurm:4242@1001");
+        assert_eq!(key, "slurm:4242@1001".parse().unwrap());
+        assert!(key.matches(&owner));
+        let anchored = v2("/system.slice/slurmstepd.scope/job_4242/step_0");
+        assert!(!key.matches(&anchored));
+        assert!(OwnerMatch::SlurmJob(4242).matches(&owner));
+        assert_eq!(slurm_job_from_environ(b"HOME=/root\0", 0), None);
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0", 0), None);
         // A step id that is not a plain word is left out, not shown.
-        let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0").unwrap();
+        let odd = slurm_job_from_environ(b"SLURM_JOB_ID=7\0SLURM_STEP_ID=\x1b[2J\0", 0).unwrap();
         assert_eq!(odd.label(), "slurm 7 (env)");
     }
 
@@ -1302,8 +1512,14 @@ mod tests {
             container_id: Some("9ec39b91f3d7".into()),
             runtime: None,
         };
+        let claim = Owner::SlurmJob {
+            job_id: 42,
+            step: None,
+            uid: Some(1001),
+            from_environ: true,
+        };
         // Each owner's key reads back as the selector that matches it.
-        for owner in [&slurm, &container, &unit, &pod] {
+        for owner in [&slurm, &claim, &container, &unit, &pod] {
             let key = OwnerMatch::of(owner).unwrap().to_string();
             assert!(key.parse::<OwnerMatch>().unwrap().matches(owner), "{key}");
         }
@@ -1314,6 +1530,10 @@ mod tests {
             "slurm",
             "slurm:",
             "slurm:abc",
+            "slurm:+5",
+            "slurm:42@",
+            "slurm:42@alice",
+            "slurm:@1000",
             "pod:1234",
             "vm:x",
             ":42",

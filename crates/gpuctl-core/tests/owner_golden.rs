@@ -95,3 +95,45 @@ fn cgroup_fixture_labels() {
     );
     assert_eq!(label("27-root-v2"), "-");
 }
+
+/// A user's own delegated subtree (`user@UID.service`, a service with `Delegate=yes`) may
+/// hold any cgroup name: a Slurm job's or a container's there names neither, and the table
+/// says whose cgroup it is.
+#[test]
+fn names_below_a_delegation_are_not_jobs_or_containers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup");
+    let owner = |name: &str| {
+        let input = fs::read_to_string(root.join(name).join("cgroup"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        parse_cgroup(&input).owner
+    };
+    for name in [
+        "30-hostile-slurm-under-user-manager-v2",
+        "31-hostile-slurm-v1-form-under-user-manager-v2",
+        "32-hostile-slurmstepd-scope-under-user-manager-v2",
+        "33-hostile-docker-scope-under-user-manager-v2",
+        "34-hostile-docker-cgroupfs-under-user-manager-v2",
+        "35-hostile-kubepods-under-user-manager-v2",
+        "36-hostile-slurm-under-delegated-service-v2",
+        "37-hostile-slurm-under-user-manager-hybrid",
+    ] {
+        let json = serde_json::to_value(owner(name)).expect("owner serializes");
+        let kind = json["kind"].as_str().unwrap_or_default().to_string();
+        assert!(
+            kind == "systemd_unit" || kind == "systemd_user_unit",
+            "{name}: {json}"
+        );
+    }
+    assert_eq!(
+        owner("30-hostile-slurm-under-user-manager-v2").label(),
+        "user@1001.service"
+    );
+    assert_eq!(
+        owner("33-hostile-docker-scope-under-user-manager-v2").label(),
+        "user 1001: docker-9ec39b91f…"
+    );
+    assert_eq!(
+        owner("38-slurm-v2-multiple-slurmd-step0").label(),
+        "slurm 280679.0"
+    );
+}

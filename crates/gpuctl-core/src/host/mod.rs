@@ -398,7 +398,8 @@ impl ProcView {
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
         // No cgroup names a job (Slurm's proctrack/linuxproc leaves job processes in
         // slurmd's own unit, or in none): the environment's SLURM_JOB_ID, where this user
-        // may read it (root, or the process's owner), is the fallback.
+        // may read it (root, or the process's owner), is the fallback. Any process can set
+        // it, so it is kept as its uid's claim (`slurm:JOB@UID`), never the job itself.
         let environ_owner = match cgroup.as_ref().map(|c| &c.owner) {
             None | Some(Owner::None) => true,
             Some(Owner::SystemdUnit { unit }) => unit == "slurmd.service",
@@ -406,7 +407,7 @@ impl ProcView {
         }
         .then(|| read_relative(&process, "environ", pid).ok())
         .flatten()
-        .and_then(|environ| crate::owner::slurm_job_from_environ(&environ));
+        .and_then(|environ| crate::owner::slurm_job_from_environ(&environ, uid));
         let age_seconds = self.age_of(stat.starttime);
         Ok(HostProcess {
             confirmed: true,

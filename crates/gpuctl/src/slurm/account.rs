@@ -36,6 +36,24 @@ struct AccountLine {
     reason: Option<String>,
 }
 
+/// One job's peaks from its two keys. Each is the highest sum one look saw; seen apart,
+/// the larger per GPU is what is known to have been held at once.
+fn merge(a: Option<OwnerPeaks>, b: Option<OwnerPeaks>) -> Option<OwnerPeaks> {
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            for (uuid, peak) in b.gpus {
+                let mine = a.gpus.entry(uuid).or_default();
+                *mine = (*mine).max(peak);
+            }
+            a.user = a.user.or(b.user);
+            a.first_seen_unix = a.first_seen_unix.min(b.first_seen_unix);
+            a.last_seen_unix = a.last_seen_unix.max(b.last_seen_unix);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct AccountGpu {
     index: Option<u32>,
@@ -92,12 +110,18 @@ impl Account {
     /// Takes the job's peaks from the watchdog's store and writes the line: to
     /// slurm-jobs.jsonl in the state directory, and to the job's AdminComment where Slurm
     /// accepts it.
+    ///
+    /// The job's peaks are those the watchdog kept under `slurm:ID` (processes a job cgroup
+    /// names, which only slurmstepd makes) and under `slurm:ID@UID` for the job's own uid
+    /// (processes only their environment ties to the job): another user's process that
+    /// claims the job by its environment is kept under its own uid and never taken here.
     pub fn finish(self, log: &Log, reason: Option<&str>) {
         let peaks: Option<OwnerPeaks> = log.dir.as_deref().and_then(|dir| {
-            PeakStore::in_dir(dir)
-                .take_owner(&self.job.owner_key())
-                .ok()
-                .flatten()
+            let store = PeakStore::in_dir(dir);
+            let take = |key: &str| store.take_owner(key).ok().flatten();
+            let named = take(&self.job.owner_key());
+            let claimed = self.job.claim_key().and_then(|key| take(&key));
+            merge(named, claimed)
         });
         let mut by_uuid: BTreeMap<String, u64> =
             peaks.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();

@@ -12,6 +12,9 @@ pub struct Job {
     /// As Slurm names them: GPU indices, or UUIDs (GPU-…, MIG-…).
     pub gpus: Vec<String>,
     pub user: Option<String>,
+    /// The job's user: SLURM_JOB_UID, which slurmd gives the prolog and epilog, else
+    /// SLURM_JOB_USER resolved. Only its processes are the job's to end and account.
+    pub uid: Option<u32>,
     pub node: String,
 }
 
@@ -26,13 +29,15 @@ impl Job {
         let Ok(id) = id.parse::<u64>() else {
             return Err(Usage(format!("SLURM_JOB_ID '{id}' is not a job id")).into());
         };
+        let user = var("SLURM_JOB_USER");
         Ok(Job {
             id,
             gpus: job_gpus(
                 var("SLURM_JOB_GPUS").as_deref(),
                 var("CUDA_VISIBLE_DEVICES").as_deref(),
             ),
-            user: var("SLURM_JOB_USER"),
+            uid: job_uid(var("SLURM_JOB_UID").as_deref(), user.as_deref()),
+            user,
             node: node_name(None),
         })
     }
@@ -47,6 +52,31 @@ impl Job {
         self.owner_key()
             .parse()
             .map_err(|e: String| anyhow::anyhow!(e))
+    }
+
+    /// `slurm:ID@UID`: where the watchdog keeps the peaks of the job's user's processes
+    /// that only their environment ties to the job (proctrack/linuxproc). Other users'
+    /// claims on the job are kept under their own uid, and never taken.
+    pub fn claim_key(&self) -> Option<String> {
+        self.uid.map(|uid| {
+            OwnerMatch::SlurmClaim {
+                job_id: self.id,
+                uid,
+            }
+            .to_string()
+        })
+    }
+}
+
+/// SLURM_JOB_UID, else the uid of SLURM_JOB_USER; `None` when neither tells.
+fn job_uid(slurm_job_uid: Option<&str>, user: Option<&str>) -> Option<u32> {
+    if let Some(uid) = slurm_job_uid.and_then(|u| u.trim().parse().ok()) {
+        return Some(uid);
+    }
+    let user = user?;
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Some(found.uid.as_raw()),
+        _ => None,
     }
 }
 
@@ -91,6 +121,15 @@ pub fn node_name(given: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jobs_uid_is_slurms_else_its_users() {
+        assert_eq!(job_uid(Some("1000"), Some("root")), Some(1000));
+        assert_eq!(job_uid(None, Some("root")), Some(0));
+        assert_eq!(job_uid(Some("x"), Some("root")), Some(0));
+        assert_eq!(job_uid(Some("x"), None), None);
+        assert_eq!(job_uid(None, Some("no-such-user-gpuctl")), None);
+    }
 
     #[test]
     fn job_gpus_prefers_slurm_and_mig_instances() {

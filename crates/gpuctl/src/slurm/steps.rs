@@ -48,22 +48,42 @@ pub fn prolog(job: &Job, wait: Duration, session: &Session, log: &Log) -> Result
 
 /// End the job's leftovers (each given `timeout` after SIGTERM), check its GPUs are
 /// released, restore their settings.
+///
+/// A leftover is a process the job names (its cgroup, or its environment) that runs as the
+/// job's user: anyone can set SLURM_JOB_ID, and a cgroup in a user's own delegated subtree
+/// is not the job's, so another user's process is never ended (nor accounted) as the job's.
 pub fn epilog(
     job: &Job,
     timeout: Duration,
     session: &Session,
     account: &mut Account,
 ) -> Result<Vec<String>> {
-    let request = KillRequest {
-        owners: vec![job.owner()?],
-        ending: Ending {
-            signal: Signal::TERM,
-            timeout,
-        },
-        ..KillRequest::default()
-    };
     let mut problems = Vec::new();
-    let Killed { outcomes, refused } = reclaim::kill(session, &request)?.unwrap_or(Killed {
+    let killed = match job.uid {
+        Some(uid) => {
+            let request = KillRequest {
+                owners: vec![job.owner()?],
+                uids: vec![uid],
+                ending: Ending {
+                    signal: Signal::TERM,
+                    timeout,
+                },
+                ..KillRequest::default()
+            };
+            reclaim::kill(session, &request)?
+        }
+        None => {
+            // slurmd always gives SLURM_JOB_UID: without it, whose processes are the job's
+            // cannot be told, and none is ended on a guess.
+            problems.push(format!(
+                "job {}: its user is unknown (no SLURM_JOB_UID, no SLURM_JOB_USER that \
+                 resolves): no process ended",
+                job.id
+            ));
+            None
+        }
+    };
+    let Killed { outcomes, refused } = killed.unwrap_or(Killed {
         outcomes: Vec::new(),
         refused: Vec::new(),
     });
