@@ -329,7 +329,10 @@ pub struct KillArgs {
 
     /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
     /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several.
-    /// A Slurm epilog ends a finished job's leftovers with --owner slurm:$SLURM_JOB_ID.
+    /// slurm:JOBID also matches processes that only their environment ties to the job
+    /// (proctrack/linuxproc, shown "(env)"): any user can set that, so add --user, or use
+    /// slurm:JOBID@UID, the job as that user's processes claim it. The Slurm epilog ends a
+    /// finished job's leftovers of the job's own user only.
     #[arg(long = "owner", value_name = "KIND:ID")]
     pub owners: Vec<OwnerMatch>,
 
