@@ -5,6 +5,7 @@ mod util;
 mod exit_codes;
 mod holders;
 mod hostile;
+mod hostile_misc;
 mod info;
 mod kill_clear;
 mod mig;

@@ -28,7 +28,10 @@ fn main() {
     let settings = match Settings::load(&cli) {
         Ok(settings) => settings,
         Err(error) => {
-            eprintln!("gpuctl-watchdog: {error}");
+            eprintln!(
+                "gpuctl-watchdog: {}",
+                gpuctl_core::text::escape(&error.to_string())
+            );
             std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
         }
     };

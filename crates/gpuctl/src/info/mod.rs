@@ -155,7 +155,7 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
             io::stderr().lock(),
             "gpuctl: GPU {}: {}",
             gpu.index,
-            gpu.error.as_deref().unwrap_or("cannot be read")
+            gpuctl_core::text::escape(gpu.error.as_deref().unwrap_or("cannot be read"))
         );
         exit = Exit::Failed;
     }

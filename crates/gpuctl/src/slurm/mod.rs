@@ -158,7 +158,10 @@ impl Log {
         }
     }
 
+    /// `text` escaped (it quotes command names and errors that users chose): a line of
+    /// slurm.log or stderr cannot retitle or repaint the terminal that reads it.
     fn line(&self, text: &str) {
+        let text = gpuctl_core::text::escape(text);
         eprintln!("gpuctl slurm {}: {text}", self.command);
         if let Some(dir) = &self.dir {
             let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
