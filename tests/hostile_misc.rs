@@ -158,3 +158,25 @@ fn the_watchdogs_log_lines_escape_what_a_process_chose() {
     assert!(line.contains("\\\\e]0;PWN\\\\x07"), "{line:?}");
     assert_eq!(raw_controls(&run.stderr), [], "{:?}", run.stderr);
 }
+
+/// The health check cannot reach Slurm (scontrol fails, as without SLURM_CONF for a
+/// non-default location): the reason is in slurm.log, where admins look, not only on the
+/// stderr slurmd discards.
+#[test]
+fn a_health_check_that_cannot_reach_slurm_says_why_in_slurm_log() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    let run = slurm_script(
+        &sim,
+        "healthcheck.sh",
+        &[("SLURMD_NODENAME", "gpu7")],
+        "echo 'slurm_load_node error: Unable to contact slurm controller' >&2\nexit 1",
+    );
+    assert_eq!(run.code, 1, "{run:?}");
+    let log = slurm_log(&sim);
+    assert!(
+        log.contains("healthcheck: ")
+            && log.contains("gpu7")
+            && log.contains("Unable to contact slurm controller"),
+        "{log:?}"
+    );
+}
