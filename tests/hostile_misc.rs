@@ -180,3 +180,83 @@ fn a_health_check_that_cannot_reach_slurm_says_why_in_slurm_log() {
         "{log:?}"
     );
 }
+
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes nothing, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// As root, GPUCTL_NVML_LIB and GPUCTL_DEV_DIR follow the configuration's trust rule: a
+/// library in a directory others may write, or owned by another user, is refused with the
+/// usage status before anything is loaded (the "library" here is not one: loading it would
+/// fail with status 3, NVML unavailable), by gpuctl and by the watchdog alike.
+#[test]
+fn as_root_a_library_or_device_directory_others_control_is_refused_before_loading() {
+    if !is_root() {
+        eprintln!("skipped: the rule applies to root");
+        return;
+    }
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    // The suite's own library and scratch directories pass.
+    assert_eq!(sim.run(&["info"]).code, 0);
+
+    let open = tempfile::tempdir().unwrap();
+    chmod(open.path(), 0o777);
+    let fake = open.path().join("fake.so");
+    std::fs::write(&fake, "not a library\n").unwrap();
+    chmod(&fake, 0o755);
+    let run = Run::from(
+        sim.gpuctl(&["info"])
+            .env("GPUCTL_NVML_LIB", &fake)
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(2, "GPUCTL_NVML_LIB=");
+    assert!(
+        run.stderr.contains("writable by everyone") && run.stderr.contains("not used as root"),
+        "{}",
+        run.stderr
+    );
+
+    // A real library, in a root directory, but owned by another user.
+    let closed = tempfile::tempdir().unwrap();
+    let theirs = closed.path().join("libnvml_sim.so");
+    std::fs::copy(sim_lib(), &theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+    let run = Run::from(
+        sim.gpuctl(&["info"])
+            .env("GPUCTL_NVML_LIB", &theirs)
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(2, "owned by uid 65534");
+    let run = Run::from(
+        Command::new(watchdog_bin())
+            .arg("--once")
+            .env("GPUCTL_NVML_LIB", &theirs)
+            .env("NVML_SIM_SCENARIO", sim.scenario_path())
+            .env("NVML_SIM_STATE", sim.state_path())
+            .env("GPUCTL_CONFIG", sim.config_path())
+            .env_remove("JOURNAL_STREAM")
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(2, "GPUCTL_NVML_LIB=");
+
+    // A device directory another user owns.
+    let dev = closed.path().join("dev");
+    std::fs::create_dir(&dev).unwrap();
+    std::os::unix::fs::chown(&dev, Some(65534), None).unwrap();
+    let run = Run::from(
+        sim.gpuctl(&["info"])
+            .env("GPUCTL_DEV_DIR", &dev)
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(2, "GPUCTL_DEV_DIR=");
+}

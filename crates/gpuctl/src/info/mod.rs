@@ -50,6 +50,8 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let started = Instant::now();
     let loaded = readable_config();
     let configured = loaded.as_ref().and_then(config::Loaded::nvml_timeout);
+    // Checked before NVML is loaded: a refused GPUCTL_DEV_DIR stops the command first.
+    let dev_dir = config::device_dir(loaded.as_ref())?;
     let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
     let opened = started.elapsed();
     // `--gpu` may name MIG instances: their GPU is read, and only those instances shown.
@@ -58,7 +60,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         .transpose()?;
     let options = SnapshotOptions {
         holders: Some(HolderScan {
-            dev_dir: config::device_dir(loaded.as_ref()),
+            dev_dir,
             above_unattributed: (!args.holders).then(|| {
                 loaded
                     .as_ref()
