@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::util::{
-    ComputeMode, GIB, Gpu, MIB, Proc, Process, Run, Scenario, Sim, sim_lib, testproc_bin,
+    ComputeMode, GIB, Gpu, MIB, Proc, Process, Run, Scenario, Sim, is_root, sim_lib, testproc_bin,
     watchdog_bin,
 };
 
@@ -181,11 +181,6 @@ fn a_health_check_that_cannot_reach_slurm_says_why_in_slurm_log() {
     );
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid(2) takes nothing, cannot fail and touches no memory of ours.
-    unsafe { libc::geteuid() == 0 }
-}
-
 fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -259,4 +254,36 @@ fn as_root_a_library_or_device_directory_others_control_is_refused_before_loadin
             .unwrap(),
     );
     run.assert_one_line_error(2, "GPUCTL_DEV_DIR=");
+}
+
+/// The device directory lacks the GPU's file (a wrong dev_dir, a container without the
+/// device files): the scan cannot look for its holders, and `info` says so and why rather
+/// than "no process holds nvidia0".
+#[test]
+fn a_device_file_missing_from_the_device_directory_is_not_reported_as_unheld() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new().leaked(2 * GIB)));
+    let dev = sim.dev_dir();
+    assert!(!dev.join("nvidia0").exists());
+    let why = format!(
+        "{} does not exist (dev_dir {})",
+        dev.join("nvidia0").display(),
+        dev.display()
+    );
+    let table = sim.run(&["info"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table
+            .stdout
+            .contains(&format!("holders of nvidia0 not looked for: {why}")),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        !table.stdout.contains("no process holds"),
+        "{}",
+        table.stdout
+    );
+    let doc = sim.json(&["info", "--holders"]);
+    assert_eq!(doc["devices"][0]["holders_not_scanned"], why.as_str());
+    assert_eq!(doc["devices"][0]["holders"], serde_json::json!([]));
 }
