@@ -75,6 +75,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let protection = loaded.as_ref().map_or_else(Protection::built_in, |loaded| {
         Protection::configured(&loaded.protect())
     });
+    let warned = std::cell::Cell::new(false);
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
         if let Some(places) = &places {
@@ -84,6 +85,12 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         classify::holders::annotate(&mut snapshot);
         if let Some(store) = &peaks {
             let marks = store.observe(&snapshot);
+            // Once, not every frame of --watch.
+            if let Some(warning) = store.oversized_warning()
+                && !warned.replace(true)
+            {
+                eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
+            }
             for gpu in &mut snapshot.devices {
                 gpu.peak = gpu.uuid.as_ref().and_then(|uuid| marks.get(uuid).copied());
             }
