@@ -5,6 +5,7 @@ mod util;
 mod exit_codes;
 mod holders;
 mod hostile;
+mod hostile_misc;
 mod hostile_owner;
 mod hostile_protect;
 mod hostile_reuse;

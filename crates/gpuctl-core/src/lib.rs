@@ -26,6 +26,7 @@ pub mod select;
 pub mod settings;
 pub mod snapshot;
 pub mod sys;
+pub mod text;
 pub mod units;
 pub mod verify;
 

@@ -64,6 +64,20 @@ pub fn library_path() -> String {
         .unwrap_or_else(|| DEFAULT_LIB.to_string())
 }
 
+/// [`library_path`] as this process may load it: under euid 0 a path from `GPUCTL_NVML_LIB`
+/// must be root's down the whole path (`config::trusted_by_root`; `sudo -E` keeps the
+/// variable, and loading runs the library's constructors as root), and its resolved path is
+/// what is loaded. Checked before anything is loaded. A bare name (no `/`) is looked up by the
+/// dynamic loader in the system's directories, as the default is.
+pub fn checked_library_path() -> Result<String> {
+    let library = library_path();
+    if !library.contains('/') {
+        return Ok(library);
+    }
+    let path = crate::config::root_may_use(LIB_ENV, std::path::Path::new(&library))?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
 /// An initialised NVML library. Hold one for the life of the process (or until the driver
 /// goes away); NVML is shut down when it is dropped (and no call on it is still blocked).
 pub struct Gpus {
@@ -93,9 +107,9 @@ impl std::fmt::Debug for Gpus {
 }
 
 impl Gpus {
-    /// Loads and initialises NVML from [`library_path`].
+    /// Loads and initialises NVML from [`checked_library_path`].
     pub fn open() -> Result<Gpus> {
-        Gpus::open_library(&library_path())
+        Gpus::open_library(&checked_library_path()?)
     }
 
     pub fn open_library(library: &str) -> Result<Gpus> {
@@ -116,7 +130,7 @@ impl Gpus {
     pub fn open_within(timeout: Duration) -> Result<Gpus> {
         // Before the first thread: growing the table later waits on RCU (see the function).
         crate::sys::limits::reserve_descriptors(1024);
-        let library = library_path();
+        let library = checked_library_path()?;
         let (answer, answered) = mpsc::channel();
         let opening = library.clone();
         std::thread::spawn(move || {

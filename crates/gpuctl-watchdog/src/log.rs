@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use gpuctl_core::text::needs_escape;
 use log::{Level, Record};
 use systemd_journal_logger::JournalLog;
 
@@ -48,7 +49,13 @@ impl Logger {
         Logger { journal }
     }
 
+    /// MESSAGE is escaped (`gpuctl_core::text::escape`): it quotes command names and users
+    /// that users chose, and journalctl and a terminal tailing stderr print it. The other
+    /// fields keep the exact text, as the JSON documents do: journald stores them as data
+    /// (journalctl shows one holding a control character as a blob unless asked with
+    /// --all), and on stderr logfmt quotes them with every control escaped.
     pub fn log(&self, priority: Priority, message: &str, fields: &[(&str, String)]) {
+        let message = &*gpuctl_core::text::escape(message);
         debug_assert!(
             fields.iter().all(|(key, _)| is_journal_field_name(key)),
             "the journal logger would rename one of {fields:?}"
@@ -110,13 +117,13 @@ pub fn logfmt(priority: Priority, message: &str, fields: &[(&str, String)]) -> S
     line
 }
 
-/// A value as logfmt writes it: bare when it can be, else in double quotes with `"`, `\` and
-/// control characters escaped.
+/// A value as logfmt writes it: bare when it can be, else in double quotes with `"`, `\`,
+/// control characters and bidirectional controls escaped.
 fn quote(value: &str) -> String {
     let bare = !value.is_empty()
         && value
             .chars()
-            .all(|c| !c.is_whitespace() && !c.is_control() && !matches!(c, '"' | '=' | '\\'));
+            .all(|c| !c.is_whitespace() && !needs_escape(c) && !matches!(c, '"' | '=' | '\\'));
     if bare {
         return value.to_string();
     }
@@ -127,7 +134,7 @@ fn quote(value: &str) -> String {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if needs_escape(c) => out.push_str(&format!("\\u{:04x}", c as u32)),
             c => out.push(c),
         }
     }
@@ -154,6 +161,19 @@ mod tests {
         assert_eq!(
             line,
             "PRIORITY=5 MESSAGE=\"pid 7 reclaimed\" PID=7 REASON=\"say \\\"hi\\\"\\nnow\" USER=\"\"\n"
+        );
+    }
+
+    #[test]
+    fn logfmt_escapes_terminal_and_bidi_controls_in_every_value() {
+        let line = logfmt(
+            Priority::Notice,
+            "m",
+            &[("COMMAND", "a\u{202e}b\x1bc\u{9b}".into())],
+        );
+        assert_eq!(
+            line,
+            "PRIORITY=5 MESSAGE=m COMMAND=\"a\\u202eb\\u001bc\\u009b\"\n"
         );
     }
 

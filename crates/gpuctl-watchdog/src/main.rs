@@ -28,10 +28,22 @@ fn main() {
     let settings = match Settings::load(&cli) {
         Ok(settings) => settings,
         Err(error) => {
-            eprintln!("gpuctl-watchdog: {error}");
+            eprintln!(
+                "gpuctl-watchdog: {}",
+                gpuctl_core::text::escape(&error.to_string())
+            );
             std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
         }
     };
+    // A library root may not load (GPUCTL_NVML_LIB) is a refusal at start, not an NVML
+    // outage to retry.
+    if let Err(error) = gpuctl_core::nvml::checked_library_path() {
+        eprintln!(
+            "gpuctl-watchdog: {}",
+            gpuctl_core::text::escape(&error.to_string())
+        );
+        std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
+    }
     if let Err(error) = signals::install() {
         eprintln!("gpuctl-watchdog: cannot install signal handlers: {error}");
         std::process::exit(Exit::Failed.code().into());

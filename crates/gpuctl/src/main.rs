@@ -94,7 +94,9 @@ fn report(error: &anyhow::Error) -> ExitCode {
     } else {
         gpuctl_core::error::exit_of(error.as_ref())
     };
+    // Folded onto one line, then escaped: an error may quote what a user chose.
     let message = format!("{error:#}").replace('\n', " ");
+    let message = gpuctl_core::text::escape(&message);
     let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");
     ExitCode::from(exit)
 }

@@ -1,6 +1,5 @@
 //! Terminal presentation: colors, widths and human-readable figures.
 
-use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use gpuctl::cli::ColorChoice;
@@ -142,46 +141,9 @@ pub fn age(seconds: u64) -> String {
     }
 }
 
-/// The most characters of one process-supplied field (a command line, a reason quoting
-/// one) that plain output shows: a 100 KiB command line stays one readable row.
-pub const FIELD_CAP: usize = 4096;
-
-/// Text a process or a user chose (a command line, a user, unit or cgroup name), made safe
-/// to print on a terminal, as htop and nvitop do: control characters (C0, DEL, C1), which
-/// could move the cursor, retitle or repaint the terminal, hide a row or start a new one,
-/// and the bidirectional controls that reorder what is shown, are written as escapes (`\n`,
-/// `\t`, `\e`, `\x7f`, `\u{9b}`, `\u{202e}`); then it is cut to [`FIELD_CAP`] characters.
-/// JSON output is never passed through this: serde escapes it exactly.
-pub fn safe(text: &str) -> Cow<'_, str> {
-    let needs_escape = |c: char| c.is_control() || is_bidi_control(c);
-    if !text.chars().any(needs_escape) && text.len() <= FIELD_CAP {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len().min(FIELD_CAP) + 8);
-    for (shown, c) in text.chars().enumerate() {
-        if shown >= FIELD_CAP {
-            out.push('…');
-            break;
-        }
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            '\x1b' => out.push_str("\\e"),
-            c if (c as u32) < 0x80 && needs_escape(c) => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// Unicode's explicit directional marks, embeddings, overrides and isolates.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
+/// Text a process or a user chose, escaped and cut for a table cell: the one escaping that
+/// every log line, drain reason and stderr message shares lives in gpuctl-core.
+pub use gpuctl_core::text::safe;
 
 /// Cuts `text` to `width` characters, marking the cut.
 pub fn cut(text: &str, width: usize, unicode: bool) -> String {
@@ -257,39 +219,5 @@ mod tests {
         assert_eq!(style.bar(0.5, 10), "#####.....");
         assert_eq!(style.bar(2.0, 4), "####");
         assert_eq!(style.bar(f64::NAN, 4).len(), 4);
-    }
-
-    #[test]
-    fn what_a_process_chose_cannot_reach_the_terminal() {
-        assert!(matches!(
-            safe("python3 train.py --lr 3e-4"),
-            Cow::Borrowed(_)
-        ));
-        assert_eq!(
-            safe("a\x1b]0;title\x07b\x1b[2Jc\nd\te\r"),
-            "a\\e]0;title\\x07b\\e[2Jc\\nd\\te\\r"
-        );
-        assert_eq!(
-            safe("x\u{7f}\u{9b}31m\u{202e}gpj.exe"),
-            "x\\x7f\\u{9b}31m\\u{202e}gpj.exe"
-        );
-        assert_eq!(safe("C:\\path ünïcode ✓ 日本"), "C:\\path ünïcode ✓ 日本");
-        let long = "y".repeat(100 * 1024);
-        let shown = safe(&long);
-        assert_eq!(shown.chars().count(), FIELD_CAP + 1);
-        assert!(shown.ends_with('…'));
-        assert!(!safe("\u{0}\u{1f}").chars().any(char::is_control));
-    }
-
-    proptest::proptest! {
-        /// Whatever a process puts in its command line, what is printed holds no control
-        /// character nor bidirectional control, and no more than the cap (an escape is at most 8
-        /// characters).
-        #[test]
-        fn nothing_a_process_chose_is_printed_raw(text in proptest::prelude::any::<String>()) {
-            let shown = safe(&text);
-            proptest::prop_assert!(!shown.chars().any(|c| c.is_control() || is_bidi_control(c)));
-            proptest::prop_assert!(shown.chars().count() <= FIELD_CAP * 8 + 1);
-        }
     }
 }

@@ -21,6 +21,7 @@ mod write;
 pub use fraction::{FractionInForce, fraction_for};
 use parse::*;
 pub use parse::{parse, parse_fraction};
+pub use trust::trusted_by_root;
 use trust::*;
 pub use write::{FractionScope, set_fraction};
 
@@ -43,13 +44,34 @@ pub const DEV_DIR_ENV: &str = "GPUCTL_DEV_DIR";
 pub const DEFAULT_HOLDERS_THRESHOLD: u64 = 1 << 30;
 
 /// Where the NVIDIA device files are: `GPUCTL_DEV_DIR`, else the configuration's `dev_dir`,
-/// else /dev.
-pub fn device_dir(loaded: Option<&Loaded>) -> PathBuf {
-    std::env::var_os(DEV_DIR_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| loaded.and_then(Loaded::dev_dir).map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from("/dev"))
+/// else /dev. Under euid 0, `GPUCTL_DEV_DIR` must pass [`trusted_by_root`] (`sudo -E` keeps
+/// it, and a directory a user controls decides whose processes `clear --holders` ends); its
+/// resolved path is returned.
+pub fn device_dir(loaded: Option<&Loaded>) -> Result<PathBuf, ConfigError> {
+    match std::env::var_os(DEV_DIR_ENV).filter(|dir| !dir.is_empty()) {
+        Some(dir) => root_may_use(DEV_DIR_ENV, Path::new(&dir)),
+        None => Ok(loaded
+            .and_then(Loaded::dev_dir)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/dev"))),
+    }
+}
+
+/// `path`, named by the environment variable `name`: as it is for a user, and for root
+/// only where [`trusted_by_root`] says so (resolved), else a usage error that names the
+/// variable and why (exit status 2, as an untrusted configuration file).
+pub fn root_may_use(name: &str, path: &Path) -> Result<PathBuf, ConfigError> {
+    if !geteuid().is_root() {
+        return Ok(path.to_path_buf());
+    }
+    trusted_by_root(path).map_err(|why| ConfigError::Untrusted {
+        path: path.to_path_buf(),
+        message: format!(
+            "{name}={}: not used as root: {why} (it must be root's and writable by root alone, \
+             with every directory above it)",
+            path.display()
+        ),
+    })
 }
 
 /// The watchdog's state directory, where other programs read what it writes (findings,

@@ -213,3 +213,105 @@ pub(super) fn check_trust(
         ),
     })
 }
+
+/// Why root may not use `path`, named by an environment variable (a library to load, a
+/// device directory), if it may not: the sudoers rule ([`root_problems`]) for it and every
+/// directory above it, symbolic links resolved, so that nobody but root can change what it
+/// names between this check and its use. Returns the resolved path, which is what is to be
+/// used. A path that does not exist (yet) is judged by its deepest existing directory, which
+/// must then be writable by root alone, sticky or not: anyone who may create the rest could.
+pub fn trusted_by_root(path: &Path) -> Result<PathBuf, String> {
+    if !path.is_absolute() {
+        return Err("not an absolute path".to_string());
+    }
+    let mut missing = Vec::new();
+    let mut existing = path;
+    let real = loop {
+        match fs::canonicalize(existing) {
+            Ok(real) => break real,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                    return Err(format!("{} cannot be read ({error})", existing.display()));
+                };
+                missing.push(name.to_os_string());
+                existing = parent;
+            }
+            Err(error) => return Err(format!("{} cannot be read ({error})", existing.display())),
+        }
+    };
+    for (depth, step) in real.ancestors().enumerate() {
+        let meta =
+            fs::metadata(step).map_err(|e| format!("{} cannot be read ({e})", step.display()))?;
+        let mut problems = root_problems(meta.uid(), meta.gid(), meta.mode(), meta.is_dir());
+        let others_write =
+            meta.mode() & 0o002 != 0 || (meta.mode() & 0o020 != 0 && meta.gid() != 0);
+        if depth == 0 && !missing.is_empty() && problems.is_empty() && others_write {
+            problems.push(format!(
+                "writable by others (with {} still to be created in it)",
+                missing
+                    .last()
+                    .map_or(String::new(), |m| m.to_string_lossy().into_owned())
+            ));
+        }
+        if !problems.is_empty() {
+            let what = if depth == 0 && missing.is_empty() {
+                format!("{} is", step.display())
+            } else {
+                format!("its directory {} is", step.display())
+            };
+            return Err(format!("{what} {}", problems.join(", and ")));
+        }
+    }
+    Ok(missing
+        .iter()
+        .rev()
+        .fold(real, |path, name| path.join(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(path: &Path, mode: u32) {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_path_root_may_use_is_roots_all_the_way_up() {
+        if !geteuid().is_root() {
+            eprintln!("skipped: needs root (files owned by root)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("lib.so");
+        fs::write(&lib, "").unwrap();
+        chmod(&lib, 0o755);
+        assert_eq!(trusted_by_root(&lib), Ok(fs::canonicalize(&lib).unwrap()));
+        // Not there yet, below a directory only root writes: fine.
+        let later = dir.path().join("dev/nvidia0");
+        assert!(trusted_by_root(&later).is_ok());
+
+        chmod(&lib, 0o666);
+        let why = trusted_by_root(&lib).unwrap_err();
+        assert!(why.ends_with("lib.so is writable by everyone"), "{why}");
+        chmod(&lib, 0o755);
+        // The directory is writable by others: sticky (as /tmp) or not, the file itself is
+        // root's, but what does not exist yet could be created by anyone.
+        chmod(dir.path(), 0o1777);
+        assert!(trusted_by_root(&lib).is_ok());
+        let why = trusted_by_root(&later).unwrap_err();
+        assert!(why.contains("writable by others"), "{why}");
+        chmod(dir.path(), 0o777);
+        let why = trusted_by_root(&lib).unwrap_err();
+        assert!(
+            why.starts_with("its directory ") && why.ends_with("writable by everyone"),
+            "{why}"
+        );
+        chmod(dir.path(), 0o700);
+        nix::unistd::chown(&lib, Some(Uid::from_raw(65534)), None).unwrap();
+        let why = trusted_by_root(&lib).unwrap_err();
+        assert!(why.contains("owned by uid 65534"), "{why}");
+        assert!(trusted_by_root(Path::new("lib.so")).is_err());
+    }
+}

@@ -22,6 +22,26 @@ pub enum DeviceFile {
     Uvm,
 }
 
+/// Why the holders of the GPU with minor number `minor` cannot be looked for in `dev_dir`,
+/// if they cannot: descriptors are matched by the file's path, so a device file missing from
+/// the device directory (a wrong `dev_dir`, a container without the files) would read as "no
+/// holder" when nothing was looked for.
+pub fn not_scannable(dev_dir: &Path, minor: Option<u32>) -> Option<String> {
+    let Some(minor) = minor else {
+        return Some("its minor number, and so its device file, is unknown".to_string());
+    };
+    let file = dev_dir.join(format!("nvidia{minor}"));
+    match std::fs::symlink_metadata(&file) {
+        Ok(_) => None,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some(format!(
+            "{} does not exist (dev_dir {})",
+            file.display(),
+            dev_dir.display()
+        )),
+        Err(error) => Some(format!("{} cannot be read ({error})", file.display())),
+    }
+}
+
 /// The device file a descriptor target names, if it is one in `dev_dir` (a path without a
 /// trailing slash, e.g. `/dev`).
 pub fn device_file(target: &[u8], dev_dir: &[u8]) -> Option<DeviceFile> {

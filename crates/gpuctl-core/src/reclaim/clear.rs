@@ -60,10 +60,13 @@ pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
         ..Policy::default()
     };
     let protection = Protection::configured(&loaded.protect());
-    let holders = request.holders.then(|| HolderScan {
-        dev_dir: config::device_dir(Some(loaded)),
-        above_unattributed: None,
-    });
+    let holders = match request.holders {
+        true => Some(HolderScan {
+            dev_dir: config::device_dir(Some(loaded))?,
+            above_unattributed: None,
+        }),
+        false => None,
+    };
     let (snapshot, findings) = classified(gpus, &policy, holders, &protection)?;
     let guard = Guard::for_this_process(protection);
     // Leftovers of dead runs; clear enforces no policy.

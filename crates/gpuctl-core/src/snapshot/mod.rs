@@ -165,6 +165,10 @@ pub struct GpuSnapshot {
     /// list on it; present only when the scan ran ([`SnapshotOptions::holders`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holders: Option<Vec<Holder>>,
+    /// Why the scan could not look for this GPU's holders (its device file is not in the
+    /// device directory): then `holders` is empty for want of looking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holders_not_scanned: Option<String>,
     /// The device's minor number (its file is `nvidia<minor>`), read with the full figures.
     #[serde(skip)]
     pub minor: Option<u32>,
@@ -512,6 +516,7 @@ fn find_holders(devices: &mut [GpuSnapshot], view: &ProcView, dev_dir: &Path) ->
         .map(|(pid, fact)| (pid, Arc::new(fact)))
         .collect();
     for (gpu, pids) in devices.iter_mut().zip(per_gpu) {
+        gpu.holders_not_scanned = crate::host::devfiles::not_scannable(dev_dir, gpu.minor);
         gpu.holders = Some(
             pids.into_iter()
                 .map(|pid| Holder {

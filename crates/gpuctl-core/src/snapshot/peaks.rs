@@ -19,6 +19,22 @@ use crate::snapshot::Snapshot;
 /// ended without an epilog taking its peaks, and the file must stay bounded.
 pub const OWNER_RETENTION_SECS: u64 = 7 * 24 * 3600;
 
+/// The most owners the file keeps. Owner keys come from cgroup names and job ids, which users
+/// choose: without a cap, 300 000 of them made a 135 MB file that `info` took 1.8 s to read
+/// and the watchdog 535 MB to hold. A node runs a few jobs at once; past the cap the
+/// [`OWNERS_KEPT_BY_SIZE`] largest are kept, then the most recently seen.
+pub const MAX_OWNERS: usize = 4096;
+
+/// Of [`MAX_OWNERS`], how many are kept for their size (their highest per-GPU peak) before
+/// the most recently seen fill the rest: a flood of small new owners cannot push out the
+/// peaks of the jobs that used the GPUs most.
+pub const OWNERS_KEPT_BY_SIZE: usize = MAX_OWNERS / 2;
+
+/// A peaks file larger than this is not read (its marks are ignored) and is replaced, bounded,
+/// at the next write (the watchdog's next loop). [`MAX_OWNERS`] owners with 16 GPUs each stay
+/// well under it.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
 /// `last_seen_unix` is moved on only when older than this: moving it every look would
 /// rewrite the file every watchdog loop.
 const LAST_SEEN_GRANULARITY_SECS: u64 = 60;
@@ -78,6 +94,10 @@ pub struct PeakStore {
     /// The file as last read or written, with its identity then: a long-running observer
     /// (the watchdog, every loop) reads and parses it again only when it was replaced.
     seen: Mutex<Option<(FileIdentity, PeakFile)>>,
+    /// The size of the file when the last read found it over [`MAX_FILE_BYTES`].
+    oversized: Mutex<Option<u64>>,
+    /// `seen` holds what this store wrote (not what it read): never over the limit.
+    written: std::sync::atomic::AtomicBool,
 }
 
 /// Device, inode, size and modification time: every write replaces the file (a new
@@ -101,6 +121,8 @@ impl PeakStore {
         PeakStore {
             path: dir.join("peaks.json"),
             seen: Mutex::new(None),
+            oversized: Mutex::new(None),
+            written: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -112,17 +134,36 @@ impl PeakStore {
     fn read(&self) -> PeakFile {
         let now = identity(&self.path);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut oversized_now = self.oversized.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some(now), Some((then, file))) = (now, seen.as_ref())
             && now == *then
         {
+            // The same file: over the limit only if it was when read (a write replaced it).
+            if self.written.load(std::sync::atomic::Ordering::Relaxed) {
+                *oversized_now = None;
+            }
             return file.clone();
         }
-        let file: PeakFile = std::fs::read(&self.path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
+        let (file, oversized) = read_bounded(&self.path);
+        *oversized_now = oversized;
+        self.written
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         *seen = now.map(|now| (now, file.clone()));
         file
+    }
+
+    /// Why the marks were not read, when the file was over [`MAX_FILE_BYTES`] at the last
+    /// read (a write since then has replaced it, bounded): one line for a front that shows
+    /// the marks to say so.
+    pub fn oversized_warning(&self) -> Option<String> {
+        let size = (*self.oversized.lock().unwrap_or_else(|e| e.into_inner()))?;
+        Some(format!(
+            "{} is {}, over the {} a peaks file may be: its marks are ignored, and it is \
+             replaced by the marks seen from now on",
+            self.path.display(),
+            crate::units::bytes(size),
+            crate::units::bytes(MAX_FILE_BYTES)
+        ))
     }
 
     /// Written whole to a temporary file and renamed, so a reader never sees half a file.
@@ -137,6 +178,8 @@ impl PeakStore {
             .map_err(|e| format!("{}: {e}", self.path.display()))?;
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) =
             identity(&self.path).map(|now| (now, file.clone()));
+        self.written
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -292,10 +335,61 @@ fn raise_owners(owners: &mut BTreeMap<String, OwnerPeaks>, snapshot: &Snapshot, 
     changed
 }
 
-/// Drops the owners not seen for longer than [`OWNER_RETENTION_SECS`]; whether any were.
+/// The file's marks, read with at most [`MAX_FILE_BYTES`] in memory: a missing or corrupt
+/// file reads as empty; one over the limit too, with its size.
+fn read_bounded(path: &Path) -> (PeakFile, Option<u64>) {
+    use std::io::Read;
+    let Ok(file) = std::fs::File::open(path) else {
+        return (PeakFile::default(), None);
+    };
+    let mut bytes = Vec::new();
+    // The size is taken from what is read, not from a stat before: the file may grow.
+    if file
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
+        return (PeakFile::default(), None);
+    }
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        let size = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
+        return (PeakFile::default(), Some(size));
+    }
+    (serde_json::from_slice(&bytes).unwrap_or_default(), None)
+}
+
+/// Drops the owners not seen for longer than [`OWNER_RETENTION_SECS`], then, past
+/// [`MAX_OWNERS`], all but the [`OWNERS_KEPT_BY_SIZE`] largest and the most recently seen;
+/// whether any were dropped.
 fn prune_owners(owners: &mut BTreeMap<String, OwnerPeaks>, now: u64) -> bool {
     let before = owners.len();
     owners.retain(|_, peaks| now.saturating_sub(peaks.last_seen_unix) <= OWNER_RETENTION_SECS);
+    if owners.len() > MAX_OWNERS {
+        let largest = |peaks: &OwnerPeaks| peaks.gpus.values().copied().max().unwrap_or(0);
+        let mut ranked: Vec<(&String, &OwnerPeaks)> = owners.iter().collect();
+        // Largest first (the newer of equals first); the key breaks ties, so the choice is
+        // the same whatever the order of the map.
+        ranked.sort_by(|a, b| {
+            largest(b.1)
+                .cmp(&largest(a.1))
+                .then(b.1.last_seen_unix.cmp(&a.1.last_seen_unix))
+                .then(a.0.cmp(b.0))
+        });
+        let (by_size, rest) = ranked.split_at(OWNERS_KEPT_BY_SIZE);
+        let mut rest = rest.to_vec();
+        rest.sort_by(|a, b| {
+            b.1.last_seen_unix
+                .cmp(&a.1.last_seen_unix)
+                .then(largest(b.1).cmp(&largest(a.1)))
+                .then(a.0.cmp(b.0))
+        });
+        let kept: std::collections::BTreeSet<String> = by_size
+            .iter()
+            .chain(rest.iter().take(MAX_OWNERS - OWNERS_KEPT_BY_SIZE))
+            .map(|(key, _)| (*key).clone())
+            .collect();
+        owners.retain(|key, _| kept.contains(key));
+    }
     owners.len() != before
 }
 
@@ -309,7 +403,7 @@ mod tests {
     use super::*;
     use crate::snapshot::{GpuSnapshot, Memory};
 
-    fn one_gpu_using(used_bytes: u64) -> Snapshot {
+    pub(super) fn one_gpu_using(used_bytes: u64) -> Snapshot {
         Snapshot::of(vec![GpuSnapshot {
             uuid: Some("GPU-0".into()),
             memory: Some(Memory {
@@ -563,5 +657,87 @@ mod owner_tests {
             !text.contains("slurm:old") && text.contains("slurm:3"),
             "{text}"
         );
+    }
+
+    fn owner_peaks(bytes: u64, last_seen_unix: u64) -> OwnerPeaks {
+        OwnerPeaks {
+            gpus: BTreeMap::from([("GPU-0".into(), bytes)]),
+            user: None,
+            first_seen_unix: last_seen_unix,
+            last_seen_unix,
+        }
+    }
+
+    #[test]
+    fn past_the_cap_the_largest_and_the_newest_owners_are_kept() {
+        let now = 10_000_000;
+        let mut owners = BTreeMap::new();
+        // Old jobs that used the GPU most, then a flood of small new owners.
+        for i in 0..OWNERS_KEPT_BY_SIZE as u64 {
+            owners.insert(format!("slurm:big{i}"), owner_peaks(1 << 40, now - 3600));
+        }
+        let flood = 3 * MAX_OWNERS as u64;
+        for i in 0..flood {
+            owners.insert(format!("unit:flood{i}"), owner_peaks(1, now - flood + i));
+        }
+        assert!(prune_owners(&mut owners, now));
+        assert_eq!(owners.len(), MAX_OWNERS);
+        assert!((0..OWNERS_KEPT_BY_SIZE).all(|i| owners.contains_key(&format!("slurm:big{i}"))));
+        // The rest: the most recently seen of the flood.
+        let newest = flood - (MAX_OWNERS - OWNERS_KEPT_BY_SIZE) as u64;
+        assert!(owners.contains_key(&format!("unit:flood{}", flood - 1)));
+        assert!(owners.contains_key(&format!("unit:flood{newest}")));
+        assert!(!owners.contains_key(&format!("unit:flood{}", newest - 1)));
+        // At the cap, nothing more is dropped.
+        assert!(!prune_owners(&mut owners, now));
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_not_read_and_the_next_write_bounds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peaks.json");
+        let mut file = PeakFile::default();
+        file.gpus.insert(
+            "GPU-0".into(),
+            Peak {
+                used_bytes: 99,
+                since_unix: 1,
+            },
+        );
+        let now = now_unix();
+        // Padded past the limit with owners: valid JSON, too big to read.
+        let entry = serde_json::to_string(&owner_peaks(1, now)).unwrap();
+        let mut owners = Vec::new();
+        let mut size = 0;
+        while size <= MAX_FILE_BYTES as usize {
+            let one = format!("\"unit:u{}\":{entry}", owners.len());
+            size += one.len() + 1;
+            owners.push(one);
+        }
+        let text = format!(
+            "{{\"gpus\":{},\"owners\":{{{}}}}}",
+            serde_json::to_string(&file.gpus).unwrap(),
+            owners.join(",")
+        );
+        assert!(serde_json::from_str::<PeakFile>(&text).is_ok());
+        std::fs::write(&path, &text).unwrap();
+
+        let store = PeakStore::in_dir(dir.path());
+        assert_eq!(store.owner("unit:u0"), None, "not read");
+        let warning = store.oversized_warning().expect("a warning");
+        assert!(
+            warning.contains("peaks.json is ") && warning.contains("over the 16 MiB"),
+            "{warning}"
+        );
+        assert!(!warning.contains('\n'));
+        // The next write (the watchdog's next look, or this one's) replaces it, bounded; the
+        // look that found it says so, the next one has nothing to say.
+        let marks = store.observe(&super::tests::one_gpu_using(40));
+        assert_eq!(marks["GPU-0"].used_bytes, 40, "the old mark was ignored");
+        assert!(store.oversized_warning().is_some());
+        assert!(std::fs::metadata(&path).unwrap().len() < MAX_FILE_BYTES);
+        store.observe(&super::tests::one_gpu_using(50));
+        assert_eq!(store.oversized_warning(), None);
+        assert_eq!(PeakStore::in_dir(dir.path()).owner("unit:u0"), None);
     }
 }

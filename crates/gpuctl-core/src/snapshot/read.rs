@@ -229,6 +229,7 @@ impl GpuSnapshot {
             mig_enabled: None,
             mig_devices: Vec::new(),
             holders: None,
+            holders_not_scanned: None,
             minor: None,
         }
     }

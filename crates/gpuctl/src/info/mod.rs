@@ -50,6 +50,8 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let started = Instant::now();
     let loaded = readable_config();
     let configured = loaded.as_ref().and_then(config::Loaded::nvml_timeout);
+    // Checked before NVML is loaded: a refused GPUCTL_DEV_DIR stops the command first.
+    let dev_dir = config::device_dir(loaded.as_ref())?;
     let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
     let opened = started.elapsed();
     // `--gpu` may name MIG instances: their GPU is read, and only those instances shown.
@@ -58,7 +60,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         .transpose()?;
     let options = SnapshotOptions {
         holders: Some(HolderScan {
-            dev_dir: config::device_dir(loaded.as_ref()),
+            dev_dir,
             above_unattributed: (!args.holders).then(|| {
                 loaded
                     .as_ref()
@@ -73,6 +75,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let protection = loaded.as_ref().map_or_else(Protection::built_in, |loaded| {
         Protection::configured(&loaded.protect())
     });
+    let warned = std::cell::Cell::new(false);
     let take = || -> Result<Snapshot> {
         let mut snapshot = Snapshot::take(&gpus, &options)?;
         if let Some(places) = &places {
@@ -82,6 +85,12 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         classify::holders::annotate(&mut snapshot);
         if let Some(store) = &peaks {
             let marks = store.observe(&snapshot);
+            // Once, not every frame of --watch.
+            if let Some(warning) = store.oversized_warning()
+                && !warned.replace(true)
+            {
+                eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
+            }
             for gpu in &mut snapshot.devices {
                 gpu.peak = gpu.uuid.as_ref().and_then(|uuid| marks.get(uuid).copied());
             }
@@ -155,7 +164,7 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
             io::stderr().lock(),
             "gpuctl: GPU {}: {}",
             gpu.index,
-            gpu.error.as_deref().unwrap_or("cannot be read")
+            gpuctl_core::text::escape(gpu.error.as_deref().unwrap_or("cannot be read"))
         );
         exit = Exit::Failed;
     }

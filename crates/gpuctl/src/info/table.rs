@@ -345,13 +345,12 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         if !unattributed {
             return;
         }
-        out.push_str(&format!(
-            "  {}\n",
-            style.paint(
-                Color::Dim,
-                &format!("no process holds {file} without NVML listing it")
-            )
-        ));
+        // No holder because none was looked for is not "no process holds it".
+        let said = match &gpu.holders_not_scanned {
+            Some(why) => format!("holders of {file} not looked for: {}", render::safe(why)),
+            None => format!("no process holds {file} without NVML listing it"),
+        };
+        out.push_str(&format!("  {}\n", style.paint(Color::Dim, &said)));
         return;
     }
     // Tools and processes NVML lists on other GPUs are explained in one line; the rest,

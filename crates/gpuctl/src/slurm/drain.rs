@@ -19,9 +19,13 @@ pub const REASON_PREFIX: &str = "gpuctl:";
 /// names the first culprits and how many more there are.
 const REASON_MAX_CHARS: usize = 400;
 
-/// "gpuctl: " and the parts, `; `-separated, at most [`REASON_MAX_CHARS`].
+/// "gpuctl: " and the parts, `; `-separated, escaped (a part quotes command names that users
+/// chose, and `sinfo -R` prints the reason raw), at most [`REASON_MAX_CHARS`].
 pub fn drain_reason(parts: &[String]) -> String {
-    cap(&format!("{REASON_PREFIX} {}", parts.join("; ")))
+    cap(&gpuctl_core::text::escape(&format!(
+        "{REASON_PREFIX} {}",
+        parts.join("; ")
+    )))
 }
 
 /// For each GPU that is not free, a part of a drain reason naming its UUID, the memory held
@@ -260,6 +264,19 @@ mod tests {
         assert!(capped.starts_with(part));
         assert!(capped.ends_with("more"), "{capped}");
         assert_eq!(cap(part), part);
+    }
+
+    #[test]
+    fn reasons_hold_no_terminal_controls() {
+        let reason = drain_reason(&[process_label(
+            7,
+            "mallory",
+            "\x1b]0;PWN\x07\x1b[2J\u{202e}x",
+        )]);
+        assert_eq!(
+            reason,
+            "gpuctl: pid 7 (mallory, \\e]0;PWN\\x07\\e[2J\\u{202e}x)"
+        );
     }
 
     #[test]

@@ -81,11 +81,26 @@ fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
 }
 
 /// Resumes `node` (default: this one) if gpuctl drained it and the GPUs its reason names
-/// are free; `dry_run`: only says so.
+/// are free; `dry_run`: only says so. A check that fails says why in slurm.log too: slurmd
+/// discards its stderr, and a drained node would otherwise stay so with no record of why.
 fn healthcheck(node: Option<&str>, dry_run: bool) -> Result<Exit> {
-    let loaded = config::load()?;
-    let log = Log::new("healthcheck", Some(&loaded));
     let node = node_name(node);
+    let loaded = config::load();
+    let log = Log::new("healthcheck", loaded.as_ref().ok());
+    let checked = loaded
+        .map_err(anyhow::Error::from)
+        .and_then(|loaded| check_node(&node, loaded, &log, dry_run));
+    if let Err(error) = &checked {
+        // Only to the file: the error itself goes to stderr as every command's does.
+        log.record(&format!(
+            "health check of {node} failed, its state is left as it is: {error:#}"
+        ));
+    }
+    checked
+}
+
+fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> Result<Exit> {
+    let node = node.to_string();
     let shown = scontrol(&["show", "node", &node]).map_err(anyhow::Error::msg)?;
     let state = NodeState::parse(&shown)
         .with_context(|| format!("scontrol show node {node}: no State= in its answer"))?;
@@ -158,8 +173,20 @@ impl Log {
         }
     }
 
+    /// `text` escaped (it quotes command names and errors that users chose): a line of
+    /// slurm.log or stderr cannot retitle or repaint the terminal that reads it.
     fn line(&self, text: &str) {
-        eprintln!("gpuctl slurm {}: {text}", self.command);
+        eprintln!(
+            "gpuctl slurm {}: {}",
+            self.command,
+            gpuctl_core::text::escape(text)
+        );
+        self.record(text);
+    }
+
+    /// `text`, escaped, to slurm.log only.
+    fn record(&self, text: &str) {
+        let text = gpuctl_core::text::escape(text);
         if let Some(dir) = &self.dir {
             let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
             let _ = append(
