@@ -96,6 +96,8 @@ fn a_command_name_with_escapes_reaches_no_drain_reason_log_or_stderr_raw() {
         "epilog.sh",
         &[
             ("SLURM_JOB_ID", "31"),
+            // slurmd always gives the job's uid; without it the epilog ends nothing.
+            ("SLURM_JOB_UID", "0"),
             ("SLURM_JOB_GPUS", "1"),
             ("SLURMD_NODENAME", "gpu7"),
             ("GPUCTL_EPILOG_TIMEOUT", "1s"),
