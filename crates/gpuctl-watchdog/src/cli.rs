@@ -22,7 +22,8 @@ Signals:
 Environment:
   GPUCTL_CONFIG    the configuration file when --config is not given (default
                    /etc/gpuctl/gpuctl.toml; the [watchdog] table holds the daemon's keys)
-  GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1)
+  GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1); as root, only a path
+                   that root alone can write, down from /
   GPUCTL_NVML_TIMEOUT  how long NVML may take to answer for one GPU (default 10s, or the
                    file's nvml_timeout); a GPU not answering suspends reclaim
   NOTIFY_SOCKET, WATCHDOG_USEC  set by systemd for a Type=notify unit with WatchdogSec=

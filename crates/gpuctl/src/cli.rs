@@ -18,7 +18,8 @@ pub fn after_help() -> String {
 
 const ENVIRONMENT: &str = "\
 Environment:
-  GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals)
+  GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals);
+                   as root, only a path that root alone can write, down from /
   NO_COLOR         when set and not empty, --color auto does not color
   GPUCTL_CONFIG    the one configuration file to read (default /etc/gpuctl/gpuctl.toml and
                    $XDG_CONFIG_HOME/gpuctl/gpuctl.toml)
