@@ -43,6 +43,28 @@ fn expect_series(
     })
 }
 
+/// Every node has series of `family`: Err at once (not after the whole wait) when the
+/// watchdog does not write it, naming it.
+fn expect_family(fleet: &mut Fleet, family: &str) -> Result<(), String> {
+    let port = fleet.port;
+    let nodes = fleet.nodes.len();
+    let promql = format!("count by (instance) ({family})");
+    fleet
+        .poll_for(fleet::PRESENT, &format!("{family} on every node"), |_| {
+            let found = api::query(port, &promql)?;
+            match found.len() == nodes {
+                true => Ok(Some(())),
+                false => Err(format!("series from {} of {nodes} nodes", found.len())),
+            }
+        })
+        .map_err(|e| {
+            format!(
+                "the watchdog's textfile has no {family} (a family of the metrics contract): {}",
+                e.lines().next().unwrap_or("")
+            )
+        })
+}
+
 /// Every node's target is up and its textfile read without error, and the families that
 /// exist today carry the node's figures: NVML up, each GPU's used memory as `info` reads it.
 pub fn every_node_is_scraped(fleet: &mut Fleet) -> Result<(), String> {
@@ -142,6 +164,7 @@ pub fn user_memory_sums_to_info_totals(fleet: &mut Fleet) -> Result<(), String> 
             return Err(format!("gpuctl info's totals lack {user:?}: {want:?}"));
         }
     }
+    expect_family(fleet, "gpuctl_user_memory_bytes")?;
     expect_series(
         fleet,
         "sum by (user) (gpuctl_user_memory_bytes)",
@@ -165,6 +188,7 @@ pub fn slurm_owners(fleet: &mut Fleet) -> Result<(), String> {
     ]
     .into_iter()
     .collect();
+    expect_family(fleet, "gpuctl_owner_memory_bytes")?;
     expect_series(
         fleet,
         r#"gpuctl_owner_memory_bytes{owner_kind="slurm"}"#,
@@ -195,11 +219,60 @@ pub fn leak_is_unattributed_on_its_node(fleet: &mut Fleet) -> Result<(), String>
             "gpuctl info does not show node 2's leak of {LEAK} bytes on GPU 0: {want:?}"
         ));
     }
+    expect_family(fleet, "gpuctl_gpu_unattributed_bytes")?;
     expect_series(
         fleet,
         "gpuctl_gpu_unattributed_bytes",
         &["instance", "gpu"],
         &want,
+    )
+}
+
+/// The kinds of finding the watchdog counts: every classify kind, and impostors.
+const FINDING_KINDS: [&str; 9] = [
+    "orphaned",
+    "zombie_holder",
+    "stopped",
+    "uninterruptible",
+    "unattributed",
+    "above_fraction",
+    "unlisted_holder",
+    "stuck",
+    "impostor",
+];
+
+/// Every node has a `gpuctl_findings` series for every kind (0 when none), node 2's leak
+/// counts as an unattributed finding, and each node gives the loop interval in force.
+pub fn findings_and_interval(fleet: &mut Fleet) -> Result<(), String> {
+    expect_family(fleet, "gpuctl_findings")?;
+    expect_family(fleet, "gpuctl_watchdog_interval_seconds")?;
+    let mut kinds = BTreeMap::new();
+    let mut interval = BTreeMap::new();
+    for node in &fleet.nodes {
+        for kind in FINDING_KINDS {
+            kinds.insert(format!("{} / {kind}", node.instance()), 1.0);
+        }
+        interval.insert(node.instance(), 0.25);
+    }
+    expect_series(
+        fleet,
+        "gpuctl_findings >= bool 0",
+        &["instance", "kind"],
+        &kinds,
+    )?;
+    let unattributed: BTreeMap<String, f64> =
+        [(fleet.nodes[1].instance(), 1.0)].into_iter().collect();
+    expect_series(
+        fleet,
+        r#"clamp_max(gpuctl_findings{kind="unattributed"} > 0, 1)"#,
+        &["instance"],
+        &unattributed,
+    )?;
+    expect_series(
+        fleet,
+        "gpuctl_watchdog_interval_seconds",
+        &["instance"],
+        &interval,
     )
 }
 

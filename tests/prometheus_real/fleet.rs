@@ -18,7 +18,10 @@ use crate::api;
 use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim, sim_lib, watchdog_bin};
 
 /// How long a wait for the fleet (or a condition in a trial) may take before it fails.
-pub const WAIT: Duration = Duration::from_secs(20);
+pub const WAIT: Duration = Duration::from_secs(15);
+/// How long a family the fleet has scraped once may take to show on every node: the
+/// watchdog writes every family each loop, so one that is absent by then is not written.
+pub const PRESENT: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(100);
 
 /// The watchdog's loop: short, so the textfiles follow the scenarios quickly.
@@ -324,6 +327,16 @@ impl Fleet {
     pub fn poll<T>(
         &mut self,
         what: &str,
+        probe: impl FnMut(&Fleet) -> Result<Option<T>, String>,
+    ) -> Result<T, String> {
+        self.poll_for(WAIT, what, probe)
+    }
+
+    /// [`Fleet::poll`] for up to `limit`.
+    pub fn poll_for<T>(
+        &mut self,
+        limit: Duration,
+        what: &str,
         mut probe: impl FnMut(&Fleet) -> Result<Option<T>, String>,
     ) -> Result<T, String> {
         let start = Instant::now();
@@ -335,9 +348,9 @@ impl Fleet {
                 Ok(None) => {}
                 Err(e) => last = e,
             }
-            if start.elapsed() > WAIT {
+            if start.elapsed() > limit {
                 return Err(format!(
-                    "{what}: not within {WAIT:?} (last: {last})\n{}",
+                    "{what}: not within {limit:?} (last: {last})\n{}",
                     self.logs()
                 ));
             }

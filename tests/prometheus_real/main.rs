@@ -73,6 +73,10 @@ fn main() {
             checks::leak_is_unattributed_on_its_node,
         ),
         (
+            "findings_of_every_kind_and_the_interval",
+            checks::findings_and_interval,
+        ),
+        (
             "every_dashboard_expr_returns_series",
             checks::dashboard_exprs,
         ),
