@@ -403,14 +403,18 @@ fn rule_names(text: &str) -> Vec<(String, Vec<String>)> {
         };
         if let Some(name) = value("name:") {
             groups.push((name, Vec::new()));
-        } else if let Some(rule) = value("alert:").or_else(|| value("record:")) {
-            if let Some((_, rules)) = groups.last_mut() {
-                rules.push(rule);
-            }
+        } else if let (Some(rule), Some((_, rules))) = (
+            value("alert:").or_else(|| value("record:")),
+            groups.last_mut(),
+        ) {
+            rules.push(rule);
         }
     }
     groups
 }
+
+/// A rule as /api/v1/rules gives it: name, health, last error.
+type LoadedRule = (String, String, String);
 
 /// Prometheus loaded every group and rule of the rules file, and each has been evaluated
 /// without error (health "ok").
@@ -432,7 +436,7 @@ pub fn rules_load_and_evaluate(fleet: &mut Fleet) -> Result<(), String> {
     let port = fleet.port;
     fleet.poll("every rule loaded and evaluated, health ok", |_| {
         let data = api::api(port, "/api/v1/rules")?;
-        let loaded: Vec<(String, Vec<(String, String, String)>)> = data["groups"]
+        let loaded: Vec<(String, Vec<LoadedRule>)> = data["groups"]
             .as_array()
             .into_iter()
             .flatten()
