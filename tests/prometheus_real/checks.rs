@@ -9,9 +9,18 @@ use serde_json::Value;
 use crate::api::{self, Sample};
 use crate::fleet::{self, DASHBOARD, Fleet, LEAK, NAMELESS_UID, NOBODY, RULES};
 
-/// `gpuctl info ARGS --json` on `node`'s sim.
-fn info(node: &fleet::Node, args: &[&str]) -> Value {
-    node.sim.json(args)
+/// `gpuctl info ARGS --json` on `node`'s sim. Node 3's lost GPU makes it exit 1 (a GPU
+/// failed), with the whole document all the same.
+fn info(node: &fleet::Node, args: &[&str]) -> Result<Value, String> {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let run = node.sim.run(&all);
+    serde_json::from_str(&run.stdout).map_err(|e| {
+        format!(
+            "node{}: gpuctl {all:?} (exit {}) gave no JSON ({e}): {}{}",
+            node.number, run.code, run.stdout, run.stderr
+        )
+    })
 }
 
 /// The value of every series, keyed by `labels`' values joined with " / ".
@@ -43,18 +52,24 @@ fn expect_series(
     })
 }
 
-/// Every node has series of `family`: Err at once (not after the whole wait) when the
-/// watchdog does not write it, naming it.
+/// Every node with NVML has series of `family`: Err at once (not after the whole wait) when
+/// the watchdog does not write it, naming it.
 fn expect_family(fleet: &mut Fleet, family: &str) -> Result<(), String> {
     let port = fleet.port;
-    let nodes = fleet.nodes.len();
-    let promql = format!("count by (instance) ({family})");
+    let promql = format!(
+        "count by (instance) ({family}{{{}}})",
+        fleet.gpu_instances()
+    );
     fleet
         .poll_for(fleet::PRESENT, &format!("{family} on every node"), |_| {
             let found = api::query(port, &promql)?;
-            match found.len() == nodes {
+            match found.len() == fleet::GPU_NODES {
                 true => Ok(Some(())),
-                false => Err(format!("series from {} of {nodes} nodes", found.len())),
+                false => Err(format!(
+                    "series from {} of {} nodes",
+                    found.len(),
+                    fleet::GPU_NODES
+                )),
             }
         })
         .map_err(|e| {
@@ -66,7 +81,8 @@ fn expect_family(fleet: &mut Fleet, family: &str) -> Result<(), String> {
 }
 
 /// Every node's target is up and its textfile read without error, and the families that
-/// exist today carry the node's figures: NVML up, each GPU's used memory as `info` reads it.
+/// exist today carry the node's figures: NVML up (down on node 4), each GPU's used memory as
+/// `info` reads it.
 pub fn every_node_is_scraped(fleet: &mut Fleet) -> Result<(), String> {
     let mut up = BTreeMap::new();
     let mut scrape_errors = BTreeMap::new();
@@ -76,12 +92,19 @@ pub fn every_node_is_scraped(fleet: &mut Fleet) -> Result<(), String> {
         let instance = node.instance();
         up.insert(instance.clone(), 1.0);
         scrape_errors.insert(instance.clone(), 0.0);
-        nvml_up.insert(instance.clone(), 1.0);
-        for device in info(node, &["info"])["devices"]
+        nvml_up.insert(instance.clone(), f64::from(u8::from(node.has_nvml())));
+        if !node.has_nvml() {
+            continue;
+        }
+        for device in info(node, &["info"])?["devices"]
             .as_array()
             .cloned()
             .unwrap_or_default()
         {
+            // A lost GPU has no memory figures (and no sample).
+            if device["memory"].is_null() {
+                continue;
+            }
             let bytes = device["memory"]["used_bytes"]
                 .as_f64()
                 .ok_or_else(|| format!("node{}: no used_bytes in {device}", node.number))?;
@@ -143,8 +166,8 @@ fn user_label(total_user: &str) -> String {
 /// user` totals on the nodes.
 pub fn user_memory_sums_to_info_totals(fleet: &mut Fleet) -> Result<(), String> {
     let mut want: BTreeMap<String, f64> = BTreeMap::new();
-    for node in &fleet.nodes {
-        for total in info(node, &["info", "--by", "user"])["totals"]
+    for node in fleet.gpu_nodes() {
+        for total in info(node, &["info", "--by", "user"])?["totals"]
             .as_array()
             .cloned()
             .unwrap_or_default()
@@ -201,8 +224,8 @@ pub fn slurm_owners(fleet: &mut Fleet) -> Result<(), String> {
 /// figure is the one `info` gives.
 pub fn leak_is_unattributed_on_its_node(fleet: &mut Fleet) -> Result<(), String> {
     let mut want = BTreeMap::new();
-    for node in &fleet.nodes {
-        for device in info(node, &["info"])["devices"]
+    for node in fleet.gpu_nodes() {
+        for device in info(node, &["info"])?["devices"]
             .as_array()
             .cloned()
             .unwrap_or_default()
@@ -248,15 +271,16 @@ pub fn findings_and_interval(fleet: &mut Fleet) -> Result<(), String> {
     expect_family(fleet, "gpuctl_watchdog_interval_seconds")?;
     let mut kinds = BTreeMap::new();
     let mut interval = BTreeMap::new();
-    for node in &fleet.nodes {
+    for node in fleet.gpu_nodes() {
         for kind in FINDING_KINDS {
             kinds.insert(format!("{} / {kind}", node.instance()), 1.0);
         }
         interval.insert(node.instance(), 0.25);
     }
+    let nodes = fleet.gpu_instances();
     expect_series(
         fleet,
-        "gpuctl_findings >= bool 0",
+        &format!("gpuctl_findings{{{nodes}}} >= bool 0"),
         &["instance", "kind"],
         &kinds,
     )?;
@@ -270,7 +294,7 @@ pub fn findings_and_interval(fleet: &mut Fleet) -> Result<(), String> {
     )?;
     expect_series(
         fleet,
-        "gpuctl_watchdog_interval_seconds",
+        &format!("gpuctl_watchdog_interval_seconds{{{nodes}}}"),
         &["instance"],
         &interval,
     )

@@ -27,6 +27,10 @@ const POLL: Duration = Duration::from_millis(100);
 /// The watchdog's loop: short, so the textfiles follow the scenarios quickly.
 const INTERVAL: &str = "250ms";
 
+/// Nodes 1 to 3 have NVML; node 4 has not (its driver is not loaded).
+pub const NODES: usize = 4;
+pub const GPU_NODES: usize = 3;
+
 /// The memory that no process accounts for on node 2's GPU 0.
 pub const LEAK: u64 = 3 * GIB;
 /// A user with no name on this host: gpuctl labels it "uid 4242" (the totals: "4242").
@@ -191,6 +195,11 @@ impl Node {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Whether NVML answers on it (nodes 1 to 3).
+    pub fn has_nvml(&self) -> bool {
+        self.number <= GPU_NODES
+    }
+
     pub fn metrics_file(&self) -> PathBuf {
         self.textfile_dir.join("gpuctl.prom")
     }
@@ -224,8 +233,8 @@ fn populate(number: usize) -> (Scenario, Vec<Proc>) {
                 .process(Process::new(b.pid()).on(1).used(2 * GIB));
             (scenario, vec![a, b])
         }
-        // MIG, and a job of the nameless user.
-        _ => {
+        // MIG, a GPU fallen off the bus, and a job of the nameless user.
+        3 => {
             let a = root(&["finetune.py"]);
             let b = Proc::spawn_as_with_env(
                 NAMELESS_UID,
@@ -236,10 +245,19 @@ fn populate(number: usize) -> (Scenario, Vec<Proc>) {
             let scenario = Scenario::new()
                 .gpu(Gpu::h100().mig("3g.40gb", 1))
                 .gpu(Gpu::h200())
+                .gpu(Gpu::h200().lost())
                 .process(Process::new(a.pid()).on(0).instance(1).used(5 * GIB))
                 .process(Process::new(b.pid()).on(1).used(7 * GIB));
             (scenario, vec![a, b])
         }
+        // A node whose driver is not loaded: NVML down, as the dashboard's "not answering"
+        // table and the rules' alerts must show.
+        _ => (
+            Scenario::new()
+                .init_error("DRIVER_NOT_LOADED")
+                .gpus(2, Gpu::h200()),
+            Vec::new(),
+        ),
     }
 }
 
@@ -264,14 +282,14 @@ impl Fleet {
             .prefix("gpuctl-prometheus-")
             .tempdir()
             .map_err(|e| format!("cannot make the fleet's directory: {e}"))?;
-        let ports = free_ports(4)?;
+        let ports = free_ports(NODES + 1)?;
         let mut nodes = Vec::new();
-        for (i, &port) in ports[..3].iter().enumerate() {
+        for (i, &port) in ports[..NODES].iter().enumerate() {
             nodes.push(start_node(i + 1, port, dir.path())?);
         }
         let rules_file = repo().join(RULES);
         let rules = rules_file.exists();
-        let port = ports[3];
+        let port = ports[NODES];
         let config = prometheus_config(dir.path(), &nodes, rules.then_some(&rules_file))?;
         let mut command = Command::new("prometheus");
         command
@@ -300,6 +318,17 @@ impl Fleet {
         };
         fleet.wait_scraped()?;
         Ok(fleet)
+    }
+
+    /// The nodes with NVML, whose figures `gpuctl info` gives.
+    pub fn gpu_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.has_nvml())
+    }
+
+    /// A label matcher for the series of the nodes with NVML.
+    pub fn gpu_instances(&self) -> String {
+        let all: Vec<String> = self.gpu_nodes().map(|n| n.instance()).collect();
+        format!("instance=~\"{}\"", all.join("|").replace('.', "\\\\."))
     }
 
     /// Every daemon's log tail, for a failure message.
