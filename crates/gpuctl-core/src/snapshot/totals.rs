@@ -70,21 +70,45 @@ pub fn group_of(host: &HostProcess, by: By) -> String {
 
 /// Totals, largest first (then by name).
 pub fn totals(snapshot: &Snapshot, by: By) -> Vec<Total> {
+    sums(snapshot, |host| group_of(host, by))
+        .into_iter()
+        .map(|sum| Total {
+            by,
+            name: sum.key,
+            used_bytes: sum.used_bytes,
+            gpus: sum.gpus,
+            processes: sum.processes,
+        })
+        .collect()
+}
+
+/// One group's holdings under any key (what [`Total`] is for a name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sum<K> {
+    pub key: K,
+    pub used_bytes: u64,
+    pub gpus: Vec<u32>,
+    /// Distinct processes (a process on two GPUs is one).
+    pub processes: usize,
+}
+
+/// The holdings of each group `key` puts a process in, largest first (then by key): the one
+/// summing road for `info --by` and the watchdog's metrics, which key processes differently
+/// (a name to show, a selector to scrape).
+pub fn sums<K: Ord>(snapshot: &Snapshot, mut key: impl FnMut(&HostProcess) -> K) -> Vec<Sum<K>> {
     struct Acc {
         used_bytes: u64,
         gpus: BTreeSet<u32>,
         pids: BTreeSet<u32>,
     }
-    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    let mut groups: BTreeMap<K, Acc> = BTreeMap::new();
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
-            let acc = groups
-                .entry(group_of(&process.host, by))
-                .or_insert_with(|| Acc {
-                    used_bytes: 0,
-                    gpus: BTreeSet::new(),
-                    pids: BTreeSet::new(),
-                });
+            let acc = groups.entry(key(&process.host)).or_insert_with(|| Acc {
+                used_bytes: 0,
+                gpus: BTreeSet::new(),
+                pids: BTreeSet::new(),
+            });
             acc.used_bytes = acc
                 .used_bytes
                 .saturating_add(process.used_bytes.unwrap_or(0));
@@ -92,11 +116,10 @@ pub fn totals(snapshot: &Snapshot, by: By) -> Vec<Total> {
             acc.pids.insert(process.pid);
         }
     }
-    let mut out: Vec<Total> = groups
+    let mut out: Vec<Sum<K>> = groups
         .into_iter()
-        .map(|(name, acc)| Total {
-            by,
-            name,
+        .map(|(key, acc)| Sum {
+            key,
             used_bytes: acc.used_bytes,
             gpus: acc.gpus.into_iter().collect(),
             processes: acc.pids.len(),
@@ -105,7 +128,7 @@ pub fn totals(snapshot: &Snapshot, by: By) -> Vec<Total> {
     out.sort_by(|a, b| {
         b.used_bytes
             .cmp(&a.used_bytes)
-            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.key.cmp(&b.key))
     });
     out
 }
