@@ -194,6 +194,11 @@ pub struct Watchdog {
     pub stuck_util_pct: u32,
     #[serde(deserialize_with = "de::share")]
     pub stuck_power_fraction: f64,
+    /// At most this many user series and this many owner series in the metrics file (the
+    /// largest by memory); the rest are summed into one `other` series, so that a host
+    /// running thousands of jobs cannot flood Prometheus.
+    #[serde(deserialize_with = "de::at_least_one")]
+    pub metrics_max_owners: usize,
 }
 
 /// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
@@ -217,6 +222,7 @@ impl Default for Watchdog {
             stuck_after: std::time::Duration::from_secs(600),
             stuck_util_pct: 95,
             stuck_power_fraction: 0.4,
+            metrics_max_owners: 50,
         }
     }
 }
