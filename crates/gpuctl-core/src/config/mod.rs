@@ -552,6 +552,21 @@ mod tests {
     }
 
     #[test]
+    fn metrics_max_owners_is_a_count_of_at_least_one() {
+        let path = Path::new("/etc/gpuctl/gpuctl.toml");
+        let parsed = |text: &str| parse(text, path).map(|c| c.watchdog.metrics_max_owners);
+        assert_eq!(parsed("[watchdog]\n").unwrap(), 50);
+        assert_eq!(parsed("[watchdog]\nmetrics_max_owners = 3\n").unwrap(), 3);
+        for bad in ["0", "-1", "2.5", "\"50\""] {
+            let error = parsed(&format!("[watchdog]\nmetrics_max_owners = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("metrics_max_owners"), "{bad}: {error}");
+            assert!(!error.contains('\n'), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn key_paths() {
         let path = |keys: &[&str]| {
             render_path(
