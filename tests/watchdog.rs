@@ -1338,6 +1338,7 @@ fn the_fleet_families_pass_promtool_and_follow_a_reload() {
         Some("0"),
         "{text}"
     );
+    // SAFETY: geteuid(2) takes nothing, cannot fail and touches no memory of ours.
     let me = user_name(unsafe { libc::geteuid() });
     assert_eq!(
         sample(&text, &format!("gpuctl_user_memory_bytes{{user=\"{me}\"}}")),
