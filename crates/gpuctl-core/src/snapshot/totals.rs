@@ -2,12 +2,14 @@
 //! What a fair-share conversation on a shared server starts from (`gpuctl info --by`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::Snapshot;
 use crate::host::HostProcess;
 use crate::owner::Owner;
+use crate::pidmap::PidMap;
 
 /// What the totals are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,33 +98,48 @@ pub struct Sum<K> {
 /// summing road for `info --by` and the watchdog's metrics, which key processes differently
 /// (a name to show, a selector to scrape).
 pub fn sums<K: Ord>(snapshot: &Snapshot, mut key: impl FnMut(&HostProcess) -> K) -> Vec<Sum<K>> {
+    #[derive(Default)]
     struct Acc {
         used_bytes: u64,
         gpus: BTreeSet<u32>,
-        pids: BTreeSet<u32>,
+        pids: Vec<u32>,
     }
-    let mut groups: BTreeMap<K, Acc> = BTreeMap::new();
+    let mut groups: BTreeMap<K, usize> = BTreeMap::new();
+    let mut accs: Vec<Acc> = Vec::new();
+    // A process listed on several GPUs carries the same host facts (one Arc) on each: its
+    // group is worked out once, not once per GPU (the watchdog sums every loop).
+    let mut group_of_host: PidMap<usize, usize> = PidMap::default();
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
-            let acc = groups.entry(key(&process.host)).or_insert_with(|| Acc {
-                used_bytes: 0,
-                gpus: BTreeSet::new(),
-                pids: BTreeSet::new(),
+            let host = Arc::as_ptr(&process.host) as usize;
+            let group = *group_of_host.entry(host).or_insert_with(|| {
+                let next = accs.len();
+                *groups.entry(key(&process.host)).or_insert_with(|| {
+                    accs.push(Acc::default());
+                    next
+                })
             });
+            let acc = &mut accs[group];
             acc.used_bytes = acc
                 .used_bytes
                 .saturating_add(process.used_bytes.unwrap_or(0));
             acc.gpus.insert(gpu.index);
-            acc.pids.insert(process.pid);
+            acc.pids.push(process.pid);
         }
     }
     let mut out: Vec<Sum<K>> = groups
         .into_iter()
-        .map(|(key, acc)| Sum {
-            key,
-            used_bytes: acc.used_bytes,
-            gpus: acc.gpus.into_iter().collect(),
-            processes: acc.pids.len(),
+        .map(|(key, group)| {
+            let acc = std::mem::take(&mut accs[group]);
+            let mut pids = acc.pids;
+            pids.sort_unstable();
+            pids.dedup();
+            Sum {
+                key,
+                used_bytes: acc.used_bytes,
+                gpus: acc.gpus.into_iter().collect(),
+                processes: pids.len(),
+            }
         })
         .collect();
     out.sort_by(|a, b| {
