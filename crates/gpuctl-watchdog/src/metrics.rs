@@ -64,6 +64,36 @@ pub struct Metrics {
     pub interval_seconds: f64,
 }
 
+impl Metrics {
+    /// Whether `self` and `other` say the same apart from the two series that change every
+    /// loop (the loop counter and the poll time): then the file need not be rewritten.
+    pub fn same_but_per_loop(&self, other: &Metrics) -> bool {
+        // Destructured, so that a field added is a field compared.
+        let Metrics {
+            nvml_up,
+            gpus,
+            reclaims_total,
+            reclaimed_bytes_total,
+            reclaim_failures_total,
+            loops_total: _,
+            last_good_poll: _,
+            users,
+            owners,
+            findings,
+            interval_seconds,
+        } = self;
+        *nvml_up == other.nvml_up
+            && *gpus == other.gpus
+            && *reclaims_total == other.reclaims_total
+            && *reclaimed_bytes_total == other.reclaimed_bytes_total
+            && *reclaim_failures_total == other.reclaim_failures_total
+            && *users == other.users
+            && *owners == other.owners
+            && *findings == other.findings
+            && *interval_seconds == other.interval_seconds
+    }
+}
+
 fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
@@ -423,6 +453,31 @@ mod tests {
             assert_eq!(outside.matches('=').count(), labels, "{line}");
             assert_eq!(outside.matches('}').count(), 1, "{line}");
         }
+    }
+
+    #[test]
+    fn only_the_loop_counter_and_poll_time_are_per_loop() {
+        let a = Metrics {
+            loops_total: 1,
+            last_good_poll: Some(1.0),
+            ..Metrics::default()
+        };
+        let b = Metrics {
+            loops_total: 2,
+            last_good_poll: Some(2.0),
+            ..Metrics::default()
+        };
+        assert!(a.same_but_per_loop(&b));
+        let c = Metrics {
+            findings: vec![("impostor", 1)],
+            ..b.clone()
+        };
+        assert!(!a.same_but_per_loop(&c));
+        let d = Metrics {
+            interval_seconds: 1.0,
+            ..b
+        };
+        assert!(!a.same_but_per_loop(&d));
     }
 
     #[test]

@@ -48,22 +48,18 @@ impl Publisher {
         let Some(path) = path else {
             return;
         };
-        // What the file says apart from the two series that change every loop.
-        let state = Metrics {
-            loops_total: 0,
-            last_good_poll: None,
-            ..metrics.clone()
-        };
         let now = Instant::now();
         if let Some((at, written)) = &self.metrics_written
-            && *written == state
+            && written.same_but_per_loop(metrics)
             && now.saturating_duration_since(*at) < Duration::from_secs(1)
         {
             return;
         }
         let text = metrics::render(metrics);
         let result = metrics::write_atomic(path, &text);
-        self.metrics_written = result.is_ok().then_some((now, state));
+        // Cloned only when written (the per-user and per-owner rows are a few hundred
+        // strings), not each loop.
+        self.metrics_written = result.is_ok().then(|| (now, metrics.clone()));
         let error = result.err().map(|e| format!("{}: {e}", path.display()));
         if error != self.metrics_error {
             match &error {
