@@ -436,3 +436,92 @@ mod tests {
         assert_eq!(owner_holdings(&snapshot, 200).len(), 200);
     }
 }
+
+#[cfg(test)]
+mod timing {
+    use std::sync::Arc;
+    use std::time::{Instant, SystemTime};
+
+    use gpuctl_core::host::HostProcess;
+    use gpuctl_core::owner::Owner;
+    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+
+    use super::*;
+
+    /// The per-loop cost of the fleet rows at 8 GPUs x 256 processes, 200 owners:
+    /// `cargo test --release -p gpuctl-watchdog -- --ignored --nocapture fleet_rows`.
+    #[test]
+    #[ignore = "a measurement, run by hand in release"]
+    fn fleet_rows_cost() {
+        let hosts: Vec<Arc<HostProcess>> = (0..256u32)
+            .map(|i| {
+                let mut host = HostProcess::unconfirmed("t");
+                host.confirmed = true;
+                host.user = Some("nobody".into());
+                host.uid = Some(65534);
+                host.owner = Some(Owner::SlurmJob {
+                    job_id: 1000 + u64::from(i % 200),
+                    step: None,
+                    uid: Some(65534),
+                    from_environ: true,
+                });
+                Arc::new(host)
+            })
+            .collect();
+        let devices = (0..8)
+            .map(|g| GpuSnapshot {
+                processes: hosts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, host)| GpuProcess {
+                        pid: 100 + i as u32,
+                        used_bytes: Some(1 << 30),
+                        kind: ProcessType::Compute,
+                        sm_util_pct: None,
+                        gpu_instance_id: None,
+                        compute_instance_id: None,
+                        host: host.clone(),
+                    })
+                    .collect(),
+                ..GpuSnapshot::unread(g)
+            })
+            .collect();
+        let snapshot = Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices,
+            read_times: ReadTimes::default(),
+        };
+        let mut written = Metrics::default();
+        let rounds = 2000;
+        let started = Instant::now();
+        for _ in 0..rounds {
+            let m = Metrics {
+                users: user_holdings(&snapshot, 50),
+                owners: owner_holdings(&snapshot, 50),
+                findings: finding_counts(&[], 0),
+                ..Metrics::default()
+            };
+            if !written.same_but_per_loop(&m) {
+                written = m;
+            }
+        }
+        let per = started.elapsed() / rounds;
+        println!("fleet rows per loop: {per:?}");
+        let started = Instant::now();
+        for _ in 0..rounds {
+            std::hint::black_box(user_holdings(&snapshot, 50));
+        }
+        println!("users: {:?}", started.elapsed() / rounds);
+        let started = Instant::now();
+        for _ in 0..rounds {
+            std::hint::black_box(totals::sums(&snapshot, |host| {
+                host.owner.as_ref().and_then(OwnerMatch::of)
+            }));
+        }
+        println!("owner sums: {:?}", started.elapsed() / rounds);
+    }
+}

@@ -1,7 +1,7 @@
 //! Per-user and per-owner totals of a snapshot: who holds how much GPU memory, on which GPUs.
 //! What a fair-share conversation on a shared server starts from (`gpuctl info --by`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -101,44 +101,65 @@ pub fn sums<K: Ord>(snapshot: &Snapshot, mut key: impl FnMut(&HostProcess) -> K)
     #[derive(Default)]
     struct Acc {
         used_bytes: u64,
-        gpus: BTreeSet<u32>,
-        pids: Vec<u32>,
+        /// In the snapshot's order, each once (a GPU's processes come together).
+        gpus: Vec<u32>,
+        processes: usize,
     }
     let mut groups: BTreeMap<K, usize> = BTreeMap::new();
     let mut accs: Vec<Acc> = Vec::new();
     // A process listed on several GPUs carries the same host facts (one Arc) on each: its
-    // group is worked out once, not once per GPU (the watchdog sums every loop).
-    let mut group_of_host: PidMap<usize, usize> = PidMap::default();
+    // group is worked out once per pid, not once per GPU (the watchdog sums every loop).
+    // Other facts for the same pid (a listing found to be of a reused pid) are grouped anew.
+    let listed = snapshot.devices.first().map_or(0, |g| g.processes.len());
+    let mut seen: PidMap<u32, (*const HostProcess, usize)> =
+        PidMap::with_capacity_and_hasher(listed, Default::default());
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
-            let host = Arc::as_ptr(&process.host) as usize;
-            let group = *group_of_host.entry(host).or_insert_with(|| {
+            let host = Arc::as_ptr(&process.host);
+            let mut group_of = |host: &HostProcess| {
                 let next = accs.len();
-                *groups.entry(key(&process.host)).or_insert_with(|| {
+                *groups.entry(key(host)).or_insert_with(|| {
                     accs.push(Acc::default());
                     next
                 })
-            });
+            };
+            let group = match seen.get(&process.pid) {
+                Some(&(facts, group)) if facts == host => group,
+                Some(&(_, before)) => {
+                    let group = group_of(&process.host);
+                    if group != before {
+                        accs[group].processes += 1;
+                    }
+                    group
+                }
+                None => {
+                    let group = group_of(&process.host);
+                    seen.insert(process.pid, (host, group));
+                    accs[group].processes += 1;
+                    group
+                }
+            };
             let acc = &mut accs[group];
             acc.used_bytes = acc
                 .used_bytes
                 .saturating_add(process.used_bytes.unwrap_or(0));
-            acc.gpus.insert(gpu.index);
-            acc.pids.push(process.pid);
+            if acc.gpus.last() != Some(&gpu.index) {
+                acc.gpus.push(gpu.index);
+            }
         }
     }
     let mut out: Vec<Sum<K>> = groups
         .into_iter()
         .map(|(key, group)| {
             let acc = std::mem::take(&mut accs[group]);
-            let mut pids = acc.pids;
-            pids.sort_unstable();
-            pids.dedup();
+            let mut gpus = acc.gpus;
+            gpus.sort_unstable();
+            gpus.dedup();
             Sum {
                 key,
                 used_bytes: acc.used_bytes,
-                gpus: acc.gpus.into_iter().collect(),
-                processes: pids.len(),
+                gpus,
+                processes: acc.processes,
             }
         })
         .collect();
