@@ -75,9 +75,12 @@ impl Settings {
         let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())?;
         let holders = HolderScan {
             dev_dir: config::device_dir(Some(&loaded))?,
+            // The system file's, as for [watchdog]: a user file does not steer the daemon.
             above_unattributed: Some(
                 loaded
-                    .holders_threshold()
+                    .system
+                    .as_ref()
+                    .and_then(|(_, config)| config.holders_threshold)
                     .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD),
             ),
         };
