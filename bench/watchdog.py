@@ -14,7 +14,10 @@ both readings are taken the moment the file changes.
 The same run with no processes is the reference: the fixed cost of 8 GPUs through NVML,
 the metrics file and the peak marks.
 
-Usage: bench/watchdog.py [--processes 256] [--seconds 10]
+With --owners N each stand-in names a Slurm job in its environment (SLURM_JOB_ID, N jobs in
+turn), so that the per-owner metrics have N owners to sum and cap.
+
+Usage: bench/watchdog.py [--processes 256] [--seconds 10] [--owners 200] [--repeat 5]
 Needs release builds: cargo build --release -p gpuctl-watchdog -p nvml-sim -p gpuctl-e2e
 """
 
@@ -79,16 +82,21 @@ def next_loops(metrics_file, pid):
         time.sleep(0.002)
 
 
-def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None):
+def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None, owners=0):
     testproc = built("gpuctl-testproc")
     stand_ins = []
     for i in range(processes):
         kwargs = {"user": 65534, "group": 65534} if os.geteuid() == 0 else {}
+        env = {"GPUCTL_TESTPROC_MODE": "sleep"}
+        if owners:
+            # Its own job (in turn over `owners`), named by the environment as Slurm's
+            # proctrack/linuxproc leaves it: owner slurm:JOB@UID, one metrics series each.
+            env["SLURM_JOB_ID"] = str(1000 + i % owners)
         stand_ins.append(
             subprocess.Popen(
                 ["python3", "train.py", "--rank", str(i)],
                 executable=testproc,
-                env={"GPUCTL_TESTPROC_MODE": "sleep"},
+                env=env,
                 stdin=subprocess.DEVNULL,
                 **kwargs,
             )
@@ -143,6 +151,7 @@ def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None
                 time.sleep(0.1)
             loops1, cpu1 = next_loops(metrics_file, daemon.pid)
             hwm = status_kib(daemon.pid, "VmHWM")
+            size = os.path.getsize(metrics_file)
         finally:
             daemon.terminate()
             daemon.wait()
@@ -151,6 +160,7 @@ def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None
                 p.wait()
     n = loops1 - loops0
     return {
+        "metrics_bytes": size,
         "median_rss_mib": statistics.median(rss) / 1024,
         "peak_rss_mib": hwm / 1024,
         "loops": n,
@@ -170,20 +180,33 @@ def main():
     parser.add_argument("--interval", default="100ms",
                         help="the watchdog's interval; from 1s on, every loop reads every "
                         "process's stat again (the refresh period is at most a second)")
+    parser.add_argument("--owners", type=int, default=0,
+                        help="give the processes this many distinct owners (Slurm jobs named "
+                        "by their environment) instead of one: the per-owner metrics' cost")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure the processes this many times (the median is the figure)")
     parser.add_argument("--target", help="the release build directory to measure "
                         "(default target/release)")
     args = parser.parse_args()
     if args.target:
         global TARGET
         TARGET = os.path.abspath(args.target)
-    print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}")
-    for processes in (0, args.processes):
+    print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}"
+          f" {'metrics':>9}")
+    runs = [0] + [args.processes] * args.repeat
+    cpu = []
+    for processes in runs:
         r = measure(processes, args.seconds, args.interval, spread=args.spread,
-                    stuck_after=args.stuck_after)
+                    stuck_after=args.stuck_after, owners=args.owners)
+        if processes:
+            cpu.append(r["cpu_ms_per_loop"])
         print(
             f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
             f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"
+            f" {r['metrics_bytes']:>7} B"
         )
+    if len(cpu) > 1:
+        print(f"median CPU/loop over {len(cpu)} runs: {statistics.median(cpu):.3f} ms")
 
 
 if __name__ == "__main__":

@@ -1217,3 +1217,177 @@ fn a_leftover_in_one_mig_instance_is_reclaimed_and_the_neighbour_lives() {
             })
     });
 }
+
+/// promtool, which the fleet families are checked with: a missing one fails the test (a
+/// check skipped in silence passes nothing).
+fn promtool() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("promtool"))
+        .find(|path| path.is_file())
+        .expect("promtool is missing: run scripts/fetch-prometheus")
+}
+
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut check = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The sample of `series` (name and labels as written) in `text`.
+fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+}
+
+#[test]
+fn the_fleet_families_pass_promtool_and_follow_a_reload() {
+    promtool();
+    let sim = Sim::new("");
+    let dev = sim.dev_dir();
+    let gpus = || {
+        Scenario::new()
+            .device_dir(&dev)
+            .gpu(Gpu::h200().leaked(2 * crate::util::GIB))
+            .gpu(Gpu::h200())
+    };
+    // The device files, created by a first NVML client, for the holder to open.
+    sim.write(&gpus());
+    let first = sim.run(&["info"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let impostor = Proc::spawn_ready("sleep", "nvidia-persistenced", &[]);
+    let hidden = Proc::spawn_holding("python3", &["infer.py"], &[&dev.join("nvidia1")]);
+    let mut processes = vec![process(impostor.pid(), 0, 4096, 30)];
+    let other = is_root().then(|| Proc::spawn_as(65534, "sleep", &[]));
+    if let Some(other) = &other {
+        processes.push(process(other.pid(), 1, 1024, 30));
+    }
+    sim.write(&gpus().processes(processes));
+    configure(&sim, "", "");
+    let mut daemon = Daemon::start_with({
+        let mut command = command(&sim, &[]);
+        command.env("GPUCTL_DEV_DIR", &dev);
+        command
+    });
+    let mut text = String::new();
+    wait_until(Duration::from_secs(10), || {
+        text = metrics(&sim);
+        text.contains("gpuctl_findings{kind=\"impostor\"} 1")
+    });
+    promtool_check(&text);
+    for kind in [
+        "orphaned",
+        "zombie_holder",
+        "stopped",
+        "uninterruptible",
+        "unattributed",
+        "above_fraction",
+        "unlisted_holder",
+        "stuck",
+        "impostor",
+    ] {
+        assert!(
+            sample(&text, &format!("gpuctl_findings{{kind=\"{kind}\"}}")).is_some(),
+            "{kind}: {text}"
+        );
+    }
+    let gpu = |index: u32| {
+        let uuid = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("gpuctl_gpu_up{{gpu=\"{index}\",uuid=\""))?
+                    .split('"')
+                    .next()
+            })
+            .unwrap_or_else(|| panic!("GPU {index}: {text}"));
+        format!("{{gpu=\"{index}\",uuid=\"{uuid}\"}}")
+    };
+    let (gpu0, gpu1) = (gpu(0), gpu(1));
+    assert_eq!(
+        sample(&text, &format!("gpuctl_gpu_unattributed_bytes{gpu0}")),
+        Some("2147483648"),
+        "{text}"
+    );
+    // 2 GiB unattributed on GPU 0: the holder scan ran, and saw the unlisted one on GPU 1.
+    assert_eq!(
+        sample(&text, &format!("gpuctl_holders{gpu1}")),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &format!("gpuctl_holders{gpu0}")),
+        Some("0"),
+        "{text}"
+    );
+    // SAFETY: geteuid(2) takes nothing, cannot fail and touches no memory of ours.
+    let me = user_name(unsafe { libc::geteuid() });
+    assert_eq!(
+        sample(&text, &format!("gpuctl_user_memory_bytes{{user=\"{me}\"}}")),
+        Some("4294967296"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &format!("gpuctl_user_processes{{user=\"{me}\"}}")),
+        Some("1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ngpuctl_owner_memory_bytes{owner_kind=\""),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "gpuctl_watchdog_interval_seconds"),
+        Some("0.2"),
+        "{text}"
+    );
+
+    // A reload: the new interval, and the cap (two users, one series and "other").
+    let good = std::fs::read_to_string(sim.config_path()).unwrap();
+    write_config(
+        &sim.config_path(),
+        &good
+            .replace("interval = \"200ms\"", "interval = \"300ms\"")
+            .replace("[watchdog]", "[watchdog]\nmetrics_max_owners = 1"),
+    );
+    daemon.signal(libc::SIGHUP);
+    daemon.expect(&["ACTION=reload"], Duration::from_secs(5));
+    wait_until(Duration::from_secs(10), || {
+        text = metrics(&sim);
+        sample(&text, "gpuctl_watchdog_interval_seconds") == Some("0.3")
+    });
+    promtool_check(&text);
+    if other.is_some() {
+        assert_eq!(
+            sample(&text, "gpuctl_user_memory_bytes{user=\"other\"}"),
+            Some("1073741824"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("\ngpuctl_user_memory_bytes{").count(),
+            2,
+            "{text}"
+        );
+    }
+    drop(hidden);
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+}

@@ -802,7 +802,7 @@ fn watchdog_table() {
     };
     assert_eq!(
         error("[watchdog]\nintervall = \"5s\""),
-        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir, stuck_after, stuck_util_pct, stuck_power_fraction)"
+        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir, stuck_after, stuck_util_pct, stuck_power_fraction, metrics_max_owners)"
     );
     // The stuck-GPU check: defaults, values, and bad values naming the key.
     assert_eq!(defaults.stuck_after, Duration::from_secs(600));

@@ -36,6 +36,8 @@ struct Seen {
     /// NVML is re-opened after this pass.
     reopen: bool,
     now: Instant,
+    /// The device-file holder scan ran in this pass.
+    holders_scanned: bool,
 }
 
 /// What one pass found.
@@ -50,7 +52,22 @@ struct Judged {
     /// Processes above their share, and stuck GPUs (reported only).
     over: Vec<Finding>,
     stuck: Vec<Finding>,
+    /// Current findings per kind, impostors last (the metrics).
+    counts: Vec<(&'static str, usize)>,
 }
+
+/// The last device-file holder scan: it reads every process's descriptors, so it runs at
+/// most once a minute, and its result stands for that minute.
+struct HoldersSeen {
+    at: Instant,
+    /// Unlisted holders per GPU index, for the GPUs scanned.
+    per_gpu: Vec<(u32, usize)>,
+    /// The unlisted-holder findings it gave.
+    findings: usize,
+}
+
+/// How often the holder scan may run.
+const HOLDER_SCAN_EVERY: Duration = Duration::from_secs(60);
 
 /// The result of one pass, for `--once`.
 #[derive(Debug, Default)]
@@ -86,6 +103,7 @@ pub struct Daemon {
     status: String,
     ready_sent: bool,
     peaks: Option<PeakStore>,
+    holders: Option<HoldersSeen>,
 }
 
 impl Daemon {
@@ -121,6 +139,7 @@ impl Daemon {
             status: String::new(),
             ready_sent: false,
             peaks,
+            holders: None,
         }
     }
 
@@ -269,20 +288,24 @@ impl Daemon {
             Some(mut view) => view.refresh_uptime().map(|()| view),
             None => ProcView::system(),
         };
+        let holders_due = self
+            .holders
+            .as_ref()
+            .is_none_or(|h| h.at.elapsed() >= HOLDER_SCAN_EVERY);
+        let options = SnapshotOptions {
+            // Only when some GPU has holders_threshold unattributed (checked by the snapshot).
+            holders: holders_due.then(|| self.settings.holders.clone()),
+            // Utilization and power too, for the stuck-GPU check.
+            ..SnapshotOptions::watch(self.settings.policy.stuck.is_some())
+        };
         let taken = view.map_err(|e| e.to_string()).and_then(|view| {
-            Snapshot::take_cached(
-                gpus,
-                &view,
-                // Utilization and power too, for the stuck-GPU check.
-                &SnapshotOptions::watch(self.settings.policy.stuck.is_some()),
-                &mut self.facts,
-            )
-            .map(|snapshot| {
-                let lineages = snapshot.lineages_cached(&view, &mut self.facts);
-                self.proc_view = Some(view);
-                (snapshot, lineages)
-            })
-            .map_err(|e| e.to_string())
+            Snapshot::take_cached(gpus, &view, &options, &mut self.facts)
+                .map(|snapshot| {
+                    let lineages = snapshot.lineages_cached(&view, &mut self.facts);
+                    self.proc_view = Some(view);
+                    (snapshot, lineages)
+                })
+                .map_err(|e| e.to_string())
         });
         let (snapshot, lineages) = match taken {
             Ok(taken) => taken,
@@ -295,6 +318,21 @@ impl Daemon {
             }
         };
         let now = Instant::now();
+        let holders_scanned = snapshot.read_times.holders.is_some();
+        if holders_scanned {
+            self.holders = Some(HoldersSeen {
+                at: now,
+                per_gpu: snapshot
+                    .devices
+                    .iter()
+                    .filter_map(|g| Some((g.index, g.holders.as_ref()?.len())))
+                    .collect(),
+                findings: 0,
+            });
+        } else if holders_due {
+            // Due but not wanted: no GPU has holders_threshold unattributed any more.
+            self.holders = None;
+        }
         let incomplete = self.note_incomplete(&snapshot);
         // A GPU lost or failing may be a driver reload, which a new NVML session sees past.
         let reopen_may_help = snapshot
@@ -321,6 +359,7 @@ impl Daemon {
             incomplete,
             reopen,
             now,
+            holders_scanned,
         })
     }
 
@@ -386,8 +425,22 @@ impl Daemon {
         );
         self.findings_log
             .findings(&self.log, &self.settings.watchdog, snapshot, &findings);
-        self.findings_log
+        let impostors = self
+            .findings_log
             .impostors(&self.log, &self.settings.guard, snapshot);
+        let mut counts = publish::finding_counts(&findings, impostors);
+        // Unlisted holders are found only by the scan: its count stands until the next one.
+        if let Some(holders) = &mut self.holders
+            && let Some((_, n)) = counts
+                .iter_mut()
+                .find(|(k, _)| *k == Kind::UnlistedHolder.name())
+        {
+            if seen.holders_scanned {
+                holders.findings = *n;
+            } else {
+                *n = holders.findings;
+            }
+        }
         let grace = self.settings.watchdog.grace;
 
         // Leftovers: a reclaim verdict of a kind the watchdog reclaims.
@@ -477,6 +530,7 @@ impl Daemon {
             due,
             over,
             stuck,
+            counts,
         }
     }
 
@@ -572,6 +626,19 @@ impl Daemon {
         let snapshot = &seen.snapshot;
         self.metrics.nvml_up = true;
         self.metrics.gpus = publish::gpu_metrics(snapshot, &judged.stale, &judged.stuck);
+        if let Some(holders) = &self.holders {
+            for gpu in &mut self.metrics.gpus {
+                gpu.holders = holders
+                    .per_gpu
+                    .iter()
+                    .find(|(i, _)| *i == gpu.index)
+                    .map(|(_, n)| *n);
+            }
+        }
+        let max = self.settings.watchdog.metrics_max_owners;
+        self.metrics.users = publish::user_holdings(snapshot, max);
+        self.metrics.owners = publish::owner_holdings(snapshot, max);
+        self.metrics.findings = judged.counts.clone();
         if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(units::unix_seconds());
         }
@@ -632,11 +699,17 @@ impl Daemon {
         }
         self.metrics.nvml_up = false;
         self.metrics.gpus.clear();
+        // Nothing is known of who holds what: no rows, and no findings.
+        self.metrics.users.clear();
+        self.metrics.owners.clear();
+        self.metrics.findings = publish::finding_counts(&[], 0);
         self.publish();
     }
 
     /// STATUS= and the metrics file.
     fn publish(&mut self) {
+        // Read here so that a reload's interval shows at once.
+        self.metrics.interval_seconds = self.settings.watchdog.interval.as_secs_f64();
         let path = self.settings.watchdog.metrics_path().map(PathBuf::from);
         self.publisher.publish(
             &self.notify,

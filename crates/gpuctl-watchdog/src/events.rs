@@ -20,12 +20,15 @@ pub struct FindingLog {
     logged: PidSet<(Option<Identity>, Vec<u32>, Kind, Verdict)>,
     /// Processes whose claim to a protected name was judged (impostors are logged once).
     claims_judged: PidSet<Identity>,
+    /// Those of them judged impostors, while they run (the metrics count them).
+    impostors: PidSet<Identity>,
 }
 
 impl FindingLog {
     /// Each process that names itself after a protected program without being it, once: it
-    /// is not protected. Judged once per process (its executable cannot change).
-    pub fn impostors(&mut self, log: &Logger, guard: &Guard, snapshot: &Snapshot) {
+    /// is not protected. Judged once per process (its executable cannot change). Returns how
+    /// many impostors hold a GPU now.
+    pub fn impostors(&mut self, log: &Logger, guard: &Guard, snapshot: &Snapshot) -> usize {
         let protection = guard.protection();
         let mut seen: PidSet<Identity> = PidSet::default();
         let mut impostors = Vec::new();
@@ -47,6 +50,9 @@ impl FindingLog {
             }
         }
         self.claims_judged.retain(|id| seen.contains(id));
+        self.impostors.retain(|id| seen.contains(id));
+        self.impostors
+            .extend(impostors.iter().map(|(id, _, _)| *id));
         for (id, name, why) in impostors {
             let fields = fields_of(
                 snapshot,
@@ -66,6 +72,7 @@ impl FindingLog {
                 &fields,
             );
         }
+        self.impostors.len()
     }
 
     /// Each finding once, when it appears (and again if it goes away and comes back). Those

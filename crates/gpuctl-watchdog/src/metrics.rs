@@ -19,6 +19,10 @@ pub struct GpuMetrics {
     pub stuck: bool,
     /// Its MIG devices, on a MIG-enabled GPU.
     pub instances: Vec<InstanceMetrics>,
+    /// Memory in use that no listed process accounts for, where known.
+    pub unattributed_bytes: Option<u64>,
+    /// Processes holding its device file that NVML does not list, where the scan ran.
+    pub holders: Option<usize>,
 }
 
 /// One MIG device's series, labelled with its GPU, GPU instance id and MIG UUID.
@@ -28,6 +32,16 @@ pub struct InstanceMetrics {
     pub mig_uuid: String,
     pub used_bytes: Option<u64>,
     pub total_bytes: Option<u64>,
+    pub processes: usize,
+    pub unattributed_bytes: Option<u64>,
+}
+
+/// One user's or owner's row: its labels' values, memory and distinct processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    /// The user; or the owner's kind and key.
+    pub labels: Vec<String>,
+    pub used_bytes: u64,
     pub processes: usize,
 }
 
@@ -41,6 +55,43 @@ pub struct Metrics {
     pub loops_total: u64,
     /// Unix time of the last snapshot in which every GPU answered.
     pub last_good_poll: Option<f64>,
+    /// Per user and per owner, capped (see `publish::capped`).
+    pub users: Vec<Holding>,
+    pub owners: Vec<Holding>,
+    /// Current findings per kind, every kind (0 when none).
+    pub findings: Vec<(&'static str, usize)>,
+    /// The loop interval in force, in seconds.
+    pub interval_seconds: f64,
+}
+
+impl Metrics {
+    /// Whether `self` and `other` say the same apart from the two series that change every
+    /// loop (the loop counter and the poll time): then the file need not be rewritten.
+    pub fn same_but_per_loop(&self, other: &Metrics) -> bool {
+        // Destructured, so that a field added is a field compared.
+        let Metrics {
+            nvml_up,
+            gpus,
+            reclaims_total,
+            reclaimed_bytes_total,
+            reclaim_failures_total,
+            loops_total: _,
+            last_good_poll: _,
+            users,
+            owners,
+            findings,
+            interval_seconds,
+        } = self;
+        *nvml_up == other.nvml_up
+            && *gpus == other.gpus
+            && *reclaims_total == other.reclaims_total
+            && *reclaimed_bytes_total == other.reclaimed_bytes_total
+            && *reclaim_failures_total == other.reclaim_failures_total
+            && *users == other.users
+            && *owners == other.owners
+            && *findings == other.findings
+            && *interval_seconds == other.interval_seconds
+    }
 }
 
 fn escape(value: &str) -> String {
@@ -109,6 +160,17 @@ pub fn render(m: &Metrics) -> String {
          steady memory, as a job hung in a collective looks (1), or not (0).",
         &|g| Some(u64::from(g.stuck)),
     ));
+    blocks.push(per_gpu(
+        "gpuctl_gpu_unattributed_bytes",
+        "GPU memory in use that no listed process accounts for.",
+        &|g| g.unattributed_bytes,
+    ));
+    blocks.push(per_gpu(
+        "gpuctl_holders",
+        "Processes holding the GPU's device file that NVML does not list (GPUs the \
+         device-file scan ran for: some GPU had holders_threshold unattributed, at most once a minute).",
+        &|g| g.holders.map(|n| n as u64),
+    ));
     let mut per_instance =
         |name: &str, help: &str, value: &dyn Fn(&InstanceMetrics) -> Option<u64>| {
             let name = family(name, "gauge", help);
@@ -143,6 +205,69 @@ pub fn render(m: &Metrics) -> String {
         "Processes holding memory in a MIG device (GPU instance).",
         &|i| Some(i.processes as u64),
     ));
+    blocks.push(per_instance(
+        "gpuctl_mig_unattributed_bytes",
+        "Memory in use in a MIG device that no listed process accounts for.",
+        &|i| i.unattributed_bytes,
+    ));
+    let mut per_holding = |name: &str,
+                           help: &str,
+                           keys: &[&str],
+                           rows: &[Holding],
+                           value: &dyn Fn(&Holding) -> u64| {
+        let name = family(name, "gauge", help);
+        rows.iter()
+            .map(|row| {
+                let mut line = format!("{name}{{");
+                for (i, (key, value)) in keys.iter().zip(&row.labels).enumerate() {
+                    let comma = if i == 0 { "" } else { "," };
+                    let _ = write!(line, "{comma}{key}=\"{}\"", escape(value));
+                }
+                let _ = write!(line, "}} {}", value(row));
+                line
+            })
+            .collect::<Vec<_>>()
+    };
+    blocks.push(per_holding(
+        "gpuctl_user_memory_bytes",
+        "GPU memory held by each user's processes, summed over GPUs (the largest \
+         watchdog.metrics_max_owners users; the rest in user=\"other\").",
+        &["user"],
+        &m.users,
+        &|h| h.used_bytes,
+    ));
+    blocks.push(per_holding(
+        "gpuctl_user_processes",
+        "GPU processes (distinct pids) of each user, for the users of gpuctl_user_memory_bytes.",
+        &["user"],
+        &m.users,
+        &|h| h.processes as u64,
+    ));
+    blocks.push(per_holding(
+        "gpuctl_owner_memory_bytes",
+        "GPU memory by owner (the key gpuctl kill --owner takes; the largest \
+         watchdog.metrics_max_owners owners; the rest in owner=\"other\").",
+        &["owner_kind", "owner"],
+        &m.owners,
+        &|h| h.used_bytes,
+    ));
+    let name = family(
+        "gpuctl_findings",
+        "gauge",
+        "Current findings of each kind (impostor: a process claiming a protected name that is not it).",
+    );
+    blocks.push(
+        m.findings
+            .iter()
+            .map(|(kind, n)| format!("{name}{{kind=\"{kind}\"}} {n}"))
+            .collect(),
+    );
+    let name = family(
+        "gpuctl_watchdog_interval_seconds",
+        "gauge",
+        "The watchdog's loop interval in force.",
+    );
+    blocks.push(vec![format!("{name} {}", m.interval_seconds)]);
     let counters = [
         (
             "gpuctl_reclaims_total",
@@ -221,11 +346,15 @@ mod tests {
                     used_bytes: Some(3),
                     total_bytes: Some(4),
                     processes: 1,
+                    unattributed_bytes: Some(2),
                 }],
+                unattributed_bytes: None,
+                holders: Some(3),
             }],
             reclaims_total: 3,
             reclaimed_bytes_total: 7,
             last_good_poll: Some(12.5),
+            interval_seconds: 0.5,
             ..Metrics::default()
         });
         assert!(text.contains(
@@ -251,11 +380,104 @@ mod tests {
             text.contains("gpuctl_last_good_poll_timestamp_seconds 12.500\n"),
             "{text}"
         );
+        // An unknown figure is no sample; the family is still declared.
+        assert!(
+            text.contains("# TYPE gpuctl_gpu_unattributed_bytes gauge\n# HELP"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpuctl_holders{gpu=\"0\",uuid=\"GPU-1\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpuctl_mig_unattributed_bytes{gpu=\"0\",uuid=\"GPU-1\",gpu_instance=\"9\",mig_uuid=\"MIG-1\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpuctl_watchdog_interval_seconds 0.5\n"),
+            "{text}"
+        );
         // Every sample line's family was declared.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
         }
+    }
+
+    /// What a user controls (a user name, a cgroup's unit name) is one label value: it
+    /// can neither end the line nor add a label.
+    #[test]
+    fn hostile_label_values_stay_one_value() {
+        let hostile = "a\"b\\c\nd}e,f=\"g";
+        let text = render(&Metrics {
+            users: vec![Holding {
+                labels: vec![hostile.into()],
+                used_bytes: 1,
+                processes: 1,
+            }],
+            owners: vec![Holding {
+                labels: vec!["unit".into(), format!("unit:{hostile}")],
+                used_bytes: 2,
+                processes: 1,
+            }],
+            ..Metrics::default()
+        });
+        let escaped = "a\\\"b\\\\c\\nd}e,f=\\\"g";
+        assert!(
+            text.contains(&format!(
+                "gpuctl_user_memory_bytes{{user=\"{escaped}\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "gpuctl_owner_memory_bytes{{owner_kind=\"unit\",owner=\"unit:{escaped}\"}} 2\n"
+            )),
+            "{text}"
+        );
+        // Every sample is one line of name, labels, value: unescaped quotes come in pairs
+        // around each of the family's labels.
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("gpuctl_user") || l.starts_with("gpuctl_owner"))
+        {
+            let unescaped = line.replace("\\\\", "").replace("\\\"", "");
+            let labels = if line.starts_with("gpuctl_owner") {
+                2
+            } else {
+                1
+            };
+            assert_eq!(unescaped.matches('"').count(), 2 * labels, "{line}");
+            // Outside the quoted values: the name, one `key=` per label, the value.
+            let outside: String = unescaped.split('"').step_by(2).collect();
+            assert_eq!(outside.matches('=').count(), labels, "{line}");
+            assert_eq!(outside.matches('}').count(), 1, "{line}");
+        }
+    }
+
+    #[test]
+    fn only_the_loop_counter_and_poll_time_are_per_loop() {
+        let a = Metrics {
+            loops_total: 1,
+            last_good_poll: Some(1.0),
+            ..Metrics::default()
+        };
+        let b = Metrics {
+            loops_total: 2,
+            last_good_poll: Some(2.0),
+            ..Metrics::default()
+        };
+        assert!(a.same_but_per_loop(&b));
+        let c = Metrics {
+            findings: vec![("impostor", 1)],
+            ..b.clone()
+        };
+        assert!(!a.same_but_per_loop(&c));
+        let d = Metrics {
+            interval_seconds: 1.0,
+            ..b
+        };
+        assert!(!a.same_but_per_loop(&d));
     }
 
     #[test]

@@ -4,14 +4,17 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpuctl_core::classify::Finding;
+use gpuctl_core::classify::{Finding, Kind};
+use gpuctl_core::host;
+use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::pidmap::PidSet;
 use gpuctl_core::report::{WatchdogFinding, WatchdogFindings, watchdog_findings_path};
+use gpuctl_core::snapshot::totals::{self, Sum};
 use gpuctl_core::snapshot::{GpuStatus, Snapshot};
 use gpuctl_core::units;
 
 use crate::log::{Logger, Priority};
-use crate::metrics::{self, GpuMetrics, InstanceMetrics, Metrics};
+use crate::metrics::{self, GpuMetrics, Holding, InstanceMetrics, Metrics};
 use crate::notify::Notifier;
 
 /// What was last written, so that a file is not rewritten when nothing changed, and each
@@ -45,22 +48,18 @@ impl Publisher {
         let Some(path) = path else {
             return;
         };
-        // What the file says apart from the two series that change every loop.
-        let state = Metrics {
-            loops_total: 0,
-            last_good_poll: None,
-            ..metrics.clone()
-        };
         let now = Instant::now();
         if let Some((at, written)) = &self.metrics_written
-            && *written == state
+            && written.same_but_per_loop(metrics)
             && now.saturating_duration_since(*at) < Duration::from_secs(1)
         {
             return;
         }
         let text = metrics::render(metrics);
         let result = metrics::write_atomic(path, &text);
-        self.metrics_written = result.is_ok().then_some((now, state));
+        // Cloned only when written (the per-user and per-owner rows are a few hundred
+        // strings), not each loop.
+        self.metrics_written = result.is_ok().then(|| (now, metrics.clone()));
         let error = result.err().map(|e| format!("{}: {e}", path.display()));
         if error != self.metrics_error {
             match &error {
@@ -138,6 +137,9 @@ pub fn gpu_metrics(snapshot: &Snapshot, stale: &[Finding], stuck: &[Finding]) ->
             processes: g.processes.len(),
             stale: stale_per_gpu(g.index),
             stuck: stuck.iter().any(|f| f.gpus.contains(&g.index)),
+            unattributed_bytes: g.memory.and_then(|m| m.unattributed_bytes),
+            // Filled by the daemon, which keeps a scan's result for a minute.
+            holders: None,
             instances: g
                 .mig_devices
                 .iter()
@@ -148,11 +150,87 @@ pub fn gpu_metrics(snapshot: &Snapshot, stale: &[Finding], stuck: &[Finding]) ->
                         used_bytes: m.memory.map(|mem| mem.used_bytes),
                         total_bytes: m.memory.map(|mem| mem.total_bytes),
                         processes: m.processes.len(),
+                        unattributed_bytes: m.memory.and_then(|mem| mem.unattributed_bytes),
                     })
                 })
                 .collect(),
         })
         .collect()
+}
+
+/// Per-user rows: the name, else "uid N" (else "?"), through core's totals.
+pub fn user_holdings(snapshot: &Snapshot, max: usize) -> Vec<Holding> {
+    let sums = totals::sums(snapshot, |host| {
+        host::user_label(host.user.as_deref(), host.uid).unwrap_or_else(|| "?".into())
+    });
+    capped(sums, max, |user| vec![user], || vec!["other".into()])
+}
+
+/// Per-owner rows, keyed as `gpuctl kill --owner` names owners (`slurm:812`); a process
+/// with no owner, or one whose owner cannot be read or named, is owner "none".
+pub fn owner_holdings(snapshot: &Snapshot, max: usize) -> Vec<Holding> {
+    let sums = totals::sums(snapshot, |host| {
+        host.owner.as_ref().and_then(OwnerMatch::of)
+    });
+    capped(
+        sums,
+        max,
+        |owner| match owner {
+            Some(owner) => vec![owner.kind().to_string(), owner.to_string()],
+            None => vec!["none".into(), "none".into()],
+        },
+        || vec!["other".into(), "other".into()],
+    )
+}
+
+/// The `max` largest groups (`sums` comes largest first), and the rest summed into one
+/// `other` row, so that a host with thousands of jobs cannot flood Prometheus.
+fn capped<K>(
+    sums: Vec<Sum<K>>,
+    max: usize,
+    labels: impl Fn(K) -> Vec<String>,
+    other: impl FnOnce() -> Vec<String>,
+) -> Vec<Holding> {
+    let mut rows = Vec::with_capacity(sums.len().min(max) + 1);
+    let mut rest: Option<Holding> = None;
+    for (i, sum) in sums.into_iter().enumerate() {
+        if i < max {
+            rows.push(Holding {
+                labels: labels(sum.key),
+                used_bytes: sum.used_bytes,
+                processes: sum.processes,
+            });
+        } else {
+            let rest = rest.get_or_insert_with(|| Holding {
+                labels: Vec::new(),
+                used_bytes: 0,
+                processes: 0,
+            });
+            rest.used_bytes = rest.used_bytes.saturating_add(sum.used_bytes);
+            // A process is in one group only, so distinct counts add up.
+            rest.processes += sum.processes;
+        }
+    }
+    if let Some(mut rest) = rest {
+        rest.labels = other();
+        rows.push(rest);
+    }
+    rows
+}
+
+/// How many of each kind of finding there are now, every kind listed, then the impostors.
+pub fn finding_counts(findings: &[Finding], impostors: usize) -> Vec<(&'static str, usize)> {
+    let mut counts: Vec<(&'static str, usize)> = Kind::ALL
+        .iter()
+        .map(|&kind| {
+            (
+                kind.name(),
+                findings.iter().filter(|f| f.kind == kind).count(),
+            )
+        })
+        .collect();
+    counts.push(("impostor", impostors));
+    counts
 }
 
 /// What the daemon is doing, for systemd's STATUS line.
@@ -230,4 +308,220 @@ pub fn clock_time() -> String {
     // wrapper for it.
     unsafe { libc::localtime_r(&now, &mut tm) };
     format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use gpuctl_core::host::HostProcess;
+    use gpuctl_core::owner::Owner;
+    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+
+    use super::*;
+
+    fn process(pid: u32, gib: u64, user: Option<&str>, owner: Option<Owner>) -> GpuProcess {
+        let mut host = HostProcess::unconfirmed("test");
+        host.confirmed = true;
+        host.user = user.map(str::to_string);
+        host.uid = Some(1000 + pid);
+        host.owner = owner;
+        GpuProcess {
+            pid,
+            used_bytes: Some(gib << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            host: Arc::new(host),
+        }
+    }
+
+    fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
+        Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices: vec![GpuSnapshot {
+                processes,
+                ..GpuSnapshot::unread(0)
+            }],
+            read_times: ReadTimes::default(),
+        }
+    }
+
+    fn job(job_id: u64, uid: Option<u32>, from_environ: bool) -> Option<Owner> {
+        Some(Owner::SlurmJob {
+            job_id,
+            step: Some("0".into()),
+            uid,
+            from_environ,
+        })
+    }
+
+    #[test]
+    fn owners_are_keyed_as_kill_owner_takes_them() {
+        let snapshot = snapshot(vec![
+            process(1, 4, Some("alice"), job(812, None, false)),
+            process(2, 3, None, job(813, Some(1000), true)),
+            process(
+                3,
+                2,
+                Some("bob"),
+                Some(Owner::SystemdUnit {
+                    unit: "nginx.service".into(),
+                }),
+            ),
+            process(4, 1, Some("bob"), Some(Owner::None)),
+        ]);
+        let owners: Vec<(Vec<String>, u64)> = owner_holdings(&snapshot, 50)
+            .into_iter()
+            .map(|h| (h.labels, h.used_bytes >> 30))
+            .collect();
+        let row = |kind: &str, owner: &str, gib| (vec![kind.to_string(), owner.to_string()], gib);
+        assert_eq!(
+            owners,
+            vec![
+                row("slurm", "slurm:812", 4),
+                row("slurm", "slurm:813@1000", 3),
+                row("unit", "unit:nginx.service", 2),
+                row("none", "none", 1),
+            ]
+        );
+        let users: Vec<(Vec<String>, u64, usize)> = user_holdings(&snapshot, 50)
+            .into_iter()
+            .map(|h| (h.labels, h.used_bytes >> 30, h.processes))
+            .collect();
+        assert_eq!(
+            users,
+            vec![
+                (vec!["alice".to_string()], 4, 1),
+                // Equal memory: by name.
+                (vec!["bob".to_string()], 3, 2),
+                (vec!["uid 1002".to_string()], 3, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn owners_beyond_the_cap_are_summed_into_other() {
+        // 200 jobs of 1..=200 GiB: the 50 largest kept, the rest one row, nothing lost.
+        let snapshot = snapshot(
+            (1..=200)
+                .map(|n| {
+                    process(
+                        n,
+                        u64::from(n),
+                        Some("alice"),
+                        job(u64::from(n), None, false),
+                    )
+                })
+                .collect(),
+        );
+        let owners = owner_holdings(&snapshot, 50);
+        assert_eq!(owners.len(), 51);
+        assert_eq!(owners[0].labels, ["slurm", "slurm:200"]);
+        assert_eq!(owners[49].labels, ["slurm", "slurm:151"]);
+        let other = &owners[50];
+        assert_eq!(other.labels, ["other", "other"]);
+        assert_eq!(other.processes, 150);
+        assert_eq!(other.used_bytes >> 30, (1..=150).sum::<u64>());
+        let total: u64 = owners.iter().map(|h| h.used_bytes).sum();
+        assert_eq!(total >> 30, (1..=200).sum::<u64>());
+        assert_eq!(owners.iter().map(|h| h.processes).sum::<usize>(), 200);
+        // Within the cap: no "other" row.
+        assert_eq!(owner_holdings(&snapshot, 200).len(), 200);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use std::sync::Arc;
+    use std::time::{Instant, SystemTime};
+
+    use gpuctl_core::host::HostProcess;
+    use gpuctl_core::owner::Owner;
+    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+
+    use super::*;
+
+    /// The per-loop cost of the fleet rows at 8 GPUs x 256 processes, 200 owners:
+    /// `cargo test --release -p gpuctl-watchdog -- --ignored --nocapture fleet_rows`.
+    #[test]
+    #[ignore = "a measurement, run by hand in release"]
+    fn fleet_rows_cost() {
+        let hosts: Vec<Arc<HostProcess>> = (0..256u32)
+            .map(|i| {
+                let mut host = HostProcess::unconfirmed("t");
+                host.confirmed = true;
+                host.user = Some("nobody".into());
+                host.uid = Some(65534);
+                host.owner = Some(Owner::SlurmJob {
+                    job_id: 1000 + u64::from(i % 200),
+                    step: None,
+                    uid: Some(65534),
+                    from_environ: true,
+                });
+                Arc::new(host)
+            })
+            .collect();
+        let devices = (0..8)
+            .map(|g| GpuSnapshot {
+                processes: hosts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, host)| GpuProcess {
+                        pid: 100 + i as u32,
+                        used_bytes: Some(1 << 30),
+                        kind: ProcessType::Compute,
+                        sm_util_pct: None,
+                        gpu_instance_id: None,
+                        compute_instance_id: None,
+                        host: host.clone(),
+                    })
+                    .collect(),
+                ..GpuSnapshot::unread(g)
+            })
+            .collect();
+        let snapshot = Snapshot {
+            taken_at: SystemTime::now(),
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host_pid_namespace: true,
+            devices,
+            read_times: ReadTimes::default(),
+        };
+        let mut written = Metrics::default();
+        let rounds = 2000;
+        let started = Instant::now();
+        for _ in 0..rounds {
+            let m = Metrics {
+                users: user_holdings(&snapshot, 50),
+                owners: owner_holdings(&snapshot, 50),
+                findings: finding_counts(&[], 0),
+                ..Metrics::default()
+            };
+            if !written.same_but_per_loop(&m) {
+                written = m;
+            }
+        }
+        let per = started.elapsed() / rounds;
+        println!("fleet rows per loop: {per:?}");
+        let started = Instant::now();
+        for _ in 0..rounds {
+            std::hint::black_box(user_holdings(&snapshot, 50));
+        }
+        println!("users: {:?}", started.elapsed() / rounds);
+        let started = Instant::now();
+        for _ in 0..rounds {
+            std::hint::black_box(totals::sums(&snapshot, |host| {
+                host.owner.as_ref().and_then(OwnerMatch::of)
+            }));
+        }
+        println!("owner sums: {:?}", started.elapsed() / rounds);
+    }
 }

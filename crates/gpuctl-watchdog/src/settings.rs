@@ -10,6 +10,7 @@ use gpuctl_core::classify::stuck::StuckCriteria;
 use gpuctl_core::config::{self, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
+use gpuctl_core::snapshot::HolderScan;
 use gpuctl_watchdog::cli::{Cli, Mode};
 
 /// The configuration in force, with the command line's overrides applied.
@@ -22,6 +23,10 @@ pub struct Settings {
     pub policy: Policy,
     /// The file the settings came from, for messages.
     pub source: String,
+    /// Where the device files are, and the unattributed memory from which the loop scans
+    /// for processes holding them (at most once a minute: the scan reads every process's
+    /// descriptors).
+    pub holders: HolderScan,
 }
 
 impl Settings {
@@ -68,6 +73,17 @@ impl Settings {
             ..Policy::default()
         };
         let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())?;
+        let holders = HolderScan {
+            dev_dir: config::device_dir(Some(&loaded))?,
+            // The system file's, as for [watchdog]: a user file does not steer the daemon.
+            above_unattributed: Some(
+                loaded
+                    .system
+                    .as_ref()
+                    .and_then(|(_, config)| config.holders_threshold)
+                    .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD),
+            ),
+        };
         Ok(Settings {
             nvml_timeout,
             watchdog,
@@ -75,6 +91,7 @@ impl Settings {
             guard,
             policy,
             source,
+            holders,
         })
     }
 

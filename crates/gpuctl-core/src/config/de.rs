@@ -271,3 +271,12 @@ pub(super) fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> 
         .filter(|pct| *pct <= 100)
         .ok_or_else(|| de::Error::custom(format!("{value} is not a percentage from 0 to 100")))
 }
+
+/// A count of at least 1.
+pub(super) fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let value = i64::deserialize(d)?;
+    usize::try_from(value)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| de::Error::custom(format!("{value} is not an integer of at least 1")))
+}

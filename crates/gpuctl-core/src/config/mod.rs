@@ -194,6 +194,11 @@ pub struct Watchdog {
     pub stuck_util_pct: u32,
     #[serde(deserialize_with = "de::share")]
     pub stuck_power_fraction: f64,
+    /// At most this many user series and this many owner series in the metrics file (the
+    /// largest by memory); the rest are summed into one `other` series, so that a host
+    /// running thousands of jobs cannot flood Prometheus.
+    #[serde(deserialize_with = "de::at_least_one")]
+    pub metrics_max_owners: usize,
 }
 
 /// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
@@ -217,6 +222,7 @@ impl Default for Watchdog {
             stuck_after: std::time::Duration::from_secs(600),
             stuck_util_pct: 95,
             stuck_power_fraction: 0.4,
+            metrics_max_owners: 50,
         }
     }
 }
@@ -542,6 +548,21 @@ mod tests {
                 Err(format!("'{garbage}' is not a share: {hint}")),
                 "{garbage}"
             );
+        }
+    }
+
+    #[test]
+    fn metrics_max_owners_is_a_count_of_at_least_one() {
+        let path = Path::new("/etc/gpuctl/gpuctl.toml");
+        let parsed = |text: &str| parse(text, path).map(|c| c.watchdog.metrics_max_owners);
+        assert_eq!(parsed("[watchdog]\n").unwrap(), 50);
+        assert_eq!(parsed("[watchdog]\nmetrics_max_owners = 3\n").unwrap(), 3);
+        for bad in ["0", "-1", "2.5", "\"50\""] {
+            let error = parsed(&format!("[watchdog]\nmetrics_max_owners = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("metrics_max_owners"), "{bad}: {error}");
+            assert!(!error.contains('\n'), "{bad}: {error}");
         }
     }
 

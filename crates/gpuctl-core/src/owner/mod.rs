@@ -199,8 +199,8 @@ impl Owner {
 
 /// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
 /// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
-/// least 8 characters, as `docker ps` shows 12.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// least 8 characters, as `docker ps` shows 12. Ordered so that it can key a total.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OwnerMatch {
     /// The job, however a process is tied to it (its cgroup, or its environment).
     SlurmJob(u64),
@@ -278,6 +278,18 @@ impl std::fmt::Display for OwnerMatch {
 }
 
 impl OwnerMatch {
+    /// The selector's kind, the part before the colon: `slurm`, `pod`, `container`, `unit`,
+    /// `scope`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OwnerMatch::SlurmJob(_) | OwnerMatch::SlurmClaim { .. } => "slurm",
+            OwnerMatch::Pod(_) => "pod",
+            OwnerMatch::Container(_) => "container",
+            OwnerMatch::Unit(_) => "unit",
+            OwnerMatch::Scope(_) => "scope",
+        }
+    }
+
     /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`),
     /// or `None` for no owner. A Slurm job is named without its step and a pod without its
     /// container, so every process of the job or pod has one key. A job only the environment

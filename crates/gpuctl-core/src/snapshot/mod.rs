@@ -364,6 +364,24 @@ impl Snapshot {
         let holders_read = match &options.holders {
             Some(scan) if scan.wanted(&devices) => {
                 let scanning = Instant::now();
+                // A reader of memory and processes only (the watchdog) skipped the minor
+                // numbers, which the scan matches device files by: read them now, through
+                // the GPUs' workers (a hung GPU answers None and is not scanned).
+                let unknown: Vec<u32> = devices
+                    .iter()
+                    .filter(|g| g.minor.is_none() && g.status == GpuStatus::Ok)
+                    .map(|g| g.index)
+                    .collect();
+                if !unknown.is_empty() {
+                    let minors = gpus.on_each(&unknown, |nvml, index| {
+                        nvml.device_by_index(index).ok()?.minor_number().ok()
+                    });
+                    for (index, minor) in unknown.into_iter().zip(minors) {
+                        if let Some(gpu) = devices.iter_mut().find(|g| g.index == index) {
+                            gpu.minor = minor.flatten();
+                        }
+                    }
+                }
                 find_holders(&mut devices, view, &scan.dev_dir)?;
                 Some(scanning.elapsed())
             }

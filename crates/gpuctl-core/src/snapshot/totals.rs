@@ -1,13 +1,15 @@
 //! Per-user and per-owner totals of a snapshot: who holds how much GPU memory, on which GPUs.
 //! What a fair-share conversation on a shared server starts from (`gpuctl info --by`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::Snapshot;
 use crate::host::HostProcess;
 use crate::owner::Owner;
+use crate::pidmap::PidMap;
 
 /// What the totals are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,42 +72,101 @@ pub fn group_of(host: &HostProcess, by: By) -> String {
 
 /// Totals, largest first (then by name).
 pub fn totals(snapshot: &Snapshot, by: By) -> Vec<Total> {
+    sums(snapshot, |host| group_of(host, by))
+        .into_iter()
+        .map(|sum| Total {
+            by,
+            name: sum.key,
+            used_bytes: sum.used_bytes,
+            gpus: sum.gpus,
+            processes: sum.processes,
+        })
+        .collect()
+}
+
+/// One group's holdings under any key (what [`Total`] is for a name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sum<K> {
+    pub key: K,
+    pub used_bytes: u64,
+    pub gpus: Vec<u32>,
+    /// Distinct processes (a process on two GPUs is one).
+    pub processes: usize,
+}
+
+/// The holdings of each group `key` puts a process in, largest first (then by key): the one
+/// summing road for `info --by` and the watchdog's metrics, which key processes differently
+/// (a name to show, a selector to scrape).
+pub fn sums<K: Ord>(snapshot: &Snapshot, mut key: impl FnMut(&HostProcess) -> K) -> Vec<Sum<K>> {
+    #[derive(Default)]
     struct Acc {
         used_bytes: u64,
-        gpus: BTreeSet<u32>,
-        pids: BTreeSet<u32>,
+        /// In the snapshot's order, each once (a GPU's processes come together).
+        gpus: Vec<u32>,
+        processes: usize,
     }
-    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    let mut groups: BTreeMap<K, usize> = BTreeMap::new();
+    let mut accs: Vec<Acc> = Vec::new();
+    // A process listed on several GPUs carries the same host facts (one Arc) on each: its
+    // group is worked out once per pid, not once per GPU (the watchdog sums every loop).
+    // Other facts for the same pid (a listing found to be of a reused pid) are grouped anew.
+    let listed = snapshot.devices.first().map_or(0, |g| g.processes.len());
+    let mut seen: PidMap<u32, (*const HostProcess, usize)> =
+        PidMap::with_capacity_and_hasher(listed, Default::default());
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
-            let acc = groups
-                .entry(group_of(&process.host, by))
-                .or_insert_with(|| Acc {
-                    used_bytes: 0,
-                    gpus: BTreeSet::new(),
-                    pids: BTreeSet::new(),
-                });
+            let host = Arc::as_ptr(&process.host);
+            let mut group_of = |host: &HostProcess| {
+                let next = accs.len();
+                *groups.entry(key(host)).or_insert_with(|| {
+                    accs.push(Acc::default());
+                    next
+                })
+            };
+            let group = match seen.get(&process.pid) {
+                Some(&(facts, group)) if facts == host => group,
+                Some(&(_, before)) => {
+                    let group = group_of(&process.host);
+                    if group != before {
+                        accs[group].processes += 1;
+                    }
+                    group
+                }
+                None => {
+                    let group = group_of(&process.host);
+                    seen.insert(process.pid, (host, group));
+                    accs[group].processes += 1;
+                    group
+                }
+            };
+            let acc = &mut accs[group];
             acc.used_bytes = acc
                 .used_bytes
                 .saturating_add(process.used_bytes.unwrap_or(0));
-            acc.gpus.insert(gpu.index);
-            acc.pids.insert(process.pid);
+            if acc.gpus.last() != Some(&gpu.index) {
+                acc.gpus.push(gpu.index);
+            }
         }
     }
-    let mut out: Vec<Total> = groups
+    let mut out: Vec<Sum<K>> = groups
         .into_iter()
-        .map(|(name, acc)| Total {
-            by,
-            name,
-            used_bytes: acc.used_bytes,
-            gpus: acc.gpus.into_iter().collect(),
-            processes: acc.pids.len(),
+        .map(|(key, group)| {
+            let acc = std::mem::take(&mut accs[group]);
+            let mut gpus = acc.gpus;
+            gpus.sort_unstable();
+            gpus.dedup();
+            Sum {
+                key,
+                used_bytes: acc.used_bytes,
+                gpus,
+                processes: acc.processes,
+            }
         })
         .collect();
     out.sort_by(|a, b| {
         b.used_bytes
             .cmp(&a.used_bytes)
-            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.key.cmp(&b.key))
     });
     out
 }

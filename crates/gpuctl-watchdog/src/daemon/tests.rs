@@ -38,6 +38,10 @@ fn daemon(grace: Duration, fraction: Option<&str>) -> Daemon {
             ..Policy::default()
         },
         source: "test".into(),
+        holders: gpuctl_core::snapshot::HolderScan {
+            dev_dir: "/dev".into(),
+            above_unattributed: Some(1 << 30),
+        },
     };
     Daemon::new(
         settings,
@@ -92,6 +96,7 @@ fn seen() -> Seen {
             read_times: ReadTimes::default(),
         },
         lineages: PidMap::default(),
+        holders_scanned: false,
         incomplete: None,
         reopen: false,
         now: Instant::now(),
@@ -134,4 +139,35 @@ fn judge_checks_no_share_without_a_fraction_policy() {
     let judged = daemon.judge(&seen(), true);
     assert!(judged.over_ids.is_empty());
     assert_eq!(due(&judged), [(10, Kind::ZombieHolder, Remedy::Reclaim)]);
+}
+
+#[test]
+fn judge_counts_findings_of_every_kind() {
+    let mut daemon = daemon(Duration::from_secs(60), None);
+    let judged = daemon.judge(&seen(), false);
+    let kinds: Vec<&str> = judged.counts.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        kinds,
+        [
+            "orphaned",
+            "zombie_holder",
+            "stopped",
+            "uninterruptible",
+            "unattributed",
+            "above_fraction",
+            "unlisted_holder",
+            "stuck",
+            "impostor"
+        ]
+    );
+    assert!(
+        judged.counts.contains(&("zombie_holder", 1)),
+        "{:?}",
+        judged.counts
+    );
+    assert!(
+        judged.counts.contains(&("orphaned", 0)),
+        "{:?}",
+        judged.counts
+    );
 }
