@@ -66,7 +66,7 @@ fn needs_root() -> bool {
 }
 
 /// A directory anyone may write to (under /tmp), holding a copy of a system library.
-fn user_writable_library() -> (tempfile::TempDir, PathBuf) {
+pub fn user_writable_library() -> (tempfile::TempDir, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -1165,10 +1165,20 @@ impl Proc {
     /// `program` (a root-owned copy of the test binary) run by user and group `uid`
     /// through setpriv, which execs it: the pid is the program's, its argv[0] its path.
     pub fn spawn_program_as(uid: u32, program: &Path) -> Proc {
+        Proc::spawn_program_as_env(uid, program, &[])
+    }
+
+    /// [`Proc::spawn_program_as`] with `env` added to its environment (LD_PRELOAD, ...).
+    pub fn spawn_program_as_env(
+        uid: u32,
+        program: &Path,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Proc {
         let id = uid.to_string();
         let child = Command::new("setpriv")
             .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
             .arg(program)
+            .envs(env.iter().copied())
             .env("GPUCTL_TESTPROC_MODE", "sleep")
             .env("GPUCTL_TESTPROC_READY", "1")
             .stdin(Stdio::null())
@@ -1185,6 +1195,17 @@ impl Proc {
 /// path), run by `uid` where given: their launcher exits, so they live on alone in its
 /// process group, reparented to init, idle: the leftovers of a run that crashed.
 pub fn background_workers_of(program: &Path, uid: Option<u32>, workers: usize) -> Strays {
+    background_workers_of_env(program, uid, workers, &[])
+}
+
+/// [`background_workers_of`] with `env` added to the launcher's environment, which its
+/// workers inherit (LD_PRELOAD, ...).
+pub fn background_workers_of_env(
+    program: &Path,
+    uid: Option<u32>,
+    workers: usize,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Strays {
     let mut command = match uid {
         Some(uid) => {
             let id = uid.to_string();
@@ -1199,6 +1220,7 @@ pub fn background_workers_of(program: &Path, uid: Option<u32>, workers: usize) -
     {
         use std::os::unix::process::CommandExt;
         command
+            .envs(env.iter().copied())
             .env("GPUCTL_TESTPROC_MODE", "launch-and-exit")
             .env("GPUCTL_TESTPROC_WORKERS", workers.to_string())
             .stdin(Stdio::null())

@@ -920,6 +920,16 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// RssAnon of `pid`, in KiB: the process's own memory, without the file pages it maps.
+fn rss_anon_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("RssAnon:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The reliability soak, test-sized (GPUCTL_SOAK_SECONDS, default 30; bench/soak.sh runs it
 /// for 10 minutes): NVML errs at random (2% of calls: UNKNOWN, TIMEOUT, GPU_IS_LOST,
 /// NOT_FOUND), GPU 1 stops answering now and then, healthy runs start and stop, and runs
@@ -1390,4 +1400,514 @@ fn the_fleet_families_pass_promtool_and_follow_a_reload() {
     drop(hidden);
     daemon.assert_running();
     assert_eq!(daemon.stop(), 0);
+}
+
+/// The victim and the attacker of the attack soak (the uids of tests/hostile_owner.rs).
+const ALICE: u32 = 1000;
+const MALLORY: u32 = 1001;
+
+/// Forks and reaps short-lived children, about `per_second` a second, until dropped: the
+/// pid counter wraps pid_max every few tens of seconds, so the pids of ended processes come
+/// back to new ones soon, as a user's fork loop makes them.
+struct PidCycler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    forks: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PidCycler {
+    fn start(per_second: u64) -> PidCycler {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let forks = Arc::new(AtomicU64::new(0));
+        let (halt, count) = (Arc::clone(&stop), Arc::clone(&forks));
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                for _ in 0..(per_second / 100).max(1) {
+                    // SAFETY: the child of this multi-threaded process calls only _exit,
+                    // which is async-signal-safe.
+                    let pid = unsafe { libc::fork() };
+                    if pid == 0 {
+                        // SAFETY: see above; no destructor or atexit handler runs.
+                        unsafe { libc::_exit(0) };
+                    }
+                    if pid > 0 {
+                        // SAFETY: reaps this child only, by pid: the test's other children
+                        // are their owners' (Child, PidReuser) to reap.
+                        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        PidCycler {
+            stop,
+            forks,
+            thread: Some(thread),
+        }
+    }
+
+    fn forks(&self) -> u64 {
+        self.forks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for PidCycler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A reclaimed worker's pid, still listed (NVML lags), given to a new process of the test's
+/// once the kernel frees it.
+struct Lingering {
+    pid: u32,
+    since: Instant,
+    reuser: Option<crate::util::PidReuser>,
+}
+
+/// The entries `gpuctl info --json` shows for `pid`, on any GPU.
+fn shown_entry(doc: &serde_json::Value, pid: u32) -> Option<serde_json::Value> {
+    doc["devices"]
+        .as_array()?
+        .iter()
+        .flat_map(|d| d["processes"].as_array().into_iter().flatten())
+        .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+        .cloned()
+}
+
+/// Whether the owner shown for mallory's forger credits her process to alice's job `job`
+/// (or to a container): an environment claim of her own (`from_environ`, her uid) is hers.
+fn credits_forgery(owner: &serde_json::Value, job: u64) -> bool {
+    match owner["kind"].as_str().unwrap_or("") {
+        "slurm_job" => {
+            owner["from_environ"] != true
+                || owner["uid"] != MALLORY
+                || owner["job_id"].as_u64() != Some(job)
+        }
+        "container" | "kubernetes_pod" => true,
+        _ => false,
+    }
+}
+
+/// What is wrong in the watchdog's peaks.json for alice's job `job`: its `slurm:JOB` entry
+/// holding a GPU other than alice's, more than alice's memory, or mallory's name; or an
+/// environment claim under alice's uid (her runs set no SLURM_JOB_ID).
+fn forged_peaks(sim: &Sim, job: u64, alices_gpu: &str, alices_bytes: u64) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(sim.dir.path().join("state/peaks.json")) else {
+        return Vec::new();
+    };
+    let peaks: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(peaks) => peaks,
+        Err(e) => return vec![format!("peaks.json unreadable: {e}")],
+    };
+    let mut wrong = Vec::new();
+    let entry = &peaks["owners"][format!("slurm:{job}")];
+    if let Some(gpus) = entry["gpus"].as_object() {
+        for (uuid, used) in gpus {
+            if uuid != alices_gpu || used.as_u64().is_none_or(|b| b > alices_bytes) {
+                wrong.push(format!("slurm:{job} holds {used} on {uuid}: {entry}"));
+            }
+        }
+        let mallorys = [MALLORY.to_string(), user_name(MALLORY)];
+        if entry["user"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty() && mallorys.iter().any(|m| m == u))
+        {
+            wrong.push(format!("slurm:{job} is mallory's: {entry}"));
+        }
+    }
+    let alices_claim = &peaks["owners"][format!("slurm:{job}@{ALICE}")];
+    if !alices_claim.is_null() {
+        wrong.push(format!("slurm:{job}@{ALICE} exists: {alices_claim}"));
+    }
+    wrong
+}
+
+/// The attack soak, test-sized (GPUCTL_SOAK_SECONDS, default 20; bench/soak.sh runs it for
+/// 10 minutes). The daemon reclaims throughout, among alice's runs (healthy ones coming and
+/// going, crashes to reclaim, one in Slurm job N's cgroup) and a genuine protected program's
+/// idle orphans, while mallory attacks each round the ways round three closed:
+/// - a claimant: the root-owned nvidia-persistenced run by her with her library preloaded,
+///   and idle orphans of the root-owned nvidia-smi with it preloaded (run by root or by
+///   her): root's `gpuctl kill --user` must end the one, the daemon reclaim the others;
+/// - a forger: her process claiming job N (SLURM_JOB_ID, in a `slurm/job_N/step_0` or a
+///   docker-like cgroup made under her user@ service): never shown, nor put in peaks.json,
+///   as alice's job;
+/// - pid reuse: a fork loop wraps pid_max, and reclaimed workers' pids, still listed, are
+///   given to new processes: none of which may be ended.
+///
+/// Victims ended, attackers shielded and forgeries accepted stay 0, every crash is
+/// reclaimed, the daemon never restarts and its memory stays flat.
+#[test]
+fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
+    use crate::util::{PidReuser, RootOwnedProgram, Strays, TestCgroup, background_workers_of};
+    use crate::util::{background_workers_of_env, start_ticks};
+    if !is_root() {
+        eprintln!("skipped: needs root (root-owned programs, other users' processes)");
+        return;
+    }
+    let seconds: u64 = std::env::var("GPUCTL_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let persistenced = RootOwnedProgram::install("nvidia-persistenced");
+    let smi = RootOwnedProgram::install("nvidia-smi");
+    let (_library_dir, library) = crate::hostile_protect::user_writable_library();
+    let preload = [("LD_PRELOAD", library.as_os_str())];
+
+    // Alice's job N in Slurm's own cgroup, and where mallory forges it: under her user@
+    // service, as a Slurm job's and as a container's name. Job ids of this run's own.
+    let job = 9_000_000 + u64::from(std::process::id()) % 1_000_000;
+    let job_text = job.to_string();
+    let alices_cgroup = TestCgroup::create(
+        Path::new("/sys/fs/cgroup/freezer"),
+        &format!("/slurm/uid_{ALICE}/job_{job}/step_0"),
+    );
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    let delegated = format!("/user.slice/user-{MALLORY}.slice/user@{MALLORY}.service/app.slice");
+    let forged_job = TestCgroup::create(unified, &format!("{delegated}/slurm/job_{job}/step_0"));
+    let forged_docker =
+        TestCgroup::create(unified, &format!("{delegated}/docker-{job:064x}.scope"));
+    if alices_cgroup.is_none() || forged_job.is_none() || forged_docker.is_none() {
+        eprintln!("note: cgroups cannot be made here: the forger claims by environment only");
+    }
+
+    let sim = Sim::new(&scenario(2, &[], &[]));
+    configure(&sim, "mode = \"reclaim\"", "");
+    let mut daemon = Daemon::start(&sim, &[]);
+    daemon.expect(&["ACTION=start"], Duration::from_secs(5));
+    let daemon_pid = daemon.child.id();
+    let info = sim.json(&["info"]);
+    let alices_gpu = info["devices"][0]["uuid"].as_str().unwrap().to_string();
+
+    let alices_job = TrainingRun::start_as(Some(ALICE), 2, "sleep", "python3", &["train.py"]);
+    if let Some(cgroup) = &alices_cgroup {
+        for pid in std::iter::once(alices_job.parent.pid()).chain(alices_job.workers.pids.clone()) {
+            cgroup.add(pid);
+        }
+    }
+    // The job's most on GPU 0 at one look: its parent and two workers (see `entries`).
+    let alices_bytes = (8192 + 2 * 512) * MIB;
+    // The genuine program, run by root, idle orphans: protected, never reclaimed.
+    let genuine = background_workers_of(persistenced.path(), None, 2);
+    // Started once the programs are installed: a fork while a copy is written open would
+    // hold it and make its exec fail (ETXTBSY).
+    let cycler = PidCycler::start(1000);
+
+    let mut healthy: Vec<TrainingRun> = Vec::new();
+    let mut crashed: Vec<(TrainingRun, Instant)> = Vec::new();
+    let mut orphans: Vec<(Strays, Instant)> = Vec::new();
+    let mut orphan_pids: Vec<u32> = Vec::new();
+    let mut lingering: Vec<Lingering> = Vec::new();
+    let mut findings: Vec<String> = Vec::new();
+    let mut counted: std::collections::HashSet<(u32, u64)> = std::collections::HashSet::new();
+    let (mut victims_ended, mut shielded, mut forgeries) = (0u32, 0u32, 0u32);
+    let (mut reclaimed, mut claimants_ended, mut reused) = (0u32, 0u32, 0u32);
+    let mut rss_early = None;
+    let mut anon_early = None;
+
+    // Everything listed, first entry per pid: a pid given anew is listed as what it is now.
+    let entries = |healthy: &[TrainingRun],
+                   crashed: &[(TrainingRun, Instant)],
+                   orphans: &[(Strays, Instant)],
+                   lingering: &[Lingering],
+                   mallorys: &[(u32, u64, u32)]| {
+        let mut seen = std::collections::HashSet::new();
+        let mut list = Vec::new();
+        let mut add = |process: Process, pid: u32| {
+            if seen.insert(pid) {
+                list.push(process);
+            }
+        };
+        for run in std::iter::once(&alices_job).chain(healthy) {
+            add(process(run.parent.pid(), 0, 8192, 40), run.parent.pid());
+            for &pid in &run.workers.pids {
+                add(process(pid, 0, 512, 0), pid);
+            }
+        }
+        for &(pid, mib, sm) in mallorys {
+            add(process(pid, 1, mib, sm), pid);
+        }
+        for &pid in &genuine.pids {
+            add(process(pid, 1, 1024, 0), pid);
+        }
+        for (strays, _) in orphans {
+            for &pid in &strays.pids {
+                add(process(pid, 1, 1024, 0), pid);
+            }
+        }
+        for (run, _) in crashed {
+            for &pid in &run.workers.pids {
+                add(process(pid, 0, 512, 0), pid);
+            }
+        }
+        // A pid still free, or given to our process: one another test's process took
+        // meanwhile is not listed (this daemon would reclaim it, were it an idle orphan).
+        for entry in lingering {
+            if entry.reuser.is_some() || !alive(entry.pid) {
+                add(process(entry.pid, 0, 512, 0), entry.pid);
+            }
+        }
+        scenario(2, &[], &list)
+    };
+
+    let soak = Instant::now();
+    let mut round = 0u32;
+    while soak.elapsed() < Duration::from_secs(seconds) {
+        round += 1;
+        healthy.push(TrainingRun::start_as(
+            Some(ALICE),
+            2,
+            "sleep",
+            "python3",
+            &["train.py"],
+        ));
+        if healthy.len() > 3 {
+            // A job ends: out of the scenario first, then its processes.
+            let done = healthy.remove(0);
+            sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+            drop(done);
+        }
+        if round.is_multiple_of(3) {
+            let mut run = healthy.remove(0);
+            run.crash();
+            crashed.push((run, Instant::now()));
+        }
+
+        // Mallory's claimant and forger, both busy (not leftovers): root's kill ends them.
+        let claimant = Proc::spawn_program_as_env(MALLORY, persistenced.path(), &preload);
+        let env = [("SLURM_JOB_ID", job_text.as_str()), ("SLURM_STEP_ID", "0")];
+        let forger = Proc::spawn_as_with_env(MALLORY, "sleep", &["train.py"], &env);
+        let forged_in = match round % 3 {
+            0 => forged_job.as_ref(),
+            1 => forged_docker.as_ref(),
+            _ => None,
+        };
+        if let Some(cgroup) = forged_in {
+            cgroup.add(forger.pid());
+        }
+        let mallorys = [(claimant.pid(), 2048, 30), (forger.pid(), 30000, 90)];
+        // A pid the kernel freed again goes to a new process, while it is still listed.
+        for entry in lingering.iter_mut().filter(|e| e.reuser.is_none()) {
+            if !Path::new(&format!("/proc/{}", entry.pid)).exists()
+                && let Some(reuser) = PidReuser::spawn(entry.pid, "sleep", "python3")
+            {
+                entry.reuser = Some(reuser);
+                reused += 1;
+            }
+        }
+        sim.write(&entries(
+            &healthy, &crashed, &orphans, &lingering, &mallorys,
+        ));
+        wait_more_loops(&sim, 3);
+
+        // What gpuctl shows, and the daemon accounts, of them.
+        let run = sim.run(&["info", "--json"]);
+        match serde_json::from_str::<serde_json::Value>(&run.stdout) {
+            Ok(doc) => {
+                if let Some(entry) = shown_entry(&doc, forger.pid())
+                    && credits_forgery(&entry["owner"], job)
+                {
+                    forgeries += 1;
+                    findings.push(format!(
+                        "round {round}: forger {} shown as {} (cgroup {})",
+                        forger.pid(),
+                        entry["owner"],
+                        entry["cgroup"]
+                    ));
+                }
+                if let Some(entry) = shown_entry(&doc, claimant.pid())
+                    && entry["protection"]["genuine"] != false
+                {
+                    forgeries += 1;
+                    findings.push(format!(
+                        "round {round}: claimant {} shown as {}",
+                        claimant.pid(),
+                        entry["protection"]
+                    ));
+                }
+            }
+            Err(e) => findings.push(format!("round {round}: info --json: {e}: {run:?}")),
+        }
+        for wrong in forged_peaks(&sim, job, &alices_gpu, alices_bytes) {
+            forgeries += 1;
+            findings.push(format!("round {round}: {wrong}"));
+        }
+
+        // Root ends mallory's processes: none may be spared.
+        let kill = sim.run(&[
+            "kill",
+            "--user",
+            "1001",
+            "--yes",
+            "--timeout",
+            "2s",
+            "--json",
+        ]);
+        for (what, pid) in [("claimant", claimant.pid()), ("forger", forger.pid())] {
+            if alive(pid) {
+                shielded += 1;
+                findings.push(format!(
+                    "round {round}: mallory's {what} {pid} survived kill --user: {}",
+                    kill.stdout
+                ));
+            }
+        }
+        drop((claimant, forger));
+
+        // Idle orphans of nvidia-smi with mallory's library preloaded, run by root or by
+        // her: leftovers the daemon must reclaim, protected name or not.
+        let uid = if round.is_multiple_of(2) {
+            None
+        } else {
+            Some(MALLORY)
+        };
+        let strays = background_workers_of_env(smi.path(), uid, 2, &preload);
+        orphan_pids.extend(&strays.pids);
+        orphans.push((strays, Instant::now()));
+        sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+        wait_more_loops(&sim, 5);
+
+        // Victims: alice's runs, the genuine program, the processes given reclaimed pids.
+        let mut victims: Vec<(&str, u32)> = Vec::new();
+        for run in std::iter::once(&alices_job).chain(&healthy) {
+            victims.push(("alice's run", run.parent.pid()));
+            victims.extend(run.workers.pids.iter().map(|&p| ("alice's worker", p)));
+        }
+        victims.extend(
+            genuine
+                .pids
+                .iter()
+                .map(|&p| ("genuine nvidia-persistenced", p)),
+        );
+        victims.extend(
+            lingering
+                .iter()
+                .filter_map(|e| e.reuser.as_ref())
+                .map(|r| ("new process at a reclaimed pid", r.pid)),
+        );
+        for (what, pid) in victims {
+            // Counted once per process (pid and start time).
+            if !alive(pid) && counted.insert((pid, start_ticks(pid).unwrap_or(0))) {
+                victims_ended += 1;
+                findings.push(format!("round {round}: {what} {pid} was ended"));
+            }
+        }
+        // Crashes and claimant orphans end within grace + interval + term_timeout and
+        // slack for a loaded machine; a reclaimed worker's pid stays listed a while.
+        let bound = Duration::from_secs(12);
+        crashed.retain(|(run, at)| {
+            if run.workers.pids.iter().all(|&pid| !alive(pid)) {
+                reclaimed += 1;
+                lingering.extend(run.workers.pids.iter().map(|&pid| Lingering {
+                    pid,
+                    since: Instant::now(),
+                    reuser: None,
+                }));
+                return false;
+            }
+            assert!(
+                at.elapsed() < bound,
+                "alice's crash left for {:?}:\n{}",
+                at.elapsed(),
+                daemon.log()
+            );
+            true
+        });
+        orphans.retain(|(strays, at)| {
+            if strays.pids.iter().all(|&pid| !alive(pid)) {
+                claimants_ended += 1;
+                return false;
+            }
+            if at.elapsed() < bound {
+                return true;
+            }
+            shielded += 1;
+            findings.push(format!(
+                "round {round}: claimant orphans {:?} left for {:?}",
+                strays.pids,
+                at.elapsed()
+            ));
+            false
+        });
+        // A few given pids at a time: the oldest go, and pids never freed are given up.
+        lingering.retain(|e| e.reuser.is_some() || e.since.elapsed() < Duration::from_secs(10));
+        while lingering.iter().filter(|e| e.reuser.is_some()).count() > 6 {
+            let oldest = lingering.iter().position(|e| e.reuser.is_some()).unwrap();
+            lingering.remove(oldest);
+        }
+
+        assert_eq!(daemon.child.id(), daemon_pid);
+        daemon.assert_running();
+        if rss_early.is_none() && soak.elapsed() > Duration::from_secs(seconds / 3) {
+            rss_early = Some(rss_kib(daemon_pid));
+            anon_early = Some(rss_anon_kib(daemon_pid));
+        }
+    }
+    let forks = cycler.forks();
+    drop(cycler);
+
+    // Every crash and every claimant orphan ends.
+    sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+    wait_until(Duration::from_secs(15), || {
+        crashed
+            .iter()
+            .map(|(run, _)| &run.workers.pids)
+            .chain(orphans.iter().map(|(strays, _)| &strays.pids))
+            .all(|pids| pids.iter().all(|&pid| !alive(pid)))
+    });
+    reclaimed += crashed.len() as u32;
+    claimants_ended += orphans.len() as u32;
+    let by_watchdog = orphan_pids
+        .iter()
+        .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
+        .count();
+    if alices_cgroup.is_some() {
+        // The peaks checked above were the daemon's: it did account alice's job.
+        let peaks =
+            std::fs::read_to_string(sim.dir.path().join("state/peaks.json")).unwrap_or_default();
+        assert!(peaks.contains(&format!("\"slurm:{job}\"")), "{peaks}");
+    }
+    let restarts = daemon.count(&["ACTION=start"]) - 1;
+    let (rss_late, anon_late) = (rss_kib(daemon_pid), rss_anon_kib(daemon_pid));
+    let rss_early = rss_early.unwrap_or(rss_late);
+    let anon_early = anon_early.unwrap_or(anon_late);
+    eprintln!(
+        "soak: attack {seconds}s, {round} rounds, victims ended {victims_ended}, attackers \
+         shielded {shielded}, forgeries accepted {forgeries}, crashes reclaimed {reclaimed}, \
+         claimant orphans ended {claimants_ended} ({by_watchdog} of {} processes reclaimed by \
+         the daemon), pids given anew {reused} ({forks} forks), daemon restarts {restarts}, \
+         RSS {rss_early} -> {rss_late} KiB ({:+} KiB), anonymous {anon_early} -> {anon_late} \
+         KiB ({:+} KiB)",
+        orphan_pids.len(),
+        rss_late as i64 - rss_early as i64,
+        anon_late as i64 - anon_early as i64
+    );
+    assert!(
+        findings.is_empty(),
+        "{}\n--- daemon log:\n{}",
+        findings.join("\n"),
+        daemon.log()
+    );
+    assert_eq!((victims_ended, shielded, forgeries, restarts), (0, 0, 0, 0));
+    assert!(
+        reclaimed >= round / 3,
+        "{reclaimed} of {} crashes",
+        round / 3
+    );
+    // The daemon's own memory (heap, stacks): the file-backed rest of its RSS, its binary's
+    // pages, comes and goes with the page cache however steady the daemon is.
+    assert!(
+        anon_late <= anon_early + 2048,
+        "anonymous RSS grew from {anon_early} to {anon_late} KiB"
+    );
+    daemon.assert_running();
+    assert_eq!(daemon.stop(), 0);
+    drop((alices_job, genuine));
+    drop((forged_docker, forged_job, alices_cgroup));
 }
