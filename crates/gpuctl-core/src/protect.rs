@@ -455,18 +455,31 @@ fn judge_path(
     push(&mut pending, path);
     let mut current = top.to_path_buf();
     let mut links = 0;
+    // Whether `current` is a sticky directory others may write in (as /tmp): passing through
+    // it is safe, since only root may rename or remove root's entries there, but anyone may
+    // create what is missing in it.
+    let mut open = false;
     while let Some(name) = pending.pop() {
         if name == ".." {
             // Its parent was judged on the way down.
             current.pop();
+            open = false;
             continue;
         }
         let next = current.join(&name);
         if known.contains(&next) {
             current = next;
+            open = false;
             continue;
         }
         let meta = match fs::symlink_metadata(inside(root, &next)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && open => {
+                return Err(format!(
+                    "{} does not exist, and anyone may create it in {}",
+                    next.display(),
+                    current.display()
+                ));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return Ok(()),
             Err(e) => return Err(format!("{} cannot be read ({e})", next.display())),
             Ok(meta) => meta,
@@ -487,11 +500,27 @@ fn judge_path(
             push(&mut pending, &target);
             continue;
         }
-        trusted(&meta).map_err(|what| format!("{} {what}", next.display()))?;
-        known.insert(next.clone());
+        // The last component (the file, or the directory ld.so searches) must be writable by
+        // root alone; a directory on the way may be a sticky one (a checkout under /tmp).
+        let passage = !pending.is_empty() && meta.is_dir();
+        match trusted(&meta) {
+            Ok(()) => open = false,
+            Err(_) if passage && sticky_root_dir(&meta) => open = true,
+            Err(what) => return Err(format!("{} {what}", next.display())),
+        }
+        // A sticky directory is judged again each time: what is missing in it matters.
+        if !open {
+            known.insert(next.clone());
+        }
         current = next;
     }
     Ok(())
+}
+
+/// A root-owned directory with the sticky bit: others may add entries, but only root may
+/// rename or remove root's.
+fn sticky_root_dir(meta: &fs::Metadata) -> bool {
+    meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1000 != 0
 }
 
 /// Owned by root and writable by no one else: only root can have put it there or changed it.
@@ -815,6 +844,43 @@ mod tests {
     }
 
     #[test]
+    fn a_sticky_root_directory_may_be_passed_through_but_not_searched_or_created_in() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for a root-owned sticky directory");
+            return;
+        }
+        let protection = Protection::default().with(&["sleep".to_string()], &[]);
+        // As /tmp is, and as a checkout under it (cargo puts its build directories on the
+        // tests' LD_LIBRARY_PATH): root's entries in it can only be changed by root.
+        let sticky = tempfile::tempdir().unwrap();
+        fs::set_permissions(sticky.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        let inner = sticky.path().join("lib");
+        fs::create_dir(&inner).unwrap();
+        fs::set_permissions(&inner, fs::Permissions::from_mode(0o755)).unwrap();
+        let judged = judged_sleep(&protection, |command| {
+            command.env("LD_LIBRARY_PATH", &inner);
+        });
+        assert_eq!(judged, Claim::Genuine("sleep".into()));
+        // Searched itself, anyone may add a library to it.
+        let judged = judged_sleep(&protection, |command| {
+            command.env("LD_LIBRARY_PATH", sticky.path());
+        });
+        assert!(
+            matches!(&judged, Claim::Impostor { why, .. } if why.contains("writable by others")),
+            "{judged:?}"
+        );
+        // Missing in it, anyone may create it.
+        let judged = judged_sleep(&protection, |command| {
+            command.env("LD_LIBRARY_PATH", sticky.path().join("later"));
+        });
+        assert!(
+            matches!(&judged, Claim::Impostor { why, .. } if why.contains("anyone may create it")),
+            "{judged:?}"
+        );
+    }
+
+    #[test]
     fn paths_are_judged_component_by_component_links_followed() {
         use std::os::unix::fs::{PermissionsExt, symlink};
         let mut known = std::collections::HashSet::new();
@@ -831,8 +897,10 @@ mod tests {
                 .unwrap_err()
                 .contains("cannot be read")
         );
+        // /tmp may be passed through (sticky, root's entries are root's alone), but what is
+        // missing in it anyone may create.
         let why = judge(Path::new("/tmp/x.so"), false, &mut known).unwrap_err();
-        assert_eq!(why, "/tmp is writable by others than root");
+        assert_eq!(why, "/tmp/x.so does not exist, and anyone may create it in /tmp");
         if nix::unistd::geteuid().is_root() {
             // A root-owned link in a root-owned directory to a file anyone can replace.
             let dir = tempfile::Builder::new()
@@ -847,7 +915,7 @@ mod tests {
             symlink("../safe", safe.join("up")).unwrap();
             let mut known = std::collections::HashSet::new();
             let why = judge(&safe.join("lib.so"), false, &mut known).unwrap_err();
-            assert!(why.starts_with("/tmp is writable"), "{why}");
+            assert!(why.starts_with("/tmp/evil.so does not exist"), "{why}");
             let through = judge(&safe.join("up/up/lib.so"), false, &mut known).unwrap_err();
             assert_eq!(through, why);
         }
