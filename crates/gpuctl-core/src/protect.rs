@@ -900,7 +900,10 @@ mod tests {
         // /tmp may be passed through (sticky, root's entries are root's alone), but what is
         // missing in it anyone may create.
         let why = judge(Path::new("/tmp/x.so"), false, &mut known).unwrap_err();
-        assert_eq!(why, "/tmp/x.so does not exist, and anyone may create it in /tmp");
+        assert_eq!(
+            why,
+            "/tmp/x.so does not exist, and anyone may create it in /tmp"
+        );
         if nix::unistd::geteuid().is_root() {
             // A root-owned link in a root-owned directory to a file anyone can replace.
             let dir = tempfile::Builder::new()
