@@ -26,55 +26,6 @@ fn raw_controls(text: &str) -> Vec<char> {
         .collect()
 }
 
-/// A packaging/slurm script run as slurmd runs it (as tests/slurm.rs does), with `scontrol`
-/// a stand-in whose body is `scontrol_body` (it may record its calls in `$CALLS`) and
-/// slurm.log under `<sim>/state`.
-fn slurm_script(sim: &Sim, name: &str, env: &[(&str, &str)], scontrol_body: &str) -> Run {
-    use std::os::unix::fs::PermissionsExt;
-    let bin = sim.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let scontrol = bin.join("scontrol");
-    std::fs::write(&scontrol, format!("#!/bin/sh\n{scontrol_body}\n")).unwrap();
-    std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(
-        sim.config_path(),
-        format!(
-            "[watchdog]\nstate_dir = \"{}\"\n",
-            sim.dir.path().join("state").display()
-        ),
-    )
-    .unwrap();
-    let gpuctl = sim.gpuctl(&[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../packaging/slurm")
-        .join(name);
-    let mut command = Command::new("sh");
-    command
-        .arg(script)
-        .env("GPUCTL", gpuctl.get_program())
-        .env("GPUCTL_DEFAULTS", "/nonexistent")
-        .env("CALLS", sim.dir.path().join("scontrol.calls"))
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .env_remove("SLURM_JOB_GPUS")
-        .env_remove("SLURM_JOB_ID")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("SLURMD_NODENAME")
-        .envs(
-            gpuctl
-                .get_envs()
-                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-        )
-        .envs(env.iter().copied());
-    Run::from(command.output().expect("run the script"))
-}
-
 fn slurm_log(sim: &Sim) -> String {
     std::fs::read_to_string(sim.dir.path().join("state/slurm.log")).unwrap_or_default()
 }
@@ -91,7 +42,7 @@ fn a_command_name_with_escapes_reaches_no_drain_reason_log_or_stderr_raw() {
             .gpus(2, Gpu::new().compute_mode(ComputeMode::ExclusiveProcess))
             .process(Process::new(holder.pid()).on(1).used(2 * GIB).sm(50)),
     );
-    let run = slurm_script(
+    let run = crate::slurm::run_script_with(
         &sim,
         "epilog.sh",
         &[
@@ -167,7 +118,7 @@ fn the_watchdogs_log_lines_escape_what_a_process_chose() {
 #[test]
 fn a_health_check_that_cannot_reach_slurm_says_why_in_slurm_log() {
     let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
-    let run = slurm_script(
+    let run = crate::slurm::run_script_with(
         &sim,
         "healthcheck.sh",
         &[("SLURMD_NODENAME", "gpu7")],

@@ -22,17 +22,21 @@ fn script(name: &str) -> PathBuf {
 /// never drain the machine's own node. The job's user (SLURM_JOB_UID) is this test's,
 /// whose processes the tests start, unless `env` says otherwise.
 pub(crate) fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
+    run_script_with(sim, name, env, "printf '%s\\n' \"$*\" >> \"$CALLS\"")
+}
+
+/// [`run_script`] with `scontrol` a stand-in whose body is `scontrol_body` (its calls go to
+/// `$CALLS`, `<sim>/scontrol.calls`, if it records them).
+pub(crate) fn run_script_with(
+    sim: &Sim,
+    name: &str,
+    env: &[(&str, &str)],
+    scontrol_body: &str,
+) -> Run {
     let bin = sim.dir.path().join("bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
     let scontrol = bin.join("scontrol");
-    std::fs::write(
-        &scontrol,
-        format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> {}\n",
-            sim.dir.path().join("scontrol.calls").display()
-        ),
-    )
-    .expect("write scontrol");
+    std::fs::write(&scontrol, format!("#!/bin/sh\n{scontrol_body}\n")).expect("write scontrol");
     std::fs::set_permissions(
         &scontrol,
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -54,6 +58,7 @@ pub(crate) fn run_script(sim: &Sim, name: &str, env: &[(&str, &str)]) -> Run {
         .arg(script(name))
         .env("GPUCTL", gpuctl.get_program())
         .env("GPUCTL_DEFAULTS", "/nonexistent")
+        .env("CALLS", sim.dir.path().join("scontrol.calls"))
         .env(
             "PATH",
             format!(
