@@ -313,11 +313,10 @@ pub fn clock_time() -> String {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::SystemTime;
 
     use gpuctl_core::host::HostProcess;
     use gpuctl_core::owner::Owner;
-    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
 
     use super::*;
 
@@ -339,18 +338,10 @@ mod tests {
     }
 
     fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
-        Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices: vec![GpuSnapshot {
-                processes,
-                ..GpuSnapshot::unread(0)
-            }],
-            read_times: ReadTimes::default(),
-        }
+        Snapshot::of(vec![GpuSnapshot {
+            processes,
+            ..GpuSnapshot::unread(0)
+        }])
     }
 
     fn job(job_id: u64, uid: Option<u32>, from_environ: bool) -> Option<Owner> {
@@ -440,11 +431,11 @@ mod tests {
 #[cfg(test)]
 mod timing {
     use std::sync::Arc;
-    use std::time::{Instant, SystemTime};
+    use std::time::Instant;
 
     use gpuctl_core::host::HostProcess;
     use gpuctl_core::owner::Owner;
-    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
 
     use super::*;
 
@@ -486,15 +477,7 @@ mod timing {
                 ..GpuSnapshot::unread(g)
             })
             .collect();
-        let snapshot = Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices,
-            read_times: ReadTimes::default(),
-        };
+        let snapshot = Snapshot::of(devices);
         let mut written = Metrics::default();
         let rounds = 2000;
         let started = Instant::now();

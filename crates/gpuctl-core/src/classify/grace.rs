@@ -220,11 +220,10 @@ impl HistoryTracker {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::SystemTime;
 
     use super::*;
     use crate::host::HostProcess;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType, ReadTimes};
+    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
 
     const GRACE: Duration = Duration::from_secs(30);
 
@@ -353,18 +352,10 @@ mod tests {
     }
 
     fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
-        Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices: vec![GpuSnapshot {
-                processes,
-                ..GpuSnapshot::unread(0)
-            }],
-            read_times: ReadTimes::default(),
-        }
+        Snapshot::of(vec![GpuSnapshot {
+            processes,
+            ..GpuSnapshot::unread(0)
+        }])
     }
 
     #[test]

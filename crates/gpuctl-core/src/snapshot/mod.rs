@@ -437,9 +437,8 @@ fn as_listed(pid: u32, fact: Arc<HostProcess>, listed_at: Option<u64>) -> Arc<Ho
 
 impl Snapshot {
     /// A snapshot of `devices` in the host PID namespace, no driver versions: for tests of
-    /// the stages that read snapshots.
-    #[cfg(test)]
-    pub(crate) fn of(devices: Vec<GpuSnapshot>) -> Snapshot {
+    /// the stages that read snapshots, in this crate and in the binaries.
+    pub fn of(devices: Vec<GpuSnapshot>) -> Snapshot {
         Snapshot {
             taken_at: SystemTime::now(),
             driver_version: None,

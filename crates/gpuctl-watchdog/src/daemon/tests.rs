@@ -1,14 +1,13 @@
 //! The daemon's judgement over one pass, on a made-up snapshot.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use gpuctl_core::classify::Policy;
 use gpuctl_core::config::{self, Watchdog};
 use gpuctl_core::host::{HostProcess, ProcState};
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
-use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType, ReadTimes};
+use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType};
 
 use super::*;
 
@@ -86,15 +85,7 @@ fn seen() -> Seen {
         ..GpuSnapshot::unread(0)
     };
     Seen {
-        snapshot: Snapshot {
-            taken_at: SystemTime::now(),
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host_pid_namespace: true,
-            devices: vec![gpu],
-            read_times: ReadTimes::default(),
-        },
+        snapshot: Snapshot::of(vec![gpu]),
         lineages: PidMap::default(),
         holders_scanned: false,
         incomplete: None,
