@@ -2,7 +2,7 @@
 //! steer root, and a device-file scan that could not look.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::util::{
     ComputeMode, GIB, Gpu, MIB, Proc, Process, Run, Scenario, Sim, is_root, sim_lib, testproc_bin,
@@ -87,17 +87,7 @@ fn the_watchdogs_log_lines_escape_what_a_process_chose() {
             .process(Process::new(impostor.pid()).on(0).used(4096 * MIB).sm(30)),
     );
     let run = Run::from(
-        Command::new(watchdog_bin())
-            .arg("--once")
-            .env("GPUCTL_NVML_LIB", sim_lib())
-            .env("NVML_SIM_SCENARIO", sim.scenario_path())
-            .env("NVML_SIM_STATE", sim.state_path())
-            .env("GPUCTL_CONFIG", sim.config_path())
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .env_remove("JOURNAL_STREAM")
-            .stdin(Stdio::null())
+        sim.watchdog_env(Command::new(watchdog_bin()).arg("--once"))
             .output()
             .unwrap(),
     );

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::util::{
     GIB, Gpu, Proc, Process, RootOwnedProgram, Run, Scenario, Sim, alive, background_workers_of,
-    is_root, sim_lib, testproc_bin, wait_until, watchdog_bin,
+    is_root, testproc_bin, wait_until, watchdog_bin,
 };
 
 /// The uid the tests run other users' processes as.
@@ -353,16 +353,8 @@ fn watchdog_as_the_unit(sim: &Sim, args: &[&str]) -> Run {
         .arg("--")
         .arg(watchdog_bin())
         .arg("--once")
-        .args(args)
-        .env("GPUCTL_NVML_LIB", sim_lib())
-        .env("NVML_SIM_SCENARIO", sim.scenario_path())
-        .env("NVML_SIM_STATE", sim.state_path())
-        .env("GPUCTL_CONFIG", sim.config_path())
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("WATCHDOG_PID")
-        .env_remove("JOURNAL_STREAM")
-        .stdin(Stdio::null());
+        .args(args);
+    sim.watchdog_env(&mut command);
     Run::from(command.output().expect("run gpuctl-watchdog under setpriv"))
 }
 

@@ -85,6 +85,21 @@ impl Sim {
     }
 
     /// `gpuctl ARGS` against this scenario, with a clean environment for colors.
+    /// `command` (gpuctl-watchdog, or a wrapper that runs it) set to watch this simulated
+    /// server, with nothing of systemd in its environment.
+    pub fn watchdog_env<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command
+            .env("GPUCTL_NVML_LIB", sim_lib())
+            .env("NVML_SIM_SCENARIO", self.scenario_path())
+            .env("NVML_SIM_STATE", self.state_path())
+            .env("GPUCTL_CONFIG", self.config_path())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("JOURNAL_STREAM")
+            .stdin(Stdio::null())
+    }
+
     pub fn gpuctl(&self, args: &[&str]) -> Command {
         let mut command = Command::new(gpuctl_bin());
         command

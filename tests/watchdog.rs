@@ -75,17 +75,7 @@ fn metrics(sim: &Sim) -> String {
 /// `gpuctl-watchdog ARGS` against the scenario, with nothing of systemd in its environment.
 fn command(sim: &Sim, args: &[&str]) -> Command {
     let mut command = Command::new(watchdog_bin());
-    command
-        .args(args)
-        .env("GPUCTL_NVML_LIB", sim_lib())
-        .env("NVML_SIM_SCENARIO", sim.scenario_path())
-        .env("NVML_SIM_STATE", sim.state_path())
-        .env("GPUCTL_CONFIG", sim.config_path())
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("WATCHDOG_PID")
-        .env_remove("JOURNAL_STREAM")
-        .stdin(Stdio::null());
+    sim.watchdog_env(command.args(args));
     command
 }
 
