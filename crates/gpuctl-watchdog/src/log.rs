@@ -37,6 +37,16 @@ impl Priority {
 /// Where events go.
 pub struct Logger {
     journal: Option<JournalLog>,
+    /// Where the logfmt lines go when the journal does not take an event: stderr, or for the
+    /// daemon's unit tests a buffer they can read (libtest captures only `print!`, so lines
+    /// written to stderr would land in a passing test run's log).
+    lines: Lines,
+}
+
+enum Lines {
+    Stderr,
+    #[cfg(test)]
+    Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>),
 }
 
 impl Logger {
@@ -46,7 +56,21 @@ impl Logger {
             .then(|| JournalLog::empty().ok())
             .flatten()
             .map(|journal| journal.with_syslog_identifier(IDENTIFIER.to_string()));
-        Logger { journal }
+        Logger {
+            journal,
+            lines: Lines::Stderr,
+        }
+    }
+
+    /// A logger for unit tests: no journal, each event's line appended to the buffer returned.
+    #[cfg(test)]
+    pub fn buffered() -> (Logger, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+        let buffer = std::sync::Arc::default();
+        let logger = Logger {
+            journal: None,
+            lines: Lines::Buffer(std::sync::Arc::clone(&buffer)),
+        };
+        (logger, buffer)
     }
 
     /// MESSAGE is escaped (`gpuctl_core::text::escape`): it quotes command names and users
@@ -70,8 +94,16 @@ impl Logger {
             return;
         }
         let line = logfmt(priority, message, fields);
-        let mut stderr = std::io::stderr().lock();
-        let _ = stderr.write_all(line.as_bytes());
+        match &self.lines {
+            Lines::Stderr => {
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            }
+            #[cfg(test)]
+            Lines::Buffer(buffer) => buffer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(line.as_bytes()),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The daemon's judgement over one pass, on a made-up snapshot.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gpuctl_core::classify::Policy;
 use gpuctl_core::config::{self, Watchdog};
@@ -13,6 +13,11 @@ use super::*;
 
 /// A daemon with `grace` and, when given, a fraction policy, acting on nothing real.
 fn daemon(grace: Duration, fraction: Option<&str>) -> Daemon {
+    logging_daemon(grace, fraction).0
+}
+
+/// [`daemon`], and what it logs.
+fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex<Vec<u8>>>) {
     let watchdog = Watchdog {
         grace,
         ..Watchdog::default()
@@ -42,10 +47,10 @@ fn daemon(grace: Duration, fraction: Option<&str>) -> Daemon {
             above_unattributed: Some(1 << 30),
         },
     };
-    Daemon::new(
-        settings,
-        crate::log::Logger::from_env(),
-        Notifier::from_env(),
+    let (logger, logged) = crate::log::Logger::buffered();
+    (
+        Daemon::new(settings, logger, Notifier::from_env()),
+        logged,
     )
 }
 
@@ -104,11 +109,17 @@ fn due(judged: &Judged) -> Vec<(u32, Kind, Remedy)> {
 
 #[test]
 fn judge_holds_findings_for_the_grace_then_names_their_remedy() {
-    let mut waiting = daemon(
+    let (mut waiting, logged) = logging_daemon(
         Duration::from_secs(3600),
         Some("[fraction]\ndefault = 0.5\n"),
     );
     let judged = waiting.judge(&seen(), false);
+    let logged = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.starts_with("PRIORITY=4 MESSAGE=\"pid 10 (?) on GPU 0: zombie holder:")
+            && logged.contains("reclaimed if it stays so for 1h"),
+        "{logged}"
+    );
     assert_eq!(judged.stale.len(), 1, "the zombie holder is stale");
     assert!(judged.over_ids.iter().any(|id| id.pid == 11));
     assert!(due(&judged).is_empty(), "nothing is due before the grace");
