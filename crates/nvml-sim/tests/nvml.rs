@@ -248,7 +248,9 @@ fn scenario_is_reread_when_replaced() {
     assert_eq!(d.memory_info().unwrap().used, 3 * MIB);
     // A broken file keeps the last good scenario.
     sim.replace("[[gpu]]\nbogus = 1\n");
-    assert_eq!(d.running_compute_processes().unwrap().len(), 2);
+    let (listed, said) = stderr_of(|| d.running_compute_processes().unwrap().len());
+    assert_eq!(listed, 2);
+    assert!(said.contains("(keeping the last good scenario)"), "{said}");
     sim.replace("[[gpu]]\n[[gpu]]\n");
     assert_eq!(nvml.device_count().unwrap(), 2);
     assert_eq!(d.running_compute_processes().unwrap().len(), 0);
@@ -322,15 +324,19 @@ fn init_errors() {
         .init();
     assert!(matches!(r, Err(NvmlError::DriverNotLoaded)), "{r:?}");
     sim.replace("[[gpu]]\nfoo = 1\n");
-    let r = nvml_wrapper::Nvml::builder()
-        .lib_path(lib_path().as_os_str())
-        .init();
+    let init = || {
+        nvml_wrapper::Nvml::builder()
+            .lib_path(lib_path().as_os_str())
+            .init()
+    };
+    let (r, said) = stderr_of(init);
     assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
+    assert!(said.contains("scenario.toml: line 2: unknown field 'foo'"), "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
     std::fs::remove_file(&sim.scenario).unwrap();
-    let r = nvml_wrapper::Nvml::builder()
-        .lib_path(lib_path().as_os_str())
-        .init();
+    let (r, said) = stderr_of(init);
     assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
+    assert!(said.contains("cannot read the scenario: No such file"), "{said}");
 }
 
 #[test]

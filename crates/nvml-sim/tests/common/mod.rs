@@ -30,6 +30,33 @@ pub fn bin_path() -> PathBuf {
 
 static LOCK: Mutex<()> = Mutex::new(());
 
+static STDERR: Mutex<()> = Mutex::new(());
+
+/// Runs `f` with file descriptor 2 sent to a file, and returns what was written there: the
+/// library loaded in-process writes its one-line complaints straight to fd 2, past libtest's
+/// capture, so a test that provokes one reads it here (and a passing run's log stays clean).
+pub fn stderr_of<R>(f: impl FnOnce() -> R) -> (R, String) {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    let _guard = STDERR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut file = tempfile::tempfile().expect("a file for stderr");
+    // SAFETY: dup/dup2 on descriptors this process owns; fd 2 is restored before returning.
+    let saved = unsafe { libc::dup(2) };
+    assert!(saved >= 0, "dup(2): {}", std::io::Error::last_os_error());
+    // SAFETY: as above.
+    unsafe { libc::dup2(file.as_raw_fd(), 2) };
+    let result = f();
+    // SAFETY: as above; `saved` is closed once fd 2 is back.
+    unsafe {
+        libc::dup2(saved, 2);
+        libc::close(saved);
+    }
+    let mut text = String::new();
+    file.rewind().expect("rewind");
+    file.read_to_string(&mut text).expect("read stderr");
+    (result, text)
+}
+
 /// One simulated machine for one test: the process-wide environment and the loaded
 /// library are shared, so tests that load the library run one at a time.
 pub struct Sim {
