@@ -86,6 +86,16 @@ fn the_watchdogs_log_lines_escape_what_a_process_chose() {
             .gpu(Gpu::h200())
             .process(Process::new(impostor.pid()).on(0).used(4096 * MIB).sm(30)),
     );
+    // The watchdog's findings and metrics stay in the test's directory, out of the
+    // machine's /var/lib/gpuctl (which `gpuctl info` as root would show afterwards).
+    std::fs::write(
+        sim.config_path(),
+        format!(
+            "[watchdog]\nstate_dir = \"{}\"\nmetrics_file = \"\"\n",
+            sim.dir.path().join("watchdog-state").display()
+        ),
+    )
+    .unwrap();
     let run = Run::from(
         sim.watchdog_env(Command::new(watchdog_bin()).arg("--once"))
             .output()

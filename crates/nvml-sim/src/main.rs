@@ -10,8 +10,14 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use nvml_sim::{devdir, scenario};
 
+mod launch;
+use launch::{cgroups, users};
+
 const STANDIN_ENV: &str = "NVML_SIM_STANDIN";
 const WORKERS_ENV: &str = "NVML_SIM_STANDIN_WORKERS";
+/// Set for a `crashed = true` stand-in: the descriptor of its lifeline, a pipe whose write
+/// end only the launcher holds. Its workers, which outlive it, live until that pipe closes.
+const LIFELINE_ENV: &str = "NVML_SIM_STANDIN_LIFELINE";
 /// Test hook: the stand-in's main thread exits while another thread lives on (a zombie
 /// leader that still holds its GPU context).
 const ZOMBIE_LEADER_ENV: &str = "NVML_SIM_STANDIN_ZOMBIE_LEADER";
@@ -20,7 +26,7 @@ const HELP: &str = "\
 nvml-sim: run programs against a simulated NVIDIA driver (libnvidia-ml.so.1)
 
 usage:
-  nvml-sim run SCENARIO [-- COMMAND [ARGS...]]
+  nvml-sim run [--create-users] SCENARIO [-- COMMAND [ARGS...]]
   nvml-sim --help
 
 `run` starts a stand-in process for every [[process]] of SCENARIO that has `spawn = [argv...]`
@@ -35,6 +41,12 @@ the resolved scenario (real pids) to a temporary file and runs COMMAND with:
   GPUCTL_DEV_DIR     the absolute path of the simulated GPUs' device files (nvidia<minor>,
                      nvidiactl, nvidia-uvm; character devices when run as root): the
                      scenario's device_dir, else a temporary directory; made before COMMAND
+As root, a stand-in with `user` runs as that user (a name, or a uid that needs no account;
+--create-users makes a missing name a system account for the run, removed at its end), and
+one with `cgroup` runs in that cgroup, made in a private subtree of the host's hierarchies,
+with COMMAND in a cgroup namespace rooted there, so /proc/PID/cgroup reads as the manager
+would write it (`crashed = true`: the stand-in exits, its workers stay on, orphaned).
+Without root, user and cgroup are left out, with one warning.
 Without COMMAND it runs $SHELL, for an interactive rehearsal. It exits with COMMAND's status
 and stops the stand-ins when COMMAND ends or when it gets SIGTERM/SIGHUP (SIGINT goes to
 COMMAND, which decides). Bad usage or a bad scenario: one line on stderr, exit status 2.
@@ -54,7 +66,11 @@ fn main() {
             0
         }
         Some("run") => {
-            let rest = &args[1..];
+            let mut rest = &args[1..];
+            let create_users = rest.first().is_some_and(|a| a == "--create-users");
+            if create_users {
+                rest = &rest[1..];
+            }
             match rest.first() {
                 None => usage_error("run: missing the SCENARIO file"),
                 Some(s) if s.to_str().is_some_and(|s| s.starts_with('-') && s != "-") => {
@@ -66,7 +82,7 @@ fn main() {
                         Some(a) if a == "--" => rest[2..].to_vec(),
                         Some(_) => rest[1..].to_vec(),
                     };
-                    match run(Path::new(s), cmd) {
+                    match run(Path::new(s), cmd, create_users) {
                         Ok(code) => code,
                         Err(msg) => {
                             eprintln!("nvml-sim: {msg}");
@@ -105,6 +121,9 @@ fn standin() -> ! {
         .ok()
         .and_then(|w| w.parse().ok())
         .unwrap_or(0);
+    let lifeline: Option<libc::c_int> = std::env::var(LIFELINE_ENV)
+        .ok()
+        .and_then(|fd| fd.parse().ok());
     // SAFETY: plain libc calls; the process is single-threaded here, so fork is sound, and
     // the children only make async-signal-safe calls.
     unsafe {
@@ -113,6 +132,20 @@ fn standin() -> ! {
         let mut pids = String::new();
         for _ in 0..workers {
             match libc::fork() {
+                0 if lifeline.is_some() => {
+                    // A crashed run's worker: its parent exits at once, so a parent-death
+                    // signal would end it with the crash; it lives until the launcher ends
+                    // (the lifeline's write end closes) or a signal ends it.
+                    let fd = lifeline.unwrap_or(-1);
+                    libc::dup2(devnull, 1);
+                    let mut byte = 0u8;
+                    loop {
+                        let n = libc::read(fd, (&raw mut byte).cast(), 1);
+                        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                            libc::_exit(0);
+                        }
+                    }
+                }
                 0 => {
                     libc::prctl(
                         libc::PR_SET_PDEATHSIG,
@@ -135,6 +168,10 @@ fn standin() -> ! {
         }
         let _ = std::io::Write::write_all(&mut std::io::stdout(), pids.as_bytes());
         let _ = std::io::Write::flush(&mut std::io::stdout());
+        if lifeline.is_some() {
+            // The crash: the run's main process is gone, its workers stay.
+            libc::_exit(1);
+        }
         libc::dup2(devnull, 1);
         if std::env::var_os(ZOMBIE_LEADER_ENV).is_some_and(|v| v == "1") {
             std::thread::spawn(|| {
@@ -155,21 +192,72 @@ fn standin() -> ! {
 struct Standin {
     pid: i32,
     workers: Vec<i32>,
+    /// A crashed stand-in: its main process exited and was reaped; its workers are held by
+    /// pidfds (opened while they were certainly its children), and signalled through them.
+    crashed: Option<Vec<std::os::fd::OwnedFd>>,
 }
 
-fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec) -> Result<Standin, String> {
-    let mut cmd = Command::new(exe);
+/// Where and as whom a stand-in runs (as root); by default, as the launcher, where it is.
+#[derive(Default)]
+struct Placement {
+    account: Option<users::Account>,
+    cgroup: Option<cgroups::Entry>,
+    /// The read end of the crashed stand-ins' lifeline.
+    lifeline: Option<libc::c_int>,
+}
+
+fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec, at: Placement) -> Result<Standin, String> {
+    // Another user may not be able to reach the binary's path (a checkout under /root):
+    // /proc/self/exe reaches the file itself.
+    let program = match at.account {
+        Some(_) => Path::new("/proc/self/exe"),
+        None => exe,
+    };
+    let mut cmd = Command::new(program);
     cmd.arg0(&spec.argv[0])
         .args(&spec.argv[1..])
         .env(STANDIN_ENV, "1")
         .env(WORKERS_ENV, spec.workers.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    // SAFETY: prctl is async-signal-safe.
+        .stderr(Stdio::inherit());
+    let lifeline = at.lifeline.filter(|_| spec.crashed);
+    match lifeline {
+        Some(fd) => {
+            cmd.env(LIFELINE_ENV, fd.to_string());
+        }
+        // A crashed run leads its own session (setsid below), as a job started from a shell
+        // does: its orphans are then outside the launcher's session too.
+        None => {
+            cmd.process_group(0);
+        }
+    }
+    let Placement {
+        account, cgroup, ..
+    } = at;
+    // SAFETY: only async-signal-safe calls (open/write/close, unshare, setgroups/setgid/
+    // setuid, setsid, fcntl, prctl) on data prepared before the fork.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some(cgroup) = &cgroup {
+                cgroup.enter()?;
+            }
+            if let Some(fd) = lifeline
+                && (libc::setsid() < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(account) = account {
+                // Groups first: once the uid is not root, they can no longer be changed.
+                let groups = [account.gid];
+                if libc::setgroups(1, groups.as_ptr()) != 0
+                    || libc::setgid(account.gid) != 0
+                    || libc::setuid(account.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After setuid, which clears it.
             libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,
@@ -180,9 +268,21 @@ fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec) -> Result<Standin, Stri
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the stand-in {:?}: {e}", spec.argv))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        let mut how = Vec::new();
+        if let Some(user) = &spec.user {
+            how.push(format!("as {user}"));
+        }
+        if let Some(path) = &spec.cgroup {
+            how.push(format!("in the cgroup {path}"));
+        }
+        let how = if how.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", how.join(" "))
+        };
+        format!("cannot start the stand-in {:?}{how}: {e}", spec.argv)
+    })?;
     let pid = child.id() as i32;
     let mut workers = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -193,38 +293,105 @@ fn spawn_standin(exe: &Path, spec: &scenario::SpawnSpec) -> Result<Standin, Stri
             }
         }
     }
+    let crashed = lifeline.map(|_| {
+        // The workers are alive (only a signal or the launcher's end stops them), so each
+        // pid is still theirs. Then the crash is made final: the main process is reaped.
+        let fds = workers.iter().filter_map(|w| pidfd_open(*w)).collect();
+        let mut status = 0;
+        // SAFETY: reaping our own child, which exits right after naming its workers.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        fds
+    });
     if workers.len() != spec.workers as usize {
         let n = workers.len();
-        stop(&[Standin { pid, workers }]);
+        stop(&[Standin {
+            pid,
+            workers,
+            crashed,
+        }]);
         return Err(format!(
             "the stand-in {:?} started {n} of {} workers",
             spec.argv, spec.workers
         ));
     }
-    Ok(Standin { pid, workers })
+    Ok(Standin {
+        pid,
+        workers,
+        crashed,
+    })
+}
+
+fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor just returned to us, owned by nothing else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Stops the stand-ins and their workers (which share the stand-in's process group) and reaps
 /// the stand-ins. Every signal goes to a group whose leader is our unreaped child: until it is
 /// reaped its pid, and so the group id, cannot be reused, so nothing else can be hit. Worker
-/// pids are never signalled one by one: one that exited may have been reused already.
+/// pids are never signalled one by one: one that exited may have been reused already. The
+/// workers of a crashed stand-in, whose leader is reaped, are signalled through their
+/// pidfds, which name them and nothing else.
 fn stop(standins: &[Standin]) {
-    for s in standins {
-        // SAFETY: signalling a process group we created, whose leader we have not reaped.
-        unsafe { libc::kill(-s.pid, libc::SIGTERM) };
-    }
+    use std::os::fd::AsRawFd;
+    let signal_all = |sig: libc::c_int| {
+        for s in standins {
+            match &s.crashed {
+                Some(fds) => {
+                    for fd in fds {
+                        // SAFETY: pidfd_send_signal on a pidfd we hold.
+                        unsafe {
+                            libc::syscall(
+                                libc::SYS_pidfd_send_signal,
+                                fd.as_raw_fd(),
+                                sig,
+                                std::ptr::null::<libc::siginfo_t>(),
+                                0,
+                            )
+                        };
+                    }
+                }
+                // SAFETY: signalling a process group we created, whose leader we have not
+                // reaped.
+                None => unsafe {
+                    libc::kill(-s.pid, sig);
+                },
+            }
+        }
+    };
+    signal_all(libc::SIGTERM);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     for s in standins {
-        while !leader_exited(s.pid) && std::time::Instant::now() < deadline {
+        let ended = || match &s.crashed {
+            Some(fds) => fds.iter().all(|fd| pidfd_exited(fd.as_raw_fd())),
+            None => leader_exited(s.pid),
+        };
+        while !ended() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        // Workers that ignored TERM, and a leader that did: the group still exists.
-        // SAFETY: as above; the leader is still unreaped.
-        unsafe { libc::kill(-s.pid, libc::SIGKILL) };
+    }
+    // Workers that ignored TERM, and a leader that did: the group still exists.
+    signal_all(libc::SIGKILL);
+    for s in standins.iter().filter(|s| s.crashed.is_none()) {
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(s.pid, &mut status, 0) };
     }
+}
+
+/// Whether the process a pidfd names has exited (the pidfd is readable then).
+fn pidfd_exited(fd: libc::c_int) -> bool {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polling one pollfd we own, without waiting.
+    let r = unsafe { libc::poll(&mut poll, 1, 0) };
+    r != 0
 }
 
 /// Whether our child `pid` has exited, leaving it unreaped (WNOWAIT).
@@ -320,7 +487,15 @@ fn resolve(
                 .iter()
                 .find(|s| s.entry == *entry)
                 .expect("spawn entry");
-            for key in ["spawn", "workers", "worker_used_mib", "worker_sm_pct"] {
+            for key in [
+                "spawn",
+                "workers",
+                "worker_used_mib",
+                "worker_sm_pct",
+                "user",
+                "cgroup",
+                "crashed",
+            ] {
                 p.remove(key);
             }
             p.insert("pid".into(), toml::Value::Integer(standin.pid.into()));
@@ -347,6 +522,12 @@ fn resolve(
                 extra.push(toml::Value::Table(wt));
             }
         }
+        // A crashed run's main process is gone: only its workers are listed.
+        let mut k = 0;
+        procs.retain(|_| {
+            k += 1;
+            !sc.spawns.iter().any(|s| s.entry == k - 1 && s.crashed)
+        });
         procs.extend(extra);
     }
     toml::to_string(&table).map_err(|e| format!("cannot write the resolved scenario: {e}"))
@@ -376,7 +557,79 @@ fn path_with_cached_nvidia_smi() -> Option<OsString> {
     std::env::join_paths(dirs).ok()
 }
 
-fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
+/// What running the stand-ins as the scenario's users, in its cgroups, takes: as root, the
+/// accounts and the cgroup subtree (both removed on drop); otherwise one warning, and the
+/// stand-ins run as the launcher, where it is.
+fn prepare_placement(
+    sc: &scenario::Scenario,
+    create_users: bool,
+) -> Result<(Option<users::Users>, Option<cgroups::Subtree>), String> {
+    let with_user = sc.spawns.iter().any(|s| s.user.is_some());
+    let cgroup_paths: Vec<&str> = sc
+        .spawns
+        .iter()
+        .filter_map(|s| s.cgroup.as_deref())
+        .collect();
+    if !with_user && cgroup_paths.is_empty() {
+        return Ok((None, None));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "nvml-sim: not root: the stand-ins run as you, in your cgroup (the scenario's user and cgroup keys need root)"
+        );
+        return Ok((None, None));
+    }
+    let users = users::Users::resolve(
+        sc.spawns.iter().filter_map(|s| s.user.as_ref()),
+        create_users,
+    )?;
+    if !users.missing.is_empty() {
+        eprintln!(
+            "nvml-sim: no user {} here: {} stand-ins run as root (--create-users makes system accounts for the run)",
+            users.missing.join(", "),
+            if users.missing.len() == 1 {
+                "its"
+            } else {
+                "their"
+            }
+        );
+    }
+    let subtree = match cgroup_paths.is_empty() {
+        true => None,
+        false => match cgroups::Subtree::create(&cgroup_paths) {
+            Ok(subtree) => Some(subtree),
+            Err(e) => {
+                eprintln!("nvml-sim: {e}: the stand-ins run in your cgroup");
+                None
+            }
+        },
+    };
+    Ok((Some(users), subtree))
+}
+
+/// A pipe whose write end only the launcher holds (close-on-exec): the read end, for the
+/// workers of crashed stand-ins, sees end-of-file when the launcher ends, however it ends.
+fn lifeline() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!(
+            "cannot make a pipe: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: both were just returned to us and are owned by nothing else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+fn run(path: &Path, command: Vec<OsString>, create_users: bool) -> Result<i32, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read the scenario: {e}", path.display()))?;
     let sc = scenario::parse(path, &text)?;
@@ -409,10 +662,22 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
         eprintln!("nvml-sim: {e}");
     }
     install_handlers();
+    let (users, subtree) = prepare_placement(&sc, create_users)?;
+    let (lifeline_read, _lifeline_write) = lifeline()?;
 
     let mut started: Vec<(usize, Standin)> = Vec::new();
     for spec in &sc.spawns {
-        match spawn_standin(&exe, spec) {
+        let placement = Placement {
+            account: users
+                .as_ref()
+                .zip(spec.user.as_ref())
+                .and_then(|(users, user)| users.account(user)),
+            cgroup: subtree
+                .as_ref()
+                .map(|subtree| subtree.entry(spec.cgroup.as_deref())),
+            lifeline: Some(std::os::fd::AsRawFd::as_raw_fd(&lifeline_read)),
+        };
+        match spawn_standin(&exe, spec, placement) {
             Ok(s) => started.push((spec.entry, s)),
             Err(e) => {
                 let all: Vec<Standin> = started.into_iter().map(|(_, s)| s).collect();
@@ -464,9 +729,24 @@ fn run(path: &Path, command: Vec<OsString>) -> Result<i32, String> {
     } else {
         command
     };
+    // A signal during the setup: nothing to forward it to yet; stop here.
+    let sig = SIGNALLED.swap(0, Ordering::SeqCst);
+    if sig == libc::SIGTERM || sig == libc::SIGHUP {
+        stop(&standins_of(started));
+        return Ok(128 + sig);
+    }
     let mut child = Command::new(&command[0]);
     if let Some(path) = path_with_cached_nvidia_smi() {
         child.env("PATH", path);
+    }
+    if let Some(subtree) = &subtree {
+        // COMMAND reads the stand-ins' /proc/PID/cgroup relative to its own cgroup
+        // namespace: rooted at the subtree, they read as their managers would write them.
+        let entry = subtree.entry(None);
+        // SAFETY: Entry::enter makes only async-signal-safe calls on prepared data.
+        unsafe {
+            child.pre_exec(move || entry.enter());
+        }
     }
     let child = child
         .args(&command[1..])

@@ -125,6 +125,15 @@ struct RawProcess {
     gpu_instance: Option<u32>,
     /// On MIG GPUs: the compute instance (default: the GPU instance's).
     compute_instance: Option<u32>,
+    /// The stand-in's user: a name or a uid (the launcher, as root, runs it as that user).
+    user: Option<toml::Value>,
+    /// The stand-in's cgroup, as its manager would create it (the launcher, as root, makes
+    /// it in a private subtree and runs the stand-in there, in a cgroup namespace).
+    cgroup: Option<String>,
+    /// The stand-in's main process exits once its workers run, as a crashed run's does,
+    /// leaving them orphaned.
+    #[serde(default)]
+    crashed: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -444,6 +453,28 @@ pub struct SpawnSpec {
     pub workers: u32,
     pub worker_used_mib: Option<u64>,
     pub worker_sm_pct: u32,
+    /// Who the stand-in runs as (when the launcher is root).
+    pub user: Option<User>,
+    /// The stand-in's cgroup path as its manager writes it, `/`-separated, never the root.
+    pub cgroup: Option<String>,
+    /// The main process exits once its workers run; only the workers stay, orphaned.
+    pub crashed: bool,
+}
+
+/// A stand-in's user, as the scenario names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum User {
+    Name(String),
+    Uid(u32),
+}
+
+impl std::fmt::Display for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            User::Name(name) => f.write_str(name),
+            User::Uid(uid) => write!(f, "uid {uid}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -653,6 +684,89 @@ mod tests {
         let e = one_line(p(&format!("{proc_}listed_pid = 9\nunlisted = true\n")).unwrap_err());
         assert!(
             e.contains("process[0] (pid 5): listed_pid and unlisted"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn standin_user_cgroup_and_crashed() {
+        let s = p(r#"
+[[gpu]]
+[[process]]
+spawn = ["python3", "train.py"]
+gpu = 0
+user = "alice"
+cgroup = "/system.slice/slurmstepd.scope/job_812/step_0"
+[[process]]
+spawn = ["python3", "train.py"]
+gpu = 0
+user = 1001
+workers = 2
+crashed = true
+[[process]]
+spawn = ["python3", "serve.py"]
+gpu = 0
+"#)
+        .unwrap();
+        let [a, b, c] = &s.spawns[..] else {
+            panic!("{:?}", s.spawns)
+        };
+        assert_eq!(a.user, Some(User::Name("alice".into())));
+        assert_eq!(
+            a.cgroup.as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_812/step_0")
+        );
+        assert!(!a.crashed);
+        assert_eq!(b.user, Some(User::Uid(1001)));
+        assert!(b.crashed && b.cgroup.is_none());
+        assert!(c.user.is_none() && c.cgroup.is_none() && !c.crashed);
+    }
+
+    #[test]
+    fn bad_standin_user_cgroup_and_crashed() {
+        let spawn = "[[gpu]]\n[[process]]\nspawn = [\"x\"]\ngpu = 0\n";
+        let err = |extra: &str| {
+            let e = p(&format!("{spawn}{extra}\n")).unwrap_err();
+            assert!(e.starts_with("/tmp/x.toml: "), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+            e
+        };
+        for (extra, says) in [
+            (
+                "user = \"Alice\"",
+                "process[0]: user 'Alice' is not a user name",
+            ),
+            ("user = \"\"", "user '' is not a user name"),
+            ("user = \"a b\"", "user 'a b' is not a user name"),
+            (
+                "user = \"1001\"",
+                "user '1001' is a uid written as a string: write user = 1001",
+            ),
+            ("user = -1", "user -1 is not a uid"),
+            ("user = 4294967295", "user 4294967295 is not a uid"),
+            ("user = true", "user must be a name or a uid, not a boolean"),
+            (
+                "cgroup = \"system.slice/x.service\"",
+                "must be an absolute path",
+            ),
+            ("cgroup = \"/\"", "cgroup '/' is the root"),
+            ("cgroup = \"/a//b\"", "has an empty name"),
+            ("cgroup = \"/a/\"", "has an empty name"),
+            ("cgroup = \"/a/../b\"", "has '.' or '..'"),
+            ("cgroup = \"/a\\nb\"", "has a control character"),
+            ("cgroup = \"/cgroup.procs\"", "starting with 'cgroup.'"),
+            ("cgroup = 3", "line 5"),
+            ("crashed = true", "crashed = true needs workers"),
+            ("crashed = 1", "line 5"),
+        ] {
+            let e = err(extra);
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        let long = format!("cgroup = \"/{}\"", "a".repeat(256));
+        assert!(err(&long).contains("longer than 255 bytes"));
+        let e = p("[[gpu]]\n[[process]]\npid = 5\ngpu = 0\nuser = \"alice\"\n").unwrap_err();
+        assert!(
+            e.contains("process[0] (pid 5): user, cgroup and crashed describe a stand-in"),
             "{e}"
         );
     }

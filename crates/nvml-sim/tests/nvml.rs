@@ -331,12 +331,18 @@ fn init_errors() {
     };
     let (r, said) = stderr_of(init);
     assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
-    assert!(said.contains("scenario.toml: line 2: unknown field 'foo'"), "{said}");
+    assert!(
+        said.contains("scenario.toml: line 2: unknown field 'foo'"),
+        "{said}"
+    );
     assert_eq!(said.lines().count(), 1, "{said}");
     std::fs::remove_file(&sim.scenario).unwrap();
     let (r, said) = stderr_of(init);
     assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
-    assert!(said.contains("cannot read the scenario: No such file"), "{said}");
+    assert!(
+        said.contains("cannot read the scenario: No such file"),
+        "{said}"
+    );
 }
 
 #[test]

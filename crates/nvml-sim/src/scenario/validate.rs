@@ -309,17 +309,30 @@ fn process(
                     "{at}: spawn must be a non-empty list of non-empty strings"
                 ));
             }
+            if p.crashed && p.workers.unwrap_or(0) == 0 {
+                return Err(format!(
+                    "{at}: crashed = true needs workers (a crashed run leaves its workers behind)"
+                ));
+            }
             spawns.push(SpawnSpec {
                 entry: i,
                 argv: argv.clone(),
                 workers: p.workers.unwrap_or(0),
                 worker_used_mib: p.worker_used_mib,
                 worker_sm_pct: p.worker_sm_pct.0,
+                user: p.user.as_ref().map(|u| user(&at, u)).transpose()?,
+                cgroup: p.cgroup.as_deref().map(|c| cgroup(&at, c)).transpose()?,
+                crashed: p.crashed,
             });
         }
         (None, Some(_)) => {
             if p.workers.is_some() || p.worker_used_mib.is_some() {
                 return Err(format!("{at}: workers/worker_used_mib need a spawn list"));
+            }
+            if p.user.is_some() || p.cgroup.is_some() || p.crashed {
+                return Err(format!(
+                    "{at}: user, cgroup and crashed describe a stand-in: they need a spawn list"
+                ));
             }
         }
     }
@@ -405,4 +418,81 @@ fn instances(
         ));
     }
     Ok(instances)
+}
+
+/// A stand-in's `user`: a uid (a number), or a name as useradd accepts it by default
+/// (Debian's NAME_REGEX): a lowercase letter or `_`, then lowercase letters, digits, `_`
+/// and `-`, at most 32, with an optional final `$`.
+fn user(at: &str, value: &toml::Value) -> Result<User, String> {
+    match value {
+        toml::Value::Integer(uid) => u32::try_from(*uid)
+            .ok()
+            .filter(|uid| *uid != u32::MAX)
+            .map(User::Uid)
+            .ok_or_else(|| format!("{at}: user {uid} is not a uid (0..={})", u32::MAX - 1)),
+        toml::Value::String(name) => {
+            let body = name.strip_suffix('$').unwrap_or(name);
+            let well_formed = !body.is_empty()
+                && name.len() <= 32
+                && body.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && body
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+            if well_formed {
+                Ok(User::Name(name.clone()))
+            } else if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+                Err(format!(
+                    "{at}: user '{name}' is a uid written as a string: write user = {name}"
+                ))
+            } else {
+                Err(format!(
+                    "{at}: user '{}' is not a user name (a lowercase letter or '_', then lowercase letters, digits, '_' or '-'; at most 32)",
+                    name.escape_debug()
+                ))
+            }
+        }
+        other => Err(format!(
+            "{at}: user must be a name or a uid, not a {}",
+            other.type_str()
+        )),
+    }
+}
+
+/// A stand-in's `cgroup`: an absolute path below the root, as a manager writes it
+/// (`/system.slice/slurmstepd.scope/job_812/step_0`), made of names a cgroup may have.
+fn cgroup(at: &str, path: &str) -> Result<String, String> {
+    let shown = path.escape_debug();
+    let example = "like /system.slice/slurmstepd.scope/job_812/step_0";
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(format!(
+            "{at}: cgroup '{shown}' must be an absolute path, {example}"
+        ));
+    };
+    if rest.is_empty() {
+        return Err(format!(
+            "{at}: cgroup '/' is the root, which no manager puts a job in: name one below it, {example}"
+        ));
+    }
+    if path.len() > 4095 {
+        return Err(format!("{at}: cgroup is longer than 4095 bytes"));
+    }
+    for name in rest.split('/') {
+        let problem = if name.is_empty() {
+            Some("an empty name ('//' or a trailing '/')")
+        } else if name == "." || name == ".." {
+            Some("'.' or '..'")
+        } else if name.chars().any(char::is_control) {
+            Some("a control character")
+        } else if name.len() > 255 {
+            Some("a name longer than 255 bytes")
+        } else if name.starts_with("cgroup.") {
+            Some("a name starting with 'cgroup.' (the kernel's interface files)")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(format!("{at}: cgroup '{shown}' has {problem}"));
+        }
+    }
+    Ok(path.to_string())
 }
