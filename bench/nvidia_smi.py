@@ -2,7 +2,7 @@
 """Benchmark: NVIDIA's nvidia-smi 535 on nvml-sim, next to `gpuctl info --json`.
 
 On the repository's 8xH200 example scenario (crates/nvml-sim/examples/h200x8.toml: 8 GPUs,
-24 processes), inside one `nvml-sim run`, times whole invocations (exec, library load, NVML
+27 processes), inside one `nvml-sim run`, times whole invocations (exec, library load, NVML
 init, every GPU, output) of each nvidia-smi view the tests run and of `gpuctl info --json`,
 alternating them run by run, and prints each one's median and its ratio to gpuctl's.
 
@@ -73,7 +73,7 @@ def main():
                          capture_output=True, text=True, env=env, check=True)
     times = json.loads(out.stdout)
     base = statistics.median(times["gpuctl info --json"])
-    print(f"8 GPUs, 24 processes (h200x8.toml), {args.runs} runs each, release build")
+    print(f"8 GPUs, 27 processes (h200x8.toml), {args.runs} runs each, release build")
     print(f"{'command':40} {'median':>10} {'vs gpuctl info':>15}")
     for name, _ in views:
         m = statistics.median(times[name])

@@ -13,6 +13,7 @@ mod info;
 mod kill_clear;
 mod mig;
 mod nvidia_smi;
+mod output;
 mod schema;
 mod settings;
 mod slurm;

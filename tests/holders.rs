@@ -116,7 +116,7 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
     assert!(
         table
             .stdout
-            .contains("holding nvidia1, not listed by NVML:"),
+            .contains("holding /dev/nvidia1, not listed by NVML:"),
         "{}",
         table.stdout
     );
@@ -128,7 +128,7 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
     assert!(
         table
             .stdout
-            .contains("nvidia1 is also open in 1 process NVML lists on other GPUs"),
+            .contains("/dev/nvidia1 is also open in 1 process NVML lists on other GPUs"),
         "{}",
         table.stdout
     );
@@ -250,7 +250,7 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
     assert!(
         table
             .stdout
-            .contains("no process holds nvidia0 without NVML listing it"),
+            .contains("holders of /dev/nvidia0 that NVML does not list: none"),
         "{}",
         table.stdout
     );

@@ -361,10 +361,11 @@ fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> V
         matched.push(format!("selected: --user {}", target.owner_name()));
     }
     if let (Some(min), Some(used)) = (selector.min_bytes, target.used_bytes) {
+        // In the tables' units, so the reason reads like the MEMORY column beside it.
         matched.push(format!(
-            "selected: holds {} MiB, at least --min-mem {} MiB",
-            used >> 20,
-            min >> 20
+            "selected: holds {}, at least --min-mem {}",
+            crate::units::bytes(used),
+            crate::units::bytes(min)
         ));
     }
     if let (Some(older), Some(age)) = (selector.older_than, age) {
@@ -498,7 +499,16 @@ mod tests {
         let narrowed = widened.and(Criterion::Uids(vec![1000]));
         assert_eq!(pids(&select(&snapshot, &[], &narrowed).0), vec![10, 12]);
         let big = narrowed.and(Criterion::MinBytes(1 << 30));
-        assert_eq!(pids(&select(&snapshot, &[], &big).0), vec![12]);
+        let (targets, _) = select(&snapshot, &[], &big);
+        assert_eq!(pids(&targets), vec![12]);
+        // Sizes in the tables' units (units::bytes), never raw MiB.
+        assert!(
+            targets[0]
+                .reasons
+                .contains(&"selected: holds 4.0 GiB, at least --min-mem 1.0 GiB".to_string()),
+            "{:?}",
+            targets[0].reasons
+        );
     }
 
     #[test]

@@ -188,7 +188,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                 .width
                 .map(|w| w.saturating_sub(fixed.chars().count()).max(20));
             let command = match room {
-                Some(room) => render::cut(&cells[5], room, style.unicode),
+                Some(room) => render::cut_middle(&cells[5], room, style.unicode),
                 None => cells[5].clone(),
             };
             format!("{fixed}{command}")
@@ -237,14 +237,12 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
             out.push_str(&format!("  {subject}: {}\n", render::safe(&finding.reason)));
         }
     }
-    if let Some(wait) = &document.wait {
-        let verdict = if wait.met {
-            style.paint(Color::Green, "free")
-        } else {
-            style.paint(Color::Red, "not free")
-        };
+    // A wait that ran out is said once, on stderr, with the deadline the user gave
+    // (`not_free_message`).
+    if let Some(wait) = document.wait.as_ref().filter(|wait| wait.met) {
         out.push_str(&format!(
-            "\nselected GPUs {verdict} after {:.1}s\n",
+            "\nselected GPUs {} after {:.1}s\n",
+            style.paint(Color::Green, "free"),
             wait.waited_ms as f64 / 1000.0
         ));
     }

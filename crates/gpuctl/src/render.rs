@@ -155,6 +155,60 @@ pub fn cut(text: &str, width: usize, unicode: bool) -> String {
     format!("{kept}{mark}")
 }
 
+/// Cuts a command line to `width` characters in the middle, at spaces where it can: its
+/// start names the program and its end tells processes apart (`--rank 3`), so both stay:
+/// `python3 -m torch.distributed.run … --rank 0`.
+pub fn cut_middle(text: &str, width: usize, unicode: bool) -> String {
+    let len = text.chars().count();
+    if len <= width {
+        return text.to_string();
+    }
+    let mark = if unicode { " … " } else { " ~ " };
+    let Some(room) = width.checked_sub(mark.chars().count()).filter(|r| *r >= 2) else {
+        return cut(text, width, unicode);
+    };
+    let words: Vec<&str> = text.split(' ').collect();
+    let span = |words: &[&str]| {
+        words.iter().map(|w| w.chars().count()).sum::<usize>() + words.len().saturating_sub(1)
+    };
+    // The end takes a third of the room in whole words (`--rank 0`), the start what is
+    // left (the program), then the end what the start left over.
+    let fits = |head: usize, tail: usize| {
+        span(&words[..head]) + span(&words[words.len() - tail..]) <= room
+    };
+    let mut tail = 0;
+    while tail < words.len() && span(&words[words.len() - tail - 1..]) <= room / 3 {
+        tail += 1;
+    }
+    // With no whole word at the end, the start leaves a third of the room for its
+    // characters.
+    let head_room = if tail == 0 { room - room / 3 } else { room };
+    let mut head = 0;
+    while head + tail < words.len() && fits(head + 1, tail) && span(&words[..head + 1]) <= head_room
+    {
+        head += 1;
+    }
+    while tail > 0 && head + tail < words.len() && fits(head, tail + 1) {
+        tail += 1;
+    }
+    let mut start = words[..head].join(" ");
+    let mut end = words[words.len() - tail..].join(" ");
+    // Words longer than their share: characters from both ends instead.
+    if start.is_empty() {
+        let keep = if end.is_empty() {
+            room - room / 2
+        } else {
+            room - end.chars().count()
+        };
+        start = text.chars().take(keep).collect();
+    }
+    if end.is_empty() {
+        let keep = room - start.chars().count();
+        end = text.chars().skip(len - keep).collect();
+    }
+    format!("{start}{mark}{end}")
+}
+
 /// The width of each of a table's first `columns` columns, in chars: its widest cell, or its
 /// header where that is wider.
 pub fn column_widths<const N: usize>(
@@ -206,6 +260,36 @@ mod tests {
         assert_eq!(cut("short", 8, false), "short");
         assert_eq!(cut("ééééé", 3, false), "éé~");
         assert_eq!(pad("é", 3), "é  ");
+    }
+
+    #[test]
+    fn a_cut_command_keeps_its_start_and_its_end() {
+        let rank = "python3 -m torch.distributed.run --nproc-per-node=4 train.py --model llama-70b --rank 0";
+        assert_eq!(cut_middle(rank, 200, true), rank);
+        assert_eq!(cut_middle(rank, rank.len(), true), rank);
+        for width in [12, 20, 30, 39, 50, 60, 85] {
+            let cut = cut_middle(rank, width, true);
+            assert!(cut.chars().count() <= width, "{width}: {cut:?}");
+            assert!(cut.contains(" … "), "{width}: {cut:?}");
+            assert!(cut.ends_with(" 0"), "{width}: {cut:?}");
+            assert!(cut.starts_with("python3"), "{width}: {cut:?}");
+        }
+        assert_eq!(
+            cut_middle(rank, 43, true),
+            "python3 -m torch.distributed.run … --rank 0"
+        );
+        assert!(cut_middle(rank, 39, true).ends_with(" llama-70b --rank 0"));
+        assert_eq!(
+            cut_middle(rank, 43, false),
+            "python3 -m torch.distributed.run ~ --rank 0"
+        );
+        // One long word: characters from both ends.
+        let path = "/very/long/path/to/a/program/with/no/spaces/at/all";
+        let cut = cut_middle(path, 20, true);
+        assert_eq!(cut.chars().count(), 20, "{cut:?}");
+        assert!(cut.starts_with("/very") && cut.ends_with("all"), "{cut:?}");
+        // Too narrow for a mark in the middle: cut at the end.
+        assert_eq!(cut_middle(rank, 4, true), "pyt…");
     }
 
     #[test]

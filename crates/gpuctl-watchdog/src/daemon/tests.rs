@@ -48,10 +48,7 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
         },
     };
     let (logger, logged) = crate::log::Logger::buffered();
-    (
-        Daemon::new(settings, logger, Notifier::from_env()),
-        logged,
-    )
+    (Daemon::new(settings, logger, Notifier::from_env()), logged)
 }
 
 /// One GPU of 80 GiB with two processes: pid 10 a zombie holder, pid 11 holding 50 GiB.

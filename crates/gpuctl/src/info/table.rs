@@ -201,11 +201,8 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     title.extend(gpu.name.clone());
     title.extend(gpu.pci_bus_id.clone());
     title.extend(gpu.uuid.clone());
-    let title = title.join(dot);
-    let title = match style.width {
-        Some(width) => render::cut(&title, width.saturating_sub(1), style.unicode),
-        None => title,
-    };
+    // Wrapped, never cut: the UUID is copied from here into --gpu and CUDA_VISIBLE_DEVICES.
+    let title = wrap_title(&title, dot, style.width);
     out.push_str(&style.paint(Color::Bold, &title));
     match gpu.status {
         GpuStatus::Ok => {}
@@ -333,9 +330,11 @@ fn mig_block(out: &mut String, mig: &MigDevice, style: &Style, dot: &str) {
 /// The processes holding the GPU's device file that NVML does not list, each with what it
 /// is suspected to be and why.
 fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: &Style) {
-    let file = gpu
-        .minor
-        .map_or_else(|| "its device file".to_string(), |m| format!("nvidia{m}"));
+    // The device's name as the driver makes it, wherever GPUCTL_DEV_DIR points.
+    let file = gpu.minor.map_or_else(
+        || "its device file".to_string(),
+        |m| format!("/dev/nvidia{m}"),
+    );
     if holders.is_empty() {
         // Said only where there is memory to explain.
         let unattributed = gpu
@@ -345,10 +344,10 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         if !unattributed {
             return;
         }
-        // No holder because none was looked for is not "no process holds it".
+        // No holder because none was looked for is not "none".
         let said = match &gpu.holders_not_scanned {
             Some(why) => format!("holders of {file} not looked for: {}", render::safe(why)),
-            None => format!("no process holds {file} without NVML listing it"),
+            None => format!("holders of {file} that NVML does not list: none"),
         };
         out.push_str(&format!("  {}\n", style.paint(Color::Dim, &said)));
         return;
@@ -419,6 +418,30 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
             )
         ));
     }
+}
+
+/// The parts of a GPU's title joined by `dot`, a part that would pass `width` starting a new
+/// line (indented two), each part whole.
+fn wrap_title(parts: &[String], dot: &str, width: Option<usize>) -> String {
+    let room = width.map_or(usize::MAX, |w| w.saturating_sub(1));
+    let mut out = String::new();
+    let mut used = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let len = part.chars().count();
+        if i == 0 {
+            out.push_str(part);
+            used = len;
+        } else if used + dot.chars().count() + len <= room {
+            out.push_str(dot);
+            out.push_str(part);
+            used += dot.chars().count() + len;
+        } else {
+            out.push_str("\n  ");
+            out.push_str(part);
+            used = 2 + len;
+        }
+    }
+    out
 }
 
 /// Joins figures with three spaces, starting a new line where the next would pass `width`
@@ -523,7 +546,7 @@ fn process_table(
             state,
             render::pad(&render::cut(&owner, w_owner, style.unicode), w_owner),
             match w_command {
-                Some(w) => render::cut(&command, w, style.unicode),
+                Some(w) => render::cut_middle(&command, w, style.unicode),
                 None => command,
             }
         )
@@ -646,5 +669,27 @@ mod tests {
         );
         assert_eq!(pack(&figures, Some(1)).len(), 3);
         assert_eq!(visible_len("\x1b[1mGPU\x1b[0m"), 3);
+    }
+
+    #[test]
+    fn the_title_wraps_before_a_part_that_does_not_fit_and_cuts_none() {
+        let parts = [
+            "GPU 0",
+            "NVIDIA H200",
+            "00000000:18:00.0",
+            "GPU-6a8295fa-c8f6-96e0-6154-3094e85e05b1",
+        ]
+        .map(String::from);
+        let whole =
+            "GPU 0 · NVIDIA H200 · 00000000:18:00.0 · GPU-6a8295fa-c8f6-96e0-6154-3094e85e05b1";
+        assert_eq!(wrap_title(&parts, " · ", None), whole);
+        assert_eq!(wrap_title(&parts, " · ", Some(100)), whole);
+        assert_eq!(
+            wrap_title(&parts, " · ", Some(80)),
+            "GPU 0 · NVIDIA H200 · 00000000:18:00.0\n  GPU-6a8295fa-c8f6-96e0-6154-3094e85e05b1"
+        );
+        // Narrower than a part: the part is still whole, on its own line.
+        let narrow = wrap_title(&parts, " · ", Some(20));
+        assert!(narrow.contains("\n  GPU-6a8295fa-c8f6-96e0-6154-3094e85e05b1"));
     }
 }
