@@ -173,9 +173,9 @@ fn a_reason_gives_sizes_in_the_tables_units() {
 #[test]
 fn the_demo_shows_a_teams_server() {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "the demo shows users and owners only as root (it makes accounts and cgroups): run the suite as root"
     );
     let demo = |args: &[&str]| {
