@@ -489,6 +489,8 @@ struct Row {
     command: String,
     state_color: Option<Color>,
     dim: bool,
+    /// The command cell is our text, not a command line: cut at its end.
+    ours: bool,
 }
 
 fn process_table(
@@ -510,6 +512,7 @@ fn process_table(
             command: "memory in use that no process accounts for".into(),
             state_color: None,
             dim: true,
+            ours: true,
         });
     }
     let headers = [
@@ -534,7 +537,7 @@ fn process_table(
     // Without a terminal nothing is cut; on a narrow one the command keeps at least 20.
     let w_command = style.width.map(|w| w.saturating_sub(fixed).max(20));
 
-    let line = |cells: [String; 8]| {
+    let line = |cells: [String; 8], ours: bool| {
         let [pid, user, mem, sm, age, state, owner, command] = cells;
         format!(
             "  {}  {}  {}  {}  {}  {}  {}  {}",
@@ -546,6 +549,7 @@ fn process_table(
             state,
             render::pad(&render::cut(&owner, w_owner, style.unicode), w_owner),
             match w_command {
+                Some(w) if ours => render::cut(&command, w, style.unicode),
                 Some(w) => render::cut_middle(&command, w, style.unicode),
                 None => command,
             }
@@ -554,16 +558,19 @@ fn process_table(
     let header_cells = headers.map(str::to_string);
     let mut header = header_cells.clone();
     header[5] = render::pad(&header_cells[5], w_state);
-    out.push_str(&style.paint(Color::Dim, line(header).trim_end()));
+    out.push_str(&style.paint(Color::Dim, line(header, true).trim_end()));
     out.push('\n');
     for r in rows {
         let state = match r.state_color {
             Some(color) => style.paint(color, &render::pad(&r.state, w_state)),
             None => render::pad(&r.state, w_state),
         };
-        let text = line([
-            r.pid, r.user, r.memory, r.sm, r.age, state, r.owner, r.command,
-        ]);
+        let text = line(
+            [
+                r.pid, r.user, r.memory, r.sm, r.age, state, r.owner, r.command,
+            ],
+            r.ours,
+        );
         let text = text.trim_end();
         if r.dim {
             out.push_str(&style.paint(Color::Dim, text));
@@ -646,6 +653,7 @@ fn row(process: &GpuProcess) -> Row {
         command: cells.command,
         state_color: cells.state_color,
         dim: !host.confirmed,
+        ours: !host.confirmed,
     }
 }
 
