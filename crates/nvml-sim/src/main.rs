@@ -340,6 +340,12 @@ fn stop(standins: &[Standin]) {
     let signal_all = |sig: libc::c_int| {
         for s in standins {
             match &s.crashed {
+                // Without pidfds (an old kernel): the group, whose id its live workers keep
+                // from being reused.
+                Some(fds) if fds.len() < s.workers.len() => {
+                    // SAFETY: signalling the crashed stand-in's own process group.
+                    unsafe { libc::kill(-s.pid, sig) };
+                }
                 Some(fds) => {
                     for fd in fds {
                         // SAFETY: pidfd_send_signal on a pidfd we hold.
@@ -366,6 +372,8 @@ fn stop(standins: &[Standin]) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     for s in standins {
         let ended = || match &s.crashed {
+            // SAFETY: signal 0 only asks whether the group still has a process.
+            Some(fds) if fds.len() < s.workers.len() => unsafe { libc::kill(-s.pid, 0) != 0 },
             Some(fds) => fds.iter().all(|fd| pidfd_exited(fd.as_raw_fd())),
             None => leader_exited(s.pid),
         };
