@@ -16,4 +16,5 @@ mod nvidia_smi;
 mod schema;
 mod settings;
 mod slurm;
+mod top;
 mod watchdog;
