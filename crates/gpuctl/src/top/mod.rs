@@ -70,7 +70,7 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
         unicode: style.unicode,
     };
     let view = ProcView::system().context("cannot read /proc")?;
-    let reader = Reader {
+    let mut reader = Reader {
         session: &session,
         view,
         gpus,
@@ -78,7 +78,7 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
         protection,
     };
     let mut screen = Screen::enter().context("cannot take over the terminal")?;
-    let outcome = run_loop(&mut screen, &reader, args.interval, palette);
+    let outcome = run_loop(&mut screen, &mut reader, args.interval, palette);
     match screen.signalled() {
         Some(signal) => screen.end_by(signal),
         None => {
@@ -98,7 +98,11 @@ struct Reader<'s> {
 }
 
 impl Reader<'_> {
-    fn read(&self, cache: &mut FactCache, holders: bool) -> Result<Snapshot> {
+    fn read(&mut self, cache: &mut FactCache, holders: bool) -> Result<Snapshot> {
+        // Ages are counted against the uptime read here.
+        self.view
+            .refresh_uptime()
+            .context("cannot read /proc/uptime")?;
         let options = SnapshotOptions {
             // The device-file scan reads every process's descriptors: only while its panel
             // is open.
@@ -119,10 +123,11 @@ impl Reader<'_> {
 
 fn run_loop(
     screen: &mut Screen,
-    reader: &Reader<'_>,
+    reader: &mut Reader<'_>,
     interval: Duration,
     palette: Palette,
 ) -> Result<Exit> {
+    let session = reader.session;
     let root = nix::unistd::geteuid().is_root();
     let mut model = Model::new(root, nix::unistd::getuid().as_raw());
     // Every refresh rereads each known process's stat (state, age); the rest is kept while
@@ -140,7 +145,7 @@ fn run_loop(
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
             let snapshot = reader.read(&mut cache, holders)?;
-            let watchdog = crate::info::watchdog_findings(Some(&reader.session.loaded));
+            let watchdog = crate::info::watchdog_findings(Some(&session.loaded));
             model.update(snapshot, watchdog);
             next_read = Instant::now() + interval;
             dirty = true;
@@ -168,7 +173,7 @@ fn run_loop(
                 if pids.is_empty() {
                     model.status = Some("no process under the cursor".into());
                 } else {
-                    let (prepared, plan) = kill::prepare(reader.session, pids)?;
+                    let (prepared, plan) = kill::prepare(session, pids)?;
                     match prepared {
                         Some(prepared) => {
                             pending = Some(prepared);

@@ -63,8 +63,9 @@ impl Palette {
             .skip(skip)
             .map(|&v| steps[(v.min(100) as usize * 7).div_ceil(100)])
             .collect();
+        // Newest on the right; until the history fills its cells it grows from the left.
         let shown = series.len() - skip;
-        out.insert_str(0, &" ".repeat(cells - shown));
+        out.push_str(&" ".repeat(cells - shown));
         out
     }
 }
@@ -447,12 +448,12 @@ impl Columns {
             Some(gi) => format!("{}/{gi}", row.gpu),
             None => row.gpu.to_string(),
         };
-        let mark = if marked {
-            "*"
-        } else if indent {
-            " "
-        } else {
-            " "
+        // In the tree, a process hangs under its owner's heading.
+        let mark = match (marked, indent, unicode) {
+            (true, _, _) => "*",
+            (false, true, true) => "│",
+            (false, true, false) => "|",
+            (false, false, _) => " ",
         };
         let text = format!(
             "{mark} {:>PID$} {:<uw$} {:<gw$} {:>MEMORY$} {:>SM$} {:>AGE$} {:<sw$} {:<ow$} ",
