@@ -672,3 +672,35 @@ fn a_mouse_click_selects_the_row_k_then_ends() {
     term.keys(&["n"]);
     term.wait_text("nothing ended");
 }
+
+#[test]
+fn h_shows_the_device_file_holders_nvml_does_not_list() {
+    let sim = Sim::new("");
+    let dev = sim.dev_dir();
+    sim.write(&Scenario::new().device_dir(&dev).gpu(Gpu::new()));
+    // A first NVML client makes the sim create its device files.
+    let first = sim.run(&["info"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let job = Proc::sleeper("python3", &["listed.py"]);
+    let hidden = Proc::spawn_holding(
+        "python3",
+        &["hidden-infer.py"],
+        &[&dev.join("nvidiactl"), &dev.join("nvidia0")],
+    );
+    sim.write(
+        &Scenario::new()
+            .device_dir(&dev)
+            .gpu(Gpu::new())
+            .process(Process::new(job.pid()).used(GIB))
+            .process(Process::new(hidden.pid()).used(3 * GIB).unlisted()),
+    );
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("the listed process", |s| row_pids(s) == [job.pid()]);
+    term.keys(&["h"]);
+    let panel = term.wait_for("the hidden holder in the panel", |s| {
+        s.contains("holders of GPU 0's device file") && s.contains(&hidden.pid().to_string())
+    });
+    assert!(panel.contains("python3 hidden-infer.py"), "{panel}");
+    term.keys(&["h"]);
+    term.wait_for("the panel closed", |s| !s.contains("holders of GPU 0"));
+}
