@@ -407,7 +407,7 @@ fn resize_to_80x24_keeps_every_gpu_line() {
 }
 
 #[test]
-fn q_restores_the_terminal() {
+fn q_and_ctrl_c_restore_the_terminal() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
     let term = Term::start(&sim, &[], (100, 30));
@@ -421,6 +421,14 @@ fn q_restores_the_terminal() {
         "no alternate screen left behind, cursor visible"
     );
     assert!(alive(job.pid()));
+    drop(term);
+
+    // Ctrl-C, which raw mode delivers as a key, the same.
+    let term = Term::start(&sim, &[], (100, 30));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    term.keys(&["C-c"]);
+    term.wait_text("gpuctl exited 0");
+    assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "0 1");
 }
 
 #[test]
