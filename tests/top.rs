@@ -712,3 +712,25 @@ fn h_shows_the_device_file_holders_nvml_does_not_list() {
     term.keys(&["h"]);
     term.wait_for("the panel closed", |s| !s.contains("holders of GPU 0"));
 }
+
+#[test]
+fn mig_instances_have_their_own_lines_and_their_processes_say_which() {
+    let a = Proc::sleeper("python3", &["small.py"]);
+    let b = Proc::sleeper("python3", &["large.py"]);
+    let scenario = Scenario::new()
+        .gpu(Gpu::h100().mig("1g.10gb", 9).mig("3g.40gb", 2))
+        .process(Process::new(a.pid()).instance(9).used(GIB))
+        .process(Process::new(b.pid()).instance(2).used(8 * GIB));
+    let sim = Sim::new(&scenario);
+    let term = Term::start(&sim, &[], (120, 32));
+    let screen = term.wait_for("both processes", |s| row_pids(s).len() == 2);
+    assert!(screen.contains("MIG 1g.10gb GI 9"), "{screen}");
+    assert!(screen.contains("MIG 3g.40gb GI 2"), "{screen}");
+    for (proc, place) in [(&a, "0/9"), (&b, "0/2")] {
+        let row = rows(&screen)
+            .into_iter()
+            .find(|r| r.contains(&format!(" {} ", proc.pid())))
+            .unwrap_or_else(|| panic!("no row for {}:\n{screen}", proc.pid()));
+        assert!(row.contains(&format!(" {place} ")), "{row}");
+    }
+}
