@@ -405,10 +405,10 @@ impl Columns {
         }
     }
 
-    fn heading(&self, model: &Model, _palette: Palette) -> TextLine<'static> {
+    fn heading(&self, model: &Model, palette: Palette) -> TextLine<'static> {
         let arrow = |sort: super::model::Sort, name: &str| {
             if model.sort == sort {
-                format!("{name}{}", if _palette.unicode { "▼" } else { "v" })
+                format!("{name}{}", if palette.unicode { "▼" } else { "v" })
             } else {
                 name.to_string()
             }
