@@ -17,4 +17,5 @@ mod output;
 mod schema;
 mod settings;
 mod slurm;
+mod top;
 mod watchdog;

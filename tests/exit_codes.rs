@@ -47,6 +47,7 @@ fn gpuctl_help_and_every_man_page_list_the_table() {
         "gpuctl-reset.1",
         "gpuctl-fraction.1",
         "gpuctl-enable.1",
+        "gpuctl-top.1",
     ] {
         assert_eq!(exit::parse_help(&man_page(page)), want, "{page}");
     }

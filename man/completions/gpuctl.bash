@@ -40,6 +40,9 @@ _gpuctl() {
             gpuctl,slurm)
                 cmd="gpuctl__subcmd__slurm"
                 ;;
+            gpuctl,top)
+                cmd="gpuctl__subcmd__top"
+                ;;
             gpuctl__subcmd__help,clear)
                 cmd="gpuctl__subcmd__help__subcmd__clear"
                 ;;
@@ -63,6 +66,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__help,slurm)
                 cmd="gpuctl__subcmd__help__subcmd__slurm"
+                ;;
+            gpuctl__subcmd__help,top)
+                cmd="gpuctl__subcmd__help__subcmd__top"
                 ;;
             gpuctl__subcmd__help__subcmd__slurm,epilog)
                 cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__epilog"
@@ -104,7 +110,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset fraction enable slurm help"
+            opts="-h -V --color --help --version info kill clear reset fraction enable top slurm help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -212,7 +218,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset fraction enable slurm help"
+            opts="info kill clear reset fraction enable top slurm help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -368,6 +374,20 @@ _gpuctl() {
         gpuctl__subcmd__help__subcmd__slurm__subcmd__prolog)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__top)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -625,6 +645,32 @@ _gpuctl() {
             fi
             case "${prev}" in
                 --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__top)
+            opts="-h --gpu --interval --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --interval)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -121,6 +121,20 @@ pub enum Command {
     /// between; its exit status is gpuctl's).
     Enable(EnableArgs),
 
+    /// The interactive view: every GPU and every process, refreshed, with gpuctl's safe kill.
+    ///
+    /// A full-screen terminal view: per GPU (and MIG instance) a memory bar, utilization,
+    /// power, temperature, history sparklines and the memory no process accounts for; the
+    /// processes with user, GPU, memory, SM%, age, state, owner and command; the watchdog's
+    /// findings marked on their rows. Keys: arrows, PgUp/PgDn, Home/End move; Space marks;
+    /// s sorts (memory, SM, age, pid, user); / filters (Esc clears); g narrows to one GPU; t
+    /// groups by owner; u shows per-user totals; h the device-file holders of the GPU; k or
+    /// F9 ends the marked processes or the cursor's, after a confirmation that shows the
+    /// plan (the same road as `gpuctl kill`: by identity, SIGTERM then SIGKILL, verified);
+    /// ? help; q or Ctrl-C quits. The mouse selects rows. Needs a terminal on stdout: for
+    /// scripts, use `gpuctl info --watch` or `--json`.
+    Top(TopArgs),
+
     /// Slurm's prolog, epilog and node health check for GPU nodes.
     ///
     /// What the scripts in /usr/share/gpuctl/slurm run, with the job's environment
@@ -538,6 +552,16 @@ pub struct InfoArgs {
     /// process accounts for. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+
+    /// Refresh every SECONDS (fractions allowed, at least 0.1).
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
+    pub interval: Duration,
 }
 
 /// What `info --by` groups processes by.

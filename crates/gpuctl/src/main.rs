@@ -6,6 +6,7 @@ mod reclaim;
 mod render;
 mod reset;
 mod slurm;
+mod top;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
         Command::Reset(args) => reset::run(&args, color),
         Command::Fraction(args) => policy::run_fraction(&args, color),
         Command::Enable(args) => policy::run_enable(&args),
+        Command::Top(args) => top::run(&args, color),
         Command::Slurm(command) => slurm::run(&command),
     };
     match result {

@@ -174,6 +174,23 @@ impl PreparedKill<'_> {
         )
     }
 
+    /// The plan [`PreparedKill::run`] would carry out, without carrying it out: each target
+    /// with what is done to it (a dry run's `dry_run`) or why it is skipped. A front that
+    /// asks before acting (`gpuctl top`) shows this; `run` then acts on the same targets.
+    pub fn plan(&self) -> Vec<Outcome> {
+        crate::plan::plan(self.targets.clone(), &self.guard, true)
+    }
+
+    /// How the targets would be ended: the first signal, then SIGKILL after the timeout.
+    pub fn ending(&self) -> Ending {
+        self.request.ending
+    }
+
+    /// Whether the caller may signal other users' processes (root).
+    pub fn is_root(&self) -> bool {
+        self.guard.is_root()
+    }
+
     /// The road from the plan on: guarded, signalled (unless a dry run), verified.
     pub fn run(self) -> Killed {
         let outcomes = self

@@ -215,7 +215,7 @@ fn document(
 
 /// The watchdog's findings file in its state directory (the system configuration's
 /// `watchdog.state_dir`, else /var/lib/gpuctl), where it exists and can be read.
-fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFindings> {
+pub(crate) fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFindings> {
     let dir = config::watchdog_state_dir(loaded)?;
     let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
     serde_json::from_slice(&bytes).ok()

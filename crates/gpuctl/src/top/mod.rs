@@ -1,0 +1,207 @@
+//! `gpuctl top`: the interactive view. `model` holds what is shown and where the user is,
+//! `keys` turns keys and clicks into changes, `view` draws, `kill` is the `k` flow on the
+//! core road, `screen` takes the terminal and gives it back on every way out. This loop
+//! reads the GPUs every interval and waits for input in between.
+//!
+//! A refresh rereads NVML and, for each process, only its /proc stat: the facts of a process
+//! seen before with the same start time (command, user, cgroup owner) come from the core's
+//! [`FactCache`], so a refresh costs less than one `gpuctl info`.
+
+mod keys;
+mod kill;
+mod model;
+mod screen;
+mod view;
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossterm::event;
+use gpuctl_core::classify;
+use gpuctl_core::config;
+use gpuctl_core::host::{FactCache, ProcView};
+use gpuctl_core::nvml::{self, Gpus, Place};
+use gpuctl_core::protect::{self, Protection};
+use gpuctl_core::reclaim::{PreparedKill, Session};
+use gpuctl_core::snapshot::{HolderScan, Snapshot, SnapshotOptions};
+
+use crate::render::Style;
+use crate::{Exit, Usage};
+use gpuctl::cli::TopArgs;
+use keys::{Action, TableArea};
+use model::{Model, Panel};
+use screen::Screen;
+use view::Palette;
+
+/// The longest a refresh waits for one GPU: a GPU that has not answered by then is shown as
+/// not answering, and later refreshes do not wait for it until it answers again.
+const GPU_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How often the loop looks for an ending signal while it waits for input.
+const SIGNAL_CHECK: Duration = Duration::from_millis(250);
+
+pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
+    if !std::io::stdout().is_terminal() {
+        return Err(Usage(
+            "top needs a terminal on stdout; for scripts and pipes use `gpuctl info --watch \
+             SECONDS` or `gpuctl info --json`"
+                .into(),
+        )
+        .into());
+    }
+    // The view ends processes: it reads the configuration as `kill` does, and refuses one
+    // it cannot read.
+    let loaded = config::load()?;
+    let dev_dir = config::device_dir(Some(&loaded))?;
+    let deadline = nvml::timeout(None, loaded.nvml_timeout())?.min(GPU_DEADLINE);
+    let protection = Protection::configured(&loaded.protect());
+    let session = Session {
+        gpus: Gpus::open_within(deadline)?,
+        loaded,
+    };
+    // An unknown GPU is refused before the screen is taken.
+    let places = (!args.gpu.gpus.is_empty())
+        .then(|| session.gpus.resolve_places(&args.gpu.gpus))
+        .transpose()?;
+    let gpus = places.as_deref().map(Place::gpus);
+    let palette = Palette {
+        color: style.color,
+        unicode: style.unicode,
+    };
+    let view = ProcView::system().context("cannot read /proc")?;
+    let mut reader = Reader {
+        session: &session,
+        view,
+        gpus,
+        dev_dir,
+        protection,
+    };
+    let mut screen = Screen::enter().context("cannot take over the terminal")?;
+    let outcome = run_loop(&mut screen, &mut reader, args.interval, palette);
+    match screen.signalled() {
+        Some(signal) => screen.end_by(signal),
+        None => {
+            drop(screen);
+            outcome
+        }
+    }
+}
+
+/// What each refresh reads, and how.
+struct Reader<'s> {
+    session: &'s Session,
+    view: ProcView,
+    gpus: Option<Vec<u32>>,
+    dev_dir: std::path::PathBuf,
+    protection: Protection,
+}
+
+impl Reader<'_> {
+    fn read(&mut self, cache: &mut FactCache, holders: bool) -> Result<Snapshot> {
+        // Ages are counted against the uptime read here.
+        self.view
+            .refresh_uptime()
+            .context("cannot read /proc/uptime")?;
+        let options = SnapshotOptions {
+            // The device-file scan reads every process's descriptors: only while its panel
+            // is open.
+            holders: holders.then(|| HolderScan {
+                dev_dir: self.dev_dir.clone(),
+                above_unattributed: None,
+            }),
+            ..SnapshotOptions::info(self.gpus.clone())
+        };
+        let mut snapshot = Snapshot::take_cached(&self.session.gpus, &self.view, &options, cache)?;
+        protect::mark_claims(&mut snapshot, &self.protection);
+        if holders {
+            classify::holders::annotate(&mut snapshot);
+        }
+        Ok(snapshot)
+    }
+}
+
+fn run_loop(
+    screen: &mut Screen,
+    reader: &mut Reader<'_>,
+    interval: Duration,
+    palette: Palette,
+) -> Result<Exit> {
+    let session = reader.session;
+    let root = nix::unistd::geteuid().is_root();
+    let mut model = Model::new(root, nix::unistd::getuid().as_raw());
+    // Every refresh rereads each known process's stat (state, age); the rest is kept while
+    // its start time is the same.
+    let mut cache = FactCache::refreshing_every(Duration::ZERO);
+    let every = humantime::format_duration(interval).to_string();
+    let mut pending: Option<PreparedKill<'_>> = None;
+    let mut area = TableArea::default();
+    let mut next_read = Instant::now();
+    let mut dirty = true;
+    loop {
+        if screen.signalled().is_some() {
+            return Ok(Exit::Ok);
+        }
+        if Instant::now() >= next_read {
+            let holders = matches!(model.panel, Panel::Holders(_));
+            let snapshot = reader.read(&mut cache, holders)?;
+            let watchdog = crate::info::watchdog_findings(Some(&session.loaded));
+            model.update(snapshot, watchdog);
+            next_read = Instant::now() + interval;
+            dirty = true;
+        }
+        if dirty {
+            screen
+                .terminal
+                .draw(|frame| area = view::draw(frame, &mut model, palette, &every).table)?;
+            dirty = false;
+        }
+        let wait = next_read
+            .saturating_duration_since(Instant::now())
+            .min(SIGNAL_CHECK);
+        if !event::poll(wait)? {
+            continue;
+        }
+        let input = event::read()?;
+        match keys::handle(&mut model, &input, area) {
+            Action::Nothing => {}
+            Action::Redraw => dirty = true,
+            Action::Refresh => next_read = Instant::now(),
+            Action::Quit => return Ok(Exit::Ok),
+            Action::PrepareKill => {
+                let pids = model.chosen_pids();
+                if pids.is_empty() {
+                    model.status = Some("no process under the cursor".into());
+                } else {
+                    let (prepared, plan) = kill::prepare(session, pids)?;
+                    match prepared {
+                        Some(prepared) => {
+                            pending = Some(prepared);
+                            model.panel = Panel::Confirm(plan);
+                        }
+                        None => model.status = plan.into_iter().next(),
+                    }
+                }
+                dirty = true;
+            }
+            Action::Confirm => {
+                model.panel = Panel::None;
+                if let Some(prepared) = pending.take() {
+                    model.status = Some("ending…".into());
+                    screen.terminal.draw(|frame| {
+                        area = view::draw(frame, &mut model, palette, &every).table
+                    })?;
+                    model.status = Some(kill::carry_out(prepared));
+                    model.marked.clear();
+                }
+                next_read = Instant::now();
+            }
+            Action::Cancel => {
+                pending = None;
+                model.panel = Panel::None;
+                model.status = Some("nothing ended".into());
+                dirty = true;
+            }
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! What the view shows and where the user is in it: the latest snapshot made into rows, the
+//! GPUs' history, and the cursor, marks, sort, filter and open panel. Pure: no terminal, no
+//! NVML; the loop in `mod.rs` feeds it snapshots and keys.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use gpuctl_core::Snapshot;
+use gpuctl_core::report::WatchdogFindings;
+use gpuctl_core::snapshot::{GpuProcess, GpuStatus};
+use gpuctl_core::text;
+
+/// How many samples each GPU's sparklines keep: five minutes at the default interval.
+pub const HISTORY: usize = 300;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    Memory,
+    Sm,
+    Age,
+    Pid,
+    User,
+}
+
+impl Sort {
+    pub fn next(self) -> Sort {
+        match self {
+            Sort::Memory => Sort::Sm,
+            Sort::Sm => Sort::Age,
+            Sort::Age => Sort::Pid,
+            Sort::Pid => Sort::User,
+            Sort::User => Sort::Memory,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sort::Memory => "memory",
+            Sort::Sm => "SM",
+            Sort::Age => "age",
+            Sort::Pid => "pid",
+            Sort::User => "user",
+        }
+    }
+}
+
+/// One process on one GPU, as shown: every text a process or user chose is escaped here,
+/// once, so nothing drawn later can carry a control byte to the terminal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub pid: u32,
+    pub gpu: u32,
+    /// The MIG GPU instance it runs in.
+    pub instance: Option<u32>,
+    pub used_bytes: Option<u64>,
+    pub sm_pct: Option<u32>,
+    pub age_seconds: Option<u64>,
+    pub uid: Option<u32>,
+    pub user: String,
+    pub state: String,
+    pub owner: String,
+    pub command: String,
+    /// Findings marked on it: the watchdog's (stale, stuck, zombie holder, above share), and
+    /// an impostor of a protected program.
+    pub flags: Vec<String>,
+    pub confirmed: bool,
+}
+
+/// Figures of one GPU over time, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub memory_pct: VecDeque<u64>,
+    pub util_pct: VecDeque<u64>,
+}
+
+impl History {
+    fn push(&mut self, memory_pct: Option<u64>, util_pct: Option<u64>) {
+        for (series, value) in [
+            (&mut self.memory_pct, memory_pct),
+            (&mut self.util_pct, util_pct),
+        ] {
+            if let Some(value) = value {
+                if series.len() == HISTORY {
+                    series.pop_front();
+                }
+                series.push_back(value);
+            }
+        }
+    }
+}
+
+/// A panel over the table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Panel {
+    None,
+    Help,
+    Users,
+    /// The device-file holders of this GPU.
+    Holders(u32),
+    /// A kill's plan, waiting for y or n.
+    Confirm(Vec<String>),
+}
+
+/// A line of the process table: an owner's heading (grouped view) or a process row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Group {
+        owner: String,
+        processes: usize,
+        bytes: u64,
+    },
+    Process(usize),
+}
+
+pub struct Model {
+    pub snapshot: Option<Snapshot>,
+    pub watchdog: Option<WatchdogFindings>,
+    pub history: HashMap<u32, History>,
+    /// Every row of the snapshot, unfiltered.
+    pub rows: Vec<Row>,
+    /// What the table shows, in order.
+    pub lines: Vec<Line>,
+    /// Index into `lines`; always a process line when there is one.
+    pub cursor: usize,
+    /// The first line shown.
+    pub offset: usize,
+    /// Marked processes, by pid.
+    pub marked: BTreeSet<u32>,
+    pub sort: Sort,
+    pub filter: String,
+    /// Typing into the filter.
+    pub editing_filter: bool,
+    /// Only this GPU's processes (`g`).
+    pub only_gpu: Option<u32>,
+    /// Grouped by owner (`t`).
+    pub grouped: bool,
+    pub panel: Panel,
+    /// The last kill's result, or a note.
+    pub status: Option<String>,
+    pub root: bool,
+    pub uid: u32,
+}
+
+impl Model {
+    pub fn new(root: bool, uid: u32) -> Model {
+        Model {
+            snapshot: None,
+            watchdog: None,
+            history: HashMap::new(),
+            rows: Vec::new(),
+            lines: Vec::new(),
+            cursor: 0,
+            offset: 0,
+            marked: BTreeSet::new(),
+            sort: Sort::Memory,
+            filter: String::new(),
+            editing_filter: false,
+            only_gpu: None,
+            grouped: false,
+            panel: Panel::None,
+            status: None,
+            root,
+            uid,
+        }
+    }
+
+    /// Takes in a new snapshot: rows, history, and the cursor kept on the same process.
+    pub fn update(&mut self, snapshot: Snapshot, watchdog: Option<WatchdogFindings>) {
+        for gpu in &snapshot.devices {
+            let history = self.history.entry(gpu.index).or_default();
+            // A GPU that does not answer has no figures: its history waits.
+            if gpu.status == GpuStatus::Ok || gpu.status == GpuStatus::Error {
+                let memory = gpu
+                    .memory
+                    .map(|m| m.used_bytes * 100 / m.total_bytes.max(1));
+                let util = gpu.utilization.map(|u| u64::from(u.gpu_pct));
+                history.push(memory, util);
+            }
+        }
+        self.rows = rows_of(&snapshot, watchdog.as_ref());
+        self.snapshot = Some(snapshot);
+        self.watchdog = watchdog;
+        // Marks of processes gone are dropped: a later process with the pid is not marked.
+        let alive: BTreeSet<u32> = self.rows.iter().map(|r| r.pid).collect();
+        self.marked.retain(|pid| alive.contains(pid));
+        self.relayout();
+    }
+
+    /// The process under the cursor.
+    pub fn current(&self) -> Option<&Row> {
+        match self.lines.get(self.cursor)? {
+            Line::Process(i) => self.rows.get(*i),
+            Line::Group { .. } => None,
+        }
+    }
+
+    /// What `k` ends: the marked processes, or the cursor's.
+    pub fn chosen_pids(&self) -> Vec<u32> {
+        if self.marked.is_empty() {
+            self.current().map(|r| vec![r.pid]).unwrap_or_default()
+        } else {
+            self.marked.iter().copied().collect()
+        }
+    }
+
+    fn matches(&self, row: &Row) -> bool {
+        if self.only_gpu.is_some_and(|gpu| gpu != row.gpu) {
+            return false;
+        }
+        if self.filter.is_empty() {
+            return true;
+        }
+        let needle = self.filter.to_lowercase();
+        [
+            row.pid.to_string().as_str(),
+            &row.user,
+            &row.owner,
+            &row.command,
+        ]
+        .iter()
+        .any(|field| field.to_lowercase().contains(&needle))
+    }
+
+    /// Filters, sorts and groups the rows again, keeping the cursor on its process.
+    pub fn relayout(&mut self) {
+        let keep = self.current().map(|r| (r.pid, r.gpu));
+        let mut shown: Vec<usize> = (0..self.rows.len())
+            .filter(|&i| self.matches(&self.rows[i]))
+            .collect();
+        let rows = &self.rows;
+        let sort = self.sort;
+        shown.sort_by(|&a, &b| {
+            let (a, b) = (&rows[a], &rows[b]);
+            let by_key = match sort {
+                Sort::Memory => b.used_bytes.cmp(&a.used_bytes),
+                Sort::Sm => b.sm_pct.cmp(&a.sm_pct),
+                Sort::Age => b.age_seconds.cmp(&a.age_seconds),
+                Sort::Pid => a.pid.cmp(&b.pid),
+                Sort::User => a.user.cmp(&b.user),
+            };
+            by_key.then(a.pid.cmp(&b.pid)).then(a.gpu.cmp(&b.gpu))
+        });
+        self.lines = if self.grouped {
+            let mut owners: Vec<(String, Vec<usize>)> = Vec::new();
+            for i in shown {
+                let owner = &rows[i].owner;
+                match owners.iter_mut().find(|(o, _)| o == owner) {
+                    Some((_, members)) => members.push(i),
+                    None => owners.push((owner.clone(), vec![i])),
+                }
+            }
+            // The owners holding most first; each owner's processes in the sort's order.
+            owners.sort_by_key(|(owner, members)| {
+                let bytes: u64 = members.iter().filter_map(|&i| rows[i].used_bytes).sum();
+                (std::cmp::Reverse(bytes), owner.clone())
+            });
+            let mut lines = Vec::new();
+            for (owner, members) in owners {
+                let pids: BTreeSet<u32> = members.iter().map(|&i| rows[i].pid).collect();
+                lines.push(Line::Group {
+                    owner,
+                    processes: pids.len(),
+                    bytes: members.iter().filter_map(|&i| rows[i].used_bytes).sum(),
+                });
+                lines.extend(members.into_iter().map(Line::Process));
+            }
+            lines
+        } else {
+            shown.into_iter().map(Line::Process).collect()
+        };
+        self.cursor = keep
+            .and_then(|(pid, gpu)| {
+                self.lines.iter().position(|line| match line {
+                    Line::Process(i) => rows[*i].pid == pid && rows[*i].gpu == gpu,
+                    Line::Group { .. } => false,
+                })
+            })
+            .unwrap_or(self.cursor.min(self.lines.len().saturating_sub(1)));
+        self.settle(1);
+    }
+
+    /// Moves the cursor by `delta` lines (clamped), onto a process line.
+    pub fn move_by(&mut self, delta: isize) {
+        if self.lines.is_empty() {
+            self.cursor = 0;
+            return;
+        }
+        let last = self.lines.len() - 1;
+        self.cursor = self.cursor.saturating_add_signed(delta).min(last);
+        self.settle(if delta < 0 { -1 } else { 1 });
+    }
+
+    pub fn move_to(&mut self, line: usize) {
+        if self.lines.is_empty() {
+            return;
+        }
+        self.cursor = line.min(self.lines.len() - 1);
+        self.settle(1);
+    }
+
+    /// Off a group heading, in `direction`, else the other way.
+    fn settle(&mut self, direction: isize) {
+        let is_process = |i: usize| matches!(self.lines.get(i), Some(Line::Process(_)));
+        if self.lines.is_empty() || is_process(self.cursor) {
+            return;
+        }
+        let mut probe = self.cursor;
+        while let Some(next) = probe.checked_add_signed(direction) {
+            if next >= self.lines.len() {
+                break;
+            }
+            if is_process(next) {
+                self.cursor = next;
+                return;
+            }
+            probe = next;
+        }
+        probe = self.cursor;
+        while let Some(next) = probe.checked_add_signed(-direction) {
+            if next >= self.lines.len() {
+                break;
+            }
+            if is_process(next) {
+                self.cursor = next;
+                return;
+            }
+            probe = next;
+        }
+    }
+
+    /// Keeps the cursor within the `height` lines shown.
+    pub fn scroll_into_view(&mut self, height: usize) {
+        if height == 0 {
+            return;
+        }
+        if self.cursor < self.offset {
+            self.offset = self.cursor;
+        } else if self.cursor >= self.offset + height {
+            self.offset = self.cursor + 1 - height;
+        }
+        self.offset = self.offset.min(self.lines.len().saturating_sub(height));
+    }
+
+    pub fn toggle_mark(&mut self) {
+        if let Some(pid) = self.current().map(|r| r.pid)
+            && !self.marked.remove(&pid)
+        {
+            self.marked.insert(pid);
+        }
+        self.move_by(1);
+    }
+
+    /// All, then each GPU in turn, then all again.
+    pub fn next_gpu(&mut self) {
+        let indices: Vec<u32> = self
+            .snapshot
+            .iter()
+            .flat_map(|s| &s.devices)
+            .map(|g| g.index)
+            .collect();
+        self.only_gpu = match self.only_gpu {
+            None => indices.first().copied(),
+            Some(gpu) => indices.iter().copied().find(|&i| i > gpu),
+        };
+        self.relayout();
+    }
+
+    /// The GPU `h` shows holders of: the one narrowed to, else the cursor's, else the first.
+    pub fn holder_gpu(&self) -> Option<u32> {
+        self.only_gpu.or(self.current().map(|r| r.gpu)).or(self
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.devices.first())
+            .map(|g| g.index))
+    }
+}
+
+/// Every process entry of `snapshot`, whole GPUs and MIG instances alike, made into rows.
+pub fn rows_of(snapshot: &Snapshot, watchdog: Option<&WatchdogFindings>) -> Vec<Row> {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|gpu| {
+            gpu.processes
+                .iter()
+                .map(move |p| row_of(gpu.index, p, watchdog))
+        })
+        .collect()
+}
+
+fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -> Row {
+    let host = &process.host;
+    let mut flags: Vec<String> = watchdog
+        .into_iter()
+        .flat_map(|w| &w.findings)
+        .filter(|f| f.pid == Some(process.pid) && (f.gpus.is_empty() || f.gpus.contains(&gpu)))
+        .map(|f| finding_label(&f.kind).to_string())
+        .collect();
+    flags.dedup();
+    if let Some(claim) = host.protection.as_ref().filter(|c| !c.genuine) {
+        flags.push(format!("impostor of {}", text::escape(&claim.name)));
+    }
+    let command = if host.confirmed {
+        text::safe(&host.shown_command()).into_owned()
+    } else {
+        format!(
+            "(unconfirmed: {})",
+            text::safe(host.unconfirmed_reason.as_deref().unwrap_or("unknown"))
+        )
+    };
+    Row {
+        pid: process.pid,
+        gpu,
+        instance: process.gpu_instance_id,
+        used_bytes: process.used_bytes,
+        sm_pct: process.sm_util_pct,
+        age_seconds: host.age_seconds,
+        uid: host.uid,
+        user: host
+            .user
+            .as_deref()
+            .map(|user| text::safe(user).into_owned())
+            .or_else(|| host.uid.map(|uid| uid.to_string()))
+            .unwrap_or_else(|| "?".into()),
+        state: host
+            .state
+            .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
+        owner: host.owner.as_ref().map_or_else(
+            || "-".to_string(),
+            |owner| text::safe(&owner.label()).into_owned(),
+        ),
+        command,
+        flags,
+        confirmed: host.confirmed,
+    }
+}
+
+/// A watchdog finding's kind as the view names it.
+pub fn finding_label(kind: &str) -> &str {
+    match kind {
+        "orphaned" => "stale",
+        "zombie_holder" => "zombie holder",
+        "stopped" => "stopped",
+        "above_fraction" => "above share",
+        "stuck" => "stuck",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pid: u32, gpu: u32, bytes: u64, user: &str, owner: &str) -> Row {
+        Row {
+            pid,
+            gpu,
+            instance: None,
+            used_bytes: Some(bytes),
+            sm_pct: Some(pid % 100),
+            age_seconds: Some(u64::from(pid)),
+            uid: Some(1000),
+            user: user.into(),
+            state: "sleeping".into(),
+            owner: owner.into(),
+            command: format!("python3 run{pid}.py"),
+            flags: Vec::new(),
+            confirmed: true,
+        }
+    }
+
+    fn model(rows: Vec<Row>) -> Model {
+        let mut model = Model::new(false, 1000);
+        model.rows = rows;
+        model.relayout();
+        model
+    }
+
+    fn shown_pids(model: &Model) -> Vec<u32> {
+        model
+            .lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::Process(i) => Some(model.rows[*i].pid),
+                Line::Group { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sorts_filters_and_keeps_the_cursor_on_its_process() {
+        let mut m = model(vec![
+            row(10, 0, 5, "bob", "slurm:1"),
+            row(20, 1, 9, "alice", "-"),
+            row(30, 0, 1, "carol", "slurm:1"),
+        ]);
+        assert_eq!(shown_pids(&m), [20, 10, 30]);
+        m.move_by(1);
+        assert_eq!(m.current().unwrap().pid, 10);
+        m.sort = Sort::Pid;
+        m.relayout();
+        assert_eq!(shown_pids(&m), [10, 20, 30]);
+        assert_eq!(
+            m.current().unwrap().pid,
+            10,
+            "the cursor follows its process"
+        );
+        m.sort = Sort::User;
+        m.relayout();
+        assert_eq!(shown_pids(&m), [20, 10, 30]);
+        m.filter = "run30".into();
+        m.relayout();
+        assert_eq!(shown_pids(&m), [30]);
+        m.filter = "ALICE".into();
+        m.relayout();
+        assert_eq!(shown_pids(&m), [20]);
+        m.filter.clear();
+        m.only_gpu = Some(0);
+        m.relayout();
+        assert_eq!(shown_pids(&m), [10, 30]);
+    }
+
+    #[test]
+    fn grouping_puts_headings_the_cursor_never_rests_on() {
+        let mut m = model(vec![
+            row(10, 0, 5, "bob", "slurm:1"),
+            row(20, 1, 9, "alice", "-"),
+            row(30, 0, 1, "carol", "slurm:1"),
+        ]);
+        m.grouped = true;
+        m.relayout();
+        assert!(
+            matches!(&m.lines[0], Line::Group { owner, processes: 1, bytes: 9 } if owner == "-")
+        );
+        assert!(matches!(
+            m.lines[2],
+            Line::Group {
+                processes: 2,
+                bytes: 6,
+                ..
+            }
+        ));
+        assert!(m.current().is_some());
+        m.move_to(0);
+        assert_eq!(m.cursor, 1);
+        m.move_by(1);
+        assert_eq!(m.cursor, 3, "stepped over the heading");
+        m.move_by(-1);
+        assert_eq!(m.cursor, 1);
+    }
+
+    #[test]
+    fn marks_choose_what_k_ends_and_vanish_with_their_process() {
+        let mut m = model(vec![row(10, 0, 5, "a", "-"), row(20, 0, 4, "a", "-")]);
+        assert_eq!(m.chosen_pids(), [10]);
+        m.toggle_mark();
+        m.toggle_mark();
+        assert_eq!(m.chosen_pids(), [10, 20]);
+        m.rows.retain(|r| r.pid != 20);
+        let alive: BTreeSet<u32> = m.rows.iter().map(|r| r.pid).collect();
+        m.marked.retain(|p| alive.contains(p));
+        assert_eq!(m.chosen_pids(), [10]);
+    }
+
+    #[test]
+    fn scrolling_keeps_the_cursor_shown() {
+        let mut m = model(
+            (1..=50)
+                .map(|p| row(p, 0, 100 - u64::from(p), "a", "-"))
+                .collect(),
+        );
+        m.move_by(30);
+        m.scroll_into_view(10);
+        assert_eq!(m.offset, 21);
+        m.move_to(0);
+        m.scroll_into_view(10);
+        assert_eq!(m.offset, 0);
+    }
+}

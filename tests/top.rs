@@ -1,0 +1,736 @@
+//! `gpuctl top` in a real terminal: tmux, each test on a server of its own, typing with
+//! `send-keys` and reading the screen with `capture-pane`, against nvml-sim with real
+//! processes and real signals.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util::{
+    GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_exited,
+};
+
+/// How long a screen may take to show what a test waits for.
+const SCREEN_DEADLINE: Duration = Duration::from_secs(20);
+
+/// tmux, or the test fails saying why.
+fn tmux_bin() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("tmux"))
+        .find(|candidate| candidate.is_file())
+        .expect("tmux is not installed: scripts/test installs it (apt-get install tmux)")
+}
+
+/// One tmux server (its own socket in a scratch directory) running `gpuctl top` in a shell
+/// that then says how gpuctl exited and stays, so the screen can be read after it.
+struct Term {
+    tmux: PathBuf,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Term {
+    fn start(sim: &Sim, args: &[&str], size: (u16, u16)) -> Term {
+        Term::start_with(sim, args, size, &[])
+    }
+
+    /// `gpuctl top ARGS` against `sim` in a `size` terminal, with `env` added.
+    fn start_with(sim: &Sim, args: &[&str], size: (u16, u16), env: &[(&str, &str)]) -> Term {
+        Term::launch(sim, args, size, env, &[])
+    }
+
+    /// `gpuctl top` as user and group `uid`, through setpriv.
+    fn start_as(sim: &Sim, uid: u32, size: (u16, u16)) -> Term {
+        let id = uid.to_string();
+        let wrapper = [
+            "setpriv",
+            "--reuid",
+            &id,
+            "--regid",
+            &id,
+            "--clear-groups",
+            "--",
+        ];
+        Term::launch(sim, &[], size, &[], &wrapper)
+    }
+
+    /// [`Term::start_with`], gpuctl run by `wrapper` (a command that execs its arguments).
+    fn launch(
+        sim: &Sim,
+        args: &[&str],
+        size: (u16, u16),
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Term {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let term = Term {
+            tmux: tmux_bin(),
+            socket: dir.path().join("tmux.sock"),
+            _dir: dir,
+        };
+        let mut all = vec!["top"];
+        all.extend_from_slice(args);
+        let gpuctl = sim.gpuctl(&all);
+        let mut line = String::from("env");
+        for (key, value) in gpuctl.get_envs() {
+            if let Some(value) = value {
+                line.push_str(&format!(
+                    " {}={}",
+                    key.to_string_lossy(),
+                    quote(&value.to_string_lossy())
+                ));
+            }
+        }
+        for (key, value) in env {
+            line.push_str(&format!(" {key}={}", quote(value)));
+        }
+        for word in wrapper {
+            line.push(' ');
+            line.push_str(&quote(word));
+        }
+        line.push(' ');
+        line.push_str(&quote(&gpuctl.get_program().to_string_lossy()));
+        for arg in gpuctl.get_args() {
+            line.push(' ');
+            line.push_str(&quote(&arg.to_string_lossy()));
+        }
+        // The shell stays after gpuctl, so that the screen it leaves can be read.
+        let script = format!(
+            "sh -c {}",
+            quote(&format!(
+                "{} ; echo \"gpuctl exited $?\"; exec sleep 600",
+                line
+            ))
+        );
+        let (w, h) = (size.0.to_string(), size.1.to_string());
+        term.tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            &w,
+            "-y",
+            &h,
+            &script,
+        ]);
+        term
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.tmux);
+        command
+            .arg("-u")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            // No configuration file of this machine; UTF-8 for the bars and arrows.
+            .env("LANG", "C.UTF-8")
+            .env_remove("TMUX")
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let mut all = vec!["-f", "/dev/null"];
+        all.extend_from_slice(args);
+        let out: Output = self.command(&all).output().expect("run tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut all = vec!["send-keys", "-t", "top"];
+        all.extend_from_slice(keys);
+        self.tmux(&all);
+    }
+
+    /// Text typed as it is (no key names).
+    fn type_text(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "top", "-l", text]);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "top"])
+    }
+
+    /// The screen with its colors and attributes as escape sequences.
+    fn screen_escaped(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-e", "-t", "top"])
+    }
+
+    fn display(&self, format: &str) -> String {
+        self.tmux(&["display-message", "-p", "-t", "top", format])
+            .trim()
+            .to_string()
+    }
+
+    /// Polls the screen until `done` holds; fails with the last screen after the deadline.
+    fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < SCREEN_DEADLINE,
+                "the screen did not show {what} within {SCREEN_DEADLINE:?}:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_text(&self, text: &str) -> String {
+        self.wait_for(&format!("'{text}'"), |s| s.contains(text))
+    }
+
+    /// gpuctl's pid: the child of the pane's shell.
+    fn gpuctl_pid(&self) -> u32 {
+        let shell: u32 = self.display("#{pane_pid}").parse().expect("pane pid");
+        let mut found = None;
+        crate::util::wait_until(Duration::from_secs(10), || {
+            found = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
+                .ok()
+                .and_then(|c| c.split_whitespace().next()?.parse().ok());
+            found.is_some()
+        });
+        found.unwrap()
+    }
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        let _ = self.command(&["kill-server"]).output();
+    }
+}
+
+/// `text` as one word for sh.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// The process table's rows: the lines after the heading that start with a pid.
+fn rows(screen: &str) -> Vec<&str> {
+    screen
+        .lines()
+        .skip_while(|line| !line.contains("COMMAND"))
+        .skip(1)
+        .filter(|line| {
+            line.get(2..)
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|pid| pid.parse::<u32>().is_ok())
+        })
+        .collect()
+}
+
+fn row_pids(screen: &str) -> Vec<u32> {
+    rows(screen)
+        .iter()
+        .filter_map(|line| line[2..].split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn on_gpus(procs: &[(&Proc, u32)], gpus: usize) -> Scenario {
+    procs.iter().fold(
+        Scenario::new().gpus(gpus, Gpu::h200()),
+        |scenario, (proc, gpu)| {
+            scenario.process(Process::new(proc.pid()).on(*gpu).used(2 * GIB).sm(40))
+        },
+    )
+}
+
+#[test]
+fn the_screen_shows_every_gpu_and_the_scenarios_processes() {
+    let a = Proc::sleeper("python3", &["train.py", "--rank", "0"]);
+    let b = Proc::sleeper("python3", &["serve.py"]);
+    let c = Proc::sleeper("python3", &["notebook.py"]);
+    let sim = Sim::new(&on_gpus(&[(&a, 0), (&b, 1), (&c, 2)], 3));
+    let term = Term::start(&sim, &[], (120, 32));
+    let screen = term.wait_for("three GPUs and three processes", |s| row_pids(s).len() == 3);
+    for gpu in 0..3 {
+        assert!(
+            screen.contains(&format!("GPU {gpu} ")),
+            "GPU {gpu}:\n{screen}"
+        );
+    }
+    assert!(
+        screen.contains("driver 550.54.15") || screen.contains("driver "),
+        "{screen}"
+    );
+    assert!(screen.contains("3 GPUs"), "{screen}");
+    for (proc, command) in [
+        (&a, "python3 train.py --rank 0"),
+        (&b, "python3 serve.py"),
+        (&c, "python3 notebook.py"),
+    ] {
+        let row = rows(&screen)
+            .into_iter()
+            .find(|r| r.contains(&proc.pid().to_string()))
+            .unwrap_or_else(|| panic!("no row for {}:\n{screen}", proc.pid()));
+        assert!(row.contains(command), "{row}");
+        assert!(row.contains("2.0 GiB"), "{row}");
+    }
+}
+
+#[test]
+fn the_filter_narrows_the_rows_to_one_pid() {
+    let a = Proc::sleeper("python3", &["a.py"]);
+    let b = Proc::sleeper("python3", &["b.py"]);
+    let c = Proc::sleeper("python3", &["c.py"]);
+    let sim = Sim::new(&on_gpus(&[(&a, 0), (&b, 0), (&c, 1)], 2));
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("three rows", |s| row_pids(s).len() == 3);
+    term.keys(&["/"]);
+    term.type_text(&b.pid().to_string());
+    term.keys(&["Enter"]);
+    let screen = term.wait_for("only the filtered pid", |s| row_pids(s) == [b.pid()]);
+    assert!(screen.contains(&format!("filter: {}", b.pid())), "{screen}");
+    // Esc clears it.
+    term.keys(&["Escape"]);
+    term.wait_for("every row again", |s| row_pids(s).len() == 3);
+}
+
+#[test]
+fn k_shows_the_plan_n_leaves_the_process_and_y_ends_it() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+
+    term.keys(&["k"]);
+    let plan = term.wait_text("end processes: the plan");
+    assert!(
+        plan.contains("SIGTERM, then SIGKILL after 10s"),
+        "the escalation is shown:\n{plan}"
+    );
+    assert!(
+        plan.contains(&format!("end  pid {} ", job.pid())),
+        "what would be signalled:\n{plan}"
+    );
+    term.keys(&["n"]);
+    term.wait_text("nothing ended");
+    assert!(alive(job.pid()), "n left it running");
+
+    term.keys(&["k"]);
+    term.wait_text("end processes: the plan");
+    term.keys(&["y"]);
+    let done = term.wait_text("of GPU memory back");
+    assert!(
+        done.contains(&format!("pid {}: ended (SIGTERM)", job.pid())),
+        "{done}"
+    );
+    assert!(done.contains("2.0 GiB of GPU memory back"), "{done}");
+    wait_exited(job.pid());
+    term.wait_for("its row gone", |s| {
+        s.contains("no processes") && row_pids(s).is_empty()
+    });
+}
+
+#[test]
+fn a_protected_programs_row_cannot_be_ended_and_says_why() {
+    assert!(
+        is_root(),
+        "this test needs root: a root-owned protected program (scripts/test runs as root)"
+    );
+    let installed = RootOwnedProgram::install("nvidia-persistenced");
+    let daemon = Proc::spawn_program_env(installed.path(), "nvidia-persistenced", &[]);
+    let sim = Sim::new(&on_gpus(&[(&daemon, 0)], 1));
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("the daemon's row", |s| row_pids(s) == [daemon.pid()]);
+    term.keys(&["k"]);
+    let plan = term.wait_text("end processes: the plan");
+    assert!(
+        plan.contains(&format!("skip pid {} ", daemon.pid())),
+        "{plan}"
+    );
+    assert!(plan.contains("protected: nvidia-persistenced"), "{plan}");
+    assert!(plan.contains("nothing here can be ended"), "{plan}");
+    term.keys(&["y"]);
+    let after = term.wait_text("skipped: protected: nvidia-persistenced");
+    assert!(
+        !after.contains("memory back"),
+        "nothing was signalled:\n{after}"
+    );
+    assert!(alive(daemon.pid()));
+}
+
+#[test]
+fn escape_and_bell_bytes_in_a_command_line_show_escaped() {
+    let evil = Proc::sleeper("python3", &["x\x1b]2;pwned\x07y", "\x1b[2J\x1b[31mred"]);
+    let sim = Sim::new(&on_gpus(&[(&evil, 0)], 1));
+    let term = Term::start(&sim, &[], (160, 32));
+    let screen = term.wait_for("the row", |s| row_pids(s) == [evil.pid()]);
+    assert!(
+        screen.contains(r"x\e]2;pwned\x07y \e[2J\e[31mred"),
+        "shown escaped:\n{screen}"
+    );
+    let raw = term.screen_escaped();
+    assert!(!raw.contains("pwned\x07"), "a raw BEL reached the terminal");
+    assert_ne!(
+        term.display("#{pane_title}"),
+        "pwned",
+        "the title was changed"
+    );
+}
+
+#[test]
+fn resize_to_80x24_keeps_every_gpu_line() {
+    let procs: Vec<Proc> = (0..8)
+        .map(|i| Proc::sleeper("python3", &[&format!("rank{i}.py")]))
+        .collect();
+    let pairs: Vec<(&Proc, u32)> = procs.iter().zip(0..).collect();
+    let sim = Sim::new(&on_gpus(&pairs, 8));
+    let term = Term::start(&sim, &[], (140, 50));
+    term.wait_for("eight rows", |s| row_pids(s).len() == 8);
+    term.tmux(&["resize-window", "-t", "top", "-x", "80", "-y", "24"]);
+    let screen = term.wait_for("the 80x24 layout", |s| {
+        s.lines().count() <= 24
+            && s.lines().all(|l| l.chars().count() <= 80)
+            && s.contains("q quit")
+    });
+    for gpu in 0..8 {
+        assert!(
+            screen
+                .lines()
+                .any(|l| l.starts_with(&format!("GPU {gpu} "))),
+            "GPU {gpu} lost at 80x24:\n{screen}"
+        );
+    }
+    assert!(!row_pids(&screen).is_empty(), "rows still shown:\n{screen}");
+}
+
+#[test]
+fn q_and_ctrl_c_restore_the_terminal() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    let term = Term::start(&sim, &[], (100, 30));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "1 0");
+    term.keys(&["q"]);
+    term.wait_text("gpuctl exited 0");
+    assert_eq!(
+        term.display("#{alternate_on} #{cursor_flag}"),
+        "0 1",
+        "no alternate screen left behind, cursor visible"
+    );
+    assert!(alive(job.pid()));
+    drop(term);
+
+    // Ctrl-C, which raw mode delivers as a key, the same.
+    let term = Term::start(&sim, &[], (100, 30));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    term.keys(&["C-c"]);
+    term.wait_text("gpuctl exited 0");
+    assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "0 1");
+}
+
+#[test]
+fn sigterm_restores_the_terminal_and_ends_as_sigterm() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    let term = Term::start(&sim, &[], (100, 30));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    let pid = term.gpuctl_pid();
+    // SAFETY: kill(2) on a pid this test's terminal started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    term.wait_text("gpuctl exited 143");
+    assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "0 1");
+}
+
+#[test]
+fn a_gpu_that_stops_answering_shows_so_while_the_rest_updates() {
+    let first = Proc::sleeper("python3", &["first.py"]);
+    let second = Proc::sleeper("python3", &["second.py"]);
+    let scenario = |procs: &[&Proc]| {
+        procs.iter().fold(
+            Scenario::new()
+                .gpu(Gpu::h200())
+                .gpu(Gpu::h200().hang(Duration::from_secs(600))),
+            |s, p| s.process(Process::new(p.pid()).on(0).used(GIB)),
+        )
+    };
+    let sim = Sim::new(&scenario(&[&first]));
+    let term = Term::start(&sim, &["--interval", "0.2"], (120, 32));
+    let screen = term.wait_for("GPU 1 not answering", |s| {
+        s.lines()
+            .any(|l| l.starts_with("GPU 1 ") && l.contains("NOT ANSWERING"))
+            && row_pids(s) == [first.pid()]
+    });
+    assert!(screen.contains("GPU 0 "), "{screen}");
+    // The rest keeps updating: a new process on GPU 0 shows up.
+    sim.write(&scenario(&[&first, &second]));
+    term.wait_for("the new process on the answering GPU", |s| {
+        let mut pids = row_pids(s);
+        pids.sort();
+        let mut want = vec![first.pid(), second.pid()];
+        want.sort();
+        pids == want && s.contains("NOT ANSWERING")
+    });
+}
+
+/// SGR parameters that set a color: 30-38 and 90-97 (foreground), 40-48 and 100-107.
+fn has_color(escaped: &str) -> bool {
+    escaped.split("\x1b[").skip(1).any(|sequence| {
+        let Some(params) = sequence.split_once('m').map(|(p, _)| p) else {
+            return false;
+        };
+        params
+            .split(';')
+            .filter_map(|p| p.parse::<u32>().ok())
+            .any(|p| matches!(p, 30..=38 | 40..=48 | 90..=97 | 100..=107))
+    })
+}
+
+#[test]
+fn no_color_and_color_never_draw_without_colors() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    // The control: by default the bars are colored.
+    let colored = Term::start(&sim, &[], (100, 30));
+    colored.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    assert!(
+        has_color(&colored.screen_escaped()),
+        "{}",
+        colored.screen_escaped()
+    );
+    drop(colored);
+    let plain = Term::start_with(&sim, &[], (100, 30), &[("NO_COLOR", "1")]);
+    plain.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    assert!(
+        !has_color(&plain.screen_escaped()),
+        "{}",
+        plain.screen_escaped()
+    );
+    drop(plain);
+    let never = Term::start(&sim, &["--color", "never"], (100, 30));
+    never.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    assert!(
+        !has_color(&never.screen_escaped()),
+        "{}",
+        never.screen_escaped()
+    );
+}
+
+#[test]
+fn refused_at_once_without_a_terminal_or_with_an_interval_under_a_tenth() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::h200()));
+    let run = sim.run(&["top"]);
+    run.assert_one_line_error(2, "top needs a terminal on stdout");
+    assert!(run.stderr.contains("gpuctl info --watch"), "{}", run.stderr);
+    assert!(run.stdout.is_empty());
+    for bad in ["0.05", "0", "-1", "abc"] {
+        let run = sim.run(&["top", "--interval", bad]);
+        run.assert_one_line_error(2, "--interval");
+    }
+}
+
+#[test]
+fn an_unknown_gpu_is_refused_before_the_screen_is_taken() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::h200()));
+    let term = Term::start(&sim, &["--gpu", "7"], (100, 30));
+    let screen = term.wait_text("gpuctl exited 2");
+    let errors: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.starts_with("gpuctl:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{screen}");
+    assert!(errors[0].contains('7'), "{screen}");
+    assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "0 1");
+}
+
+#[test]
+fn a_user_who_is_not_root_is_told_so_and_cannot_end_roots_process() {
+    assert!(
+        is_root(),
+        "this test needs root: it runs the view as another user (scripts/test runs as root)"
+    );
+    let job = Proc::sleeper("python3", &["roots-job.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    sim.share();
+    let term = Term::start_as(&sim, 65534, (140, 30));
+    let screen = term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    assert!(
+        screen.contains("not root: you can end only your own processes"),
+        "{screen}"
+    );
+    term.keys(&["k"]);
+    let plan = term.wait_text("end processes: the plan");
+    assert!(plan.contains("permission denied"), "{plan}");
+    assert!(
+        plan.contains("not root: only your own processes can be ended"),
+        "{plan}"
+    );
+    term.keys(&["y"]);
+    term.wait_text("skipped: permission denied");
+    assert!(alive(job.pid()));
+}
+
+#[test]
+fn the_watchdogs_findings_are_marked_on_their_rows_and_gpus() {
+    let stale = Proc::sleeper("python3", &["crashed-run.py"]);
+    let fine = Proc::sleeper("python3", &["healthy.py"]);
+    let sim = Sim::new(&on_gpus(&[(&stale, 0), (&fine, 1)], 2));
+    let state = sim.dir.path().join("watchdog-state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(
+        sim.config_path(),
+        format!("[watchdog]\nstate_dir = \"{}\"\n", state.display()),
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let findings = serde_json::json!({
+        "written_unix": now,
+        "interval_s": 5.0,
+        "findings": [
+            {"kind": "orphaned", "gpus": [0], "uuids": [], "pid": stale.pid(),
+             "since_unix": now - 60.0, "reason": "its run crashed"},
+            {"kind": "stuck", "gpus": [1], "uuids": [], "pid": null,
+             "since_unix": now - 60.0, "reason": "busy, no progress"},
+        ],
+    });
+    std::fs::write(state.join("findings.json"), findings.to_string()).unwrap();
+    let term = Term::start(&sim, &[], (120, 32));
+    let screen = term.wait_for("both rows", |s| row_pids(s).len() == 2);
+    let row_of = |pid: u32| {
+        rows(&screen)
+            .into_iter()
+            .find(|r| r.contains(&format!(" {pid} ")))
+            .unwrap_or_else(|| panic!("no row for {pid}:\n{screen}"))
+            .to_string()
+    };
+    assert!(
+        row_of(stale.pid()).contains("[stale] python3 crashed-run.py"),
+        "{screen}"
+    );
+    assert!(!row_of(fine.pid()).contains('['), "{screen}");
+    let gpu_line = |gpu: u32| {
+        screen
+            .lines()
+            .find(|l| l.starts_with(&format!("GPU {gpu} ")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(gpu_line(1).contains("[stuck]"), "{screen}");
+    assert!(!gpu_line(0).contains("[stuck]"), "{screen}");
+}
+
+#[test]
+fn sort_tree_and_totals_keys_change_the_view() {
+    let busy = Proc::sleeper("python3", &["busy.py"]);
+    let idle = Proc::sleeper("python3", &["idle.py"]);
+    // The busy one holds less memory: sorted by memory it is second, by SM first.
+    let scenario = Scenario::new()
+        .gpu(Gpu::h200())
+        .process(Process::new(busy.pid()).used(GIB).sm(90))
+        .process(Process::new(idle.pid()).used(4 * GIB).sm(0));
+    let sim = Sim::new(&scenario);
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("memory order", |s| row_pids(s) == [idle.pid(), busy.pid()]);
+    term.keys(&["s"]);
+    let screen = term.wait_for("SM order", |s| row_pids(s) == [busy.pid(), idle.pid()]);
+    assert!(screen.contains("sort: SM"), "{screen}");
+    term.keys(&["t"]);
+    term.wait_text("▾ -: 2 processes, 5.0 GiB");
+    term.keys(&["u"]);
+    let totals = term.wait_text("per-user totals");
+    assert!(
+        totals
+            .lines()
+            .any(|l| l.contains("5.0 GiB") && l.contains(" 0 ")),
+        "{totals}"
+    );
+    term.keys(&["Escape"]);
+    term.wait_for("the panel closed", |s| !s.contains("per-user totals"));
+    term.keys(&["?"]);
+    term.wait_text("end the marked processes, or the cursor's");
+}
+
+#[test]
+fn a_mouse_click_selects_the_row_k_then_ends() {
+    let procs: Vec<Proc> = (0..3)
+        .map(|i| Proc::sleeper("python3", &[&format!("job{i}.py")]))
+        .collect();
+    let pairs: Vec<(&Proc, u32)> = procs.iter().map(|p| (p, 0)).collect();
+    let sim = Sim::new(&on_gpus(&pairs, 1));
+    let term = Term::start(&sim, &[], (120, 32));
+    let screen = term.wait_for("three rows", |s| row_pids(s).len() == 3);
+    // The last row: not where the cursor starts.
+    let target = *row_pids(&screen).last().unwrap();
+    let line = screen
+        .lines()
+        .position(|l| rows(&screen).contains(&l) && l.contains(&format!(" {target} ")))
+        .unwrap();
+    // A left click as the terminal reports it with SGR mouse mode on (1-based cells).
+    let at = format!("{};{}", 5, line + 1);
+    term.type_text(&format!("\x1b[<0;{at}M"));
+    term.type_text(&format!("\x1b[<0;{at}m"));
+    term.keys(&["k"]);
+    let plan = term.wait_text("end processes: the plan");
+    assert!(plan.contains(&format!("end  pid {target} ")), "{plan}");
+    term.keys(&["n"]);
+    term.wait_text("nothing ended");
+}
+
+#[test]
+fn h_shows_the_device_file_holders_nvml_does_not_list() {
+    let sim = Sim::new("");
+    let dev = sim.dev_dir();
+    sim.write(&Scenario::new().device_dir(&dev).gpu(Gpu::new()));
+    // A first NVML client makes the sim create its device files.
+    let first = sim.run(&["info"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let job = Proc::sleeper("python3", &["listed.py"]);
+    let hidden = Proc::spawn_holding(
+        "python3",
+        &["hidden-infer.py"],
+        &[&dev.join("nvidiactl"), &dev.join("nvidia0")],
+    );
+    sim.write(
+        &Scenario::new()
+            .device_dir(&dev)
+            .gpu(Gpu::new())
+            .process(Process::new(job.pid()).used(GIB))
+            .process(Process::new(hidden.pid()).used(3 * GIB).unlisted()),
+    );
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("the listed process", |s| row_pids(s) == [job.pid()]);
+    term.keys(&["h"]);
+    let panel = term.wait_for("the hidden holder in the panel", |s| {
+        s.contains("holders of GPU 0's device file") && s.contains(&hidden.pid().to_string())
+    });
+    assert!(panel.contains("python3 hidden-infer.py"), "{panel}");
+    term.keys(&["h"]);
+    term.wait_for("the panel closed", |s| !s.contains("holders of GPU 0"));
+}
+
+#[test]
+fn mig_instances_have_their_own_lines_and_their_processes_say_which() {
+    let a = Proc::sleeper("python3", &["small.py"]);
+    let b = Proc::sleeper("python3", &["large.py"]);
+    let scenario = Scenario::new()
+        .gpu(Gpu::h100().mig("1g.10gb", 9).mig("3g.40gb", 2))
+        .process(Process::new(a.pid()).instance(9).used(GIB))
+        .process(Process::new(b.pid()).instance(2).used(8 * GIB));
+    let sim = Sim::new(&scenario);
+    let term = Term::start(&sim, &[], (120, 32));
+    let screen = term.wait_for("both processes", |s| row_pids(s).len() == 2);
+    assert!(screen.contains("MIG 1g.10gb GI 9"), "{screen}");
+    assert!(screen.contains("MIG 3g.40gb GI 2"), "{screen}");
+    for (proc, place) in [(&a, "0/9"), (&b, "0/2")] {
+        let row = rows(&screen)
+            .into_iter()
+            .find(|r| r.contains(&format!(" {} ", proc.pid())))
+            .unwrap_or_else(|| panic!("no row for {}:\n{screen}", proc.pid()));
+        assert!(row.contains(&format!(" {place} ")), "{row}");
+    }
+}
