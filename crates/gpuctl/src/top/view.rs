@@ -500,10 +500,10 @@ impl Columns {
     }
 }
 
-/// A command line cut to `width` characters. Kept apart so that how commands are cut can
-/// change in one place.
+/// A command line cut to `width` characters in the middle, as `info` cuts it: the tail
+/// (`--rank 3`) tells a job's processes apart.
 fn command_cell(command: &str, width: usize, unicode: bool) -> String {
-    render::cut(command, width, unicode)
+    render::cut_middle(command, width, unicode)
 }
 
 fn status_line(model: &Model, palette: Palette) -> TextLine<'static> {
