@@ -956,3 +956,66 @@ fn an_inherited_socket_is_served_and_the_service_exits_when_idle() {
     assert!(err.contains("the socket systemd passed"), "{err}");
     assert!(!sim.dir.path().join("not-inherited.sock").exists());
 }
+
+/// NVIDIA's nvidia-smi, run inside on the sim, shows what the driver shows there: the
+/// host's PIDs, which the container cannot see; gpuctl inside shows the same processes,
+/// unconfirmed without the service. A process that ends leaves both lists once the
+/// driver (the test, inside) drops it.
+#[test]
+fn nvidia_smi_inside_lists_the_host_pids_as_the_driver_does() {
+    let smi = crate::nvidia_smi::nvidia_smi();
+    let container = Container::start();
+    let (_trainer, host, local) = container.trainer();
+    let (_other, other_host, _) = container.trainer();
+    assert_ne!(host, local, "the container numbers its processes itself");
+    let both = Scenario::new()
+        .gpus(1, Gpu::h200())
+        .process(Process::new(host).on(0).used(3 * GIB))
+        .process(Process::new(other_host).on(0).used(GIB));
+    let sim = Sim::new(&both);
+    let lib = crate::nvidia_smi::lib_dir(&sim);
+    let apps = || {
+        let out = container
+            .command(
+                smi,
+                &[
+                    "--query-compute-apps=pid,used_memory",
+                    "--format=csv,noheader,nounits",
+                ],
+            )
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("NVML_SIM_SCENARIO", sim.scenario_path())
+            .env("NVML_SIM_STATE", sim.state_path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+            .collect::<BTreeSet<String>>()
+    };
+    let expected: BTreeSet<String> = [format!("{host},3072"), format!("{other_host},1024")].into();
+    assert_eq!(apps(), expected);
+    let socket = sim.dir.path().join("none.sock");
+    let info = container.info(&sim, &socket);
+    let pids: BTreeSet<u64> = listed(&info).into_iter().map(|(pid, _, _)| pid).collect();
+    assert_eq!(pids, [host as u64, other_host as u64].into());
+    // One ends; the driver (this test) drops it.
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc::kill(other_host as libc::pid_t, libc::SIGKILL) };
+    sim.write(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(Process::new(host).on(0).used(3 * GIB)),
+    );
+    assert_eq!(apps(), [format!("{host},3072")].into());
+    let pids: BTreeSet<u64> = listed(&container.info(&sim, &socket))
+        .into_iter()
+        .map(|(pid, _, _)| pid)
+        .collect();
+    assert_eq!(pids, [host as u64].into());
+}
