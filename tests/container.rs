@@ -205,10 +205,8 @@ impl Container {
         assert_eq!(locals.len(), count);
         let leader = self.only_child_of(child.id());
         // SAFETY: kill(2) on the run's leader, a process this test started.
-        assert_eq!(
-            unsafe { libc::kill(leader as libc::pid_t, libc::SIGKILL) },
-            0
-        );
+        let killed = unsafe { libc::kill(leader as libc::pid_t, libc::SIGKILL) };
+        assert_eq!(killed, 0, "crash the run's leader");
         child.wait().unwrap();
         locals.iter().map(|&local| self.host(local)).collect()
     }

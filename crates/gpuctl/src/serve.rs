@@ -104,15 +104,19 @@ struct Server {
     active: AtomicUsize,
 }
 
+/// The host's GPU processes and what classification found of them.
+type HostView = Arc<(Snapshot, Vec<Finding>)>;
+
 struct Latest {
     facts: FactCache,
-    answer: Option<(Instant, Arc<(Snapshot, Vec<Finding>)>)>,
+    /// The last view, and when it was read.
+    answer: Option<(Instant, HostView)>,
 }
 
 impl Server {
     /// The host's GPU processes and what classification finds of them: the last ones if
     /// fresh, else read now (one reader at a time; the others then share its read).
-    fn host_view(&self) -> Result<Arc<(Snapshot, Vec<Finding>)>, String> {
+    fn host_view(&self) -> Result<HostView, String> {
         let mut latest = self
             .latest
             .lock()
@@ -283,13 +287,15 @@ fn listener(explicit: Option<PathBuf>) -> Result<(UnixListener, Option<PathBuf>)
         return Ok((listener, None));
     }
     let path = service::socket_path(explicit);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-                .with_context(|| format!("cannot open up {}", dir.display()))?;
-        }
+    // /run/gpuctl, where systemd would have made it: readable by all, so containers that
+    // mount it reach the socket.
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot open up {}", dir.display()))?;
     }
     if let Ok(meta) = std::fs::symlink_metadata(&path) {
         if !meta.file_type().is_socket() {
