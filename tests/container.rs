@@ -1017,3 +1017,44 @@ fn nvidia_smi_inside_lists_the_host_pids_as_the_driver_does() {
         .collect();
     assert_eq!(pids, [host as u64].into());
 }
+
+/// A container started inside a container: its processes are the outer one's too, by the
+/// pids the outer one sees; a sibling container gets them only as one number.
+#[test]
+fn a_namespace_below_the_callers_is_the_callers() {
+    let outer = Container::start();
+    let sibling = Container::start();
+    let mut inner = outer
+        .command(
+            Path::new("unshare"),
+            &["--pid", "--fork", "--mount-proc", "--", "sleep", "100000"],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("a container inside the container");
+    // nsenter -> unshare (in the outer namespace) -> the inner namespace's init.
+    let unshare = outer.only_child_of(inner.id());
+    let nested = outer.only_child_of(unshare);
+    wait_until(Duration::from_secs(5), || {
+        nspid(nested).is_some_and(|ids| ids.len() == 3)
+    });
+    let ids = nspid(nested).unwrap();
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(Process::new(nested).on(0).used(2 * GIB)),
+    );
+    let service = Service::start(&sim);
+    let info = outer.info(&sim, &service.socket);
+    assert_eq!(
+        listed(&info),
+        [(u64::from(ids[1]), 0, 2 * GIB)].into(),
+        "the outer container's pid for it: {info}"
+    );
+    let info = sibling.info(&sim, &service.socket);
+    assert!(listed(&info).is_empty(), "{info}");
+    assert_eq!(outside(&info, 0), 2 * GIB);
+    // SAFETY: kill(2) on the inner namespace's init, which this test started.
+    unsafe { libc::kill(nested as libc::pid_t, libc::SIGKILL) };
+    let _ = inner.wait();
+}

@@ -20,8 +20,9 @@ pub fn answer(snapshot: &Snapshot, findings: &[Finding], caller: &Caller) -> Rep
             Some((identity.pid, kind))
         })
         .collect();
-    // Each host pid is looked up once, whatever the GPUs it is on.
+    // Each host pid is looked up once, whatever the GPUs it is on; each namespace once.
     let mut local: HashMap<u32, Option<u32>> = HashMap::new();
+    let mut below = HashMap::new();
     let host = caller.in_host_namespace();
     let gpus = snapshot
         .devices
@@ -38,7 +39,7 @@ pub fn answer(snapshot: &Snapshot, findings: &[Finding], caller: &Caller) -> Rep
                 let local_pid = match mine {
                     true => *local
                         .entry(process.pid)
-                        .or_insert_with(|| caller.local_pid_of(process.pid)),
+                        .or_insert_with(|| caller.local_pid_of(process.pid, &mut below)),
                     false => None,
                 };
                 let (Some(pid), Some(started)) = (local_pid, facts.start_ticks) else {

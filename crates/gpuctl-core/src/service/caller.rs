@@ -3,6 +3,7 @@
 //! entries its `NSpid` has), its user namespace's uid map and its time namespace's boot
 //! clock offset.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -97,26 +98,49 @@ impl Caller {
 
     /// The pid the caller knows host process `pid` by, where that process is in the
     /// caller's PID namespace or one below it; `None` otherwise (another container, the
-    /// host, or gone). For a caller in the host namespace: `pid` itself.
-    pub fn local_pid_of(&self, pid: u32) -> Option<u32> {
+    /// host, or gone). For a caller in the host namespace: `pid` itself. `below` remembers,
+    /// per namespace inode, whether that namespace is below the caller's: processes share a
+    /// few namespaces, so most cost one stat, and only the caller's own a status read.
+    pub fn local_pid_of(&self, pid: u32, below: &mut HashMap<u64, bool>) -> Option<u32> {
         let dir = self.proc_root.join(pid.to_string());
         if self.in_host_namespace() {
             return dir.exists().then_some(pid);
         }
-        let nspid = read_nspid(&dir).ok()?;
-        // Shallower than the caller's namespace: the host's or an ancestor's process.
-        let local = *nspid.get(self.level)?;
-        let namespace = File::open(dir.join("ns/pid")).ok()?;
-        if namespace.metadata().ok()?.ino() == self.pid_namespace {
-            return Some(local);
+        let namespace = dir.join("ns/pid");
+        let inode = std::fs::metadata(&namespace).ok()?.ino();
+        let mine = inode == self.pid_namespace
+            || *below
+                .entry(inode)
+                .or_insert_with(|| self.is_below(&namespace));
+        if !mine {
+            return None;
         }
-        // Deeper: its namespace's ancestor at the caller's level must be the caller's.
-        let mut current = OwnedFd::from(namespace);
-        for _ in self.level..nspid.len() - 1 {
-            current = parent_namespace(&current)?;
+        // Its namespace's entry at the caller's depth is the pid the caller sees.
+        read_nspid(&dir).ok()?.get(self.level).copied()
+    }
+
+    /// Whether the PID namespace at `path` has the caller's among its ancestors.
+    fn is_below(&self, path: &Path) -> bool {
+        let Ok(file) = File::open(path) else {
+            return false;
+        };
+        let mut current = OwnedFd::from(file);
+        // The kernel nests PID namespaces at most 32 deep.
+        for _ in 0..32 {
+            let Some(parent) = parent_namespace(&current) else {
+                return false;
+            };
+            let parent = File::from(parent);
+            let Ok(meta) = parent.metadata() else {
+                return false;
+            };
+            match meta.ino() {
+                inode if inode == self.pid_namespace => return true,
+                INIT_PID_NS_INODE => return false,
+                _ => current = OwnedFd::from(parent),
+            }
         }
-        let inode = File::from(current).metadata().ok()?.ino();
-        (inode == self.pid_namespace).then_some(local)
+        false
     }
 }
 
@@ -224,7 +248,7 @@ mod tests {
         let me = std::process::id();
         let caller = Caller::read(Path::new("/proc"), me, nix::unistd::geteuid().as_raw()).unwrap();
         assert_eq!(caller.local_pid, me);
-        assert_eq!(caller.local_pid_of(me), Some(me));
+        assert_eq!(caller.local_pid_of(me, &mut HashMap::new()), Some(me));
         assert_eq!(caller.local_uid(), nix::unistd::geteuid().as_raw());
     }
 }
