@@ -143,6 +143,9 @@ impl Server {
 
 fn spawn(server: &Arc<Server>, mut stream: UnixStream) {
     let accepted = Instant::now();
+    let accepted_ticks = gpuctl_core::host::boot_clock()
+        .ok()
+        .map(|at| (at.as_nanos() * u128::from(procfs_ticks()) / 1_000_000_000) as u64);
     if server.active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
         server.active.fetch_sub(1, Ordering::AcqRel);
         let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
@@ -157,7 +160,7 @@ fn spawn(server: &Arc<Server>, mut stream: UnixStream) {
     let spawned = std::thread::Builder::new()
         .name("gpuctl-serve-client".into())
         .spawn(move || {
-            let reply = serve(&shared, &stream, accepted);
+            let reply = serve(&shared, &stream, accepted, accepted_ticks);
             let _ = stream.set_write_timeout(Some(REPLY_TIMEOUT));
             let _ = stream.write_all(reply.as_bytes());
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -171,7 +174,12 @@ fn spawn(server: &Arc<Server>, mut stream: UnixStream) {
 }
 
 /// The reply line for one connection.
-fn serve(server: &Server, stream: &UnixStream, accepted: Instant) -> String {
+fn serve(
+    server: &Server,
+    stream: &UnixStream,
+    accepted: Instant,
+    accepted_ticks: Option<u64>,
+) -> String {
     let request = match read_request(stream, accepted) {
         Ok(bytes) => bytes,
         Err(error) => return ErrorReply::new(error).line(),
@@ -190,6 +198,15 @@ fn serve(server: &Server, stream: &UnixStream, accepted: Instant) -> String {
             return ErrorReply::new(format!("cannot read the caller (pid {pid}): {e}")).line();
         }
     };
+    // The connecting process exited and its pid went to a newer one: answer nobody.
+    if let (Some(started), Some(accepted)) = (caller.start_ticks, accepted_ticks)
+        && started > accepted
+    {
+        return ErrorReply::new(format!(
+            "the caller (pid {pid}) exited before it was answered"
+        ))
+        .line();
+    }
     let host = match server.host_view() {
         Ok(host) => host,
         Err(error) => return ErrorReply::new(error).line(),
@@ -361,6 +378,13 @@ fn inherited() -> Result<Option<UnixListener>> {
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     Ok(Some(listener))
+}
+
+/// Clock ticks a second (USER_HZ), the unit of a process's start time.
+fn procfs_ticks() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(hz).ok().filter(|&hz| hz > 0).unwrap_or(100)
 }
 
 /// Waits until `fd` is readable or `limit` passes.

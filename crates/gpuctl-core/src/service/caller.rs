@@ -43,6 +43,9 @@ pub struct Caller {
     pub uid_map: Vec<UidRange>,
     /// Its time namespace's boot clock offset, in clock ticks (start times shift by it).
     pub boot_offset_ticks: i64,
+    /// When it started, in the host's clock ticks since boot: a process that started after
+    /// the connection was made is not the one that made it (its pid was reused).
+    pub start_ticks: Option<u64>,
 }
 
 impl Caller {
@@ -63,7 +66,18 @@ impl Caller {
                 let tps = procfs::ticks_per_second() as i64;
                 secs * tps + nanos * tps / 1_000_000_000
             });
+        let start_ticks = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(19)?
+                    .parse()
+                    .ok()
+            });
         Ok(Caller {
+            start_ticks,
             proc_root: proc_root.to_path_buf(),
             host_pid: pid,
             host_uid: uid,
