@@ -52,17 +52,28 @@ for _ in range(runs):
 print(statistics.median(samples) * 1000, named)
 """
 
-# Times `argv` RUNS times on this side of the namespace; prints the median in ms.
+# Times `argv` RUNS times on this side of the namespace; prints the median wall time and
+# the mean CPU time (user + system, the command's own), in ms.
 TIME = r"""
-import subprocess, sys, time, statistics
+import resource, subprocess, sys, time, statistics
 runs, argv = int(sys.argv[1]), sys.argv[2:]
 samples = []
+before = resource.getrusage(resource.RUSAGE_CHILDREN)
 for _ in range(runs):
     t = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     samples.append(time.perf_counter() - t)
-print(statistics.median(samples) * 1000)
+after = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / runs
+print(statistics.median(samples) * 1000, cpu * 1000)
 """
+
+
+def cpu_ms(pid):
+    """User + system CPU time of a process (all its threads), in ms."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid, field="VmRSS"):
@@ -159,18 +170,20 @@ def main():
         _, named = ask(1, 0)
         assert named == args.inside, f"the reply named {named} processes, not {args.inside}"
         after_first = rss_kib(service.pid)
+        cpu_before = cpu_ms(service.pid)
         fresh, _ = ask(args.runs, 0.06)
+        cpu_per_reply = (cpu_ms(service.pid) - cpu_before) / args.runs
         burst, _ = ask(args.runs, 0)
         after_all = rss_kib(service.pid)
         requests = 1 + 2 * args.runs
         peak = rss_kib(service.pid, "VmHWM")
 
-        inside_info = float(subprocess.run(
+        inside_info, inside_cpu = map(float, subprocess.run(
             enter + ["python3", "-c", TIME, str(args.runs), gpuctl, "info", "--json"],
-            env=env, capture_output=True, text=True, check=True).stdout)
-        host_info = float(subprocess.run(
+            env=env, capture_output=True, text=True, check=True).stdout.split())
+        host_info, host_cpu = map(float, subprocess.run(
             ["python3", "-c", TIME, str(args.runs), gpuctl, "info", "--json"],
-            env=env, capture_output=True, text=True, check=True).stdout)
+            env=env, capture_output=True, text=True, check=True).stdout.split())
         check = json.loads(subprocess.run(enter + [gpuctl, "info", "--json"], env=env,
                                           capture_output=True, text=True, check=True).stdout)
         confirmed = sum(1 for d in check["devices"] for p in d["processes"] if p.get("confirmed_by"))
@@ -179,10 +192,14 @@ def main():
         print(f"gpuctl serve, {GPUS} simulated GPUs, {args.count} processes ({args.inside} in the "
               f"caller's PID namespace), median of {args.runs}, {os.cpu_count()} CPUs")
         print(f"  reply, fresh snapshot each     {fresh:8.2f} ms   (target <= 10 ms)")
+        print(f"    service CPU per fresh reply  {cpu_per_reply:8.2f} ms   (USER_HZ resolution, mean)")
         print(f"  reply, back to back (burst)    {burst:8.2f} ms")
         print(f"  gpuctl info --json inside      {inside_info:8.2f} ms")
         print(f"  gpuctl info --json on the host {host_info:8.2f} ms")
         print(f"  inside / host                  {inside_info / host_info:8.2f} x   (target <= 2x)")
+        print(f"  CPU: inside {inside_cpu:.2f} ms (the service's share not counted), host {host_cpu:.2f} ms, "
+              f"inside + one reply's service CPU / host {(inside_cpu + cpu_per_reply) / host_cpu:.2f} x")
+        print(f"  load average at the end        {os.getloadavg()[0]:8.2f}")
         print(f"  service RSS at start           {at_start / 1024:8.2f} MiB (socket activation at rest: 0)")
         print(f"  service RSS after 1 reply      {after_first / 1024:8.2f} MiB")
         print(f"  service RSS after {requests} replies  {after_all / 1024:8.2f} MiB "
