@@ -2,6 +2,7 @@
 
 mod util;
 
+mod container;
 mod exit_codes;
 mod holders;
 mod hostile;

@@ -21,7 +21,7 @@ fn repo_root() -> &'static Path {
 
 /// The nvidia-smi binary, fetched once per test run; a test that cannot have it fails with
 /// the fetch script's one-line reason.
-fn nvidia_smi() -> &'static Path {
+pub(crate) fn nvidia_smi() -> &'static Path {
     static SMI: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let found = SMI.get_or_init(|| {
         let out = Command::new(repo_root().join("scripts/fetch-nvidia-smi"))
@@ -806,7 +806,7 @@ fn nvml_sim_trace_names_no_call_a_real_hopper_driver_would_answer() {
 }
 
 /// A directory holding libnvidia-ml.so.1 → the built sim, for nvidia-smi to load.
-fn lib_dir(sim: &Sim) -> PathBuf {
+pub(crate) fn lib_dir(sim: &Sim) -> PathBuf {
     let dir = sim.dir.path().join("lib");
     std::fs::create_dir_all(&dir).expect("lib dir");
     let link = dir.join("libnvidia-ml.so.1");

@@ -37,6 +37,9 @@ _gpuctl() {
             gpuctl,reset)
                 cmd="gpuctl__subcmd__reset"
                 ;;
+            gpuctl,serve)
+                cmd="gpuctl__subcmd__serve"
+                ;;
             gpuctl,slurm)
                 cmd="gpuctl__subcmd__slurm"
                 ;;
@@ -63,6 +66,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__help,reset)
                 cmd="gpuctl__subcmd__help__subcmd__reset"
+                ;;
+            gpuctl__subcmd__help,serve)
+                cmd="gpuctl__subcmd__help__subcmd__serve"
                 ;;
             gpuctl__subcmd__help,slurm)
                 cmd="gpuctl__subcmd__help__subcmd__slurm"
@@ -110,7 +116,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset fraction enable top slurm help"
+            opts="-h -V --color --help --version info kill clear reset fraction enable top slurm serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -218,7 +224,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset fraction enable top slurm help"
+            opts="info kill clear reset fraction enable top slurm serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -316,6 +322,20 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__reset)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -491,6 +511,32 @@ _gpuctl() {
             fi
             case "${prev}" in
                 --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__serve)
+            opts="-h --socket --idle-exit --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --socket)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --idle-exit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

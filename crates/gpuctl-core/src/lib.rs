@@ -23,6 +23,8 @@ pub mod protect;
 pub mod reclaim;
 pub mod report;
 pub mod select;
+pub mod serve;
+pub mod service;
 pub mod settings;
 pub mod snapshot;
 pub mod sys;

@@ -166,6 +166,7 @@ fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) ->
         total: m.total_bytes,
         used: m.used_bytes,
         free: m.total_bytes.saturating_sub(m.used_bytes),
+        outside: 0,
     });
     state(gpu.index, Some(instance), processes, memory, min_free)
 }
@@ -175,6 +176,7 @@ fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
         total: m.total_bytes,
         used: m.used_bytes,
         free: m.free_bytes,
+        outside: gpu.outside_namespace_bytes.unwrap_or(0),
     });
     state(gpu.index, None, &gpu.processes, memory, min_free)
 }
@@ -185,10 +187,14 @@ struct Room {
     total: u64,
     used: u64,
     free: u64,
+    /// Held outside this PID namespace (the host service's sum): another container's,
+    /// which a launcher here neither waits for nor could end.
+    outside: u64,
 }
 
 /// Free: at least `min_free` free, or with none given, no process left and under
-/// [`CLEAN_USED_BYTES`] in use. Unknown memory is not free.
+/// [`CLEAN_USED_BYTES`] in use besides what is held outside this PID namespace. Unknown
+/// memory is not free.
 fn state(
     index: u32,
     gpu_instance: Option<u32>,
@@ -198,7 +204,9 @@ fn state(
 ) -> GpuState {
     let free = match (memory, min_free) {
         (Some(room), Some(amount)) => room.free >= amount.bytes_of(room.total),
-        (Some(room), None) => processes.is_empty() && room.used < CLEAN_USED_BYTES,
+        (Some(room), None) => {
+            processes.is_empty() && room.used.saturating_sub(room.outside) < CLEAN_USED_BYTES
+        }
         (None, _) => false,
     };
     GpuState {

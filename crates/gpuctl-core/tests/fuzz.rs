@@ -124,4 +124,21 @@ proptest! {
         let parsed = parse_size(&shown).expect("gpuctl reads what it prints") as f64;
         prop_assert!((parsed - bytes as f64).abs() <= bytes as f64 * 0.05 + 1024.0, "{} -> {}", bytes, shown);
     }
+
+    /// The host service's request parser and what it reads of a caller (`gpuctl serve`):
+    /// any bytes a client sends get a request or a one-line error.
+    #[test]
+    fn service_requests_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..5000)) {
+        if let Err(error) = gpuctl_core::service::parse_request(&bytes) {
+            prop_assert!(!error.is_empty() && !error.contains('\n'), "{:?}", error);
+        }
+    }
+
+    #[test]
+    fn service_requests_never_panic_on_lookalikes(text in tricky_text()) {
+        let _ = gpuctl_core::service::parse_request(text.as_bytes());
+        let _ = gpuctl_core::service::client::parse_reply(text.as_bytes());
+        let _ = gpuctl_core::service::caller::parse_nspid(&text);
+        let _ = gpuctl_core::service::caller::parse_uid_map(&text);
+    }
 }

@@ -27,7 +27,9 @@ Environment:
                    $XDG_STATE_HOME/gpuctl otherwise)
   GPUCTL_TIMINGS   when set and not empty, info says on stderr where its time went
   GPUCTL_NVML_TIMEOUT  how long NVML may take to answer for one GPU (default 10s, or the
-                   configuration's nvml_timeout)";
+                   configuration's nvml_timeout)
+  GPUCTL_SOCKET    the host service's socket (default /run/gpuctl/api.sock): asked in a
+                   container's own PID namespace, and where `gpuctl serve` listens";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
@@ -147,6 +149,33 @@ pub enum Command {
     /// state directory (/var/lib/gpuctl).
     #[command(subcommand)]
     Slurm(SlurmCommand),
+
+    /// Answer containers' "which GPU processes are mine" on a Unix socket (host service).
+    ///
+    /// Inside a container without the host's PID namespace, NVML lists host PIDs that the
+    /// container cannot see; gpuctl there asks this service. Each connection sends one JSON
+    /// request and gets one JSON reply (docs/json.md): the GPU processes in the caller's PID
+    /// namespace or below it, by the PIDs and start times the caller sees and with its user
+    /// namespace's uids, and for each GPU the memory held outside it as one number. The
+    /// caller is known from the kernel (SO_PEERCRED), never from the request. The service
+    /// reads only: it never sends a signal. A request over 4 KiB is refused, a client silent
+    /// for 1 s is dropped. Socket: --socket, else GPUCTL_SOCKET, else /run/gpuctl/api.sock;
+    /// under systemd socket activation (gpuctl-api.socket) the inherited socket is used.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// The Unix socket to listen on (default: GPUCTL_SOCKET, else /run/gpuctl/api.sock).
+    /// Ignored when systemd passes a socket (LISTEN_FDS).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
+
+    /// Exit after this long without a client (e.g. 60s): under socket activation systemd
+    /// keeps the socket and starts the service again for the next client, so it holds no
+    /// memory at rest. Default: serve until stopped.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_exit: Option<Duration>,
 }
 
 /// The GPUs or MIG instances a command is limited to: `--gpu`, defined once for every

@@ -5,6 +5,7 @@ mod policy;
 mod reclaim;
 mod render;
 mod reset;
+mod serve;
 mod slurm;
 mod top;
 
@@ -51,7 +52,12 @@ fn main() -> ExitCode {
         Command::Enable(args) => policy::run_enable(&args),
         Command::Top(args) => top::run(&args, color),
         Command::Slurm(command) => slurm::run(&command),
+        Command::Serve(args) => serve::run(&args),
     };
+    // In a container whose host service could not be asked: one line naming what to mount.
+    if let Some(hint) = gpuctl_core::service::client::hint() {
+        let _ = writeln!(io::stderr().lock(), "gpuctl: {hint}");
+    }
     match result {
         Ok(exit) => ExitCode::from(exit),
         Err(error) => report(&error),

@@ -8,6 +8,11 @@
 //! that still sees the host's /proc), `/proc/PID/stat` is read instead, and for a zombie
 //! leader `/proc/PID/task/*/stat` (any task not a zombie keeps the context).
 //! Each answer is cached for at most [`TTL`] within one process.
+//!
+//! Inside a PID namespace of its own (a container without the host's), the scenario's pids
+//! are the host's, which this namespace cannot see, and the driver still lists them: each
+//! listed process is then reported alive, as listed. A test that ends one plays the
+//! driver by dropping it from the scenario.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -147,6 +152,10 @@ impl LiveCache {
     }
 
     fn check(&mut self, pid: u32) -> bool {
+        if in_child_pid_namespace() {
+            // A host pid: a pidfd or /proc here would name another process, or none.
+            return true;
+        }
         if let Some(fd) = self.held.get(&pid) {
             if readable(fd.as_raw_fd()) == Some(false) {
                 return true;
@@ -171,6 +180,19 @@ impl LiveCache {
             None => alive_in_proc(pid),
         }
     }
+}
+
+/// `PROC_PID_INIT_INO`: the inode of the host's (initial) PID namespace.
+const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
+
+/// Whether this process runs in a PID namespace other than the host's, where the pids the
+/// driver reports (the host's) name nothing, or something else. Read once.
+pub fn in_child_pid_namespace() -> bool {
+    static CHILD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHILD.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/pid").is_ok_and(|meta| meta.ino() != INIT_PID_NS_INODE)
+    })
 }
 
 fn new_epoll() -> Option<OwnedFd> {

@@ -374,6 +374,7 @@ mod tests {
                     HostProcess {
                         confirmed: true,
                         unconfirmed_reason: None,
+                        confirmed_by: None,
                         uid: Some(1000),
                         user: Some("alice".into()),
                         comm: Some("python3".into()),

@@ -76,6 +76,10 @@ impl ProcState {
 pub struct HostProcess {
     pub confirmed: bool,
     pub unconfirmed_reason: Option<String>,
+    /// Who tied the listed process to this one where /proc alone could not: `host service`
+    /// (`gpuctl serve`, for a process in this container's PID namespace). Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmed_by: Option<&'static str>,
     /// Effective uid, as `ps` shows it.
     pub uid: Option<u32>,
     pub user: Option<String>,
@@ -117,6 +121,7 @@ impl HostProcess {
         HostProcess {
             confirmed: false,
             unconfirmed_reason: Some(reason.into()),
+            confirmed_by: None,
             uid: None,
             user: None,
             comm: None,
@@ -257,6 +262,15 @@ impl ProcView {
 
     pub fn host_pid_namespace(&self) -> bool {
         self.host_pid_namespace
+    }
+
+    /// This view for PIDs known to be this namespace's own (the host service named them):
+    /// their facts are read even where NVML's PIDs are the host's.
+    pub fn as_local(&self) -> ProcView {
+        ProcView {
+            host_pid_namespace: true,
+            ..self.clone()
+        }
     }
 
     /// Reads the uptime again (the clock ages are computed against), keeping what does not
@@ -412,6 +426,7 @@ impl ProcView {
         Ok(HostProcess {
             confirmed: true,
             unconfirmed_reason: None,
+            confirmed_by: None,
             uid: Some(uid),
             user: None,
             comm: Some(stat.comm.clone()),

@@ -106,6 +106,10 @@ pub struct Snapshot {
     /// False when gpuctl runs in a PID namespace other than the host's; every process is then
     /// unconfirmed.
     pub host_pid_namespace: bool,
+    /// How the host service was asked, where gpuctl runs in a PID namespace of its own
+    /// (see [`crate::service`]); absent in the host's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_service: Option<crate::service::client::ServiceUse>,
     pub devices: Vec<GpuSnapshot>,
     /// How long its reads took, for benchmarks.
     #[serde(skip)]
@@ -172,6 +176,11 @@ pub struct GpuSnapshot {
     /// The device's minor number (its file is `nvidia<minor>`), read with the full figures.
     #[serde(skip)]
     pub minor: Option<u32>,
+    /// Memory held by processes outside this PID namespace, as the host service summed
+    /// it (one number: whose it is stays the host's); absent where the service was not
+    /// asked or does not know this GPU. Those processes are then not listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_namespace_bytes: Option<u64>,
 }
 
 /// A process holding a GPU's device file without NVML listing it on that GPU.
@@ -210,7 +219,7 @@ pub struct Utilization {
     pub memory_pct: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessType {
     Compute,
@@ -303,10 +312,21 @@ impl Snapshot {
                 .unwrap_or_default();
             now.saturating_sub(window).as_micros() as u64
         });
-        let (mut devices, listed): (Vec<GpuSnapshot>, Vec<Listing>) =
+        let (mut devices, mut listed): (Vec<GpuSnapshot>, Vec<Listing>) =
             read_gpus(gpus, &indices, since_us, Fields::of(options))
                 .into_iter()
                 .unzip();
+
+        // In a PID namespace of its own, NVML's host PIDs mean nothing here: the host
+        // service, where one is reachable, names this namespace's processes on each GPU.
+        let mut service_use = None;
+        let mut localized = None;
+        if !view.host_pid_namespace() && cache.is_none() && crate::service::client::asking_allowed()
+        {
+            let (used, reply) = crate::service::client::ask_for_snapshot();
+            service_use = Some(used);
+            localized = reply.map(|reply| localize(&mut devices, &mut listed, &reply));
+        }
 
         // Each pid once (a process is listed by every GPU it is on).
         let mut seen = PidSet::default();
@@ -318,10 +338,27 @@ impl Snapshot {
             .collect();
         // Each entry gets its process's facts (shared by its entries on every GPU) once
         // they are read; one placeholder stands for any that could not be.
+        // Where the service answered, its GPUs' pids are this namespace's, the others' the
+        // host's: read apart, as one number may stand for two processes.
+        let split: (Vec<u32>, Vec<u32>) = match &localized {
+            None => Default::default(),
+            Some(localized) => {
+                let mut local = PidSet::default();
+                let mut other = PidSet::default();
+                for (position, listing) in listed.iter().enumerate() {
+                    let set = match localized.answered[position] {
+                        true => &mut local,
+                        false => &mut other,
+                    };
+                    set.extend(listing.processes.iter().map(|p| p.pid));
+                }
+                (local.into_iter().collect(), other.into_iter().collect())
+            }
+        };
         let unread = Arc::new(HostProcess::unconfirmed("not read"));
         let join = |devices: &mut Vec<GpuSnapshot>,
-                    fact_of: &dyn Fn(u32) -> Option<Arc<HostProcess>>| {
-            for (gpu, listing) in devices.iter_mut().zip(listed) {
+                    fact_of: &dyn Fn(usize, u32) -> Option<Arc<HostProcess>>| {
+            for (position, (gpu, listing)) in devices.iter_mut().zip(listed).enumerate() {
                 // Per GPU: each list was read at its own moment (a slow GPU's much later).
                 let listed_at = listing.at.and_then(|at| view.boot_ticks(at));
                 gpu.processes = listing
@@ -336,7 +373,7 @@ impl Snapshot {
                         compute_instance_id: p.compute_instance_id,
                         host: as_listed(
                             p.pid,
-                            fact_of(p.pid).unwrap_or_else(|| Arc::clone(&unread)),
+                            fact_of(position, p.pid).unwrap_or_else(|| Arc::clone(&unread)),
                             listed_at,
                         ),
                     })
@@ -345,18 +382,26 @@ impl Snapshot {
             }
         };
         let nvml_read = started.elapsed();
-        match cache {
-            Some(cache) => {
+        match (cache, localized) {
+            (Some(cache), _) => {
                 let facts = view.processes_cached(&pids, cache);
-                join(&mut devices, &|pid| facts.get(pid).cloned());
+                join(&mut devices, &|_, pid| facts.get(pid).cloned());
             }
-            None => {
-                let facts: HashMap<u32, Arc<HostProcess>> = view
-                    .processes(&pids)
-                    .into_iter()
-                    .map(|(pid, fact)| (pid, Arc::new(fact)))
-                    .collect();
-                join(&mut devices, &|pid| facts.get(&pid).cloned());
+            (None, Some(localized)) => {
+                let (local_pids, other_pids) = &split;
+                let local = localized.confirm(view.as_local().processes(local_pids));
+                let other = arc_facts(view.processes(other_pids));
+                join(&mut devices, &|position, pid| {
+                    match localized.answered[position] {
+                        true => local.get(&pid),
+                        false => other.get(&pid),
+                    }
+                    .cloned()
+                });
+            }
+            (None, None) => {
+                let facts = arc_facts(view.processes(&pids));
+                join(&mut devices, &|_, pid| facts.get(&pid).cloned());
             }
         }
 
@@ -399,6 +444,7 @@ impl Snapshot {
             }),
             nvml_version: nvml.sys_nvml_version().ok(),
             host_pid_namespace: view.host_pid_namespace(),
+            host_service: service_use,
             devices,
             read_times: ReadTimes::default(),
         };
@@ -409,6 +455,89 @@ impl Snapshot {
             holders: holders_read,
         };
         Ok(snapshot)
+    }
+}
+
+fn arc_facts(facts: HashMap<u32, HostProcess>) -> HashMap<u32, Arc<HostProcess>> {
+    facts
+        .into_iter()
+        .map(|(pid, fact)| (pid, Arc::new(fact)))
+        .collect()
+}
+
+/// What the host service's answer changed in a snapshot's listings: which GPUs (by
+/// position) it answered for, and the start time it gave each of their processes.
+struct Localized {
+    answered: Vec<bool>,
+    start_ticks: HashMap<u32, u64>,
+}
+
+impl Localized {
+    /// Facts read locally for the service's pids, confirmed where the process there is
+    /// the one the service named (same start time); any other is not attributed.
+    fn confirm(&self, facts: HashMap<u32, HostProcess>) -> HashMap<u32, Arc<HostProcess>> {
+        facts
+            .into_iter()
+            .map(|(pid, mut fact)| {
+                let expected = self.start_ticks.get(&pid).copied();
+                if fact.confirmed && fact.start_ticks.is_some() && fact.start_ticks == expected {
+                    fact.confirmed_by = Some("host service");
+                } else if fact.confirmed {
+                    fact = HostProcess::unconfirmed(format!(
+                        "pid {pid} here is not the process the host service named (it \
+                         exited and its pid was reused)"
+                    ));
+                }
+                (pid, Arc::new(fact))
+            })
+            .collect()
+    }
+}
+
+/// Replaces the listings of the GPUs `reply` answers for (by UUID) with the processes it
+/// names, numbered as this namespace numbers them, and sets those GPUs' outside memory.
+fn localize(
+    devices: &mut [GpuSnapshot],
+    listed: &mut [Listing],
+    reply: &crate::service::Reply,
+) -> Localized {
+    let mut start_ticks = HashMap::new();
+    let answered = devices
+        .iter_mut()
+        .zip(listed.iter_mut())
+        .map(|(gpu, listing)| {
+            let Some(answer) = reply
+                .gpus
+                .iter()
+                .find(|a| gpu.uuid.as_deref() == Some(a.uuid.as_str()))
+            else {
+                return false;
+            };
+            gpu.outside_namespace_bytes = Some(answer.outside_bytes);
+            listing.processes = answer
+                .processes
+                .iter()
+                .map(|p| {
+                    start_ticks.insert(p.pid, p.start_ticks);
+                    read::Listed {
+                        pid: p.pid,
+                        used_bytes: p.used_bytes,
+                        kind: serde_json::from_value(serde_json::Value::String(p.kind.clone()))
+                            .unwrap_or(ProcessType::Compute),
+                        sm_util_pct: p.sm_util_pct,
+                        gpu_instance_id: p.gpu_instance_id,
+                        compute_instance_id: p.compute_instance_id,
+                    }
+                })
+                .collect();
+            // The start times are checked against the service's, not this list's moment.
+            listing.at = None;
+            true
+        })
+        .collect();
+    Localized {
+        answered,
+        start_ticks,
     }
 }
 
@@ -445,6 +574,7 @@ impl Snapshot {
             cuda_driver_version: None,
             nvml_version: None,
             host_pid_namespace: true,
+            host_service: None,
             devices,
             read_times: ReadTimes::default(),
         }

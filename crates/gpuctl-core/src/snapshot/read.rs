@@ -231,6 +231,7 @@ impl GpuSnapshot {
             holders: None,
             holders_not_scanned: None,
             minor: None,
+            outside_namespace_bytes: None,
         }
     }
 

@@ -183,10 +183,16 @@ pub fn table(snapshot: &Snapshot, style: &Style) -> String {
     let mut out = header(snapshot, style);
     let dot = if style.unicode { " · " } else { " | " };
     if !snapshot.host_pid_namespace {
-        out.push_str(&style.paint(
-            Color::Yellow,
-            "note: gpuctl runs in a non-host PID namespace; processes are shown unconfirmed",
-        ));
+        let note = match &snapshot.host_service {
+            Some(service) if service.answered => format!(
+                "note: gpuctl runs in a non-host PID namespace; this namespace's processes are \
+                 confirmed by the host service ({}), others' memory is one number per GPU",
+                render::safe(&service.socket.display().to_string())
+            ),
+            _ => "note: gpuctl runs in a non-host PID namespace; processes are shown unconfirmed"
+                .to_string(),
+        };
+        out.push_str(&style.paint(Color::Yellow, &note));
         out.push('\n');
     }
     for gpu in &snapshot.devices {
@@ -259,6 +265,9 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     }
     if let Some(mode) = gpu.compute_mode {
         figures.push(format!("compute {mode}"));
+    }
+    if let Some(outside) = gpu.outside_namespace_bytes {
+        figures.push(format!("outside this namespace {}", units::bytes(outside)));
     }
     for line in pack(&figures, style.width) {
         out.push_str(&format!("  {line}\n"));

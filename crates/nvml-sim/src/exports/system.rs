@@ -97,7 +97,11 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvm
 }
 
 /// The process's name as the driver gives it: argv[0] from /proc/PID/cmdline, else comm.
+/// In a PID namespace of its own the pid is the host's, which /proc here does not name.
 pub(super) fn process_name(pid: c_uint) -> Option<String> {
+    if crate::live::in_child_pid_namespace() {
+        return None;
+    }
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .ok()
         .and_then(|c| {
