@@ -445,6 +445,26 @@ fn sigterm_restores_the_terminal_and_ends_as_sigterm() {
 }
 
 #[test]
+fn the_view_ends_when_its_terminal_goes_away() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
+    let term = Term::start(&sim, &[], (100, 30));
+    term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
+    let pid = term.gpuctl_pid();
+    let server: i32 = term.display("#{pid}").parse().expect("tmux server pid");
+    // The window closes without a word: the terminal's master side is gone at once. The
+    // view must end, not spin reading end-of-file from a dead terminal.
+    // SAFETY: kill(2) on the tmux server this test started.
+    assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+    // Fails with "condition not met" if gpuctl top still runs 10 s later.
+    crate::util::wait_exited(pid);
+    assert!(
+        crate::util::alive(job.pid()),
+        "the process on the GPU lives on"
+    );
+}
+
+#[test]
 fn a_gpu_that_stops_answering_shows_so_while_the_rest_updates() {
     let first = Proc::sleeper("python3", &["first.py"]);
     let second = Proc::sleeper("python3", &["second.py"]);

@@ -900,12 +900,12 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// Whether pid names a process that has not exited (not a zombie, not gone).
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether pid names a process that has not exited (not a zombie, not gone).
 pub fn alive(pid: u32) -> bool {
     proc_state(pid).is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
 }

@@ -142,6 +142,12 @@ fn run_loop(
         if screen.signalled().is_some() {
             return Ok(Exit::Ok);
         }
+        if screen::hung_up() {
+            // The terminal is gone (its window closed, the ssh session dropped) and no
+            // SIGHUP came to say so: end as SIGHUP would have, rather than read nothing forever.
+            screen.hang_up();
+            return Ok(Exit::Ok);
+        }
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
             let snapshot = reader.read(&mut cache, holders)?;

@@ -67,6 +67,12 @@ impl Screen {
         }
     }
 
+    /// Records a hangup found by [`hung_up`], so that the view ends as SIGHUP ends it.
+    pub fn hang_up(&self) {
+        self.signalled
+            .store(libc::SIGHUP as usize, Ordering::SeqCst);
+    }
+
     /// Gives the terminal back, then ends the process as `signal` would have.
     pub fn end_by(self, signal: i32) -> ! {
         drop(self);
@@ -88,4 +94,16 @@ fn restore() {
     let mut out = io::stdout();
     let _ = execute!(out, DisableMouseCapture, LeaveAlternateScreen, Show);
     let _ = disable_raw_mode();
+}
+
+/// Whether the terminal on stdin has hung up: a read would return end-of-file forever.
+pub fn hung_up() -> bool {
+    let mut stdin = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1, no wait; poll only writes its revents.
+    let ready = unsafe { libc::poll(&mut stdin, 1, 0) };
+    ready > 0 && stdin.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
