@@ -637,3 +637,15 @@ mod tests {
         assert_eq!(escape_not_utf8("é✓".as_bytes()), "é✓");
     }
 }
+
+/// A user name or uid, as a uid: what `--user` (and the Python package's `user=`) names.
+pub fn uid_of(user: &str) -> std::result::Result<u32, String> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Ok(found.uid.as_raw()),
+        Ok(None) => Err(format!("no such user '{user}'")),
+        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
+    }
+}
