@@ -297,6 +297,13 @@ impl RunFile {
         })
     }
 
+    /// The lock's descriptor. A front whose workers are forked without exec (Python's
+    /// DataLoader) drops it in each child: a lock shared with workers that outlive a
+    /// crashed run would keep the name taken by its own leftovers.
+    pub fn lock_fd(&self) -> std::os::fd::RawFd {
+        self._lock.as_raw_fd()
+    }
+
     /// A clean end: nothing is left for the next run to clean up.
     pub fn finish(self) {
         let _ = fs::remove_file(&self.path);

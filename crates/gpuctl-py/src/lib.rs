@@ -418,6 +418,16 @@ impl RunLock {
         self.path.display().to_string()
     }
 
+    /// The lock's descriptor (-1 once released), for the fork hook that drops it in forked
+    /// children.
+    fn fileno(&self) -> i32 {
+        self.file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(-1, RunFile::lock_fd)
+    }
+
     /// Records this process and `workers` (pids) on `device`, replacing the file.
     fn record(&self, py: Python<'_>, device: String, workers: Vec<u32>) -> PyResult<()> {
         let name = self.name.clone();
