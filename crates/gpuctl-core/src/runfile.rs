@@ -70,7 +70,7 @@ pub enum RunError {
 /// A run's claim on its name: the lock, held until this process exits.
 pub struct RunFile {
     path: PathBuf,
-    _lock: File,
+    lock: File,
 }
 
 /// Where the run file of run `name` lives: in the checkpoint directory when there is one
@@ -163,7 +163,7 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
     Ok((
         RunFile {
             path: path.to_path_buf(),
-            _lock: lock,
+            lock,
         },
         previous,
     ))
@@ -301,7 +301,7 @@ impl RunFile {
     /// DataLoader) drops it in each child: a lock shared with workers that outlive a
     /// crashed run would keep the name taken by its own leftovers.
     pub fn lock_fd(&self) -> std::os::fd::RawFd {
-        self._lock.as_raw_fd()
+        self.lock.as_raw_fd()
     }
 
     /// A clean end: nothing is left for the next run to clean up.

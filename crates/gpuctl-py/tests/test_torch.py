@@ -89,7 +89,8 @@ def test_runguard_cleans_a_crashed_pytorch_runs_dataloader_workers(sim, scenario
         assert after.memory_used == before - 6 * GIB
         assert alive(unrelated.pid)
         current = json.loads((tmp_path / "llama-ft.run.json").read_text())
-        assert [p["pid"] for p in current["processes"]] == [os.getpid()]
+        # This run now: this process, recorded as the trainer (its children as workers).
+        assert current["processes"][0]["pid"] == os.getpid() and current["processes"][0]["role"] == "trainer"
     # A clean exit leaves nothing for the next run to clean.
     assert not (tmp_path / "llama-ft.run.json").exists()
     with RunGuard("llama-ft", dir=tmp_path, watch=None) as again:
