@@ -498,6 +498,18 @@ fn in_initial_pid_namespace(root: &Path) -> bool {
         .unwrap_or(true)
 }
 
+/// A user name or uid, as a uid: what `--user` (and the Python package's `user=`) names.
+pub fn uid_of(user: &str) -> std::result::Result<u32, String> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Ok(found.uid.as_raw()),
+        Ok(None) => Err(format!("no such user '{user}'")),
+        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -635,17 +647,5 @@ mod tests {
         assert_eq!(escape_not_utf8(b"train.py"), "train.py");
         assert_eq!(escape_not_utf8(b"a\xffb\xc3"), "a\\xffb\\xc3");
         assert_eq!(escape_not_utf8("é✓".as_bytes()), "é✓");
-    }
-}
-
-/// A user name or uid, as a uid: what `--user` (and the Python package's `user=`) names.
-pub fn uid_of(user: &str) -> std::result::Result<u32, String> {
-    if let Ok(uid) = user.parse::<u32>() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(found)) => Ok(found.uid.as_raw()),
-        Ok(None) => Err(format!("no such user '{user}'")),
-        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
     }
 }
