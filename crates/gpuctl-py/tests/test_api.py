@@ -19,9 +19,10 @@ def test_the_wheel_installs_into_an_empty_venv_with_the_command_and_a_module_tha
     assert wheel and os.path.exists(wheel), "GPUCTL_TEST_WHEEL must name the built wheel (scripts/test sets it)"
     with tempfile.TemporaryDirectory(prefix="gpuctl-empty-venv-") as venv:
         # Made by the machine's own python3, not the test venv's: nothing of torch in reach.
-        subprocess.run(["python3", "-m", "venv", venv], check=True)
-        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--no-index", wheel], check=True)
+        # No pip of its own (ensurepip is slow): this venv's pip installs into it.
+        subprocess.run(["python3", "-m", "venv", "--without-pip", venv], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install",
+                        "--quiet", "--disable-pip-version-check", "--no-deps", "--no-index", wheel], check=True)
         version = subprocess.run([os.path.join(venv, "bin", "gpuctl"), "--version"], capture_output=True,
                                  text=True, check=True)
         assert version.stdout.strip() == f"gpuctl {gpuctl.__version__}"
