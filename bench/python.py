@@ -74,7 +74,13 @@ def pynvml_query():
             sys.exit("bench/python.py: nvidia-ml-py not found: set PYTHON to a Python that has it "
                      "(scripts/test's .venv)")
         sys.path.append(where.stdout.strip())
+    import ctypes
+
     import pynvml as n
+
+    # pynvml dlopens libnvidia-ml.so.1 by name, and the library path is read at process
+    # start: hand it the sim, loaded by path.
+    n.nvmlLib = ctypes.CDLL(os.environ["GPUCTL_NVML_LIB"])
 
     def query():
         n.nvmlInit()
