@@ -72,6 +72,39 @@ pub fn enable_env(
     settings
 }
 
+/// The framework a program uses, for the settings that concern it (the Python package's
+/// `gpuctl.enable(framework=...)`): its own variables, and CUDA's, which every framework
+/// on a GPU reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framework {
+    PyTorch,
+    Jax,
+    TensorFlow,
+}
+
+impl Framework {
+    pub fn parse(name: &str) -> Result<Framework, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "pytorch" | "torch" => Ok(Framework::PyTorch),
+            "jax" => Ok(Framework::Jax),
+            "tensorflow" | "tf" => Ok(Framework::TensorFlow),
+            _ => Err(format!(
+                "unknown framework {name:?}: use \"pytorch\", \"jax\" or \"tensorflow\""
+            )),
+        }
+    }
+
+    /// Whether `setting` concerns a program of this framework.
+    pub fn wants(self, setting: &EnvSetting) -> bool {
+        let own = match self {
+            Framework::PyTorch => "PYTORCH_",
+            Framework::Jax => "XLA_",
+            Framework::TensorFlow => "TF_",
+        };
+        setting.name.starts_with(own) || setting.name.starts_with("CUDA_")
+    }
+}
+
 /// "0.5", "0.75", "1": the shortest form that reads back to the same share.
 fn format_fraction(fraction: f64) -> String {
     let text = format!("{fraction:.4}");
@@ -148,6 +181,32 @@ pub unsafe fn apply_to_current_process(fraction: Option<f64>) -> Vec<EnvSetting>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_framework_gets_its_own_settings_and_cudas() {
+        let settings = enable_env(&|_| None, Some(0.5));
+        let names = |framework: Framework| -> Vec<&str> {
+            settings
+                .iter()
+                .filter(|s| framework.wants(s))
+                .map(|s| s.name)
+                .collect()
+        };
+        assert_eq!(
+            names(Framework::parse("pytorch").unwrap()),
+            [
+                "PYTORCH_ALLOC_CONF",
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "CUDA_MODULE_LOADING"
+            ]
+        );
+        assert!(names(Framework::Jax).contains(&"XLA_PYTHON_CLIENT_MEM_FRACTION"));
+        assert_eq!(
+            names(Framework::TensorFlow).last(),
+            Some(&"TF_FORCE_GPU_ALLOW_GROWTH")
+        );
+        assert!(Framework::parse("caffe").unwrap_err().contains("\"caffe\""));
+    }
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

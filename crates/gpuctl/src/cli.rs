@@ -527,14 +527,7 @@ fn parse_signal(text: &str) -> Result<Signal, String> {
 
 /// A user name or uid, as a uid.
 fn parse_user(user: &str) -> Result<u32, String> {
-    if let Ok(uid) = user.parse::<u32>() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(found)) => Ok(found.uid.as_raw()),
-        Ok(None) => Err(format!("no such user '{user}'")),
-        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
-    }
+    gpuctl_core::host::uid_of(user)
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {

@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use anyhow::Result;
 use gpuctl_core::CoreError;
 use gpuctl_core::cardset;
-use gpuctl_core::config::{self, FractionInForce, FractionScope, Loaded, Origin};
+use gpuctl_core::config::{self, FractionInForce, FractionScope, Origin};
 use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::settings::{self, EnvSetting, Shell};
 use serde::Serialize;
@@ -17,26 +17,6 @@ use gpuctl::cli::{EnableArgs, FractionArgs, ShellKind};
 
 /// Version of the `fraction --json` and `enable --json` documents.
 pub const POLICY_SCHEMA: u32 = 1;
-
-fn current_user() -> Option<String> {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map(|user| user.name)
-}
-
-/// The share for `user`'s processes on one GPU, or with no GPU: the user or default entry.
-fn share(
-    loaded: &Loaded,
-    gpu: Option<(u32, Option<&str>)>,
-    user: Option<&str>,
-) -> Option<FractionInForce> {
-    match gpu {
-        Some((index, uuid)) => config::fraction_for(loaded, index, uuid, user),
-        // No GPU index matches u32::MAX, so only user and default entries apply.
-        None => config::fraction_for(loaded, u32::MAX, None, user),
-    }
-}
 
 pub fn run_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
     match &args.value {
@@ -65,7 +45,9 @@ fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
     writeln!(out, "{key} = {value} in {target}")?;
     if target.origin == Origin::User {
         let loaded = config::load()?;
-        if let Some(note) = share(&loaded, None, current_user().as_deref()).and_then(|s| s.note) {
+        if let Some(note) =
+            config::share_for(&loaded, None, config::caller_name().as_deref()).and_then(|s| s.note)
+        {
             writeln!(out, "note: {note}")?;
         }
     }
@@ -100,7 +82,7 @@ struct ShareEntry {
 
 fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
     let loaded = config::load()?;
-    let user = args.user.clone().or_else(current_user);
+    let user = args.user.clone().or_else(config::caller_name);
     let (system, user_file) = config::paths();
     let files: Vec<FileEntry> = std::iter::once((system, loaded.system.is_some()))
         .chain(user_file.map(|s| (s, loaded.user.is_some())))
@@ -125,7 +107,7 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         Err(error) => return Err(error.into()),
     };
     let entry = |gpu: Option<(u32, Option<String>)>| {
-        let found = share(
+        let found = config::share_for(
             &loaded,
             gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
             user.as_deref(),
@@ -213,7 +195,7 @@ struct PersistenceEntry {
 
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
     let loaded = config::load()?;
-    let user = current_user();
+    let user = config::caller_name();
     let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
     let nvml = (args.persistence || !args.gpus.is_empty())
         .then(|| Gpus::open_within(timeout))
@@ -233,7 +215,7 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
                 .and_then(|u| u.get(index as usize).cloned().flatten());
             (index, uuid)
         });
-    let fraction = share(
+    let fraction = config::share_for(
         &loaded,
         gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
         user.as_deref(),

@@ -110,3 +110,26 @@ pub fn fraction_for(
         }
     }
 }
+
+/// The share for `user`'s processes on one GPU (index and UUID), or with no GPU named: the
+/// user or default entry that applies to every GPU. What `gpuctl fraction`, `gpuctl enable`
+/// and the Python package's `gpuctl.fraction()` report.
+pub fn share_for(
+    loaded: &Loaded,
+    gpu: Option<(u32, Option<&str>)>,
+    user: Option<&str>,
+) -> Option<FractionInForce> {
+    match gpu {
+        Some((index, uuid)) => fraction_for(loaded, index, uuid, user),
+        // No GPU index matches u32::MAX, so only user and default entries apply.
+        None => fraction_for(loaded, u32::MAX, None, user),
+    }
+}
+
+/// The name of the user this process runs as, where the user database has it.
+pub fn caller_name() -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|user| user.name)
+}

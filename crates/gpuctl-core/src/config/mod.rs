@@ -18,7 +18,7 @@ mod parse;
 mod trust;
 mod write;
 
-pub use fraction::{FractionInForce, fraction_for};
+pub use fraction::{FractionInForce, caller_name, fraction_for, share_for};
 use parse::*;
 pub use parse::{parse, parse_fraction};
 pub use trust::trusted_by_root;

@@ -513,6 +513,18 @@ fn in_initial_pid_namespace(root: &Path) -> bool {
         .unwrap_or(true)
 }
 
+/// A user name or uid, as a uid: what `--user` (and the Python package's `user=`) names.
+pub fn uid_of(user: &str) -> std::result::Result<u32, String> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(found)) => Ok(found.uid.as_raw()),
+        Ok(None) => Err(format!("no such user '{user}'")),
+        Err(error) => Err(format!("cannot look up user '{user}': {error}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

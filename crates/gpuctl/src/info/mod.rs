@@ -1,5 +1,6 @@
-//! `gpuctl info`: every GPU and every process holding memory on it. This module gathers
-//! (NVML, /proc, peak marks, the watchdog's findings) and watches; `table.rs` renders.
+//! `gpuctl info`: every GPU and every process holding memory on it. gpuctl-core's
+//! `info::Survey` gathers (NVML, /proc, peak marks, the watchdog's findings); this module
+//! watches, and `table.rs` renders.
 
 mod table;
 
@@ -7,16 +8,10 @@ use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use gpuctl_core::classify;
-use gpuctl_core::config;
-use gpuctl_core::nvml::{self, Gpus, Place};
-use gpuctl_core::protect::{self, Protection};
-use gpuctl_core::report::{WatchdogFindings, watchdog_findings_path};
-use gpuctl_core::snapshot::peaks::PeakStore;
-use gpuctl_core::snapshot::totals::{By, Total, totals};
-use gpuctl_core::snapshot::{GpuStatus, HolderScan};
-use gpuctl_core::{Snapshot, SnapshotOptions};
-use serde::Serialize;
+use gpuctl_core::Snapshot;
+use gpuctl_core::info::{InfoRequest, Survey, document};
+use gpuctl_core::snapshot::GpuStatus;
+use gpuctl_core::snapshot::totals::By;
 
 use crate::Exit;
 use crate::render::{self, Style};
@@ -29,71 +24,22 @@ use table::view;
 /// bench/info.py reads it.
 const TIMINGS_ENV: &str = "GPUCTL_TIMINGS";
 
-/// Version of the `gpuctl info --json` document; fields are only added within a version.
-pub const INFO_SCHEMA: u32 = 1;
-
-#[derive(Serialize)]
-struct InfoDocument<'a> {
-    schema: u32,
-    timestamp: String,
-    #[serde(flatten)]
-    snapshot: &'a Snapshot,
-    /// With `--by` only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    totals: Option<Vec<Total>>,
-    /// The watchdog's current findings, where its state directory is readable.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    watchdog: Option<WatchdogFindings>,
-}
-
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
-    let started = Instant::now();
-    let loaded = readable_config();
-    let configured = loaded.as_ref().and_then(config::Loaded::nvml_timeout);
-    // Checked before NVML is loaded: a refused GPUCTL_DEV_DIR stops the command first.
-    let dev_dir = config::device_dir(loaded.as_ref())?;
-    let gpus = Gpus::open_within(nvml::timeout(args.timeout, configured)?)?;
-    let opened = started.elapsed();
-    // `--gpu` may name MIG instances: their GPU is read, and only those instances shown.
-    let places = (!args.gpu.gpus.is_empty())
-        .then(|| gpus.resolve_places(&args.gpu.gpus))
-        .transpose()?;
-    let options = SnapshotOptions {
-        holders: Some(HolderScan {
-            dev_dir,
-            above_unattributed: (!args.holders).then(|| {
-                loaded
-                    .as_ref()
-                    .and_then(config::Loaded::holders_threshold)
-                    .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD)
-            }),
-        }),
-        ..SnapshotOptions::info(places.as_deref().map(Place::gpus))
-    };
-    let peaks = PeakStore::default_location();
-    // The programs `kill`, `clear` and the watchdog never signal.
-    let protection = loaded.as_ref().map_or_else(Protection::built_in, |loaded| {
-        Protection::configured(&loaded.protect())
-    });
+    // Gathering is core's (the Python package's snapshot() is the same survey).
+    let survey = Survey::open(&InfoRequest {
+        gpus: args.gpu.gpus.clone(),
+        all_holders: args.holders,
+        timeout: args.timeout,
+    })?;
+    let opened = survey.opened;
     let warned = std::cell::Cell::new(false);
     let take = || -> Result<Snapshot> {
-        let mut snapshot = Snapshot::take(&gpus, &options)?;
-        if let Some(places) = &places {
-            keep_named_instances(&mut snapshot, places);
-        }
-        protect::mark_claims(&mut snapshot, &protection);
-        classify::holders::annotate(&mut snapshot);
-        if let Some(store) = &peaks {
-            let marks = store.observe(&snapshot);
-            // Once, not every frame of --watch.
-            if let Some(warning) = store.oversized_warning()
-                && !warned.replace(true)
-            {
-                eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
-            }
-            for gpu in &mut snapshot.devices {
-                gpu.peak = gpu.uuid.as_ref().and_then(|uuid| marks.get(uuid).copied());
-            }
+        let snapshot = survey.take()?;
+        // Once, not every frame of --watch.
+        if let Some(warning) = survey.peaks_warning()
+            && !warned.replace(true)
+        {
+            eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
         }
         Ok(snapshot)
     };
@@ -103,7 +49,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         let taken = taking.elapsed();
         let rendering = Instant::now();
         let by = group_by(args);
-        let watchdog = watchdog_findings(loaded.as_ref());
+        let watchdog = survey.watchdog_findings();
         render::emit(
             args.output.json,
             &document(&snapshot, by, watchdog.clone()),
@@ -133,7 +79,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let mut out = io::stdout().lock();
     loop {
         let snapshot = take()?;
-        let (by, watchdog) = (group_by(args), watchdog_findings(loaded.as_ref()));
+        let (by, watchdog) = (group_by(args), survey.watchdog_findings());
         if args.output.json {
             let mut line = serde_json::to_string(&document(&snapshot, by, watchdog))?;
             line.push('\n');
@@ -171,52 +117,9 @@ fn failed_gpus(snapshot: &Snapshot) -> Exit {
     exit
 }
 
-/// The configuration, where it can be read: `info` takes its `nvml_timeout` and `[protect]`
-/// commands from it, and still shows the GPUs with one that cannot be read (`kill` and
-/// `clear` refuse to run then).
-fn readable_config() -> Option<config::Loaded> {
-    config::load().ok()
-}
-
-/// On a GPU whose instances `--gpu` named one by one (and not the GPU whole), only those
-/// instances are shown.
-fn keep_named_instances(snapshot: &mut Snapshot, places: &[Place]) {
-    for gpu in &mut snapshot.devices {
-        let whole = places
-            .iter()
-            .any(|p| p.gpu == gpu.index && p.gpu_instance.is_none());
-        if !whole {
-            gpu.mig_devices
-                .retain(|m| places.iter().any(|p| p.holds(gpu.index, m.gpu_instance_id)));
-        }
-    }
-}
-
 fn group_by(args: &InfoArgs) -> Option<By> {
     args.by.map(|by| match by {
         GroupBy::User => By::User,
         GroupBy::Owner => By::Owner,
     })
-}
-
-fn document(
-    snapshot: &Snapshot,
-    by: Option<By>,
-    watchdog: Option<WatchdogFindings>,
-) -> InfoDocument<'_> {
-    InfoDocument {
-        schema: INFO_SCHEMA,
-        timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
-        snapshot,
-        totals: by.map(|by| totals(snapshot, by)),
-        watchdog,
-    }
-}
-
-/// The watchdog's findings file in its state directory (the system configuration's
-/// `watchdog.state_dir`, else /var/lib/gpuctl), where it exists and can be read.
-pub(crate) fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFindings> {
-    let dir = config::watchdog_state_dir(loaded)?;
-    let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
-    serde_json::from_slice(&bytes).ok()
 }

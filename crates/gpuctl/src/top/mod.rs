@@ -151,7 +151,7 @@ fn run_loop(
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
             let snapshot = reader.read(&mut cache, holders)?;
-            let watchdog = crate::info::watchdog_findings(Some(&session.loaded));
+            let watchdog = gpuctl_core::info::watchdog_findings(Some(&session.loaded));
             model.update(snapshot, watchdog);
             next_read = Instant::now() + interval;
             dirty = true;

@@ -1,0 +1,476 @@
+"""gpuctl for PyTorch training scripts: startup cleanup of a crashed run, memory at
+milestones, and OOM recovery that keeps the effective batch.
+
+Imported only where torch is installed (``import gpuctl`` never imports torch)::
+
+    from gpuctl.torch import RunGuard, MemoryMonitor, OOMRecovery, logits_bytes
+
+    with RunGuard("llama-ft", dir=checkpoint_dir):
+        rec = OOMRecovery(model, batch_size=64, micro_batch=64)
+        for batch in loader:
+            loss = rec.step(batch, lambda mb: loss_fn(model(mb["x"]), mb["y"]))
+            optimizer.step(); optimizer.zero_grad()
+
+The adapter is :func:`find_executable_micro_batch`, in the style of HF Accelerate's
+``find_executable_batch_size`` (the decorator users of hand-written loops already reach
+for, and the loop the people gpuctl grew from write), chosen over a Lightning callback
+because Lightning users already get accumulation from the Trainer, while Accelerate's
+decorator halves the batch and so changes the effective batch (and the learning dynamics)
+on every OOM. This one halves the micro-batch and doubles the accumulation instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+import sys
+import threading
+import time
+
+import torch
+
+import gpuctl
+from gpuctl import Error, RunningError, _gpuctl
+
+__all__ = [
+    "MemoryMonitor",
+    "OOMRecovery",
+    "OutOfMemoryAtOne",
+    "RunGuard",
+    "RunningError",
+    "find_executable_micro_batch",
+    "is_out_of_memory",
+    "logits_bytes",
+]
+
+_GIB = float(1 << 30)
+
+
+def _gib(value) -> str:
+    return "n/a" if value is None else f"{value / _GIB:.2f} GiB"
+
+
+def _log(line: str) -> None:
+    print(f"gpuctl: {line}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- RunGuard
+
+
+def _children() -> list:
+    """This process's child processes (the DataLoader's workers among them)."""
+    pids = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        return sorted(pids)
+    except OSError:
+        pass
+    # Kernels without the children file: every process whose parent is this one.
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            pids.add(int(entry))
+    return sorted(pids)
+
+
+# The run locks this process holds. A worker forked without exec (the DataLoader's, by
+# default) would share the lock's open file, and outliving a crash it would keep the run's
+# name taken: each forked child drops its copy at once (to /dev/null, so nothing else's
+# descriptor is ever closed in its place).
+_held_locks: set = set()
+
+
+def _drop_locks_in_child() -> None:
+    for fd in list(_held_locks):
+        try:
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            os.dup2(null, fd, inheritable=False)
+            os.close(null)
+        except OSError:
+            pass
+    _held_locks.clear()
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
+class Cleanup:
+    """What startup cleanup did: ``leftovers`` found alive, ``freed_bytes`` of GPU memory
+    NVML showed released, and the ``log`` lines (also written to stderr)."""
+
+    __slots__ = ("leftovers", "freed_bytes", "log")
+
+    def __init__(self, leftovers: int = 0, freed_bytes: int = 0, log=None) -> None:
+        self.leftovers = leftovers
+        self.freed_bytes = freed_bytes
+        self.log = list(log or [])
+
+    def __repr__(self) -> str:
+        return f"Cleanup(leftovers={self.leftovers}, freed_bytes={self.freed_bytes})"
+
+
+class RunGuard:
+    """A run's claim on its name, with startup cleanup of the previous run of that name.
+
+    The Rust trainer's run file and lock, in the same format (gpuctl-core's ``runfile``):
+    ``NAME.run.json`` and ``NAME.run.lock`` in ``dir`` (a checkpoint directory), else in
+    ``$XDG_RUNTIME_DIR/gpuctl-trainer/``. On enter it takes the lock (a live run of the
+    name raises :class:`gpuctl.RunningError`) and, if the previous run did not finish, ends
+    its processes that are still alive, identified by pid *and* start time, through the
+    guarded road of ``gpuctl clear``: those on a GPU are signalled and NVML must show their
+    memory released. Anything it could not end raises :class:`gpuctl.Error` (exit status 4,
+    as the trainer's). Then it records this process and, every ``watch`` seconds while the
+    run lives, its child processes (the DataLoader's workers); :meth:`record` does so at
+    once. A clean exit removes the run file; an exception keeps it, so the next start cleans
+    up after this one.
+    """
+
+    def __init__(self, name: str, dir=None, *, watch: float | None = 1.0, device: str | None = None) -> None:
+        self.name = name
+        self.dir = None if dir is None else os.fspath(dir)
+        self.watch = watch
+        self.device = device
+        self.cleanup = Cleanup()
+        self._lock = None
+        self._recorded = None
+        self._stop = threading.Event()
+        self._watcher = None
+
+    @property
+    def path(self) -> str:
+        """The run file's path."""
+        return _gpuctl.run_location(self.name, self.dir)
+
+    def __enter__(self) -> "RunGuard":
+        lock, previous = _gpuctl.run_acquire(self.name, self.dir)
+        self._lock = lock
+        self._fd = lock.fileno()
+        _held_locks.add(self._fd)
+        try:
+            if previous is not None:
+                leftovers, freed, failures, lines = _gpuctl.run_clean_up(previous)
+                for line in lines:
+                    _log(line)
+                self.cleanup = Cleanup(leftovers, freed, lines)
+                if failures:
+                    error = Error("startup cleanup could not end the previous run's leftovers or "
+                                  "free their memory: " + "; ".join(failures))
+                    error.exit_code = 4
+                    raise error
+            if self.device is None:
+                self.device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.record()
+        except BaseException:
+            _held_locks.discard(self._fd)
+            lock.release()
+            self._lock = None
+            raise
+        if self.watch:
+            self._watcher = threading.Thread(target=self._watch, name="gpuctl-runguard", daemon=True)
+            self._watcher.start()
+        return self
+
+    def record(self, workers=None) -> None:
+        """Records this process and ``workers`` (pids; default: its child processes now)."""
+        if self._lock is None:
+            raise Error(f"run {self.name!r} is not held: use RunGuard as a context manager")
+        workers = _children() if workers is None else sorted(int(p) for p in workers)
+        self._lock.record(self.device, workers)
+        self._recorded = workers
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.watch):
+            try:
+                children = _children()
+                if children != self._recorded:
+                    self.record(children)
+            except Exception as error:  # the run goes on; the record stays as it was
+                _log(f"run {self.name!r}: could not update the run file: {error}")
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        if self._lock is not None:
+            _held_locks.discard(self._fd)
+            if kind is None:
+                self._lock.finish()
+            else:
+                self._lock.release()
+            self._lock = None
+
+
+# ------------------------------------------------------------------------ MemoryMonitor
+
+
+class MemoryMonitor:
+    """Memory at milestones: what torch's caching allocator has allocated, reserved and
+    peaked at on ``device``, and what NVML says this process holds on its GPUs (None where
+    NVML is unavailable). Each :meth:`milestone` is a row of ``trace`` (CSV) when given."""
+
+    FIELDS = ("time", "label", "allocated_bytes", "reserved_bytes", "peak_bytes", "nvml_bytes")
+
+    def __init__(self, trace=None, device=None) -> None:
+        self.trace = None if trace is None else os.fspath(trace)
+        self.device = device
+        self.rows: list[dict] = []
+        self._started = time.monotonic()
+        if self.trace is not None:
+            with open(self.trace, "w", newline="") as f:
+                csv.writer(f).writerow(self.FIELDS)
+
+    def _nvml_bytes(self):
+        try:
+            held = [p.used_bytes or 0 for d in gpuctl.snapshot().devices for p in d.processes
+                    if p.pid == os.getpid()]
+        except gpuctl.Error:
+            return None
+        return sum(held)
+
+    def milestone(self, label: str) -> dict:
+        """Logs and returns one row of figures, labelled ``label`` ("epoch 3")."""
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        device = self.device if self.device is not None else (torch.cuda.current_device() if cuda else None)
+        row = {
+            "time": round(time.monotonic() - self._started, 3),
+            "label": label,
+            "allocated_bytes": torch.cuda.memory_allocated(device) if cuda else None,
+            "reserved_bytes": torch.cuda.memory_reserved(device) if cuda else None,
+            "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+            "nvml_bytes": self._nvml_bytes(),
+        }
+        self.rows.append(row)
+        _log(f"{label}: allocated {_gib(row['allocated_bytes'])}, reserved {_gib(row['reserved_bytes'])}, "
+             f"peak {_gib(row['peak_bytes'])}, NVML {_gib(row['nvml_bytes'])}")
+        if self.trace is not None:
+            with open(self.trace, "a", newline="") as f:
+                csv.writer(f).writerow(["" if row[k] is None else row[k] for k in self.FIELDS])
+        return row
+
+    def plot(self, path) -> None:
+        """The milestones as a chart (needs matplotlib: ``pip install gpuctl[plot]``)."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise Error("MemoryMonitor.plot needs matplotlib: pip install matplotlib") from None
+        figure, axes = plt.subplots(figsize=(8, 4))
+        x = list(range(len(self.rows)))
+        for key in ("allocated_bytes", "reserved_bytes", "peak_bytes", "nvml_bytes"):
+            axes.plot(x, [(r[key] or 0) / _GIB for r in self.rows], marker="o", label=key[:-6])
+        axes.set_xticks(x, [r["label"] for r in self.rows], rotation=30, ha="right")
+        axes.set_ylabel("GiB")
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(os.fspath(path))
+        plt.close(figure)
+
+
+# -------------------------------------------------------------------------- OOMRecovery
+
+
+def logits_bytes(batch: int, seq: int, vocab: int, dtype=torch.float32) -> int:
+    """The logits tensor's size: batch × seq × vocab × the element size (4 for float32),
+    the formula of the notes gpuctl grew from."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype))
+    element = torch.empty((), dtype=dtype).element_size()
+    for name, value in (("batch", batch), ("seq", seq), ("vocab", vocab)):
+        if int(value) < 0:
+            raise gpuctl.UsageError(f"logits_bytes: {name} {value} is negative")
+    return int(batch) * int(seq) * int(vocab) * element
+
+
+_OOM_TEXTS = ("CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memory",
+              "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "HIP out of memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A CUDA out-of-memory error: ``torch.cuda.OutOfMemoryError``, or a RuntimeError
+    whose text is a CUDA, cuBLAS or cuDNN allocation failure."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(t in str(error) for t in _OOM_TEXTS)
+
+
+class OutOfMemoryAtOne(Error):
+    """Out of memory at micro-batch 1: one sample does not fit. The message has the figures
+    and what to change."""
+
+
+def _size(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    items = batch.values() if isinstance(batch, dict) else batch
+    sizes = {t.shape[0] for t in items if isinstance(t, torch.Tensor)}
+    if len(sizes) != 1:
+        raise gpuctl.UsageError("OOMRecovery.step: the batch needs tensors that all have the same "
+                                f"size along dim 0 (found sizes {sorted(sizes)})")
+    return sizes.pop()
+
+
+def _slice(batch, start: int, stop: int):
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return {k: v[start:stop] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return type(batch)(v[start:stop] if isinstance(v, torch.Tensor) else v for v in batch)
+
+
+class OOMRecovery:
+    """Steps that survive CUDA out-of-memory errors and keep the effective batch.
+
+    :meth:`step` splits the batch (a tensor, or a tuple, list or dict of tensors) along
+    dim 0 into micro-batches of ``micro_batch``, scales each micro-loss by its share of the
+    batch and calls backward, so the gradients are the whole batch's. On an OOM it drops the
+    step's gradients and outputs, empties the cache, halves the micro-batch and redoes the
+    step on the same samples: the parameters end where an unconstrained run's do. The
+    micro-batch found is kept for later steps (:attr:`micro_batch`). At micro-batch 1 it
+    raises :class:`OutOfMemoryAtOne` with the figures and what to change.
+
+    Enter each step with the gradients cleared (``optimizer.zero_grad()``): on an OOM the
+    step's gradients are dropped. ``micro_batch="auto"`` starts at the batch size and lets
+    the first OOMs find the largest one that fits. ``seq_len``, ``vocab_size`` and
+    ``logits_dtype`` (optional) let the micro-batch-1 message say what one sample's logits
+    take. ``inject_oom_above=N`` raises the OOM path for micro-batches above N (after their
+    backward, as a real OOM in backward would), so recovery is tested on a CPU.
+    """
+
+    def __init__(self, model, batch_size: int, micro_batch="auto", *, inject_oom_above: int | None = None,
+                 seq_len: int | None = None, vocab_size: int | None = None, logits_dtype=torch.float32,
+                 log=_log) -> None:
+        if int(batch_size) < 1:
+            raise gpuctl.UsageError(f"OOMRecovery: batch_size {batch_size} must be at least 1")
+        if micro_batch == "auto":
+            micro_batch = batch_size
+        elif not isinstance(micro_batch, int) or isinstance(micro_batch, bool) or micro_batch < 1:
+            raise gpuctl.UsageError(f"OOMRecovery: micro_batch {micro_batch!r}: give \"auto\" or a size of at least 1")
+        self.model = model
+        self.batch_size = int(batch_size)
+        self._micro_batch = min(int(micro_batch), self.batch_size)
+        self.inject_oom_above = inject_oom_above
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.logits_dtype = logits_dtype
+        self.recoveries = 0
+        self.steps = 0
+        self._log = log
+
+    @property
+    def micro_batch(self) -> int:
+        """The micro-batch in use: halved by each OOM."""
+        return self._micro_batch
+
+    def _drop_gradients(self) -> None:
+        for parameter in self.model.parameters():
+            parameter.grad = None
+
+    def step(self, batch, loss_fn):
+        """One optimizer step's gradients for ``batch``: ``loss_fn(micro_batch)`` returns a
+        micro-batch's mean loss. Returns the batch's mean loss (detached)."""
+        samples = _size(batch)
+        while True:
+            try:
+                total = None
+                for start in range(0, samples, self._micro_batch):
+                    chunk = _slice(batch, start, start + self._micro_batch)
+                    share = min(self._micro_batch, samples - start) / samples
+                    loss = loss_fn(chunk)
+                    (loss * share).backward()
+                    if self.inject_oom_above is not None and self._micro_batch > self.inject_oom_above:
+                        raise torch.cuda.OutOfMemoryError(
+                            f"CUDA out of memory (injected by gpuctl: micro-batch {self._micro_batch} "
+                            f"> {self.inject_oom_above})")
+                    part = loss.detach() * share
+                    total = part if total is None else total + part
+                    del loss
+                self.steps += 1
+                return total
+            except Exception as error:  # noqa: BLE001 - only OOMs are handled, the rest re-raised
+                if not is_out_of_memory(error):
+                    raise
+                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                # The step's outputs go with the frame's locals; its gradients are dropped.
+                loss = chunk = total = None
+                error = None
+                self._drop_gradients()
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+                if self._micro_batch == 1:
+                    raise OutOfMemoryAtOne(self._unrecoverable(message)) from None
+                self._micro_batch = max(1, self._micro_batch // 2)
+                self.recoveries += 1
+                self._log(f"out of memory at step {self.steps} ({message}); micro-batch halved to "
+                          f"{self._micro_batch}, {-(-samples // self._micro_batch)} accumulation steps "
+                          f"for the same batch of {samples}")
+
+    def _unrecoverable(self, message: str) -> str:
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        figures = f"parameters {_gib(params)}, their gradients {_gib(params)}"
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            figures += (f", allocated {_gib(torch.cuda.memory_allocated())}, reserved "
+                        f"{_gib(torch.cuda.memory_reserved())}, {_gib(free)} free of {_gib(total)}")
+        share = None
+        try:
+            share = gpuctl.fraction()
+        except gpuctl.Error:
+            pass
+        logits = ""
+        if self.seq_len and self.vocab_size:
+            one = logits_bytes(1, self.seq_len, self.vocab_size, self.logits_dtype)
+            logits = (f"; one sample's logits alone take {_gib(one)} (seq {self.seq_len} x vocab "
+                      f"{self.vocab_size}): a shorter sequence, or a smaller vocabulary")
+        limit = f"; this process may hold only {share:.0%} of a GPU (gpuctl fraction)" if share else ""
+        return (f"out of memory at step {self.steps} even with micro-batch 1 ({message}); memory: {figures}. "
+                f"One sample does not fit: try mixed precision (torch.autocast with bfloat16 halves "
+                f"activations), gradient checkpointing, a smaller model{logits}, or free the GPU of "
+                f"other processes (gpuctl info){limit}")
+
+
+def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | None = None, *,
+                                inject_oom_above: int | None = None, log=_log):
+    """A decorator in the style of HF Accelerate's ``find_executable_batch_size`` that keeps
+    the effective batch: the decorated function is called as ``function(micro_batch,
+    accumulation_steps, *args, **kwargs)`` with ``micro_batch * accumulation_steps ==
+    batch_size`` (the last accumulation step may be short when the micro-batch does not
+    divide the batch); on a CUDA OOM it is called again with the micro-batch halved and the
+    accumulation doubled, where Accelerate's halves the batch itself. At micro-batch 1 the
+    OOM is raised. ``inject_oom_above`` raises the OOM for micro-batches above it (tests)."""
+    if int(batch_size) < 1:
+        raise gpuctl.UsageError(f"find_executable_micro_batch: batch_size {batch_size} must be at least 1")
+
+    def decorate(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            micro = min(int(starting_micro_batch or batch_size), int(batch_size))
+            while True:
+                accumulation = -(-int(batch_size) // micro)
+                try:
+                    if inject_oom_above is not None and micro > inject_oom_above:
+                        raise torch.cuda.OutOfMemoryError(
+                            f"CUDA out of memory (injected by gpuctl: micro-batch {micro} > {inject_oom_above})")
+                    return function(micro, accumulation, *args, **kwargs)
+                except Exception as error:  # noqa: BLE001 - only OOMs are handled
+                    if not is_out_of_memory(error) or micro == 1:
+                        raise
+                    error = None
+                    if torch.cuda.is_available() and torch.cuda.is_initialized():
+                        torch.cuda.empty_cache()
+                    micro //= 2
+                    log(f"out of memory: micro-batch halved to {micro}, {-(-int(batch_size) // micro)} "
+                        f"accumulation steps, effective batch still {batch_size}")
+        return run
+
+    return decorate
