@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::act::{self, Ended, Escalation, Identity, Signal};
 use crate::config::Protect;
 use crate::host::{ProcView, UserNames};
-use crate::nvml::Gpus;
+use crate::nvml::{self, Gpus};
 use crate::plan::{self, Action, Guard};
 use crate::protect::Protection;
 use crate::reclaim::Reclaim;
@@ -413,7 +413,9 @@ fn reclaim_on_gpu(
     cleanup: &mut Cleanup,
     log: &mut dyn FnMut(String),
 ) -> Vec<u32> {
-    let gpus = match Gpus::open() {
+    // Under the CLI's deadline (GPUCTL_NVML_TIMEOUT, else 10 s): a hung driver must not hang
+    // a training script's start.
+    let gpus = match nvml::timeout(None, None).and_then(Gpus::open_within) {
         Ok(gpus) => gpus,
         Err(e) => {
             log(format!(
