@@ -134,6 +134,18 @@ fn json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
     serde_json::to_string(value).map_err(|e| Failure::failed(format!("serializing: {e}")))
 }
 
+/// The survey `snapshot()` last used, kept open between calls in this process: NVML is
+/// initialised once (on a real driver that takes tens to hundreds of milliseconds), as
+/// `gpuctl info --watch` keeps it. Asked for other GPUs, it is opened afresh.
+static KEPT_SURVEY: Mutex<Option<KeptSurvey>> = Mutex::new(None);
+
+struct KeptSurvey {
+    /// The process that opened it: a forked child opens its own.
+    pid: u32,
+    gpus: Vec<String>,
+    survey: Survey,
+}
+
 /// `gpuctl info --json`'s document, as a JSON string, and each GPU's processes' owners as
 /// the CLI's table labels them (None where no owner is known).
 #[pyfunction]
@@ -143,11 +155,37 @@ fn snapshot_json(
     gpus: Vec<String>,
 ) -> PyResult<(String, Vec<Vec<Option<String>>>)> {
     outside_gil(py, || {
-        let survey = Survey::open(&InfoRequest {
-            gpus,
-            ..InfoRequest::default()
-        })?;
-        let snapshot = survey.take()?;
+        let mut kept = KEPT_SURVEY.lock().unwrap_or_else(|e| e.into_inner());
+        let reusable = kept
+            .as_ref()
+            .is_some_and(|k| k.pid == std::process::id() && k.gpus == gpus);
+        if !reusable {
+            // Opened in a parent before a fork: the child must not shut the parent's NVML
+            // down, so it is forgotten there rather than dropped.
+            if let Some(stale) = kept.take()
+                && stale.pid != std::process::id()
+            {
+                std::mem::forget(stale);
+            }
+            let survey = Survey::open(&InfoRequest {
+                gpus: gpus.clone(),
+                ..InfoRequest::default()
+            })?;
+            *kept = Some(KeptSurvey {
+                pid: std::process::id(),
+                gpus,
+                survey,
+            });
+        }
+        let survey = &kept.as_ref().expect("kept above").survey;
+        let snapshot = match survey.take() {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                // A driver that failed may be back next time: opened afresh then.
+                *kept = None;
+                return Err(e.into());
+            }
+        };
         let owners = snapshot
             .devices
             .iter()
