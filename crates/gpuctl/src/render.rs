@@ -42,14 +42,16 @@ impl Style {
 
     /// A bar of `cells` cells, `fraction` of them filled.
     pub fn bar(&self, fraction: f64, cells: usize) -> String {
-        let filled = ((fraction.clamp(0.0, 1.0) * cells as f64).round() as usize).min(cells);
-        let (full, empty) = if self.unicode {
-            ("█", "░")
-        } else {
-            ("#", ".")
-        };
-        format!("{}{}", full.repeat(filled), empty.repeat(cells - filled))
+        bar(self.unicode, fraction, cells)
     }
+}
+
+/// A bar of `cells` cells, `fraction` of them filled: block characters, or `#` and `.`
+/// where the locale is not UTF-8. The table and `gpuctl top` draw the same bars.
+pub fn bar(unicode: bool, fraction: f64, cells: usize) -> String {
+    let filled = ((fraction.clamp(0.0, 1.0) * cells as f64).round() as usize).min(cells);
+    let (full, empty) = if unicode { ("█", "░") } else { ("#", ".") };
+    format!("{}{}", full.repeat(filled), empty.repeat(cells - filled))
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -43,13 +43,7 @@ impl Palette {
     }
 
     fn bar(&self, fraction: f64, cells: usize) -> String {
-        let filled = ((fraction.clamp(0.0, 1.0) * cells as f64).round() as usize).min(cells);
-        let (full, empty) = if self.unicode {
-            ("█", "░")
-        } else {
-            ("#", ".")
-        };
-        format!("{}{}", full.repeat(filled), empty.repeat(cells - filled))
+        render::bar(self.unicode, fraction, cells)
     }
 
     /// The last `cells` samples of `series` (0-100) as a sparkline.
