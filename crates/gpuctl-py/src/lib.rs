@@ -19,7 +19,6 @@ use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::owner::Owner;
 use gpuctl_core::plan::{Action, Outcome};
 use gpuctl_core::reclaim::{self, ClearRequest, Ending, KillRequest, Session};
-use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
 use gpuctl_core::runfile::{self, Record, RunError, RunFile};
 use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::settings::{self, Framework};
@@ -262,17 +261,7 @@ fn clear(
             ..ClearRequest::default()
         };
         let cleared = reclaim::clear(&Session::open()?, &request)?;
-        let document = ReclaimReport {
-            schema: RECLAIM_SCHEMA,
-            command: "clear",
-            dry_run,
-            signal: request.ending.signal.name(),
-            timeout_ms: request.ending.timeout.as_millis() as u64,
-            outcomes: &cleared.outcomes,
-            refused: &[],
-            reported: cleared.reported.iter().collect(),
-            wait: cleared.wait.clone(),
-        };
+        let document = cleared.report(&request);
         let (ended, mut skipped, planned) = summary(&cleared.outcomes);
         skipped.extend(cleared.reported.iter().filter_map(|finding| {
             finding
@@ -356,18 +345,8 @@ fn kill(
         let Some(killed) = reclaim::kill(&session, &request)? else {
             return Err(Failure::usage("no GPU process matches the selection"));
         };
-        let document = ReclaimReport {
-            schema: RECLAIM_SCHEMA,
-            command: "kill",
-            dry_run,
-            signal: request.ending.signal.name(),
-            timeout_ms: request.ending.timeout.as_millis() as u64,
-            outcomes: &killed.outcomes,
-            refused: &killed.refused,
-            reported: Vec::new(),
-            wait: None,
-        };
-        let ok = killed.outcomes.iter().all(Outcome::succeeded) && killed.refused.is_empty();
+        let document = killed.report(&request);
+        let ok = killed.clean();
         let (ended, mut skipped, planned) = summary(&killed.outcomes);
         skipped.extend(killed.refused.iter().map(|r| (r.pid, r.reason.clone())));
         Ok((json(&document)?, ended, skipped, planned, ok))

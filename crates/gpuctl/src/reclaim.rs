@@ -5,9 +5,8 @@ use std::io::{self, IsTerminal};
 use std::time::Duration;
 
 use anyhow::Result;
-use gpuctl_core::plan::Outcome;
-use gpuctl_core::reclaim::{self, Cleared, Consent, Killed, Session};
-use gpuctl_core::report::{RECLAIM_SCHEMA, ReclaimReport};
+use gpuctl_core::reclaim::{self, Consent, Session};
+use gpuctl_core::report::ReclaimReport;
 use gpuctl_core::units;
 use gpuctl_core::verify::WaitReport;
 
@@ -17,7 +16,8 @@ use gpuctl::cli::{ClearArgs, KillArgs};
 
 pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let session = Session::open()?;
-    let Some(prepared) = reclaim::prepare_kill(&session, &args.request())? else {
+    let request = args.request();
+    let Some(prepared) = reclaim::prepare_kill(&session, &request)? else {
         eprintln!("gpuctl: no GPU process matches the selection");
         return Ok(Exit::Ok);
     };
@@ -26,43 +26,23 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     {
         confirm(&consent)?;
     }
-    let Killed { outcomes, refused } = prepared.run();
-    let ok = outcomes.iter().all(Outcome::succeeded) && refused.is_empty();
-    let document = ReclaimReport {
-        schema: RECLAIM_SCHEMA,
-        command: "kill",
-        dry_run: args.plan.dry_run,
-        signal: args.how.signal.name(),
-        timeout_ms: args.how.timeout.as_millis() as u64,
-        outcomes: &outcomes,
-        refused: &refused,
-        reported: Vec::new(),
-        wait: None,
-    };
+    let killed = prepared.run();
+    let document = killed.report(&request);
     render::emit(args.output.json, &document, || {
         table(&document, &style, args.plan.dry_run || args.stale)
     })?;
-    Ok(if ok { Exit::Ok } else { Exit::Failed })
+    Ok(if killed.clean() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
 }
 
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
-    let cleared = reclaim::clear(&Session::open()?, &args.request())?;
-    let Cleared {
-        outcomes,
-        reported,
-        wait,
-    } = &cleared;
-    let document = ReclaimReport {
-        schema: RECLAIM_SCHEMA,
-        command: "clear",
-        dry_run: args.plan.dry_run,
-        signal: args.how.signal.name(),
-        timeout_ms: args.how.timeout.as_millis() as u64,
-        outcomes,
-        refused: &[],
-        reported: reported.iter().collect(),
-        wait: wait.clone(),
-    };
+    let request = args.request();
+    let cleared = reclaim::clear(&Session::open()?, &request)?;
+    let document = cleared.report(&request);
+    let wait = &cleared.wait;
     render::emit(args.output.json, &document, || {
         table(&document, &style, true)
     })?;

@@ -11,6 +11,7 @@ use crate::config;
 use crate::error::Result;
 use crate::plan::{Guard, Outcome};
 use crate::protect::Protection;
+use crate::report::{RECLAIM_SCHEMA, ReclaimReport};
 use crate::select;
 use crate::snapshot::HolderScan;
 use crate::units::Amount;
@@ -43,6 +44,22 @@ pub struct Cleared {
 }
 
 impl Cleared {
+    /// The `clear --json` document of this run of `request` (the CLI prints it; the Python
+    /// package returns it).
+    pub fn report<'a>(&'a self, request: &ClearRequest) -> ReclaimReport<'a> {
+        ReclaimReport {
+            schema: RECLAIM_SCHEMA,
+            command: "clear",
+            dry_run: request.dry_run,
+            signal: request.ending.signal.name(),
+            timeout_ms: request.ending.timeout.as_millis() as u64,
+            outcomes: &self.outcomes,
+            refused: &[],
+            reported: self.reported.iter().collect(),
+            wait: self.wait.clone(),
+        }
+    }
+
     /// Every reclaim succeeded and, where one was asked for, the wait was met.
     pub fn clean(&self) -> bool {
         match &self.wait {

@@ -12,6 +12,7 @@ use crate::error::{CoreError, Result};
 use crate::nvml::Place;
 use crate::plan::{Guard, Outcome};
 use crate::protect::Protection;
+use crate::report::{RECLAIM_SCHEMA, ReclaimReport};
 use crate::select::{self, Criterion, OwnerMatch, Refusal, Selector, Target};
 use crate::snapshot::Snapshot;
 
@@ -79,6 +80,29 @@ impl KillRequest {
 pub struct Killed {
     pub outcomes: Vec<Outcome>,
     pub refused: Vec<Refusal>,
+}
+
+impl Killed {
+    /// Every target ended as asked and none refused.
+    pub fn clean(&self) -> bool {
+        self.outcomes.iter().all(Outcome::succeeded) && self.refused.is_empty()
+    }
+
+    /// The `kill --json` document of this run of `request` (the CLI prints it; the Python
+    /// package returns it).
+    pub fn report<'a>(&'a self, request: &KillRequest) -> ReclaimReport<'a> {
+        ReclaimReport {
+            schema: RECLAIM_SCHEMA,
+            command: "kill",
+            dry_run: request.dry_run,
+            signal: request.ending.signal.name(),
+            timeout_ms: request.ending.timeout.as_millis() as u64,
+            outcomes: &self.outcomes,
+            refused: &self.refused,
+            reported: Vec::new(),
+            wait: None,
+        }
+    }
 }
 
 /// A kill selected and guarded but not yet carried out: a front that asks before acting
