@@ -14,6 +14,8 @@ pub mod config;
 pub mod error;
 pub mod exit;
 pub mod files;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod host;
 pub mod info;
 pub mod nvml;
