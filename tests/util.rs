@@ -57,6 +57,16 @@ impl Fetch {
     }
 }
 
+/// The kinds the watchdog's `gpuctl_findings` family counts, in its order: every kind of
+/// finding (core's `classify::Kind::ALL`, the one list of them), then impostors.
+pub fn counted_finding_kinds() -> Vec<&'static str> {
+    gpuctl_core::classify::Kind::ALL
+        .iter()
+        .map(|kind| kind.name())
+        .chain(["impostor"])
+        .collect()
+}
+
 /// target/<profile>, found from this test binary (target/<profile>/deps/e2e-HASH).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
