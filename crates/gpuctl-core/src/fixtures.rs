@@ -1,6 +1,7 @@
-//! Fixtures for core's unit tests: GPU processes, GPUs and snapshots, built with only the
-//! facts a test is about written out. A test whose point is one particular literal keeps
-//! its literal; these are for the plain ones.
+//! Fixtures for unit tests: GPU processes, GPUs and snapshots, built with only the facts a
+//! test is about written out. Core's tests use them, and the crates above core's through
+//! its `fixtures` feature (a dev-dependency feature: never in a build that ships). A test
+//! whose point is one particular literal keeps its literal; these are for the plain ones.
 //!
 //! ```ignore
 //! let p = fixtures::process(10).used_gib(2).confirmed().user("alice").build();
