@@ -41,13 +41,9 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                     continue;
                 }
                 let rest = &code[at + "crate::".len()..];
-                let group = match rest.strip_prefix('{') {
-                    Some(group) => &group[..group.find('}').unwrap_or(group.len())],
-                    None => rest,
-                };
-                let paths = match rest.starts_with('{') {
-                    true => group.split(',').map(str::trim).collect(),
-                    false => vec![group],
+                let paths = match rest.strip_prefix('{') {
+                    Some(group) => top_level_paths(group),
+                    None => vec![rest],
                 };
                 for path in paths {
                     let end = path
@@ -62,6 +58,29 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     graph
+}
+
+/// The paths of a `{a, b::{c, d}}` group, from after its `{`: `a` and `b::{c, d}`.
+fn top_level_paths(group: &str) -> Vec<&str> {
+    let mut paths = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                paths.push(group[start..at].trim());
+                return paths;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                paths.push(group[start..at].trim());
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    paths.push(group[start..].trim());
+    paths
 }
 
 fn core_imports() -> BTreeMap<String, BTreeSet<String>> {
@@ -103,6 +122,14 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
         .filter_map(|module| cycle_from(graph, module))
         .map(|cycle| cycle.join(" -> "))
         .collect()
+}
+
+#[test]
+fn a_group_names_its_top_level_modules_only() {
+    assert_eq!(
+        top_level_paths("a, b::{c, d}, e::f}; use x::y;"),
+        ["a", "b::{c, d}", "e::f"]
+    );
 }
 
 #[test]
