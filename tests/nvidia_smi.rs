@@ -5,12 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
 use crate::util::{
-    GIB, Gpu, Proc, Process, Scenario, Sim, gpuctl_bin, sim_lib, target_dir, wait_until,
+    Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, gpuctl_bin, sim_lib, target_dir, wait_until,
 };
 
 fn repo_root() -> &'static Path {
@@ -22,18 +21,9 @@ fn repo_root() -> &'static Path {
 /// The nvidia-smi binary, fetched once per test run; a test that cannot have it fails with
 /// the fetch script's one-line reason.
 pub(crate) fn nvidia_smi() -> &'static Path {
-    static SMI: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let found = SMI.get_or_init(|| {
-        let out = Command::new(repo_root().join("scripts/fetch-nvidia-smi"))
-            .output()
-            .map_err(|e| format!("cannot run scripts/fetch-nvidia-smi: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    });
-    match found {
-        Ok(path) => path,
+    static SMI: Fetch = Fetch::new("fetch-nvidia-smi");
+    match SMI.once() {
+        Ok(path) => Path::new(path),
         Err(why) => panic!("NVIDIA's nvidia-smi is needed and could not be had: {why}"),
     }
 }

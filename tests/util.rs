@@ -6,7 +6,66 @@
 use std::fmt::{self, Display};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// A component a harness needs, installed by its scripts/fetch-* script (nvidia-smi, Slurm,
+/// Prometheus): the script runs at most once per process, however many tests ask, and every
+/// test that asks gets the same answer.
+///
+///     static SLURM: Fetch = Fetch::new("fetch-slurm");
+///     let version = SLURM.once()?;
+pub struct Fetch {
+    script: &'static str,
+    result: OnceLock<Result<String, String>>,
+}
+
+impl Fetch {
+    pub const fn new(script: &'static str) -> Fetch {
+        Fetch {
+            script,
+            result: OnceLock::new(),
+        }
+    }
+
+    /// Runs scripts/SCRIPT the first time: Ok(what it printed on stdout, trimmed) or
+    /// Err(its one-line reason, the last line of its stderr) for a test to fail with.
+    pub fn once(&'static self) -> Result<&'static str, String> {
+        self.result
+            .get_or_init(|| {
+                let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../scripts")
+                    .join(self.script);
+                let output = Command::new(&script)
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+                if output.status.success() {
+                    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+                } else {
+                    let stderr = String::from_utf8_lossy(&output.stderr);
+                    let line = stderr.lines().last().unwrap_or("").trim();
+                    Err(if line.is_empty() {
+                        format!("scripts/{} failed ({})", self.script, output.status)
+                    } else {
+                        line.to_string()
+                    })
+                }
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// The kinds the watchdog's `gpuctl_findings` family counts, in its order: every kind of
+/// finding (core's `classify::Kind::ALL`, the one list of them), then impostors.
+pub fn counted_finding_kinds() -> Vec<&'static str> {
+    gpuctl_core::classify::Kind::ALL
+        .iter()
+        .map(|kind| kind.name())
+        .chain(["impostor"])
+        .collect()
+}
 
 /// target/<profile>, found from this test binary (target/<profile>/deps/e2e-HASH).
 pub fn target_dir() -> PathBuf {

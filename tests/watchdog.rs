@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    Gpu, Proc, Process, Run, Scenario, Sim, TrainingRun, alive, is_root, sim_lib, wait_until,
-    watchdog_bin,
+    Gpu, Proc, Process, Run, Scenario, Sim, TrainingRun, alive, counted_finding_kinds, is_root,
+    sim_lib, wait_until, watchdog_bin,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -1298,17 +1298,7 @@ fn the_fleet_families_pass_promtool_and_follow_a_reload() {
         text.contains("gpuctl_findings{kind=\"impostor\"} 1")
     });
     promtool_check(&text);
-    for kind in [
-        "orphaned",
-        "zombie_holder",
-        "stopped",
-        "uninterruptible",
-        "unattributed",
-        "above_fraction",
-        "unlisted_holder",
-        "stuck",
-        "impostor",
-    ] {
+    for kind in counted_finding_kinds() {
         assert!(
             sample(&text, &format!("gpuctl_findings{{kind=\"{kind}\"}}")).is_some(),
             "{kind}: {text}"

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::api::{self, Sample};
 use crate::fleet::{self, DASHBOARD, Fleet, LEAK, NAMELESS_UID, NOBODY, RULES};
+use crate::util::counted_finding_kinds;
 
 /// `gpuctl info ARGS --json` on `node`'s sim. Node 3's lost GPU makes it exit 1 (a GPU
 /// failed), with the whole document all the same.
@@ -251,19 +252,6 @@ pub fn leak_is_unattributed_on_its_node(fleet: &mut Fleet) -> Result<(), String>
     )
 }
 
-/// The kinds of finding the watchdog counts: every classify kind, and impostors.
-const FINDING_KINDS: [&str; 9] = [
-    "orphaned",
-    "zombie_holder",
-    "stopped",
-    "uninterruptible",
-    "unattributed",
-    "above_fraction",
-    "unlisted_holder",
-    "stuck",
-    "impostor",
-];
-
 /// Every node has a `gpuctl_findings` series for every kind (0 when none), node 2's leak
 /// counts as an unattributed finding, and each node gives the loop interval in force.
 pub fn findings_and_interval(fleet: &mut Fleet) -> Result<(), String> {
@@ -272,7 +260,7 @@ pub fn findings_and_interval(fleet: &mut Fleet) -> Result<(), String> {
     let mut kinds = BTreeMap::new();
     let mut interval = BTreeMap::new();
     for node in fleet.gpu_nodes() {
-        for kind in FINDING_KINDS {
+        for kind in counted_finding_kinds() {
             kinds.insert(format!("{} / {kind}", node.instance()), 1.0);
         }
         interval.insert(node.instance(), 0.25);

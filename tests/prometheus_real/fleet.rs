@@ -11,11 +11,10 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::api;
-use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim, sim_lib, watchdog_bin};
+use crate::util::{Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, sim_lib, watchdog_bin};
 
 /// How long a wait for the fleet (or a condition in a trial) may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(15);
@@ -48,28 +47,8 @@ pub const DASHBOARD: &str = "packaging/grafana/gpuctl-dashboard.json";
 
 /// Runs scripts/fetch-prometheus once per process: Ok(versions) or Err(its one-line reason).
 pub fn ensure_prometheus() -> Result<&'static str, String> {
-    static FETCHED: OnceLock<Result<String, String>> = OnceLock::new();
-    FETCHED
-        .get_or_init(|| {
-            let script = repo().join("scripts/fetch-prometheus");
-            let output = Command::new(&script)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-            if output.status.success() {
-                Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
-            } else {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                let line = stderr.lines().last().unwrap_or("").trim();
-                Err(if line.is_empty() {
-                    format!("scripts/fetch-prometheus failed ({})", output.status)
-                } else {
-                    line.to_string()
-                })
-            }
-        })
-        .as_deref()
-        .map_err(Clone::clone)
+    static PROMETHEUS: Fetch = Fetch::new("fetch-prometheus");
+    PROMETHEUS.once()
 }
 
 /// The last `lines` lines of a file, or a note that it cannot be read.

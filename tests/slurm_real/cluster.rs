@@ -14,8 +14,9 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::util::Fetch;
 
 /// How long the waiting loops poll before they give up, unless told otherwise.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -78,28 +79,8 @@ pub enum Batch<'a> {
 
 /// Runs scripts/fetch-slurm once per process: Ok(version) or Err(its one-line reason).
 pub fn ensure_slurm() -> Result<&'static str, String> {
-    static FETCHED: OnceLock<Result<String, String>> = OnceLock::new();
-    FETCHED
-        .get_or_init(|| {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-slurm");
-            let output = Command::new(&script)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-            if output.status.success() {
-                Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
-            } else {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                let line = stderr.lines().last().unwrap_or("").trim();
-                Err(if line.is_empty() {
-                    format!("scripts/fetch-slurm failed ({})", output.status)
-                } else {
-                    line.to_string()
-                })
-            }
-        })
-        .as_deref()
-        .map_err(Clone::clone)
+    static SLURM: Fetch = Fetch::new("fetch-slurm");
+    SLURM.once()
 }
 
 /// PATH with the system's sbin directories, where the daemons live.

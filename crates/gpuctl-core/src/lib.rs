@@ -14,6 +14,8 @@ pub mod config;
 pub mod error;
 pub mod exit;
 pub mod files;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod host;
 pub mod info;
 pub mod nvml;

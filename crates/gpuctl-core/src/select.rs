@@ -449,34 +449,33 @@ fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures;
     use crate::snapshot::GpuProcess;
 
     fn process(pid: u32, uid: u32, used_mib: u64, confirmed: bool) -> GpuProcess {
-        let mut host = crate::host::HostProcess::unconfirmed("test");
-        if confirmed {
-            host.confirmed = true;
-            host.unconfirmed_reason = None;
-            host.uid = Some(uid);
-            host.start_ticks = Some(1000 + u64::from(pid));
-            host.age_seconds = Some(60);
+        let process = fixtures::process(pid).used_mib(used_mib).sm_pct(0);
+        match confirmed {
+            true => process
+                .confirmed()
+                .uid(uid)
+                .started(1000 + u64::from(pid))
+                .host(|host| host.age_seconds = Some(60)),
+            false => process,
         }
-        GpuProcess {
-            pid,
-            used_bytes: Some(used_mib << 20),
-            kind: crate::snapshot::ProcessType::Compute,
-            sm_util_pct: Some(0),
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: std::sync::Arc::new(host),
-        }
+        .build()
     }
 
     fn two_gpus() -> Snapshot {
-        let mut gpu0 = crate::snapshot::GpuSnapshot::unread(0);
-        gpu0.processes = vec![process(10, 1000, 512, true), process(11, 1001, 2048, true)];
-        let mut gpu1 = crate::snapshot::GpuSnapshot::unread(1);
-        gpu1.processes = vec![process(12, 1000, 4096, true), process(13, 1000, 64, false)];
-        Snapshot::of(vec![gpu0, gpu1])
+        Snapshot::of(vec![
+            fixtures::gpu(
+                0,
+                vec![process(10, 1000, 512, true), process(11, 1001, 2048, true)],
+            ),
+            fixtures::gpu(
+                1,
+                vec![process(12, 1000, 4096, true), process(13, 1000, 64, false)],
+            ),
+        ])
     }
 
     fn pids(targets: &[Target]) -> Vec<u32> {

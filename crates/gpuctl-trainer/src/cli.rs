@@ -1,8 +1,11 @@
-//! The trainer's options, as PyTorch training scripts name them.
+//! The trainer's options, as PyTorch training scripts name them, and the checks of them
+//! that clap cannot make (`validate`, `cuda_only`).
 
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+
+use crate::failure::Failure;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -198,6 +201,40 @@ fn parse_non_negative(text: &str) -> Result<f64, String> {
 
 fn parse_fraction(text: &str) -> Result<f64, String> {
     gpuctl_core::config::parse_fraction(text)
+}
+
+pub fn validate(args: &Args) -> Result<(), Failure> {
+    if !args.width.is_multiple_of(args.heads) {
+        return Err(Failure::Usage(format!(
+            "--width {} is not a multiple of --heads {}",
+            args.width, args.heads
+        )));
+    }
+    if args.dataset_size < u64::from(args.batch_size) {
+        return Err(Failure::Usage(format!(
+            "--dataset-size {} is smaller than one batch (--batch-size {})",
+            args.dataset_size, args.batch_size
+        )));
+    }
+    if args.device == Some(DeviceArg::Cpu) {
+        cuda_only(args, "--device cpu")?;
+    }
+    Ok(())
+}
+
+/// The options that need CUDA, refused for a run on the CPU (`why` says why it is on the CPU).
+pub fn cuda_only(args: &Args, why: &str) -> Result<(), Failure> {
+    if args.precision == Precision::Bf16 {
+        return Err(Failure::Usage(format!(
+            "--precision bf16 is autocast on CUDA, and {why}: use fp32 on cpu"
+        )));
+    }
+    if args.memory_fraction.is_some() {
+        return Err(Failure::Usage(format!(
+            "--memory-fraction caps the CUDA caching allocator, and {why}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

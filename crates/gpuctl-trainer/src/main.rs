@@ -6,11 +6,13 @@ mod checkpoint;
 mod cli;
 mod cuda;
 mod data;
+mod failure;
 mod loader;
 mod memory;
 mod model;
 mod optim;
 mod plot;
+mod resume;
 mod runfile;
 mod startup;
 mod steps;
@@ -18,59 +20,19 @@ mod train;
 
 use clap::Parser;
 use tch::nn;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
-use cli::{Args, DeviceArg, MicroBatch, Precision};
+use cli::{Args, DeviceArg, MicroBatch, Precision, validate};
 use data::DataSpec;
+use failure::{Failure, log};
 use gpuctl_core::exit::Exit;
 use memory::{Monitor, Trace, bytes};
 use model::{Model, ModelConfig};
 use optim::{AdamW, AdamWConfig};
+use resume::resume;
 use startup::{Startup, apply_enable_settings, start_up};
 use steps::{Steps, finish, train_loop};
 use train::Trainer;
-
-/// A failure, with its exit status (documented in --help and the README).
-#[derive(Debug)]
-enum Failure {
-    Failed(String),
-    Usage(String),
-    NoCuda(String),
-    NotFree(String),
-    OutOfMemory(String),
-    /// What gpuctl-core refused, with the status its kind documents.
-    Core(gpuctl_core::CoreError),
-}
-
-impl From<gpuctl_core::CoreError> for Failure {
-    fn from(error: gpuctl_core::CoreError) -> Failure {
-        Failure::Core(error)
-    }
-}
-
-impl Failure {
-    fn exit(&self) -> Exit {
-        match self {
-            Failure::Failed(_) => Exit::Failed,
-            Failure::Usage(_) => Exit::Usage,
-            Failure::NoCuda(_) => Exit::Unavailable,
-            Failure::NotFree(_) => Exit::NotClean,
-            Failure::OutOfMemory(_) => Exit::OutOfMemory,
-            Failure::Core(error) => error.exit(),
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
-            Failure::Failed(m)
-            | Failure::Usage(m)
-            | Failure::NoCuda(m)
-            | Failure::NotFree(m)
-            | Failure::OutOfMemory(m) => m.clone(),
-            Failure::Core(error) => error.to_string(),
-        }
-    }
-}
 
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
@@ -107,10 +69,6 @@ fn main() {
             std::process::exit(failure.exit().code().into());
         }
     }
-}
-
-fn log(line: impl AsRef<str>) {
-    eprintln!("gpuctl-trainer: {}", line.as_ref());
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
@@ -300,62 +258,6 @@ fn placed(device_arg: DeviceArg) -> (Device, Option<usize>) {
     }
 }
 
-/// Where a run starts: after the checkpoint it resumes, or at step 0.
-#[derive(Debug, Default)]
-struct Resumed {
-    step: u64,
-    samples_seen: u64,
-    oom_recoveries: u64,
-    /// The micro-batch the previous run had come down to.
-    micro_batch: Option<u32>,
-}
-
-/// `--resume`: loads the checkpoint into the parameters and the optimizer, if there is one.
-fn resume(
-    args: &Args,
-    fingerprint: checkpoint::Fingerprint,
-    params: &[(String, Tensor)],
-    optimizer: &mut AdamW,
-) -> Result<Resumed, Failure> {
-    if !args.resume {
-        return Ok(Resumed::default());
-    }
-    let dir = args
-        .checkpoint
-        .as_deref()
-        .expect("clap: --resume requires --checkpoint");
-    let Some(loaded) = checkpoint::load(dir).map_err(Failure::Failed)? else {
-        log(format!(
-            "no checkpoint in {} yet: starting at step 0",
-            dir.display()
-        ));
-        return Ok(Resumed::default());
-    };
-    if loaded.state.fingerprint != fingerprint {
-        return Err(Failure::Usage(format!(
-            "{} was written by a different run (model, batch size, dataset or seed differ: \
-             {:?}); resume with the same options or use another --checkpoint",
-            loaded.path.display(),
-            loaded.state.fingerprint
-        )));
-    }
-    restore(params, &loaded.model).map_err(Failure::Failed)?;
-    optimizer
-        .load_state(params, &loaded.optimizer, loaded.state.step as i64)
-        .map_err(Failure::Failed)?;
-    log(format!(
-        "resumed from {} at step {}",
-        loaded.path.display(),
-        loaded.state.step
-    ));
-    Ok(Resumed {
-        step: loaded.state.step,
-        samples_seen: loaded.state.samples_seen,
-        oom_recoveries: loaded.state.oom_recoveries,
-        micro_batch: Some(loaded.state.micro_batch),
-    })
-}
-
 /// The micro-batch to start with: `--micro-batch`, or what fits the free memory (`auto`),
 /// and never above what a resumed run had come down to.
 fn choose_micro_batch(
@@ -409,40 +311,6 @@ fn choose_micro_batch(
     Ok(micro_batch)
 }
 
-fn validate(args: &Args) -> Result<(), Failure> {
-    if !args.width.is_multiple_of(args.heads) {
-        return Err(Failure::Usage(format!(
-            "--width {} is not a multiple of --heads {}",
-            args.width, args.heads
-        )));
-    }
-    if args.dataset_size < u64::from(args.batch_size) {
-        return Err(Failure::Usage(format!(
-            "--dataset-size {} is smaller than one batch (--batch-size {})",
-            args.dataset_size, args.batch_size
-        )));
-    }
-    if args.device == Some(DeviceArg::Cpu) {
-        cuda_only(args, "--device cpu")?;
-    }
-    Ok(())
-}
-
-/// The options that need CUDA, refused for a run on the CPU (`why` says why it is on the CPU).
-fn cuda_only(args: &Args, why: &str) -> Result<(), Failure> {
-    if args.precision == Precision::Bf16 {
-        return Err(Failure::Usage(format!(
-            "--precision bf16 is autocast on CUDA, and {why}: use fp32 on cpu"
-        )));
-    }
-    if args.memory_fraction.is_some() {
-        return Err(Failure::Usage(format!(
-            "--memory-fraction caps the CUDA caching allocator, and {why}"
-        )));
-    }
-    Ok(())
-}
-
 /// `--memory-fraction`, or the fraction policy of gpuctl.toml, applied to the allocator.
 fn apply_fraction(
     args: &Args,
@@ -485,24 +353,4 @@ fn apply_fraction(
         "memory fraction {fraction} of cuda:{index} ({source})"
     ));
     Ok(())
-}
-
-/// Copies checkpointed values into the model's parameters.
-fn restore(params: &[(String, Tensor)], saved: &[(String, Tensor)]) -> Result<(), String> {
-    tch::no_grad(|| {
-        for (name, param) in params {
-            let value = saved
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t)
-                .ok_or_else(|| format!("the checkpoint lacks parameter {name}"))?;
-            if value.size() != param.size() || value.kind() != Kind::Float {
-                return Err(format!("the checkpoint's {name} has another shape or type"));
-            }
-            param
-                .shallow_clone()
-                .copy_(&value.to_device(param.device()));
-        }
-        Ok(())
-    })
 }

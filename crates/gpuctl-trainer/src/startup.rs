@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::cli::cuda_only;
 use crate::cli::{Args, DeviceArg};
+use crate::failure::{Failure, log};
 use crate::memory::bytes;
-use crate::{Failure, cuda, cuda_only, log, runfile};
+use crate::{cuda, runfile};
 
 /// The allocator settings of `gpuctl enable`, set in this process's environment where the
 /// user did not set their own; returns them as `NAME=value`.

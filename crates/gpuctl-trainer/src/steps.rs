@@ -10,8 +10,10 @@ use serde::Serialize;
 use tch::Tensor;
 
 use crate::cli::{Args, DeviceArg};
+use crate::failure::{Failure, log};
+use crate::resume::Resumed;
 use crate::train::{self, TrainError, Trainer};
-use crate::{Failure, Resumed, alloc, checkpoint, loader, log, plot, runfile};
+use crate::{alloc, checkpoint, loader, plot, runfile};
 
 /// The signal that asked this run to stop (SIGTERM from Slurm or systemd, SIGINT), if any;
 /// 0 until one comes.

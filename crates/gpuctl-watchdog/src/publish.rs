@@ -312,36 +312,24 @@ pub fn clock_time() -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use gpuctl_core::host::HostProcess;
+    use gpuctl_core::fixtures;
     use gpuctl_core::owner::Owner;
-    use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+    use gpuctl_core::snapshot::GpuProcess;
 
     use super::*;
 
     fn process(pid: u32, gib: u64, user: Option<&str>, owner: Option<Owner>) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("test");
-        host.confirmed = true;
-        host.user = user.map(str::to_string);
-        host.uid = Some(1000 + pid);
-        host.owner = owner;
-        GpuProcess {
-            pid,
-            used_bytes: Some(gib << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        fixtures::process(pid)
+            .used_gib(gib)
+            .confirmed()
+            .uid(1000 + pid)
+            .owner(owner)
+            .host(|host| host.user = user.map(str::to_string))
+            .build()
     }
 
     fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
-        Snapshot::of(vec![GpuSnapshot {
-            processes,
-            ..GpuSnapshot::unread(0)
-        }])
+        fixtures::one_gpu(processes)
     }
 
     fn job(job_id: u64, uid: Option<u32>, from_environ: bool) -> Option<Owner> {

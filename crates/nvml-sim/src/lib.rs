@@ -5,6 +5,7 @@
 
 pub mod devdir;
 pub mod exports;
+pub mod hash;
 pub mod live;
 pub mod mig;
 pub mod scenario;

@@ -432,10 +432,8 @@ pub fn mig_uuid(parent_uuid: &str, gi: u32, ci: u32) -> String {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     };
-    let a = mix(crate::scenario::stable_hash(key.as_bytes()));
-    let b = mix(crate::scenario::stable_hash(
-        format!("mig:{key}").as_bytes(),
-    ));
+    let a = mix(crate::hash::stable_hash(key.as_bytes()));
+    let b = mix(crate::hash::stable_hash(format!("mig:{key}").as_bytes()));
     let mut hex: Vec<u8> = format!("{a:016x}{b:016x}").into_bytes();
     hex[12] = b'5';
     hex[16] = b"89ab"[(hex[16] as usize) % 4];

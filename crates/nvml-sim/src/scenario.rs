@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::hash::fnv1a;
 use crate::types::*;
 
 mod validate;
@@ -499,20 +500,6 @@ pub struct Scenario {
     /// For each GPU, the positions in `processes` of the entries on it.
     pub by_gpu: Vec<Vec<usize>>,
     pub spawns: Vec<SpawnSpec>,
-}
-
-fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// A stable 64-bit hash (FNV-1a), used for derived UUIDs and the default state-file name.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
-    fnv1a(0, bytes)
 }
 
 /// The UUID a GPU gets when the scenario gives none.

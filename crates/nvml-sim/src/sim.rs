@@ -138,7 +138,7 @@ pub fn now_unix_us() -> u64 {
 /// The default state-file path for a scenario.
 pub fn default_state_path(scenario: &Path) -> PathBuf {
     let canonical = std::fs::canonicalize(scenario).unwrap_or_else(|_| scenario.to_path_buf());
-    let hash = scenario::stable_hash(canonical.as_os_str().as_encoded_bytes());
+    let hash = crate::hash::stable_hash(canonical.as_os_str().as_encoded_bytes());
     let dir = std::env::var_os("TMPDIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)

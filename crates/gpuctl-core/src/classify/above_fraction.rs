@@ -68,25 +68,18 @@ mod tests {
 
     use crate::classify::{Kind, Policy, Verdict, classify};
     use crate::config::{self, Loaded, Source};
-    use crate::host::HostProcess;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType, Snapshot};
+    use crate::fixtures;
+    use crate::snapshot::{GpuProcess, GpuSnapshot, Snapshot};
 
     fn holding(pid: u32, user: &str, gib: u64) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("test");
-        host.confirmed = true;
-        host.unconfirmed_reason = None;
-        host.user = Some(user.into());
-        host.state = Some(crate::host::ProcState::Sleeping);
-        host.start_ticks = Some(1000 + u64::from(pid));
-        GpuProcess {
-            pid,
-            used_bytes: Some(gib << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: Some(50),
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        fixtures::process(pid)
+            .used_gib(gib)
+            .sm_pct(50)
+            .confirmed()
+            .user(user)
+            .state(crate::host::ProcState::Sleeping)
+            .started(1000 + u64::from(pid))
+            .build()
     }
 
     fn policy(text: &str) -> Policy {
@@ -106,13 +99,7 @@ mod tests {
 
     fn findings(policy: &Policy) -> Vec<(u32, Kind, Verdict, String)> {
         let snapshot = Snapshot::of(vec![GpuSnapshot {
-            memory: Some(Memory {
-                total_bytes: 80 << 30,
-                used_bytes: 70 << 30,
-                free_bytes: 10 << 30,
-                reserved_bytes: 0,
-                unattributed_bytes: Some(0),
-            }),
+            memory: Some(fixtures::memory(80 << 30, 70 << 30)),
             processes: vec![holding(10, "alice", 50), holding(11, "bob", 20)],
             ..GpuSnapshot::unread(0)
         }]);
@@ -171,13 +158,7 @@ mod tests {
         };
         let (a, b) = (in_instance(10, 25, 1), in_instance(11, 15, 2));
         let snapshot = Snapshot::of(vec![GpuSnapshot {
-            memory: Some(Memory {
-                total_bytes: 80 << 30,
-                used_bytes: 40 << 30,
-                free_bytes: 40 << 30,
-                reserved_bytes: 0,
-                unattributed_bytes: Some(0),
-            }),
+            memory: Some(fixtures::memory(80 << 30, 40 << 30)),
             processes: vec![a.clone(), b.clone()],
             mig_devices: vec![
                 mig(1, "MIG-aaaa", 40, vec![a]),

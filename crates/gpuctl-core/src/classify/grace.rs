@@ -219,11 +219,9 @@ impl HistoryTracker {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::host::HostProcess;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+    use crate::fixtures;
+    use crate::snapshot::GpuProcess;
 
     const GRACE: Duration = Duration::from_secs(30);
 
@@ -336,26 +334,17 @@ mod tests {
     }
 
     fn process(pid: u32, ticks: u64, ppid: u32, state: ProcState) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("test");
-        host.state = Some(state);
-        host.ppid = Some(ppid);
-        host.start_ticks = Some(ticks);
-        GpuProcess {
-            pid,
-            used_bytes: Some(1 << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: Some(0),
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        fixtures::process(pid)
+            .used_gib(1)
+            .sm_pct(0)
+            .state(state)
+            .ppid(ppid)
+            .started(ticks)
+            .build()
     }
 
     fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
-        Snapshot::of(vec![GpuSnapshot {
-            processes,
-            ..GpuSnapshot::unread(0)
-        }])
+        fixtures::one_gpu(processes)
     }
 
     #[test]

@@ -310,8 +310,9 @@ fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures;
     use crate::host::{HostProcess, LeaderState, ProcState, Relative};
-    use crate::snapshot::{GpuSnapshot, Memory, ProcessType};
+    use crate::snapshot::GpuSnapshot;
 
     /// A process as a test describes it.
     #[derive(Clone)]
@@ -363,48 +364,34 @@ mod tests {
     fn run(processes: &[P], history: Option<&History>, policy: &Policy) -> Vec<Finding> {
         let gpu_processes = processes
             .iter()
-            .map(|p| GpuProcess {
-                pid: p.pid,
-                used_bytes: Some(1 << 30),
-                kind: ProcessType::Compute,
-                sm_util_pct: p.sm,
-                gpu_instance_id: None,
-                compute_instance_id: None,
-                host: std::sync::Arc::new(if p.confirmed {
-                    HostProcess {
-                        confirmed: true,
-                        unconfirmed_reason: None,
-                        confirmed_by: None,
-                        uid: Some(1000),
-                        user: Some("alice".into()),
-                        comm: Some("python3".into()),
-                        argv: Some(p.argv.iter().map(|a| a.to_string()).collect()),
-                        command: Some(p.argv.join(" ")),
-                        state: Some(p.state),
-                        ppid: Some(p.ppid),
-                        pgid: Some(p.pgid),
-                        sid: Some(p.sid),
-                        threads: Some(p.threads),
-                        start_ticks: Some(1000 + p.pid as u64),
-                        age_seconds: Some(60),
-                        owner: None,
-                        cgroup: None,
-                        protection: None,
-                        command_not_utf8: None,
+            .map(|p| {
+                let process = fixtures::process(p.pid).used_gib(1).sm_pct(p.sm);
+                match p.confirmed {
+                    true => process
+                        .confirmed()
+                        .uid(1000)
+                        .user("alice")
+                        .state(p.state)
+                        .ppid(p.ppid)
+                        .started(1000 + p.pid as u64)
+                        .host(|host| {
+                            host.comm = Some("python3".into());
+                            host.argv = Some(p.argv.iter().map(|a| a.to_string()).collect());
+                            host.command = Some(p.argv.join(" "));
+                            host.pgid = Some(p.pgid);
+                            host.sid = Some(p.sid);
+                            host.threads = Some(p.threads);
+                            host.age_seconds = Some(60);
+                        }),
+                    false => {
+                        process.host(|host| *host = HostProcess::unconfirmed("other namespace"))
                     }
-                } else {
-                    HostProcess::unconfirmed("other namespace")
-                }),
+                }
+                .build()
             })
             .collect();
         let snapshot = Snapshot::of(vec![GpuSnapshot {
-            memory: Some(Memory {
-                total_bytes: 100 << 30,
-                used_bytes: 50 << 30,
-                free_bytes: 50 << 30,
-                reserved_bytes: 0,
-                unattributed_bytes: Some(0),
-            }),
+            memory: Some(fixtures::memory(100 << 30, 50 << 30)),
             processes: gpu_processes,
             ..GpuSnapshot::unread(0)
         }]);

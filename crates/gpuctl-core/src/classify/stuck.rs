@@ -142,7 +142,8 @@ fn reason(gpu: &GpuSnapshot, lasted: Duration) -> String {
 mod tests {
     use super::*;
     use crate::classify::{History, Policy, classify};
-    use crate::snapshot::{Memory, Utilization};
+    use crate::fixtures;
+    use crate::snapshot::Utilization;
 
     const CRITERIA: StuckCriteria = StuckCriteria {
         after: Duration::from_secs(600),
@@ -153,13 +154,7 @@ mod tests {
     fn gpu(util: u32, power_w: u32, used_gib: u64) -> GpuSnapshot {
         GpuSnapshot {
             uuid: Some("GPU-1".into()),
-            memory: Some(Memory {
-                total_bytes: 100 << 30,
-                used_bytes: used_gib << 30,
-                free_bytes: (100 - used_gib) << 30,
-                reserved_bytes: 0,
-                unattributed_bytes: Some(0),
-            }),
+            memory: Some(fixtures::memory(100 << 30, used_gib << 30)),
             utilization: Some(Utilization {
                 gpu_pct: util,
                 memory_pct: 0,

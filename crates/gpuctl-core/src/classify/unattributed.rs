@@ -21,16 +21,14 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Option<Finding> {
 #[cfg(test)]
 mod tests {
     use crate::classify::{Kind, Policy, Verdict, classify};
+    use crate::fixtures;
     use crate::snapshot::{GpuSnapshot, Memory, Snapshot};
 
     fn gpu(index: u32, unattributed_mib: Option<u64>) -> GpuSnapshot {
         GpuSnapshot {
             memory: Some(Memory {
-                total_bytes: 80 << 30,
-                used_bytes: 4 << 30,
-                free_bytes: 76 << 30,
-                reserved_bytes: 0,
                 unattributed_bytes: unattributed_mib.map(|mib| mib << 20),
+                ..fixtures::memory(80 << 30, 4 << 30)
             }),
             ..GpuSnapshot::unread(index)
         }

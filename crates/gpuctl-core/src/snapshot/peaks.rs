@@ -401,18 +401,13 @@ fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{GpuSnapshot, Memory};
+    use crate::fixtures;
+    use crate::snapshot::GpuSnapshot;
 
     pub(super) fn one_gpu_using(used_bytes: u64) -> Snapshot {
         Snapshot::of(vec![GpuSnapshot {
             uuid: Some("GPU-0".into()),
-            memory: Some(Memory {
-                total_bytes: 100,
-                used_bytes,
-                free_bytes: 100 - used_bytes,
-                reserved_bytes: 0,
-                unattributed_bytes: Some(0),
-            }),
+            memory: Some(fixtures::memory(100, used_bytes)),
             ..GpuSnapshot::unread(0)
         }])
     }
@@ -435,8 +430,8 @@ mod owner_tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::host::HostProcess;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, MigDevice, ProcessType};
+    use crate::fixtures;
+    use crate::snapshot::{GpuProcess, GpuSnapshot, MigDevice};
 
     fn job(job_id: u64, step: &str) -> Owner {
         Owner::SlurmJob {
@@ -448,27 +443,18 @@ mod owner_tests {
     }
 
     fn process(pid: u32, owner: Option<Owner>, used_bytes: Option<u64>) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("test");
-        host.confirmed = true;
-        host.unconfirmed_reason = None;
-        host.user = Some("alice".into());
-        host.owner = owner;
-        GpuProcess {
-            pid,
-            used_bytes,
-            kind: ProcessType::Compute,
-            sm_util_pct: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        fixtures::process(pid)
+            .used_bytes(used_bytes)
+            .confirmed()
+            .user("alice")
+            .owner(owner)
+            .build()
     }
 
     fn gpu(index: u32, processes: Vec<GpuProcess>) -> GpuSnapshot {
         GpuSnapshot {
             uuid: Some(format!("GPU-{index}")),
-            processes,
-            ..GpuSnapshot::unread(index)
+            ..fixtures::gpu(index, processes)
         }
     }
 

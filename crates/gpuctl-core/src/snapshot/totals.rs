@@ -173,26 +173,18 @@ pub fn sums<K: Ord>(snapshot: &Snapshot, mut key: impl FnMut(&HostProcess) -> K)
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+    use crate::fixtures;
+    use crate::snapshot::GpuProcess;
 
     fn process(pid: u32, used_gib: Option<u64>, user: Option<&str>, owner: Owner) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("fixture");
-        host.confirmed = true;
-        host.user = user.map(str::to_string);
-        host.uid = Some(1000 + pid);
-        host.owner = Some(owner);
-        GpuProcess {
-            pid,
-            used_bytes: used_gib.map(|g| g << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        fixtures::process(pid)
+            .used_bytes(used_gib.map(|g| g << 30))
+            .confirmed()
+            .uid(1000 + pid)
+            .owner(Some(owner))
+            .host(|host| host.user = user.map(str::to_string))
+            .build()
     }
 
     fn job(job_id: u64, step: &str) -> Owner {
@@ -209,22 +201,22 @@ mod tests {
             unit: "vllm.service".into(),
         };
         Snapshot::of(vec![
-            GpuSnapshot {
-                processes: vec![
+            fixtures::gpu(
+                0,
+                vec![
                     process(10, Some(40), Some("alice"), job(7, "0")),
                     process(11, Some(1), Some("alice"), job(7, "batch")),
                     process(20, Some(30), Some("bob"), unit.clone()),
                 ],
-                ..GpuSnapshot::unread(0)
-            },
-            GpuSnapshot {
-                // pid 10 on a second GPU: counted there too, one process.
-                processes: vec![
+            ),
+            // pid 10 on a second GPU: counted there too, one process.
+            fixtures::gpu(
+                1,
+                vec![
                     process(10, Some(40), Some("alice"), job(7, "0")),
                     process(30, None, None, Owner::None),
                 ],
-                ..GpuSnapshot::unread(1)
-            },
+            ),
         ])
     }
 

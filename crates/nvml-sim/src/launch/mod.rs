@@ -1,6 +1,13 @@
-//! What the launcher does, as root, to make the stand-ins look like a shared server's
-//! processes: each under its scenario user (`users`), each in its scenario cgroup
-//! (`cgroups`).
+//! The launcher behind `nvml-sim run`: it starts the scenario's stand-in processes
+//! (`standin`, `spawn`), as root each under its scenario user (`users`) and in its scenario
+//! cgroup (`cgroups`), writes the scenario with their real pids (`resolve`) and runs COMMAND
+//! against the simulated library (`run`).
 
 pub mod cgroups;
+mod resolve;
+mod run;
+mod spawn;
+pub mod standin;
 pub mod users;
+
+pub use run::run;
