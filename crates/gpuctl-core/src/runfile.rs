@@ -17,13 +17,13 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::act::{self, Ended, Escalation, Identity, Signal};
+use crate::act::{Ended, Escalation, Identity, Signal};
 use crate::config::Protect;
 use crate::host::{ProcView, UserNames};
 use crate::nvml::{self, Gpus};
-use crate::plan::{self, Action, Guard};
+use crate::plan::{Disposition, Guard};
 use crate::protect::Protection;
-use crate::reclaim::Reclaim;
+use crate::reclaim::{Reclaim, Verify};
 use crate::select::{self, Criterion, Selector, Target};
 use crate::snapshot::{Snapshot, SnapshotOptions};
 use nix::errno::Errno;
@@ -447,13 +447,16 @@ fn reclaim_on_gpu(
     }
     let on_gpu = targets.iter().map(|t| t.pid).collect();
     let outcomes = Reclaim {
-        gpus: &gpus,
         guard,
         how: how.clone(),
-        verify_for: Duration::from_secs(10),
+        verify: Verify::Release {
+            gpus: &gpus,
+            before: &snapshot,
+            within: Duration::from_secs(10),
+        },
         dry_run: false,
     }
-    .run(&snapshot, targets);
+    .run(targets);
     for outcome in outcomes {
         let held = outcome.target.used_bytes.unwrap_or(0);
         let line = format!(
@@ -467,7 +470,9 @@ fn reclaim_on_gpu(
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            outcome.skipped.clone().unwrap_or_else(|| outcome.summary())
+            outcome
+                .skipped()
+                .map_or_else(|| outcome.summary(), str::to_string)
         );
         if outcome.succeeded() {
             cleanup.freed_bytes += held;
@@ -479,9 +484,10 @@ fn reclaim_on_gpu(
     on_gpu
 }
 
-/// Ends the leftovers on no GPU by the same road as those on one, with nothing to verify
-/// on a GPU: each is a target planned with the guard (so a protected program or user named
-/// in the run file is skipped with the guard's reason), then ended by identity.
+/// Ends the leftovers on no GPU by the same road as those on one, with nothing on a GPU to
+/// verify ([`Verify::Unverified`]): each is a target planned with the guard (so a protected
+/// program or user named in the run file is skipped with the guard's reason), then ended by
+/// identity.
 fn end_off_gpu(
     run: &str,
     rest: &[&Recorded],
@@ -535,22 +541,20 @@ fn end_off_gpu(
             }
         }
     }
-    let mut signalled = Vec::new();
-    let mut identities = Vec::new();
-    for (outcome, i) in plan::plan(targets, guard, false).into_iter().zip(planned) {
-        match (outcome.action, outcome.target.identity()) {
-            (Action::Signal, Some(identity)) => {
-                signalled.push(i);
-                identities.push(identity);
-            }
-            _ => {
-                let why = outcome.skipped.clone().unwrap_or_else(|| outcome.summary());
-                said[i] = Some((format!("not signalled ({why})"), false));
-            }
-        }
+    let outcomes = Reclaim {
+        guard,
+        how: how.clone(),
+        verify: Verify::Unverified,
+        dry_run: false,
     }
-    for (i, ended) in signalled.into_iter().zip(act::end_all(&identities, how)) {
-        said[i] = Some((describe(&ended), done(&ended)));
+    .run(targets);
+    for (outcome, i) in outcomes.into_iter().zip(planned) {
+        said[i] = Some(match &outcome.disposition {
+            Disposition::Signalled { ended, .. } => (describe(ended), done(ended)),
+            Disposition::Skipped { why } => (format!("not signalled ({why})"), false),
+            // Not a dry run: a plan carried out signals all it would.
+            Disposition::WouldSignal { .. } => ("not signalled".into(), false),
+        });
     }
     for (recorded, said) in rest.iter().zip(said) {
         let (what, done) = said.expect("each leftover is planned, or said why not");

@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use super::stuck::{StuckCriteria, StuckTracker};
-use super::{History, Remedy};
+use super::{Finding, History, Remedy, Verdict};
 use crate::act::Identity;
+use crate::config::ReclaimKind;
 use crate::host::ProcState;
 use crate::pidmap::{PidMap, PidSet};
 use crate::snapshot::Snapshot;
@@ -113,6 +114,220 @@ impl Handling {
     pub fn waits(&self, id: Identity, remedy: Remedy, now: Instant) -> bool {
         matches!(self.get(id, remedy), Some(Handled::RetryAt(at)) if now < at)
     }
+}
+
+/// The watchdog's rules over time, as in force for one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// How long a finding must hold, by the same process, before it is acted on.
+    pub grace: Duration,
+    /// The pass interval: a failed reclaim is not tried again before the next pass.
+    pub interval: Duration,
+    /// The kinds of leftover that are reclaimed (`watchdog.reclaim`); the others are only
+    /// reported.
+    pub reclaim: &'a [ReclaimKind],
+    /// One pass with no grace (`--once`): everything found is due at once.
+    pub once: bool,
+}
+
+/// What [`Watch::judge`] makes of one pass's findings.
+#[derive(Debug, Clone, Default)]
+pub struct Judgement {
+    /// Leftovers of a kind that is reclaimed, due or not yet.
+    pub stale: Vec<Finding>,
+    pub stale_ids: PidSet<Identity>,
+    /// Processes above their share, due or not yet.
+    pub over: Vec<Finding>,
+    pub over_ids: PidSet<Identity>,
+    /// Findings that lasted the grace, each with what is done about it.
+    pub due: Vec<(Finding, Remedy)>,
+    /// Processes above their share whose grace ran out: each warned of once, in the pass
+    /// it first did.
+    pub warn: Vec<Finding>,
+}
+
+/// What to do, in one pass, with a process that is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Left alone (report mode, an incomplete snapshot); `first`: it was not left in the
+    /// pass before, so it is said now, once.
+    Left { first: bool },
+    /// Said before and not tried again (a dry run's would-reclaim, a guard's skip).
+    Said,
+    /// A reclaim of it failed, and its retry is not due yet.
+    Waits,
+    /// Act on it now.
+    Act,
+}
+
+/// How an attempt on a due process went, as [`Watch::settle`] records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tried {
+    /// A dry run: it would have been signalled.
+    WouldSignal,
+    /// The guard skipped it.
+    Skipped,
+    /// Ended, and its memory came back.
+    Reclaimed,
+    /// Signalled but not ended, or its memory not released.
+    Failed,
+}
+
+/// What a watcher keeps across passes to apply its [`Rules`]: since when each leftover and
+/// each process above its share has been seen, who was warned of, and what was done about
+/// each due process. Every call takes the pass's `now`.
+#[derive(Debug, Default, Clone)]
+pub struct Watch {
+    /// Since when each leftover has been seen.
+    pub stale: Spells,
+    /// Since when each process above its share has been seen.
+    pub over: Spells,
+    warned: PidSet<Identity>,
+    handling: Handling,
+}
+
+impl Watch {
+    /// Sorts `findings` into leftovers and processes above their share, moves their spells
+    /// on, and names those due: held for the grace by the same process (a stopped one
+    /// counts from when it stopped: `stopped_since`). `listed`: for an incomplete read, the
+    /// pids it lists (see [`Spells::observe`]); `None` for a complete one.
+    pub fn judge(
+        &mut self,
+        findings: &[Finding],
+        rules: &Rules,
+        stopped_since: impl Fn(&Identity) -> Option<Instant>,
+        listed: Option<&PidSet<u32>>,
+        now: Instant,
+    ) -> Judgement {
+        let acted_on =
+            |f: &&Finding, remedy| f.verdict == Verdict::Reclaim && f.kind.remedy() == remedy;
+        // Leftovers: a reclaim verdict of a kind that is reclaimed.
+        let stale: Vec<Finding> = findings
+            .iter()
+            .filter(|f| acted_on(f, Remedy::Reclaim))
+            .filter(|f| {
+                f.kind
+                    .reclaim_kind()
+                    .is_some_and(|k| rules.reclaim.contains(&k))
+            })
+            .cloned()
+            .collect();
+        let stale_ids: PidSet<Identity> = stale.iter().filter_map(|f| f.identity).collect();
+        let holders = stale.iter().filter_map(|f| {
+            let id = f.identity?;
+            let since = match f.kind {
+                super::Kind::Stopped => stopped_since(&id).unwrap_or(now),
+                _ => now,
+            };
+            Some((id, since))
+        });
+        self.stale.observe(holders, listed);
+        let due_now = |spells: &Spells, f: &Finding| {
+            rules.once
+                || f.identity
+                    .is_some_and(|id| spells.is_due(&id, rules.grace, now))
+        };
+        let mut due: Vec<(Finding, Remedy)> = stale
+            .iter()
+            .filter(|f| due_now(&self.stale, f))
+            .map(|f| (f.clone(), Remedy::Reclaim))
+            .collect();
+
+        // Above its share: warned of once it lasted the grace, and due (ended only where
+        // the fraction is enforced, which the caller decides).
+        let over: Vec<Finding> = findings
+            .iter()
+            .filter(|f| acted_on(f, Remedy::Enforce))
+            .cloned()
+            .collect();
+        let over_ids: PidSet<Identity> = over.iter().filter_map(|f| f.identity).collect();
+        self.over
+            .observe(over_ids.iter().map(|&id| (id, now)), None);
+        self.warned.retain(|id| over_ids.contains(id));
+        let mut warn = Vec::new();
+        for f in &over {
+            let Some(id) = f.identity else { continue };
+            if due_now(&self.over, f) {
+                if self.warned.insert(id) {
+                    warn.push(f.clone());
+                }
+                due.push((f.clone(), Remedy::Enforce));
+            }
+        }
+        let all_due: PidSet<(Identity, Remedy)> = due
+            .iter()
+            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
+            .collect();
+        self.handling.keep_due(&all_due);
+        Judgement {
+            stale,
+            stale_ids,
+            over,
+            over_ids,
+            due,
+            warn,
+        }
+    }
+
+    /// What to do with due process `id` in this pass. `left`: it is to be left alone (report
+    /// mode, an incomplete snapshot).
+    pub fn decide(
+        &mut self,
+        id: Identity,
+        remedy: Remedy,
+        left: bool,
+        once: bool,
+        now: Instant,
+    ) -> Decision {
+        if left {
+            let before = self.handling.set(id, remedy, Handled::Left);
+            return Decision::Left {
+                first: before != Some(Handled::Left),
+            };
+        }
+        if self.handling.get(id, remedy) == Some(Handled::Logged) {
+            return Decision::Said;
+        }
+        if self.handling.waits(id, remedy, now) && !once {
+            return Decision::Waits;
+        }
+        Decision::Act
+    }
+
+    /// Records how the attempt on `id` at `now` went: a would-reclaim or a skip is not
+    /// tried again, a reclaimed process starts its spells over if it shows again, and a
+    /// failed one is retried after the grace (or the interval, when that is longer).
+    pub fn settle(
+        &mut self,
+        id: Identity,
+        remedy: Remedy,
+        tried: Tried,
+        rules: &Rules,
+        now: Instant,
+    ) {
+        match tried {
+            Tried::WouldSignal | Tried::Skipped => {
+                self.handling.set(id, remedy, Handled::Logged);
+            }
+            Tried::Reclaimed => {
+                self.stale.end(&id);
+                self.over.end(&id);
+            }
+            Tried::Failed => self
+                .handling
+                .failed(id, remedy, now, rules.grace, rules.interval),
+        }
+    }
+}
+
+/// The pids `snapshot` lists on any GPU: for an incomplete read, what [`Spells::observe`]
+/// and [`Watch::judge`] take as `listed`.
+pub fn listed(snapshot: &Snapshot) -> PidSet<u32> {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|g| g.processes.iter().map(|p| p.pid))
+        .collect()
 }
 
 /// The history kept across passes: each GPU process's parent, those whose parent died,
@@ -427,5 +642,171 @@ mod tests {
         assert!(h.parent_died.contains(&child), "remembered while it stays");
         let h = history.update(&snapshot(vec![]), t0 + secs(3), false, None, |_| None);
         assert!(h.parent_died.is_empty());
+    }
+
+    fn finding(kind: super::super::Kind, id: Option<Identity>) -> Finding {
+        Finding {
+            kind,
+            verdict: if kind.remedy() == Remedy::Report {
+                Verdict::Report
+            } else {
+                Verdict::Reclaim
+            },
+            identity: id,
+            gpus: vec![0],
+            bytes: Some(1 << 30),
+            reason: kind.name().to_string(),
+        }
+    }
+
+    fn due_of(judgement: &Judgement) -> Vec<(u32, Remedy)> {
+        judgement
+            .due
+            .iter()
+            .map(|(f, remedy)| (f.identity.unwrap().pid, *remedy))
+            .collect()
+    }
+
+    const RECLAIM_ZOMBIES: &[ReclaimKind] = &[ReclaimKind::Zombie];
+
+    fn rules(once: bool) -> Rules<'static> {
+        Rules {
+            grace: GRACE,
+            interval: secs(5),
+            reclaim: RECLAIM_ZOMBIES,
+            once,
+        }
+    }
+
+    #[test]
+    fn a_leftover_and_one_above_its_share_are_due_after_the_grace_and_warned_of_once() {
+        use super::super::Kind;
+        let t0 = Instant::now();
+        let (zombie, greedy) = (id(10, 1000), id(11, 1100));
+        let findings = [
+            finding(Kind::ZombieHolder, Some(zombie)),
+            finding(Kind::AboveFraction, Some(greedy)),
+            finding(Kind::Unattributed, None),
+        ];
+        let mut watch = Watch::default();
+        let never_stopped = |_: &Identity| None;
+        let first = watch.judge(&findings, &rules(false), never_stopped, None, t0);
+        assert_eq!(first.stale.len(), 1);
+        assert!(first.stale_ids.contains(&zombie) && first.over_ids.contains(&greedy));
+        assert!(first.due.is_empty() && first.warn.is_empty(), "{first:?}");
+        let before = t0 + GRACE - Duration::from_millis(1);
+        assert!(
+            watch
+                .judge(&findings, &rules(false), never_stopped, None, before)
+                .due
+                .is_empty()
+        );
+        let due = watch.judge(&findings, &rules(false), never_stopped, None, t0 + GRACE);
+        assert_eq!(due_of(&due), [(10, Remedy::Reclaim), (11, Remedy::Enforce)]);
+        assert_eq!(due.warn.len(), 1, "warned of as its grace runs out");
+        let again = watch.judge(&findings, &rules(false), never_stopped, None, t0 + secs(31));
+        assert_eq!(due_of(&again).len(), 2);
+        assert!(again.warn.is_empty(), "warned of once");
+        // A kind watchdog.reclaim does not name is not a leftover to reclaim.
+        let report_only = Rules {
+            reclaim: &[],
+            ..rules(true)
+        };
+        let judged = Watch::default().judge(&findings, &report_only, never_stopped, None, t0);
+        assert!(judged.stale.is_empty());
+        assert_eq!(due_of(&judged), [(11, Remedy::Enforce)]);
+    }
+
+    #[test]
+    fn once_everything_found_is_due_at_once() {
+        use super::super::Kind;
+        let t0 = Instant::now();
+        let findings = [finding(Kind::ZombieHolder, Some(id(10, 1000)))];
+        let judged = Watch::default().judge(&findings, &rules(true), |_| None, None, t0);
+        assert_eq!(due_of(&judged), [(10, Remedy::Reclaim)]);
+    }
+
+    #[test]
+    fn a_stopped_leftover_is_due_a_grace_after_it_stopped() {
+        use super::super::Kind;
+        let t0 = Instant::now();
+        let a = id(10, 1000);
+        let findings = [finding(Kind::Stopped, Some(a))];
+        let stopped_rules = Rules {
+            reclaim: &[ReclaimKind::Stopped],
+            ..rules(false)
+        };
+        let stopped_at = |_: &Identity| Some(t0);
+        let mut watch = Watch::default();
+        // First found 20 s after it stopped: due 10 s later, not 30.
+        let found = t0 + secs(20);
+        assert!(
+            watch
+                .judge(&findings, &stopped_rules, stopped_at, None, found)
+                .due
+                .is_empty()
+        );
+        let due = watch.judge(&findings, &stopped_rules, stopped_at, None, t0 + GRACE);
+        assert_eq!(due_of(&due), [(10, Remedy::Reclaim)]);
+    }
+
+    #[test]
+    fn a_due_process_is_acted_on_said_once_or_retried_after_the_grace() {
+        use super::super::Kind;
+        let t0 = Instant::now();
+        let a = id(10, 1000);
+        let rules = rules(false);
+        let mut watch = Watch::default();
+        // Left alone: said the first time only.
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, true, false, t0),
+            Decision::Left { first: true }
+        );
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, true, false, t0 + secs(1)),
+            Decision::Left { first: false }
+        );
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, false, t0 + secs(2)),
+            Decision::Act
+        );
+        // Failed: it waits out the grace (longer than the interval), unless once.
+        watch.settle(a, Remedy::Reclaim, Tried::Failed, &rules, t0);
+        let before = t0 + GRACE - Duration::from_millis(1);
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, false, before),
+            Decision::Waits
+        );
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, true, before),
+            Decision::Act
+        );
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, false, t0 + GRACE),
+            Decision::Act
+        );
+        assert_eq!(
+            watch.decide(a, Remedy::Enforce, false, false, t0),
+            Decision::Act,
+            "by remedy"
+        );
+        // A dry run's would-reclaim is said once, then only counted, until no longer due.
+        watch.settle(a, Remedy::Reclaim, Tried::WouldSignal, &rules, t0);
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, false, t0 + secs(90)),
+            Decision::Said
+        );
+        watch.judge(&[], &rules, |_| None, None, t0 + secs(91));
+        assert_eq!(
+            watch.decide(a, Remedy::Reclaim, false, false, t0 + secs(92)),
+            Decision::Act,
+            "forgotten once no longer due"
+        );
+        // Reclaimed: its spell is over, so if it shows again its grace starts again.
+        let findings = [finding(Kind::ZombieHolder, Some(a))];
+        watch.judge(&findings, &rules, |_| None, None, t0);
+        assert_eq!(watch.stale.since(&a), Some(t0));
+        watch.settle(a, Remedy::Reclaim, Tried::Reclaimed, &rules, t0 + GRACE);
+        assert_eq!(watch.stale.since(&a), None);
     }
 }
