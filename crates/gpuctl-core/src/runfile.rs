@@ -56,15 +56,35 @@ pub enum RunError {
     Io { path: PathBuf, source: io::Error },
     #[error("{0}")]
     Unsafe(String),
-    #[error(
-        "run {name:?} is already running{holder} (its lock {lock} is held): wait for it, \
-         or give this run another --run-name"
-    )]
+    /// A live run of the name holds its lock. Said in core's words ("give this run another
+    /// name"); each front words the run's name as its users give it ([`RunError::worded`]).
+    #[error("{}", busy(name, holder, lock, "name"))]
     Busy {
         name: String,
         holder: String,
         lock: PathBuf,
     },
+}
+
+impl RunError {
+    /// This error in a front's own words: `word` names the run's `name` as the front's users
+    /// give it (`--run-name` for the trainer, `name=` in Python); `None` keeps core's.
+    pub fn worded(&self, word: impl Fn(&str) -> Option<&'static str>) -> String {
+        match self {
+            RunError::Busy { name, holder, lock } => {
+                busy(name, holder, lock, word("name").unwrap_or("name"))
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+fn busy(name: &str, holder: &str, lock: &Path, field: &str) -> String {
+    format!(
+        "run {name:?} is already running{holder} (its lock {} is held): wait for it, or give \
+         this run another {field}",
+        lock.display()
+    )
 }
 
 /// A run's claim on its name: the lock, held until this process exits.
@@ -602,5 +622,31 @@ fn describe(ended: &Ended) -> String {
         Ended::Reused { .. } => "its pid now names another process: not signalled".into(),
         Ended::StillAlive { signals } => format!("still running after {}", signals.join(", ")),
         Ended::Failed { error } => format!("failed: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_run_is_said_in_cores_words_or_the_fronts() {
+        let busy = RunError::Busy {
+            name: "llama".into(),
+            holder: " as pid 42".into(),
+            lock: PathBuf::from("/run/llama.run.lock"),
+        };
+        assert_eq!(
+            busy.to_string(),
+            "run \"llama\" is already running as pid 42 (its lock /run/llama.run.lock is \
+             held): wait for it, or give this run another name"
+        );
+        let flag = |field: &str| (field == "name").then_some("--run-name");
+        assert!(
+            busy.worded(flag)
+                .ends_with("or give this run another --run-name")
+        );
+        let bad = RunError::BadName("../x".into());
+        assert_eq!(bad.worded(flag), bad.to_string());
     }
 }

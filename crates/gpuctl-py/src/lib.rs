@@ -526,7 +526,10 @@ fn run_acquire(
                 let previous = previous.map(|p| json(&p)).transpose()?;
                 Ok(Ok((path, file, previous)))
             }
-            Err(busy @ RunError::Busy { .. }) => Ok(Err(busy.to_string())),
+            // In Python's words: RunGuard's `name=`, not the trainer's --run-name.
+            Err(busy @ RunError::Busy { .. }) => Ok(Err(
+                busy.worded(|field| (field == "name").then_some("name="))
+            )),
             Err(other) => Err(other.into()),
         }
     })?;

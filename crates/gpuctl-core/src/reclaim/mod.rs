@@ -9,9 +9,10 @@
 //! A front maps its own input (clap arguments, a Slurm environment, Python keywords, a key
 //! press) onto a request, calls [`kill()`], [`clear()`] or [`reset()`] with a [`Session`],
 //! and renders the plain outcome it gets back; it never assembles the stages itself.
-//! [`Reclaim::run`] is the plan → act → verify part they share with the watchdog. A dry run
-//! is the same call with the act step left out (and so nothing to verify), never a second
-//! implementation.
+//! The watchdog reclaims its due findings through a [`FindingsRequest`]. [`Reclaim::run`]
+//! is the plan → act → verify part they all share (the trainer's cleanup calls it directly).
+//! A dry run is the same call with the act step left out (and so nothing to verify), never a
+//! second implementation.
 
 mod clear;
 mod found;
