@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cardset::GpuItems;
+use crate::cardset::{self, GpuItems};
 use crate::classify::Finding;
 use crate::plan::Outcome;
 use crate::select::Refusal;
+use crate::settings::EnvSetting;
 use crate::snapshot::Snapshot;
 use crate::snapshot::totals::{By, Total, totals};
 use crate::verify::WaitReport;
@@ -74,6 +75,58 @@ pub fn document(
         totals: by.map(|by| totals(snapshot, by)),
         watchdog,
     }
+}
+
+/// Version of the `fraction --json` and `enable --json` documents.
+pub const POLICY_SCHEMA: u32 = 1;
+
+/// The `fraction --json` document: the share in force for a user on each GPU, and the
+/// files it comes from.
+#[derive(Debug, Serialize)]
+pub struct FractionDocument {
+    pub schema: u32,
+    pub user: Option<String>,
+    pub files: Vec<FileEntry>,
+    pub gpus: Vec<ShareEntry>,
+}
+
+/// A configuration file the share may come from.
+#[derive(Debug, Serialize)]
+pub struct FileEntry {
+    pub origin: String,
+    pub path: String,
+    pub present: bool,
+}
+
+/// The share in force on one GPU.
+#[derive(Debug, Serialize)]
+pub struct ShareEntry {
+    /// `None`: no GPU (NVML unavailable): the user and default entries.
+    pub index: Option<u32>,
+    pub uuid: Option<String>,
+    /// `None`: no limit.
+    pub fraction: Option<f64>,
+    pub source: Option<String>,
+    pub note: Option<String>,
+}
+
+/// The `enable --json` document: the allocator settings, the share in force, and with
+/// `--persistence` how enabling persistence mode went on each GPU.
+#[derive(Debug, Serialize)]
+pub struct EnableDocument<'a> {
+    pub schema: u32,
+    pub env: &'a [EnvSetting],
+    pub fraction: Option<f64>,
+    pub fraction_source: Option<String>,
+    pub persistence: Option<Vec<PersistenceEntry>>,
+}
+
+/// How enabling persistence mode went on one GPU.
+#[derive(Debug, Serialize)]
+pub struct PersistenceEntry {
+    pub index: u32,
+    #[serde(flatten)]
+    pub outcome: cardset::ItemOutcome,
 }
 
 /// The file in the watchdog's state directory that holds its current findings, for

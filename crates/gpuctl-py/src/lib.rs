@@ -1,7 +1,8 @@
 //! `gpuctl._gpuctl`: the native half of the Python package. Each function maps Python
 //! arguments onto gpuctl-core's requests (`InfoRequest`, `KillRequest`, `ClearRequest`, the
 //! run file), walks core's road with the GIL released, and hands back plain data (the same
-//! JSON documents the CLI prints) for `gpuctl/__init__.py` to wrap. Errors become the
+//! JSON documents the CLI prints, a reclaim's result as the named `Reclaimed`) for
+//! `gpuctl/__init__.py` to wrap. Errors become the
 //! package's exceptions with the CLI's one-line message, chosen by the exit status the CLI
 //! would give; a panic is caught here and becomes `gpuctl.Error`, never a crash.
 
