@@ -447,13 +447,7 @@ impl Daemon {
     fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
         let (snapshot, now) = (&seen.snapshot, seen.now);
         let request = self.settings.findings_request(judged.due.clone());
-        let why_left = if !self.settings.acts() {
-            Some("report mode".to_string())
-        } else {
-            seen.incomplete
-                .as_ref()
-                .map(|what| format!("incomplete snapshot: {what}"))
-        };
+        let why_left = self.settings.leaves_alone(seen.incomplete.as_deref());
         let mut to_run: Vec<Due> = Vec::new();
         for due in request.targets(snapshot) {
             let (target, remedy) = (&due.target, due.remedy);

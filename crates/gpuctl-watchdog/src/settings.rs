@@ -108,6 +108,15 @@ impl Settings {
         )
     }
 
+    /// Why due processes are left alone in a pass, if they are: report mode, or an
+    /// incomplete snapshot (`incomplete`: the GPUs that did not answer).
+    pub fn leaves_alone(&self, incomplete: Option<&str>) -> Option<String> {
+        if !self.acts() {
+            return Some("report mode".into());
+        }
+        incomplete.map(|what| format!("incomplete snapshot: {what}"))
+    }
+
     /// The rules over time in force; `once`: no grace (`--once`).
     pub fn rules(&self, once: bool) -> Rules<'_> {
         Rules {
