@@ -25,9 +25,14 @@ pub enum CoreError {
     /// A setting from the environment that cannot be read.
     #[error("{0}")]
     BadSetting(String),
-    /// A request that cannot be carried out as given: no selector, a bad value.
+    /// A request that cannot be carried out as given: a bad value.
     #[error("{0}")]
     Usage(String),
+    /// A request that selects no process: it must give at least one of `fields`, named as
+    /// the request names them. A front words them as its users give them
+    /// ([`CoreError::worded`]: `--pid` on the command line, `pids=` in Python).
+    #[error("no process selected: give {}", either(fields.iter().copied()))]
+    NothingSelected { fields: &'static [&'static str] },
     /// The configuration could not be read or is not trusted.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -46,12 +51,38 @@ impl CoreError {
     pub fn exit(&self) -> Exit {
         match self {
             CoreError::NvmlUnavailable { .. } => Exit::Unavailable,
-            CoreError::GpuSelector(_) | CoreError::BadSetting(_) | CoreError::Usage(_) => {
-                Exit::Usage
-            }
+            CoreError::GpuSelector(_)
+            | CoreError::BadSetting(_)
+            | CoreError::Usage(_)
+            | CoreError::NothingSelected { .. } => Exit::Usage,
             CoreError::Config(error) => config_exit(error),
             CoreError::Nvml { .. } | CoreError::Io { .. } => Exit::Failed,
         }
+    }
+}
+
+impl CoreError {
+    /// This error in a front's own words: `word` names a request field as the front's users
+    /// give it (`pids`: `--pid`, `pids=`), `None` for a field the front does not offer. An
+    /// error that names no field is returned as it is; the exit status stays the same.
+    pub fn worded(self, word: impl Fn(&str) -> Option<&'static str>) -> CoreError {
+        match self {
+            CoreError::NothingSelected { fields } => CoreError::Usage(format!(
+                "no process selected: give {}",
+                either(fields.iter().filter_map(|field| word(field)))
+            )),
+            other => other,
+        }
+    }
+}
+
+/// "a, b or c".
+fn either<'a>(words: impl Iterator<Item = &'a str>) -> String {
+    let words: Vec<&str> = words.collect();
+    match words.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }
 
@@ -100,5 +131,37 @@ mod tests {
         #[error("while doing it")]
         struct Context(#[source] CoreError);
         assert_eq!(exit_of(&Context(CoreError::Usage("y".into()))), Exit::Usage);
+    }
+
+    #[test]
+    fn a_front_words_the_fields_it_offers_and_keeps_the_exit() {
+        let nothing = || CoreError::NothingSelected {
+            fields: &["pids", "gpus", "all"],
+        };
+        assert_eq!(
+            nothing().to_string(),
+            "no process selected: give pids, gpus or all"
+        );
+        let flag = |field: &str| match field {
+            "pids" => Some("--pid"),
+            "gpus" => Some("--gpu"),
+            "all" => Some("--all"),
+            _ => None,
+        };
+        let worded = nothing().worded(flag);
+        assert_eq!(
+            worded.to_string(),
+            "no process selected: give --pid, --gpu or --all"
+        );
+        assert_eq!(worded.exit(), Exit::Usage);
+        // Python offers no `all`: it is left out, not named in the wrong words.
+        let keyword = |field: &str| (field == "pids").then_some("pids=");
+        assert_eq!(
+            nothing().worded(keyword).to_string(),
+            "no process selected: give pids="
+        );
+        // An error naming no field is left as it is.
+        let other = CoreError::GpuSelector("no GPU matches '9'".into());
+        assert_eq!(other.worded(flag).to_string(), "no GPU matches '9'");
     }
 }

@@ -6,8 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use crate::classify;
 use crate::config::{self, Loaded};
 use crate::error::Result;
@@ -15,11 +13,9 @@ use crate::nvml::{self, Gpus, Place};
 use crate::protect::{self, Protection};
 use crate::report::{WatchdogFindings, watchdog_findings_path};
 use crate::snapshot::peaks::PeakStore;
-use crate::snapshot::totals::{By, Total, totals};
 use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 
-/// Version of the `gpuctl info --json` document; fields are only added within a version.
-pub const INFO_SCHEMA: u32 = 1;
+pub use crate::report::{INFO_SCHEMA, InfoDocument, document};
 
 /// What to show.
 #[derive(Debug, Clone, Default)]
@@ -135,34 +131,5 @@ fn keep_named_instances(snapshot: &mut Snapshot, places: &[Place]) {
             gpu.mig_devices
                 .retain(|m| places.iter().any(|p| p.holds(gpu.index, m.gpu_instance_id)));
         }
-    }
-}
-
-/// The `gpuctl info --json` document.
-#[derive(Serialize)]
-pub struct InfoDocument<'a> {
-    pub schema: u32,
-    pub timestamp: String,
-    #[serde(flatten)]
-    pub snapshot: &'a Snapshot,
-    /// With `--by` only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub totals: Option<Vec<Total>>,
-    /// The watchdog's current findings, where its state directory is readable.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub watchdog: Option<WatchdogFindings>,
-}
-
-pub fn document(
-    snapshot: &Snapshot,
-    by: Option<By>,
-    watchdog: Option<WatchdogFindings>,
-) -> InfoDocument<'_> {
-    InfoDocument {
-        schema: INFO_SCHEMA,
-        timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
-        snapshot,
-        totals: by.map(|by| totals(snapshot, by)),
-        watchdog,
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use crate::act::Ended;
+use crate::act::{Ended, Identity};
 use crate::classify::{Finding, Verdict};
 use crate::protect::{Claim, Claimant, Protection};
 use crate::select::Target;
@@ -133,101 +133,366 @@ fn ancestors() -> HashSet<u32> {
     found
 }
 
-/// What is done with one target, from the plan to the verification: the plan fills in the
-/// action, [`crate::act`] how it ended, [`crate::verify`] whether its memory came back.
-#[derive(Debug, Clone, Serialize)]
+/// What is done with one target, from the plan to the verification: the plan decides
+/// whether it [`WouldSignal`](Disposition::WouldSignal) or is
+/// [`Skipped`](Disposition::Skipped), [`crate::act`] turns the first into
+/// [`Signalled`](Disposition::Signalled) with how it ended, and [`crate::verify`] adds
+/// whether its memory came back. The target is there in every case, so it is a field; what
+/// became of it is the enum, so no impossible combination (a skip without a reason, a
+/// signal without an identity) can be written down.
+#[derive(Debug, Clone)]
 pub struct Outcome {
-    #[serde(flatten)]
     pub target: Target,
-    /// `signal`, `skip`, or `dry_run` (would signal).
-    pub action: Action,
-    /// Why it was skipped.
-    pub skipped: Option<String>,
-    /// How it ended, for a signalled target.
-    pub ended: Option<Ended>,
-    /// Whether NVML stopped listing it on every GPU; `None` when not signalled.
-    pub left_gpu: Option<bool>,
-    /// Whether its GPUs' used memory fell by what it held; `None` when not signalled or unknown.
-    pub memory_released: Option<bool>,
+    pub disposition: Disposition,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    Signal,
-    Skip,
-    DryRun,
+/// What became of one target.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Disposition {
+    /// Planned to be signalled, and not (yet) signalled: what a dry run reports, and what
+    /// a plan shown before a confirmation says.
+    WouldSignal { identity: Identity },
+    /// Not signalled, and why (the guard's reason, an unknown start time).
+    Skipped { why: String },
+    /// Signalled by identity: how it ended and, where it ended and NVML was read after,
+    /// what verification saw.
+    Signalled {
+        identity: Identity,
+        ended: Ended,
+        release: Option<Release>,
+    },
+}
+
+/// What verification through NVML saw of a target that ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// NVML stopped listing it on every GPU.
+    pub left_gpu: bool,
+    /// Its GPUs' used memory fell by what it held (and it left them).
+    pub memory_released: bool,
 }
 
 impl Outcome {
-    /// One word or phrase for a table.
-    pub fn summary(&self) -> String {
-        match (&self.action, &self.ended) {
-            (Action::DryRun, _) => "would signal".into(),
-            (Action::Skip, _) => "skipped".into(),
-            (Action::Signal, Some(Ended::Exited { signal, .. })) => self.after_exit(signal),
-            (Action::Signal, Some(Ended::Killed { .. })) => self.after_exit("SIGKILL"),
-            (Action::Signal, Some(Ended::Gone)) => "already gone".into(),
-            (Action::Signal, Some(Ended::Reused { .. })) => "refused: pid reused".into(),
-            (Action::Signal, Some(Ended::StillAlive { .. })) => "still running".into(),
-            (Action::Signal, Some(Ended::Failed { error })) => format!("failed: {error}"),
-            (Action::Signal, None) => "not signalled".into(),
+    /// The identity it is (or would be) signalled by; `None` for a skipped target.
+    pub fn identity(&self) -> Option<Identity> {
+        match &self.disposition {
+            Disposition::WouldSignal { identity } | Disposition::Signalled { identity, .. } => {
+                Some(*identity)
+            }
+            Disposition::Skipped { .. } => None,
         }
     }
 
-    fn after_exit(&self, signal: &str) -> String {
-        let verb = if signal == "SIGKILL" {
-            "killed"
-        } else {
-            "ended"
-        };
-        match (self.left_gpu, self.memory_released) {
-            (Some(false), _) => format!("{verb}, still listed on the GPU"),
-            (_, Some(false)) => format!("{verb}, memory still held"),
-            _ => format!("{verb} ({signal})"),
+    /// Why it was skipped, if it was.
+    pub fn skipped(&self) -> Option<&str> {
+        match &self.disposition {
+            Disposition::Skipped { why } => Some(why),
+            _ => None,
+        }
+    }
+
+    /// How it ended, if it was signalled.
+    pub fn ended(&self) -> Option<&Ended> {
+        match &self.disposition {
+            Disposition::Signalled { ended, .. } => Some(ended),
+            _ => None,
+        }
+    }
+
+    /// What verification saw, if it ran for this target.
+    pub fn release(&self) -> Option<Release> {
+        match &self.disposition {
+            Disposition::Signalled { release, .. } => *release,
+            _ => None,
+        }
+    }
+
+    /// Whether it was signalled (whatever came of it).
+    pub fn is_signalled(&self) -> bool {
+        matches!(self.disposition, Disposition::Signalled { .. })
+    }
+
+    /// Whether the plan would signal it and nothing was sent (a dry run, a plan shown).
+    pub fn would_signal(&self) -> bool {
+        matches!(self.disposition, Disposition::WouldSignal { .. })
+    }
+
+    /// One word or phrase for a table.
+    pub fn summary(&self) -> String {
+        match &self.disposition {
+            Disposition::WouldSignal { .. } => "would signal".into(),
+            Disposition::Skipped { .. } => "skipped".into(),
+            Disposition::Signalled { ended, release, .. } => match ended {
+                Ended::Exited { signal, .. } => after_exit(signal, *release),
+                Ended::Killed { .. } => after_exit("SIGKILL", *release),
+                Ended::Gone => "already gone".into(),
+                Ended::Reused { .. } => "refused: pid reused".into(),
+                Ended::StillAlive { .. } => "still running".into(),
+                Ended::Failed { error } => format!("failed: {error}"),
+            },
         }
     }
 
     /// Whether this target is what the caller asked for: ended and its memory back, or a
-    /// dry run. Skips count as not done.
+    /// dry run's would-signal. Skips count as not done.
     pub fn succeeded(&self) -> bool {
-        match self.action {
-            Action::DryRun => true,
-            Action::Skip => false,
-            Action::Signal => {
+        match &self.disposition {
+            Disposition::WouldSignal { .. } => true,
+            Disposition::Skipped { .. } => false,
+            Disposition::Signalled { ended, release, .. } => {
                 matches!(
-                    self.ended,
-                    Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone)
-                ) && self.left_gpu != Some(false)
-                    && self.memory_released != Some(false)
+                    ended,
+                    Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone
+                ) && release.is_none_or(|r| r.left_gpu && r.memory_released)
             }
         }
     }
 }
 
-/// The plan: each target guarded, in target order. Nothing is signalled on a pid alone, nor
-/// anything the guard refuses; with `dry_run` nothing at all.
-pub fn plan(targets: Vec<Target>, guard: &Guard, dry_run: bool) -> Vec<Outcome> {
+fn after_exit(signal: &str, release: Option<Release>) -> String {
+    let verb = if signal == "SIGKILL" {
+        "killed"
+    } else {
+        "ended"
+    };
+    match release {
+        Some(Release {
+            left_gpu: false, ..
+        }) => format!("{verb}, still listed on the GPU"),
+        Some(Release {
+            memory_released: false,
+            ..
+        }) => format!("{verb}, memory still held"),
+        _ => format!("{verb} ({signal})"),
+    }
+}
+
+/// The `kill --json`/`clear --json` shape of an outcome (docs/schema/reclaim-v1.schema.json):
+/// the target's fields, then `action` (`signal`, `skip`, or `dry_run` for would signal),
+/// `skipped`, `ended`, `left_gpu` and `memory_released`, each null where it does not apply.
+impl Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Action {
+            Signal,
+            Skip,
+            DryRun,
+        }
+        #[derive(Serialize)]
+        struct Wire<'a> {
+            #[serde(flatten)]
+            target: &'a Target,
+            action: Action,
+            skipped: Option<&'a str>,
+            ended: Option<&'a Ended>,
+            left_gpu: Option<bool>,
+            memory_released: Option<bool>,
+        }
+        let release = self.release();
+        Wire {
+            target: &self.target,
+            action: match self.disposition {
+                Disposition::WouldSignal { .. } => Action::DryRun,
+                Disposition::Skipped { .. } => Action::Skip,
+                Disposition::Signalled { .. } => Action::Signal,
+            },
+            skipped: self.skipped(),
+            ended: self.ended(),
+            left_gpu: release.map(|r| r.left_gpu),
+            memory_released: release.map(|r| r.memory_released),
+        }
+        .serialize(serializer)
+    }
+}
+
+/// The plan: each target guarded, in target order: it would be signalled, or is skipped
+/// with why. Nothing is signalled on a pid alone, nor anything the guard refuses. Carrying
+/// the plan out (the reclaim road's act step) is a separate step, left out by a dry run.
+pub fn plan(targets: Vec<Target>, guard: &Guard) -> Vec<Outcome> {
     targets
         .into_iter()
         .map(|target| {
-            let skipped = match target.identity() {
-                None => Some(format!("pid {}: its start time is unknown", target.pid)),
-                Some(_) => guard.check(&target),
-            };
-            let action = match (&skipped, dry_run) {
-                (Some(_), _) => Action::Skip,
-                (None, true) => Action::DryRun,
-                (None, false) => Action::Signal,
+            let disposition = match target.identity() {
+                None => Disposition::Skipped {
+                    why: format!("pid {}: its start time is unknown", target.pid),
+                },
+                Some(identity) => match guard.check(&target) {
+                    Some(why) => Disposition::Skipped { why },
+                    None => Disposition::WouldSignal { identity },
+                },
             };
             Outcome {
                 target,
-                action,
-                skipped,
-                ended: None,
-                left_gpu: None,
-                memory_released: None,
+                disposition,
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::HostProcess;
+    use crate::protect::Protection;
+
+    /// A target on GPU 0 with 1 GiB, its start time known or not.
+    fn target(pid: u32, start_ticks: Option<u64>) -> Target {
+        let host = HostProcess {
+            confirmed: true,
+            uid: Some(nix::unistd::getuid().as_raw()),
+            user: Some("alice".into()),
+            start_ticks,
+            ..HostProcess::unconfirmed("")
+        };
+        let mut target = Target::new(pid, &Arc::new(host));
+        target.gpus = vec![0];
+        target.used_bytes = Some(1 << 30);
+        target
+    }
+
+    fn signalled(ended: Ended, release: Option<Release>) -> Outcome {
+        Outcome {
+            target: target(4_000_001, Some(7)),
+            disposition: Disposition::Signalled {
+                identity: Identity::new(4_000_001, 7),
+                ended,
+                release,
+            },
+        }
+    }
+
+    fn released(left_gpu: bool, memory_released: bool) -> Option<Release> {
+        Some(Release {
+            left_gpu,
+            memory_released,
+        })
+    }
+
+    #[test]
+    fn the_plan_would_signal_by_identity_or_skips_with_why() {
+        let guard = Guard::for_this_process(Protection::default());
+        let plan = plan(
+            vec![
+                target(4_000_001, Some(7)),
+                target(4_000_002, None),
+                target(std::process::id(), Some(1)),
+            ],
+            &guard,
+        );
+        assert_eq!(
+            plan[0].disposition,
+            Disposition::WouldSignal {
+                identity: Identity::new(4_000_001, 7)
+            }
+        );
+        assert_eq!(plan[0].identity(), Some(Identity::new(4_000_001, 7)));
+        assert!(plan[0].would_signal() && plan[0].succeeded());
+        assert_eq!(plan[0].summary(), "would signal");
+        assert_eq!(
+            plan[1].skipped(),
+            Some("pid 4000002: its start time is unknown")
+        );
+        assert_eq!(plan[1].identity(), None, "a skip has no identity to signal");
+        assert_eq!(plan[2].skipped(), Some("that is gpuctl itself"));
+        assert!(
+            plan.iter()
+                .skip(1)
+                .all(|o| !o.succeeded() && !o.is_signalled())
+        );
+    }
+
+    #[test]
+    fn a_signalled_target_succeeds_only_ended_with_its_memory_back() {
+        let exited = || Ended::Exited {
+            signal: "SIGTERM".into(),
+            after_ms: 5,
+        };
+        let done = signalled(exited(), released(true, true));
+        assert!(done.succeeded());
+        assert_eq!(done.summary(), "ended (SIGTERM)");
+        let listed = signalled(exited(), released(false, false));
+        assert!(!listed.succeeded());
+        assert_eq!(listed.summary(), "ended, still listed on the GPU");
+        let held = signalled(Ended::Killed { after_ms: 9 }, released(true, false));
+        assert!(!held.succeeded());
+        assert_eq!(held.summary(), "killed, memory still held");
+        // Not verified (nothing on a GPU to read): how it ended decides.
+        assert!(signalled(Ended::Gone, None).succeeded());
+        let alive = signalled(
+            Ended::StillAlive {
+                signals: vec!["SIGTERM".into(), "SIGKILL".into()],
+            },
+            None,
+        );
+        assert!(!alive.succeeded());
+        assert_eq!(alive.summary(), "still running");
+        let reused = signalled(
+            Ended::Reused {
+                now_start_ticks: 99,
+            },
+            None,
+        );
+        assert!(!reused.succeeded());
+        assert_eq!(reused.summary(), "refused: pid reused");
+    }
+
+    #[test]
+    fn the_json_keeps_the_reclaim_schemas_shape() {
+        let json = |outcome: &Outcome| serde_json::to_value(outcome).unwrap();
+        let keys = |value: &serde_json::Value| {
+            let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        let planned = Outcome {
+            target: target(4_000_001, Some(7)),
+            disposition: Disposition::WouldSignal {
+                identity: Identity::new(4_000_001, 7),
+            },
+        };
+        let would = json(&planned);
+        assert_eq!(would["action"], "dry_run");
+        assert_eq!(would["pid"], 4_000_001);
+        for absent in ["skipped", "ended", "left_gpu", "memory_released"] {
+            assert!(would[absent].is_null(), "{absent}: {would}");
+        }
+        let skip = json(&Outcome {
+            target: target(4_000_002, None),
+            disposition: Disposition::Skipped {
+                why: "protected: sshd".into(),
+            },
+        });
+        assert_eq!(skip["action"], "skip");
+        assert_eq!(skip["skipped"], "protected: sshd");
+        let done = json(&signalled(
+            Ended::Killed { after_ms: 9 },
+            released(true, false),
+        ));
+        assert_eq!(done["action"], "signal");
+        assert_eq!(done["ended"]["outcome"], "killed");
+        assert_eq!(done["left_gpu"], true);
+        assert_eq!(done["memory_released"], false);
+        // Every key in every case, as docs/schema/reclaim-v1.schema.json requires.
+        let expected = [
+            "action",
+            "command",
+            "ended",
+            "gpus",
+            "left_gpu",
+            "memory_released",
+            "pid",
+            "reasons",
+            "skipped",
+            "start_ticks",
+            "uid",
+            "used_bytes",
+            "user",
+        ];
+        for value in [&would, &skip, &done] {
+            assert_eq!(keys(value), expected, "{value}");
+        }
+    }
 }

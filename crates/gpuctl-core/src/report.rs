@@ -1,13 +1,19 @@
-//! The `report` step's documents: what a reclaim did, as `kill --json` and `clear --json`
-//! print it. Tables, journald and metrics render from the same values in their binaries.
+//! The `report` step's documents, every JSON document gpuctl prints and its schema version:
+//! what a reclaim did (`kill --json`, `clear --json`), what a reset did (`reset --json`),
+//! what `info --json` shows, and the watchdog's findings file. Tables, journald and
+//! metrics render from the same values in their binaries.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cardset::{self, GpuItems};
 use crate::classify::Finding;
 use crate::plan::Outcome;
 use crate::select::Refusal;
+use crate::settings::EnvSetting;
+use crate::snapshot::Snapshot;
+use crate::snapshot::totals::{By, Total, totals};
 use crate::verify::WaitReport;
 
 /// Version of the `kill --json` and `clear --json` documents.
@@ -26,6 +32,101 @@ pub struct ReclaimReport<'a> {
     /// Findings shown but not acted on (clear).
     pub reported: Vec<&'a Finding>,
     pub wait: Option<WaitReport>,
+}
+
+/// Version of the `reset --json` document.
+pub const RESET_SCHEMA: u32 = 1;
+
+/// One `reset` run: each GPU's items and how each ended.
+#[derive(Debug, Serialize)]
+pub struct ResetReport<'a> {
+    pub schema: u32,
+    pub dry_run: bool,
+    pub gpus: &'a [GpuItems],
+}
+
+/// Version of the `gpuctl info --json` document; fields are only added within a version.
+pub const INFO_SCHEMA: u32 = 1;
+
+/// The `gpuctl info --json` document.
+#[derive(Serialize)]
+pub struct InfoDocument<'a> {
+    pub schema: u32,
+    pub timestamp: String,
+    #[serde(flatten)]
+    pub snapshot: &'a Snapshot,
+    /// With `--by` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub totals: Option<Vec<Total>>,
+    /// The watchdog's current findings, where its state directory is readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<WatchdogFindings>,
+}
+
+pub fn document(
+    snapshot: &Snapshot,
+    by: Option<By>,
+    watchdog: Option<WatchdogFindings>,
+) -> InfoDocument<'_> {
+    InfoDocument {
+        schema: INFO_SCHEMA,
+        timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
+        snapshot,
+        totals: by.map(|by| totals(snapshot, by)),
+        watchdog,
+    }
+}
+
+/// Version of the `fraction --json` and `enable --json` documents.
+pub const POLICY_SCHEMA: u32 = 1;
+
+/// The `fraction --json` document: the share in force for a user on each GPU, and the
+/// files it comes from.
+#[derive(Debug, Serialize)]
+pub struct FractionDocument {
+    pub schema: u32,
+    pub user: Option<String>,
+    pub files: Vec<FileEntry>,
+    pub gpus: Vec<ShareEntry>,
+}
+
+/// A configuration file the share may come from.
+#[derive(Debug, Serialize)]
+pub struct FileEntry {
+    pub origin: String,
+    pub path: String,
+    pub present: bool,
+}
+
+/// The share in force on one GPU.
+#[derive(Debug, Serialize)]
+pub struct ShareEntry {
+    /// `None`: no GPU (NVML unavailable): the user and default entries.
+    pub index: Option<u32>,
+    pub uuid: Option<String>,
+    /// `None`: no limit.
+    pub fraction: Option<f64>,
+    pub source: Option<String>,
+    pub note: Option<String>,
+}
+
+/// The `enable --json` document: the allocator settings, the share in force, and with
+/// `--persistence` how enabling persistence mode went on each GPU.
+#[derive(Debug, Serialize)]
+pub struct EnableDocument<'a> {
+    pub schema: u32,
+    pub env: &'a [EnvSetting],
+    pub fraction: Option<f64>,
+    pub fraction_source: Option<String>,
+    pub persistence: Option<Vec<PersistenceEntry>>,
+}
+
+/// How enabling persistence mode went on one GPU.
+#[derive(Debug, Serialize)]
+pub struct PersistenceEntry {
+    pub index: u32,
+    #[serde(flatten)]
+    pub outcome: cardset::ItemOutcome,
 }
 
 /// The file in the watchdog's state directory that holds its current findings, for

@@ -17,13 +17,13 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::act::{self, Ended, Escalation, Identity, Signal};
+use crate::act::{Ended, Escalation, Identity, Signal};
 use crate::config::Protect;
 use crate::host::{ProcView, UserNames};
 use crate::nvml::{self, Gpus};
-use crate::plan::{self, Action, Guard};
+use crate::plan::{Disposition, Guard};
 use crate::protect::Protection;
-use crate::reclaim::Reclaim;
+use crate::reclaim::{Reclaim, Verify};
 use crate::select::{self, Criterion, Selector, Target};
 use crate::snapshot::{Snapshot, SnapshotOptions};
 use nix::errno::Errno;
@@ -56,15 +56,35 @@ pub enum RunError {
     Io { path: PathBuf, source: io::Error },
     #[error("{0}")]
     Unsafe(String),
-    #[error(
-        "run {name:?} is already running{holder} (its lock {lock} is held): wait for it, \
-         or give this run another --run-name"
-    )]
+    /// A live run of the name holds its lock. Said in core's words ("give this run another
+    /// name"); each front words the run's name as its users give it ([`RunError::worded`]).
+    #[error("{}", busy(name, holder, lock, "name"))]
     Busy {
         name: String,
         holder: String,
         lock: PathBuf,
     },
+}
+
+impl RunError {
+    /// This error in a front's own words: `word` names the run's `name` as the front's users
+    /// give it (`--run-name` for the trainer, `name=` in Python); `None` keeps core's.
+    pub fn worded(&self, word: impl Fn(&str) -> Option<&'static str>) -> String {
+        match self {
+            RunError::Busy { name, holder, lock } => {
+                busy(name, holder, lock, word("name").unwrap_or("name"))
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+fn busy(name: &str, holder: &str, lock: &Path, field: &str) -> String {
+    format!(
+        "run {name:?} is already running{holder} (its lock {} is held): wait for it, or give \
+         this run another {field}",
+        lock.display()
+    )
 }
 
 /// A run's claim on its name: the lock, held until this process exits.
@@ -447,13 +467,16 @@ fn reclaim_on_gpu(
     }
     let on_gpu = targets.iter().map(|t| t.pid).collect();
     let outcomes = Reclaim {
-        gpus: &gpus,
         guard,
         how: how.clone(),
-        verify_for: Duration::from_secs(10),
+        verify: Verify::Release {
+            gpus: &gpus,
+            before: &snapshot,
+            within: Duration::from_secs(10),
+        },
         dry_run: false,
     }
-    .run(&snapshot, targets);
+    .run(targets);
     for outcome in outcomes {
         let held = outcome.target.used_bytes.unwrap_or(0);
         let line = format!(
@@ -467,7 +490,9 @@ fn reclaim_on_gpu(
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            outcome.skipped.clone().unwrap_or_else(|| outcome.summary())
+            outcome
+                .skipped()
+                .map_or_else(|| outcome.summary(), str::to_string)
         );
         if outcome.succeeded() {
             cleanup.freed_bytes += held;
@@ -479,9 +504,10 @@ fn reclaim_on_gpu(
     on_gpu
 }
 
-/// Ends the leftovers on no GPU by the same road as those on one, with nothing to verify
-/// on a GPU: each is a target planned with the guard (so a protected program or user named
-/// in the run file is skipped with the guard's reason), then ended by identity.
+/// Ends the leftovers on no GPU by the same road as those on one, with nothing on a GPU to
+/// verify ([`Verify::Unverified`]): each is a target planned with the guard (so a protected
+/// program or user named in the run file is skipped with the guard's reason), then ended by
+/// identity.
 fn end_off_gpu(
     run: &str,
     rest: &[&Recorded],
@@ -535,22 +561,20 @@ fn end_off_gpu(
             }
         }
     }
-    let mut signalled = Vec::new();
-    let mut identities = Vec::new();
-    for (outcome, i) in plan::plan(targets, guard, false).into_iter().zip(planned) {
-        match (outcome.action, outcome.target.identity()) {
-            (Action::Signal, Some(identity)) => {
-                signalled.push(i);
-                identities.push(identity);
-            }
-            _ => {
-                let why = outcome.skipped.clone().unwrap_or_else(|| outcome.summary());
-                said[i] = Some((format!("not signalled ({why})"), false));
-            }
-        }
+    let outcomes = Reclaim {
+        guard,
+        how: how.clone(),
+        verify: Verify::Unverified,
+        dry_run: false,
     }
-    for (i, ended) in signalled.into_iter().zip(act::end_all(&identities, how)) {
-        said[i] = Some((describe(&ended), done(&ended)));
+    .run(targets);
+    for (outcome, i) in outcomes.into_iter().zip(planned) {
+        said[i] = Some(match &outcome.disposition {
+            Disposition::Signalled { ended, .. } => (describe(ended), done(ended)),
+            Disposition::Skipped { why } => (format!("not signalled ({why})"), false),
+            // Not a dry run: a plan carried out signals all it would.
+            Disposition::WouldSignal { .. } => ("not signalled".into(), false),
+        });
     }
     for (recorded, said) in rest.iter().zip(said) {
         let (what, done) = said.expect("each leftover is planned, or said why not");
@@ -598,5 +622,31 @@ fn describe(ended: &Ended) -> String {
         Ended::Reused { .. } => "its pid now names another process: not signalled".into(),
         Ended::StillAlive { signals } => format!("still running after {}", signals.join(", ")),
         Ended::Failed { error } => format!("failed: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_run_is_said_in_cores_words_or_the_fronts() {
+        let busy = RunError::Busy {
+            name: "llama".into(),
+            holder: " as pid 42".into(),
+            lock: PathBuf::from("/run/llama.run.lock"),
+        };
+        assert_eq!(
+            busy.to_string(),
+            "run \"llama\" is already running as pid 42 (its lock /run/llama.run.lock is \
+             held): wait for it, or give this run another name"
+        );
+        let flag = |field: &str| (field == "name").then_some("--run-name");
+        assert!(
+            busy.worded(flag)
+                .ends_with("or give this run another --run-name")
+        );
+        let bad = RunError::BadName("../x".into());
+        assert_eq!(bad.worded(flag), bad.to_string());
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::act::Ended;
 use crate::error::Result;
 use crate::nvml::{Gpus, Place};
-use crate::plan::Outcome;
+use crate::plan::{Disposition, Outcome, Release};
 use crate::snapshot::{GpuProcess, GpuSnapshot, Snapshot, SnapshotOptions};
 use crate::units::Amount;
 
@@ -30,7 +30,7 @@ pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit:
     let ended: Vec<usize> = (0..outcomes.len())
         .filter(|&i| {
             matches!(
-                outcomes[i].ended,
+                outcomes[i].ended(),
                 Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone)
             )
         })
@@ -81,8 +81,12 @@ pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit:
             let outcome = &mut outcomes[i];
             let left = !listed.contains(&outcome.target.pid);
             let freed = outcome.target.gpus.iter().all(|g| released.contains(g));
-            outcome.left_gpu = Some(left);
-            outcome.memory_released = Some(left && freed);
+            if let Disposition::Signalled { release, .. } = &mut outcome.disposition {
+                *release = Some(Release {
+                    left_gpu: left,
+                    memory_released: left && freed,
+                });
+            }
             all_done &= left && freed;
         }
         if all_done || Instant::now() >= deadline {

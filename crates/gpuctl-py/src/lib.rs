@@ -1,7 +1,8 @@
 //! `gpuctl._gpuctl`: the native half of the Python package. Each function maps Python
 //! arguments onto gpuctl-core's requests (`InfoRequest`, `KillRequest`, `ClearRequest`, the
 //! run file), walks core's road with the GIL released, and hands back plain data (the same
-//! JSON documents the CLI prints) for `gpuctl/__init__.py` to wrap. Errors become the
+//! JSON documents the CLI prints, a reclaim's result as the named `Reclaimed`) for
+//! `gpuctl/__init__.py` to wrap. Errors become the
 //! package's exceptions with the CLI's one-line message, chosen by the exit status the CLI
 //! would give; a panic is caught here and becomes `gpuctl.Error`, never a crash.
 
@@ -17,7 +18,7 @@ use gpuctl_core::exit::Exit;
 use gpuctl_core::info::{InfoRequest, Survey, document};
 use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::owner::Owner;
-use gpuctl_core::plan::{Action, Outcome};
+use gpuctl_core::plan::{Disposition, Outcome};
 use gpuctl_core::reclaim::{self, ClearRequest, Ending, KillRequest, Session};
 use gpuctl_core::runfile::{self, Record, RunError, RunFile};
 use gpuctl_core::select::OwnerMatch;
@@ -203,29 +204,56 @@ fn snapshot_json(
     })
 }
 
-/// What a reclaim did, for `gpuctl.Report`: the CLI's JSON document, the pids ended, the
-/// pids skipped with why, the pids a dry run would signal, and whether all went well.
-type Reclaimed = (String, Vec<u32>, Vec<(u32, String)>, Vec<u32>, bool);
+/// What a reclaim did, for `gpuctl.Report` to wrap: the CLI's JSON document, the pids
+/// ended, each process not ended with why, the pids a dry run would signal, and whether
+/// everything went well.
+#[pyclass(module = "gpuctl._gpuctl", frozen, get_all)]
+struct Reclaimed {
+    document: String,
+    ended: Vec<u32>,
+    skipped: Vec<(u32, String)>,
+    planned: Vec<u32>,
+    clean: bool,
+}
 
-fn summary(outcomes: &[Outcome]) -> (Vec<u32>, Vec<(u32, String)>, Vec<u32>) {
-    let mut ended = Vec::new();
-    let mut skipped = Vec::new();
-    let mut planned = Vec::new();
-    for outcome in outcomes {
-        let pid = outcome.target.pid;
-        match outcome.action {
-            Action::DryRun => planned.push(pid),
-            Action::Skip => skipped.push((
-                pid,
-                outcome.skipped.clone().unwrap_or_else(|| outcome.summary()),
-            )),
-            Action::Signal => match outcome.ended {
-                Some(Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone) => ended.push(pid),
-                _ => skipped.push((pid, outcome.summary())),
-            },
+impl Reclaimed {
+    /// The outcomes sorted into ended, skipped (with why) and planned; the document and
+    /// whether all went well as the caller found them.
+    fn of(document: String, outcomes: &[Outcome], clean: bool) -> Reclaimed {
+        let mut reclaimed = Reclaimed {
+            document,
+            ended: Vec::new(),
+            skipped: Vec::new(),
+            planned: Vec::new(),
+            clean,
+        };
+        for outcome in outcomes {
+            let pid = outcome.target.pid;
+            match &outcome.disposition {
+                Disposition::WouldSignal { .. } => reclaimed.planned.push(pid),
+                Disposition::Skipped { why } => reclaimed.skipped.push((pid, why.clone())),
+                Disposition::Signalled {
+                    ended: Ended::Exited { .. } | Ended::Killed { .. } | Ended::Gone,
+                    ..
+                } => reclaimed.ended.push(pid),
+                Disposition::Signalled { .. } => reclaimed.skipped.push((pid, outcome.summary())),
+            }
         }
+        reclaimed
     }
-    (ended, skipped, planned)
+}
+
+/// A `KillRequest` field as the keyword of `gpuctl.kill` that sets it, for core's errors
+/// that name fields ("no process selected: give pids=, ...").
+fn keyword(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "pids" => "pids=",
+        "gpus" => "gpus=",
+        "uids" => "user=",
+        "owners" => "owner=",
+        "min_bytes" => "min_memory=",
+        _ => return None,
+    })
 }
 
 fn ending(signal: &str) -> Result<Ending, Failure> {
@@ -261,14 +289,16 @@ fn clear(
             ..ClearRequest::default()
         };
         let cleared = reclaim::clear(&Session::open()?, &request)?;
-        let document = cleared.report(&request);
-        let (ended, mut skipped, planned) = summary(&cleared.outcomes);
-        skipped.extend(cleared.reported.iter().filter_map(|finding| {
-            finding
-                .identity
-                .map(|identity| (identity.pid, finding.reason.clone()))
-        }));
-        Ok((json(&document)?, ended, skipped, planned, cleared.clean()))
+        let document = json(&cleared.report(&request))?;
+        let mut reclaimed = Reclaimed::of(document, &cleared.outcomes, cleared.clean());
+        reclaimed
+            .skipped
+            .extend(cleared.reported.iter().filter_map(|finding| {
+                finding
+                    .identity
+                    .map(|identity| (identity.pid, finding.reason.clone()))
+            }));
+        Ok(reclaimed)
     })
 }
 
@@ -342,14 +372,16 @@ fn kill(
     };
     outside_gil(py, move || {
         let session = Session::open()?;
-        let Some(killed) = reclaim::kill(&session, &request)? else {
+        let killed = reclaim::kill(&session, &request).map_err(|error| error.worded(keyword))?;
+        let Some(killed) = killed else {
             return Err(Failure::usage("no GPU process matches the selection"));
         };
-        let document = killed.report(&request);
-        let ok = killed.clean();
-        let (ended, mut skipped, planned) = summary(&killed.outcomes);
-        skipped.extend(killed.refused.iter().map(|r| (r.pid, r.reason.clone())));
-        Ok((json(&document)?, ended, skipped, planned, ok))
+        let document = json(&killed.report(&request))?;
+        let mut reclaimed = Reclaimed::of(document, &killed.outcomes, killed.clean());
+        reclaimed
+            .skipped
+            .extend(killed.refused.iter().map(|r| (r.pid, r.reason.clone())));
+        Ok(reclaimed)
     })
 }
 
@@ -495,7 +527,10 @@ fn run_acquire(
                 let previous = previous.map(|p| json(&p)).transpose()?;
                 Ok(Ok((path, file, previous)))
             }
-            Err(busy @ RunError::Busy { .. }) => Ok(Err(busy.to_string())),
+            // In Python's words: RunGuard's `name=`, not the trainer's --run-name.
+            Err(busy @ RunError::Busy { .. }) => Ok(Err(
+                busy.worded(|field| (field == "name").then_some("name="))
+            )),
             Err(other) => Err(other.into()),
         }
     })?;
@@ -559,6 +594,7 @@ fn _gpuctl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RunningError", py.get_type::<RunningError>())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<RunLock>()?;
+    m.add_class::<Reclaimed>()?;
     m.add_function(wrap_pyfunction!(snapshot_json, m)?)?;
     m.add_function(wrap_pyfunction!(clear, m)?)?;
     m.add_function(wrap_pyfunction!(kill, m)?)?;

@@ -83,6 +83,9 @@ def test_clear_ends_a_crashed_runs_workers_and_reports_what_it_leaves(sim, scena
     assert (stopped.pid in [pid for pid, _ in report.skipped]) and report.free is False
     why = dict(report.skipped)[stopped.pid]
     assert "stopped" in why
+    # Each skip is named, and still unpacks as the (pid, why) pair it was.
+    entry = next(s for s in report.skipped if s.pid == stopped.pid)
+    assert isinstance(entry, gpuctl.Skipped) and entry.why == why and tuple(entry) == (stopped.pid, why)
     assert not any(alive(pid) for pid in workers)
     assert alive(live.pid) and alive(stopped.pid)
     assert report.to_dict()["command"] == "clear" and report.to_dict()["schema"] == 1

@@ -61,6 +61,8 @@ def test_a_selector_that_selects_nothing_is_a_usage_error(sim, scenario, procs):
     with pytest.raises(gpuctl.UsageError) as nothing:
         gpuctl.kill()
     assert one_line(nothing.value).startswith("no process selected")
+    # In Python's words, the keywords of gpuctl.kill, not the CLI's flags.
+    assert one_line(nothing.value) == "no process selected: give pids=, gpus=, user=, owner= or min_memory="
     with pytest.raises(gpuctl.UsageError) as none_match:
         gpuctl.kill(min_memory="1TiB")
     assert one_line(none_match.value) == "no GPU process matches the selection"

@@ -72,9 +72,11 @@ def test_runguard_cleans_a_crashed_pytorch_runs_dataloader_workers(sim, scenario
     assert all(roles[w] == ("worker", start_ticks(w)) for w in workers)
 
     # While it lives, its name is taken.
-    with pytest.raises(RunningError, match=f'run "llama-ft" is already running as pid {run.pid}'):
+    with pytest.raises(RunningError, match=f'run "llama-ft" is already running as pid {run.pid}') as busy:
         with RunGuard("llama-ft", dir=tmp_path):
             pass
+    # In Python's words (RunGuard's name=), not the trainer's --run-name.
+    assert str(busy.value).endswith("or give this run another name=")
 
     run.kill()  # SIGKILL: the crash
     run.wait()

@@ -33,6 +33,11 @@ pub struct Startup {
     pub policy: gpuctl_core::config::Loaded,
 }
 
+/// A field of core's run file as the flag that sets it, for core's errors that name one.
+fn flag(field: &str) -> Option<&'static str> {
+    (field == "name").then_some("--run-name")
+}
+
 /// Startup cleanup: takes the run's name, ends what a crashed previous run left, waits
 /// until its GPU memory can be allocated again, and records this run.
 pub fn start_up(args: &Args) -> Result<Startup, Failure> {
@@ -42,7 +47,7 @@ pub fn start_up(args: &Args) -> Result<Startup, Failure> {
             _ => Failure::Failed(e.to_string()),
         })?;
     let (run_file, previous) =
-        runfile::acquire(&args.run_name, &run_path).map_err(|e| Failure::Failed(e.to_string()))?;
+        runfile::acquire(&args.run_name, &run_path).map_err(|e| Failure::Failed(e.worded(flag)))?;
     let device_arg = resolve_device(args.device)?;
     if device_arg == DeviceArg::Cpu {
         cuda_only(args, "no CUDA device is available, so this run is on cpu")?;

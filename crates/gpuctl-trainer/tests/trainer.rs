@@ -624,6 +624,13 @@ fn a_live_run_keeps_its_name_and_stops_cleanly_on_sigterm() {
         second.stderr
     );
     assert!(
+        second
+            .stderr
+            .contains("or give this run another --run-name"),
+        "{}",
+        second.stderr
+    );
+    assert!(
         second.stderr.contains(&format!("as pid {trainer_pid}")),
         "{}",
         second.stderr

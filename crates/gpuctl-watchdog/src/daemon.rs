@@ -5,20 +5,19 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpuctl_core::act::Identity;
-use gpuctl_core::classify::grace::{Handled, Handling, HistoryTracker, Spells};
-use gpuctl_core::classify::{self, Finding, Kind, Remedy, Verdict};
+use gpuctl_core::classify::grace::{self, Decision, HistoryTracker, Judgement, Tried, Watch};
+use gpuctl_core::classify::{self, Finding, Kind};
 use gpuctl_core::exit::Exit;
 use gpuctl_core::host::{FactCache, Lineage, ProcView};
-use gpuctl_core::pidmap::{PidMap, PidSet};
-use gpuctl_core::plan::{Action, Outcome};
-use gpuctl_core::reclaim::Reclaim;
-use gpuctl_core::select::{self, Target};
+use gpuctl_core::pidmap::PidMap;
+use gpuctl_core::plan::Outcome;
+use gpuctl_core::reclaim::{Due, FindingsRequest};
+use gpuctl_core::select::Target;
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 use gpuctl_core::units::{self, bytes};
-use nix::time::{ClockId, clock_gettime};
 
-use crate::events::{FindingLog, fields_of, target_fields};
+use crate::events::{self, FindingLog, fields_of};
 use crate::link::Link;
 use crate::log::{Logger, Priority};
 use crate::metrics::Metrics;
@@ -40,20 +39,20 @@ struct Seen {
     holders_scanned: bool,
 }
 
-/// What one pass found.
+/// What one pass found: the rules' judgement over time, the stuck GPUs (reported only),
+/// and the current findings per kind, impostors last (the metrics).
 struct Judged {
-    /// Leftovers of a kind the watchdog reclaims, due or not yet.
-    stale: Vec<Finding>,
-    stale_ids: PidSet<Identity>,
-    /// Processes above their share, due or not yet.
-    over_ids: PidSet<Identity>,
-    /// Findings that lasted the grace, with what is done about them.
-    due: Vec<(Finding, Remedy)>,
-    /// Processes above their share, and stuck GPUs (reported only).
-    over: Vec<Finding>,
+    judgement: Judgement,
     stuck: Vec<Finding>,
-    /// Current findings per kind, impostors last (the metrics).
     counts: Vec<(&'static str, usize)>,
+}
+
+impl std::ops::Deref for Judged {
+    type Target = Judgement;
+
+    fn deref(&self) -> &Judgement {
+        &self.judgement
+    }
 }
 
 /// The last device-file holder scan: it reads every process's descriptors, so it runs at
@@ -88,13 +87,9 @@ pub struct Daemon {
     /// The /proc view, kept across passes (its namespace and filesystem checks do not
     /// change); its uptime is read again each pass.
     proc_view: Option<ProcView>,
-    // History.
+    // History, and the rules over time: spells, warnings, what was done about each.
     history: HistoryTracker,
-    /// Since when each leftover, and each process above its share, has been seen.
-    stale: Spells,
-    over: Spells,
-    warned: PidSet<Identity>,
-    handling: Handling,
+    watch: Watch,
     findings_log: FindingLog,
     // Reporting.
     metrics: Metrics,
@@ -128,10 +123,7 @@ impl Daemon {
             facts: FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
             proc_view: None,
             history: HistoryTracker::default(),
-            stale: Spells::default(),
-            over: Spells::default(),
-            warned: PidSet::default(),
-            handling: Handling::default(),
+            watch: Watch::default(),
             findings_log: FindingLog::default(),
             metrics: Metrics::default(),
             publisher: Publisher::default(),
@@ -223,12 +215,7 @@ impl Daemon {
     }
 
     fn reload(&mut self) {
-        // systemd wants the reload's start on CLOCK_MONOTONIC, which Instant does not expose.
-        let monotonic = clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
-            ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1000
-        });
-        self.notify
-            .send(&format!("RELOADING=1\nMONOTONIC_USEC={monotonic}"));
+        self.notify.reloading();
         match Settings::load(&crate::cli_args()) {
             Ok(settings) => {
                 self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
@@ -366,22 +353,7 @@ impl Daemon {
     /// Which GPUs did not answer, logged when that changes. A snapshot with a GPU missing
     /// is never acted on.
     fn note_incomplete(&mut self, snapshot: &Snapshot) -> Option<String> {
-        let broken: Vec<String> = snapshot
-            .devices
-            .iter()
-            .filter(|g| g.status != GpuStatus::Ok)
-            .map(|g| {
-                format!(
-                    "GPU {} {}",
-                    g.index,
-                    match g.status {
-                        GpuStatus::Lost => "lost".to_string(),
-                        _ => g.error.clone().unwrap_or_else(|| "failing".into()),
-                    }
-                )
-            })
-            .collect();
-        let incomplete = (!broken.is_empty()).then(|| broken.join(", "));
+        let incomplete = publish::unanswered(snapshot);
         if incomplete != self.last_incomplete {
             match &incomplete {
                 Some(what) => self.event(
@@ -403,20 +375,18 @@ impl Daemon {
     }
 
     /// Judge: the findings (with the history only a daemon has), each logged once, and
-    /// those due: held for the grace by the same process.
+    /// those due by the rules over time (`classify::grace`).
     fn judge(&mut self, seen: &Seen, once: bool) -> Judged {
         let (snapshot, now) = (&seen.snapshot, seen.now);
-        let history = if once {
-            None
-        } else {
-            Some(self.history.update(
+        let history = (!once).then(|| {
+            self.history.update(
                 snapshot,
                 now,
                 seen.incomplete.is_some(),
                 self.settings.policy.stuck.as_ref(),
                 |pid| Identity::observe(pid).ok(),
-            ))
-        };
+            )
+        });
         let findings = classify::classify(
             snapshot,
             &seen.lineages,
@@ -441,204 +411,89 @@ impl Daemon {
                 *n = holders.findings;
             }
         }
-        let grace = self.settings.watchdog.grace;
-
-        // Leftovers: a reclaim verdict of a kind the watchdog reclaims.
-        let reclaim = &self.settings.watchdog.reclaim;
-        let stale: Vec<Finding> = findings
-            .iter()
-            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Reclaim)
-            .filter(|f| f.kind.reclaim_kind().is_some_and(|k| reclaim.contains(&k)))
-            .cloned()
-            .collect();
-        let stale_ids: PidSet<Identity> = stale.iter().filter_map(|f| f.identity).collect();
-        // A GPU that failed this read lists no processes: its leftovers are not gone, so
-        // their grace goes on (a driver erring now and then must not restart it forever).
-        // A complete snapshot forgets what it does not show.
-        let listed: Option<PidSet<u32>> = seen.incomplete.is_some().then(|| {
-            snapshot
-                .devices
-                .iter()
-                .flat_map(|g| g.processes.iter().map(|p| p.pid))
-                .collect()
-        });
-        // A stopped process's grace counts from when it stopped.
-        let holders = stale.iter().filter_map(|f| {
-            let id = f.identity?;
-            let since = match f.kind {
-                Kind::Stopped => self.history.stopped_since(&id).unwrap_or(now),
-                _ => now,
-            };
-            Some((id, since))
-        });
-        self.stale.observe(holders, listed.as_ref());
-        let mut due: Vec<(Finding, Remedy)> = stale
-            .iter()
-            .filter(|f| {
-                once || f
-                    .identity
-                    .is_some_and(|id| self.stale.is_due(&id, grace, now))
-            })
-            .map(|f| (f.clone(), Remedy::Reclaim))
-            .collect();
-
-        // Above its share: warned once it lasted the grace, ended with enforce_fraction.
-        let over: Vec<&Finding> = findings
-            .iter()
-            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Enforce)
-            .collect();
-        let over_ids: PidSet<Identity> = over.iter().filter_map(|f| f.identity).collect();
-        self.over
-            .observe(over_ids.iter().map(|&id| (id, now)), None);
-        self.warned.retain(|id| over_ids.contains(id));
-        for f in over {
+        // A GPU that failed this read lists no processes: what it held is not gone.
+        let listed = seen.incomplete.is_some().then(|| grace::listed(snapshot));
+        let history = &self.history;
+        let judgement = self.watch.judge(
+            &findings,
+            &self.settings.rules(once),
+            |id| history.stopped_since(id),
+            listed.as_ref(),
+            now,
+        );
+        for f in &judgement.warn {
             let Some(id) = f.identity else { continue };
-            if once || self.over.is_due(&id, grace, now) {
-                if self.warned.insert(id) {
-                    self.event(
-                        Priority::Warning,
-                        &format!("pid {} {}", id.pid, f.reason),
-                        &fields_of(
-                            snapshot,
-                            id,
-                            &[("ACTION", "warn".into()), ("REASON", f.reason.clone())],
-                        ),
-                    );
-                }
-                due.push((f.clone(), Remedy::Enforce));
-            }
+            let fields = [("ACTION", "warn".into()), ("REASON", f.reason.clone())];
+            self.event(
+                Priority::Warning,
+                &format!("pid {} {}", id.pid, f.reason),
+                &fields_of(snapshot, id, &fields),
+            );
         }
-        let all_due: PidSet<(Identity, Remedy)> = due
-            .iter()
-            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
-            .collect();
-        self.handling.keep_due(&all_due);
-        let over = findings
-            .iter()
-            .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Enforce)
-            .cloned()
-            .collect();
         let stuck = findings
-            .iter()
+            .into_iter()
             .filter(|f| f.kind == Kind::Stuck)
-            .cloned()
             .collect();
         Judged {
-            stale,
-            stale_ids,
-            over_ids,
-            due,
-            over,
+            judgement,
             stuck,
             counts,
         }
     }
 
-    /// Act: the due findings' processes, through the road `gpuctl clear` takes, each once
-    /// (or again after a failed try), unless in report mode or the snapshot is incomplete.
+    /// Act: the due findings' processes, through a request built from them on the road
+    /// `gpuctl clear` takes, each once (or again after a failed try), unless in report mode
+    /// or the snapshot is incomplete.
     fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
         let (snapshot, now) = (&seen.snapshot, seen.now);
-        let stale: Vec<Finding> = judged
-            .due
-            .iter()
-            .filter(|(_, remedy)| *remedy == Remedy::Reclaim)
-            .map(|(f, _)| f.clone())
-            .collect();
-        let mut targets: Vec<(Target, Remedy)> = select::from_findings(snapshot, &stale, None)
-            .into_iter()
-            .map(|t| (t, Remedy::Reclaim))
-            .collect();
-        if self.settings.watchdog.enforce_fraction {
-            let over: Vec<Finding> = judged
-                .due
-                .iter()
-                .filter(|(_, remedy)| *remedy == Remedy::Enforce)
-                .map(|(f, _)| f.clone())
-                .collect();
-            for target in select::from_findings(snapshot, &over, None) {
-                if !targets.iter().any(|(t, _)| t.pid == target.pid) {
-                    targets.push((target, Remedy::Enforce));
-                }
-            }
-        }
-        // Same identity as observed, or nothing.
-        targets.retain(|(t, remedy)| {
-            t.identity().is_some_and(|id| match remedy {
-                Remedy::Enforce => judged.over_ids.contains(&id),
-                _ => judged.stale_ids.contains(&id),
-            })
-        });
-        let mut to_run: Vec<(Target, Remedy)> = Vec::new();
-        for (target, remedy) in targets {
-            let Some(id) = target.identity() else {
-                continue;
-            };
-            let why_left = if !self.settings.acts() {
-                Some("report mode".to_string())
-            } else {
-                seen.incomplete
-                    .as_ref()
-                    .map(|what| format!("incomplete snapshot: {what}"))
-            };
-            if let Some(why) = why_left {
-                pass.left += 1;
-                if self.handling.set(id, remedy, Handled::Left) != Some(Handled::Left) {
-                    self.event(
-                        Priority::Notice,
-                        &format!(
-                            "pid {} ({}) is {}, left alone ({why}): {}",
-                            target.pid,
-                            target.owner_name(),
-                            match remedy {
-                                Remedy::Enforce => "above its share",
-                                _ => "stale",
-                            },
-                            target.reasons.join("; ")
-                        ),
-                        &target_fields(snapshot, &target, "left", remedy),
-                    );
-                }
-                continue;
-            }
-            if self.handling.get(id, remedy) == Some(Handled::Logged) {
-                if self.settings.dry_run {
+        let request = self.settings.findings_request(judged.due.clone());
+        let why_left = self.settings.leaves_alone(seen.incomplete.as_deref());
+        let mut to_run: Vec<Due> = Vec::new();
+        for due in request.targets(snapshot) {
+            let (target, remedy) = (&due.target, due.remedy);
+            match self
+                .watch
+                .decide(due.identity, remedy, why_left.is_some(), once, now)
+            {
+                Decision::Act => to_run.push(due),
+                Decision::Waits => {}
+                Decision::Said if self.settings.dry_run => pass.left += 1,
+                Decision::Said => pass.failed += 1,
+                Decision::Left { first } => {
                     pass.left += 1;
-                } else {
-                    pass.failed += 1;
+                    if first {
+                        let why = why_left.as_deref().unwrap_or_default();
+                        let (message, fields) = events::left(snapshot, target, remedy, why);
+                        self.event(Priority::Notice, &message, &fields);
+                    }
                 }
-                continue;
             }
-            if self.handling.waits(id, remedy, now) && !once {
-                continue;
-            }
-            to_run.push((target, remedy));
         }
         if !to_run.is_empty() {
-            let outcomes = self.execute(snapshot, &to_run);
-            for (outcome, (_, remedy)) in outcomes.iter().zip(&to_run) {
-                self.report_outcome(snapshot, outcome, *remedy, pass, now);
+            let outcomes = self.execute(&request, snapshot, &to_run);
+            for (outcome, due) in outcomes.iter().zip(&to_run) {
+                self.report_outcome(snapshot, outcome, due, once, pass, now);
             }
         }
     }
 
-    /// Report: the metrics, systemd's STATUS line and the findings file.
+    /// Report: the metrics, systemd's STATUS line and the findings file (`gpuctl info`
+    /// shows it).
     fn report(&mut self, seen: &Seen, judged: &Judged) {
-        let snapshot = &seen.snapshot;
-        self.metrics.nvml_up = true;
-        self.metrics.gpus = publish::gpu_metrics(snapshot, &judged.stale, &judged.stuck);
-        if let Some(holders) = &self.holders {
-            for gpu in &mut self.metrics.gpus {
-                gpu.holders = holders
-                    .per_gpu
-                    .iter()
-                    .find(|(i, _)| *i == gpu.index)
-                    .map(|(_, n)| *n);
-            }
-        }
-        let max = self.settings.watchdog.metrics_max_owners;
-        self.metrics.users = publish::user_holdings(snapshot, max);
-        self.metrics.owners = publish::owner_holdings(snapshot, max);
-        self.metrics.findings = judged.counts.clone();
+        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let holders = self.holders.as_ref().map(|h| h.per_gpu.as_slice());
+        let found = (
+            &judged.judgement,
+            judged.stuck.as_slice(),
+            judged.counts.as_slice(),
+        );
+        publish::observed(
+            &mut self.metrics,
+            snapshot,
+            found,
+            holders,
+            &self.settings.watchdog,
+        );
         if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(units::unix_seconds());
         }
@@ -651,40 +506,11 @@ impl Daemon {
         }
         .line(snapshot);
         self.publish();
-        self.write_findings(seen, judged);
-    }
-
-    /// The findings file in the state directory (`gpuctl info` shows it): stale processes,
-    /// processes above their share and stuck GPUs, each with since when.
-    fn write_findings(&mut self, seen: &Seen, judged: &Judged) {
         let Some(dir) = self.settings.watchdog.state_path().map(PathBuf::from) else {
             return;
         };
-        let (snapshot, now) = (&seen.snapshot, seen.now);
-        let unix_at = |since: Option<Instant>| {
-            units::unix_seconds()
-                - now
-                    .saturating_duration_since(since.unwrap_or(now))
-                    .as_secs_f64()
-        };
-        let mut findings = Vec::new();
-        for f in &judged.stale {
-            let since = f.identity.and_then(|id| self.stale.since(&id));
-            findings.push(publish::finding_entry(snapshot, f, unix_at(since)));
-        }
-        for f in &judged.over {
-            let since = f.identity.and_then(|id| self.over.since(&id));
-            findings.push(publish::finding_entry(snapshot, f, unix_at(since)));
-        }
-        for f in &judged.stuck {
-            let lasted = f
-                .gpus
-                .first()
-                .and_then(|&i| self.history.stuck_for(i))
-                .unwrap_or_default();
-            let since_unix = units::unix_seconds() - lasted.as_secs_f64();
-            findings.push(publish::finding_entry(snapshot, f, since_unix));
-        }
+        let found = (&judged.judgement, judged.stuck.as_slice());
+        let findings = publish::finding_entries(snapshot, found, &self.watch, &self.history, now);
         let interval = self.settings.watchdog.interval;
         self.publisher
             .write_findings(&self.log, &dir, findings, interval, now);
@@ -697,12 +523,7 @@ impl Daemon {
             self.notify.send("READY=1");
             self.ready_sent = true;
         }
-        self.metrics.nvml_up = false;
-        self.metrics.gpus.clear();
-        // Nothing is known of who holds what: no rows, and no findings.
-        self.metrics.users.clear();
-        self.metrics.owners.clear();
-        self.metrics.findings = publish::finding_counts(&[], 0);
+        publish::down(&mut self.metrics);
         self.publish();
     }
 
@@ -722,106 +543,48 @@ impl Daemon {
 
     /// Signals (or, in a dry run, plans) through the reclaim road, pinging systemd's
     /// watchdog from a helper thread while the escalation waits.
-    fn execute(&self, snapshot: &Snapshot, to_run: &[(Target, Remedy)]) -> Vec<Outcome> {
+    fn execute(&self, request: &FindingsRequest, snapshot: &Snapshot, due: &[Due]) -> Vec<Outcome> {
         let Some(gpus) = self.link.gpus() else {
             return Vec::new();
         };
-        let targets: Vec<Target> = to_run.iter().map(|(t, _)| t.clone()).collect();
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            if let Some(every) = self.notify.ping_every() {
-                let done = &done;
-                let notify = &self.notify;
-                scope.spawn(move || {
-                    while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                        notify.send("WATCHDOG=1");
-                        std::thread::park_timeout(every);
-                    }
-                });
-            }
-            let outcomes = Reclaim {
-                gpus,
-                guard: &self.settings.guard,
-                how: self.settings.escalation(),
-                verify_for: self.settings.watchdog.term_timeout,
-                dry_run: self.settings.dry_run,
-            }
-            .run(snapshot, targets);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-            outcomes
-        })
+        let targets: Vec<Target> = due.iter().map(|d| d.target.clone()).collect();
+        self.notify
+            .pinging_while(|| request.run(gpus, snapshot, &self.settings.guard, targets))
     }
 
+    /// What came of one due process: its journal event, the pass's counts and the metrics,
+    /// and what the rules over time remember of it.
     fn report_outcome(
         &mut self,
         snapshot: &Snapshot,
         outcome: &Outcome,
-        remedy: Remedy,
+        due: &Due,
+        once: bool,
         pass: &mut Pass,
         now: Instant,
     ) {
-        let target = &outcome.target;
-        let Some(id) = target.identity() else { return };
-        let who = format!("pid {} ({})", target.pid, target.owner_name());
-        let held = target.used_bytes.map_or("memory unknown".into(), bytes);
-        let reasons = target.reasons.join("; ");
-        match outcome.action {
-            Action::DryRun => {
-                pass.left += 1;
-                self.handling.set(id, remedy, Handled::Logged);
-                self.event(
-                    Priority::Notice,
-                    &format!("dry run: would reclaim {who}, {held}: {reasons}"),
-                    &target_fields(snapshot, target, "would-reclaim", remedy),
-                );
-            }
-            Action::Skip => {
-                pass.failed += 1;
-                self.handling.set(id, remedy, Handled::Logged);
-                let why = outcome.skipped.clone().unwrap_or_default();
-                let mut fields = target_fields(snapshot, target, "skipped", remedy);
-                fields.push(("SKIPPED", why.clone()));
-                self.event(
-                    Priority::Warning,
-                    &format!("not reclaiming {who}: {why}"),
-                    &fields,
-                );
-            }
-            Action::Signal if outcome.succeeded() => {
+        let (target, remedy) = (&outcome.target, due.remedy);
+        let tried = events::tried(outcome);
+        self.watch
+            .settle(due.identity, remedy, tried, &self.settings.rules(once), now);
+        match tried {
+            Tried::WouldSignal => pass.left += 1,
+            Tried::Skipped => pass.failed += 1,
+            Tried::Reclaimed => {
                 let freed = target.used_bytes.unwrap_or(0);
                 self.metrics.reclaims_total += 1;
                 self.metrics.reclaimed_bytes_total += freed;
+                let held = target.used_bytes.map_or("memory unknown".into(), bytes);
+                let who = format!("pid {} ({})", target.pid, target.owner_name());
                 self.last_reclaim = Some(format!("{}: {who} {held}", publish::clock_time()));
-                let action = match remedy {
-                    Remedy::Enforce => "terminated",
-                    _ => "reclaimed",
-                };
-                let mut fields = target_fields(snapshot, target, action, remedy);
-                fields.push(("RECLAIMED_BYTES", freed.to_string()));
-                self.event(
-                    Priority::Warning,
-                    &format!(
-                        "{action} {who}: {}, {held} released; {reasons}",
-                        outcome.summary()
-                    ),
-                    &fields,
-                );
-                self.stale.end(&id);
-                self.over.end(&id);
             }
-            Action::Signal => {
+            Tried::Failed => {
                 pass.failed += 1;
                 self.metrics.reclaim_failures_total += 1;
-                let watchdog = &self.settings.watchdog;
-                self.handling
-                    .failed(id, remedy, now, watchdog.grace, watchdog.interval);
-                self.event(
-                    Priority::Err,
-                    &format!("reclaim of {who} failed: {}; {reasons}", outcome.summary()),
-                    &target_fields(snapshot, target, "failed", remedy),
-                );
             }
         }
+        let (priority, message, fields) = events::outcome(snapshot, outcome, remedy, tried);
+        self.event(priority, &message, &fields);
     }
 }
 

@@ -3,10 +3,11 @@
 //! a process or a GPU carries (GPU_UUID, PID, USER, ...).
 
 use gpuctl_core::act::Identity;
+use gpuctl_core::classify::grace::Tried;
 use gpuctl_core::classify::{Finding, Kind, Remedy, Verdict};
 use gpuctl_core::config::Watchdog;
 use gpuctl_core::pidmap::PidSet;
-use gpuctl_core::plan::Guard;
+use gpuctl_core::plan::{Disposition, Guard, Outcome};
 use gpuctl_core::protect::{Claim, Claimant};
 use gpuctl_core::select::Target;
 use gpuctl_core::snapshot::Snapshot;
@@ -193,6 +194,86 @@ pub fn gpu_uuid_fields(snapshot: &Snapshot, gpus: &[u32]) -> Vec<(&'static str, 
         })
         .collect();
     vec![("GPU_UUID", uuids.join(","))]
+}
+
+/// A due process left alone (report mode, an incomplete snapshot: `why`), said once.
+pub fn left(
+    snapshot: &Snapshot,
+    target: &Target,
+    remedy: Remedy,
+    why: &str,
+) -> (String, Vec<(&'static str, String)>) {
+    let message = format!(
+        "pid {} ({}) is {}, left alone ({why}): {}",
+        target.pid,
+        target.owner_name(),
+        match remedy {
+            Remedy::Enforce => "above its share",
+            _ => "stale",
+        },
+        target.reasons.join("; ")
+    );
+    (message, target_fields(snapshot, target, "left", remedy))
+}
+
+/// How an attempt on a due process went, as the rules over time record it.
+pub fn tried(outcome: &Outcome) -> Tried {
+    match &outcome.disposition {
+        Disposition::WouldSignal { .. } => Tried::WouldSignal,
+        Disposition::Skipped { .. } => Tried::Skipped,
+        Disposition::Signalled { .. } if outcome.succeeded() => Tried::Reclaimed,
+        Disposition::Signalled { .. } => Tried::Failed,
+    }
+}
+
+/// What came of an attempt on a due process, as its event: a dry run's would-reclaim, a
+/// guard's skip, a reclaim (or an enforced end), or a failure.
+pub fn outcome(
+    snapshot: &Snapshot,
+    outcome: &Outcome,
+    remedy: Remedy,
+    tried: Tried,
+) -> (Priority, String, Vec<(&'static str, String)>) {
+    let target = &outcome.target;
+    let who = format!("pid {} ({})", target.pid, target.owner_name());
+    let held = target.used_bytes.map_or("memory unknown".into(), bytes);
+    let reasons = target.reasons.join("; ");
+    match tried {
+        Tried::WouldSignal => (
+            Priority::Notice,
+            format!("dry run: would reclaim {who}, {held}: {reasons}"),
+            target_fields(snapshot, target, "would-reclaim", remedy),
+        ),
+        Tried::Skipped => {
+            let why = outcome.skipped().unwrap_or_default().to_string();
+            let mut fields = target_fields(snapshot, target, "skipped", remedy);
+            fields.push(("SKIPPED", why.clone()));
+            (
+                Priority::Warning,
+                format!("not reclaiming {who}: {why}"),
+                fields,
+            )
+        }
+        Tried::Reclaimed => {
+            let action = match remedy {
+                Remedy::Enforce => "terminated",
+                _ => "reclaimed",
+            };
+            let mut fields = target_fields(snapshot, target, action, remedy);
+            let freed = target.used_bytes.unwrap_or(0);
+            fields.push(("RECLAIMED_BYTES", freed.to_string()));
+            let message = format!(
+                "{action} {who}: {}, {held} released; {reasons}",
+                outcome.summary()
+            );
+            (Priority::Warning, message, fields)
+        }
+        Tried::Failed => (
+            Priority::Err,
+            format!("reclaim of {who} failed: {}; {reasons}", outcome.summary()),
+            target_fields(snapshot, target, "failed", remedy),
+        ),
+    }
 }
 
 pub fn target_fields(

@@ -1,8 +1,10 @@
 //! sd_notify(3) through the sd-notify crate: one datagram per message to $NOTIFY_SOCKET, and
 //! the watchdog period from $WATCHDOG_USEC (for this process only, as $WATCHDOG_PID says).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nix::time::{ClockId, clock_gettime};
 use sd_notify::NotifyState;
 
 pub struct Notifier {
@@ -21,6 +23,36 @@ impl Notifier {
     pub fn ping_every(&self) -> Option<Duration> {
         self.watchdog
             .map(|period| (period / 3).max(Duration::from_millis(10)))
+    }
+
+    /// Runs `work` (a reclaim waiting out its escalation), sending WATCHDOG=1 from a helper
+    /// thread meanwhile when systemd expects pings, so a long wait is not taken for a hang.
+    pub fn pinging_while<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
+        let Some(every) = self.ping_every() else {
+            return work();
+        };
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let pinger = scope.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    self.send("WATCHDOG=1");
+                    std::thread::park_timeout(every);
+                }
+            });
+            let result = work();
+            done.store(true, Ordering::SeqCst);
+            pinger.thread().unpark();
+            result
+        })
+    }
+
+    /// RELOADING=1 with the reload's start on CLOCK_MONOTONIC, as systemd wants it (Instant
+    /// does not expose that clock).
+    pub fn reloading(&self) {
+        let monotonic = clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+            ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1000
+        });
+        self.send(&format!("RELOADING=1\nMONOTONIC_USEC={monotonic}"));
     }
 
     /// Sends `message` (`KEY=value` lines, e.g. `READY=1`, `STATUS=...`,

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use gpuctl_core::classify::grace::{HistoryTracker, Judgement, Watch};
 use gpuctl_core::classify::{Finding, Kind};
+use gpuctl_core::config::Watchdog;
 use gpuctl_core::host;
 use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::pidmap::PidSet;
@@ -119,6 +121,100 @@ impl Publisher {
             self.findings_error = error;
         }
     }
+}
+
+/// What a pass that read NVML shows in the metrics: each GPU's series (with the holder
+/// scan's counts per GPU, which stand until the next scan), who holds what, per user and per
+/// owner (at most `metrics_max_owners` rows each), and the findings per kind (`counts`).
+pub fn observed(
+    metrics: &mut Metrics,
+    snapshot: &Snapshot,
+    (judgement, stuck, counts): (&Judgement, &[Finding], &[(&'static str, usize)]),
+    holders: Option<&[(u32, usize)]>,
+    watchdog: &Watchdog,
+) {
+    metrics.nvml_up = true;
+    metrics.gpus = gpu_metrics(snapshot, &judgement.stale, stuck);
+    if let Some(holders) = holders {
+        for gpu in &mut metrics.gpus {
+            gpu.holders = holders
+                .iter()
+                .find(|(i, _)| *i == gpu.index)
+                .map(|(_, n)| *n);
+        }
+    }
+    let max = watchdog.metrics_max_owners;
+    metrics.users = user_holdings(snapshot, max);
+    metrics.owners = owner_holdings(snapshot, max);
+    metrics.findings = counts.to_vec();
+}
+
+/// A pass that could not read NVML: nothing is known of who holds what, so no GPU, user
+/// or owner rows, and no findings.
+pub fn down(metrics: &mut Metrics) {
+    metrics.nvml_up = false;
+    metrics.gpus.clear();
+    metrics.users.clear();
+    metrics.owners.clear();
+    metrics.findings = finding_counts(&[], 0);
+}
+
+/// Which GPUs did not answer this read ("GPU 1 lost, GPU 3 Unknown Error"); `None` when
+/// every one did. A snapshot with a GPU missing is never acted on.
+pub fn unanswered(snapshot: &Snapshot) -> Option<String> {
+    let broken: Vec<String> = snapshot
+        .devices
+        .iter()
+        .filter(|g| g.status != GpuStatus::Ok)
+        .map(|g| {
+            format!(
+                "GPU {} {}",
+                g.index,
+                match g.status {
+                    GpuStatus::Lost => "lost".to_string(),
+                    _ => g.error.clone().unwrap_or_else(|| "failing".into()),
+                }
+            )
+        })
+        .collect();
+    (!broken.is_empty()).then(|| broken.join(", "))
+}
+
+/// The findings file's entries (`gpuctl info` shows them): leftovers and processes above
+/// their share with since when their spell began, stuck GPUs with since when they looked
+/// stuck.
+pub fn finding_entries(
+    snapshot: &Snapshot,
+    (judgement, stuck): (&Judgement, &[Finding]),
+    watch: &Watch,
+    history: &HistoryTracker,
+    now: Instant,
+) -> Vec<WatchdogFinding> {
+    let unix_at = |since: Option<Instant>| {
+        units::unix_seconds()
+            - now
+                .saturating_duration_since(since.unwrap_or(now))
+                .as_secs_f64()
+    };
+    let mut findings = Vec::new();
+    for f in &judgement.stale {
+        let since = f.identity.and_then(|id| watch.stale.since(&id));
+        findings.push(finding_entry(snapshot, f, unix_at(since)));
+    }
+    for f in &judgement.over {
+        let since = f.identity.and_then(|id| watch.over.since(&id));
+        findings.push(finding_entry(snapshot, f, unix_at(since)));
+    }
+    for f in stuck {
+        let lasted = f
+            .gpus
+            .first()
+            .and_then(|&i| history.stuck_for(i))
+            .unwrap_or_default();
+        let since_unix = units::unix_seconds() - lasted.as_secs_f64();
+        findings.push(finding_entry(snapshot, f, since_unix));
+    }
+    findings
 }
 
 /// Each GPU's series: `stale` the leftovers found (due or not yet), `stuck` the stuck-GPU

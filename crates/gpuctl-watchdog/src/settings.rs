@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use gpuctl_core::CoreError;
 use gpuctl_core::act::{Escalation, Signal};
-use gpuctl_core::classify::Policy;
+use gpuctl_core::classify::grace::Rules;
 use gpuctl_core::classify::stuck::StuckCriteria;
+use gpuctl_core::classify::{Finding, Policy, Remedy};
 use gpuctl_core::config::{self, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
+use gpuctl_core::reclaim::FindingsRequest;
 use gpuctl_core::snapshot::HolderScan;
 use gpuctl_watchdog::cli::{Cli, Mode};
 
@@ -104,6 +106,37 @@ impl Settings {
         Escalation::then_kill(Signal::TERM, term_timeout).with_kill_timeout(
             Escalation::KILL_TIMEOUT.min(term_timeout.max(Duration::from_secs(1))),
         )
+    }
+
+    /// Why due processes are left alone in a pass, if they are: report mode, or an
+    /// incomplete snapshot (`incomplete`: the GPUs that did not answer).
+    pub fn leaves_alone(&self, incomplete: Option<&str>) -> Option<String> {
+        if !self.acts() {
+            return Some("report mode".into());
+        }
+        incomplete.map(|what| format!("incomplete snapshot: {what}"))
+    }
+
+    /// The rules over time in force; `once`: no grace (`--once`).
+    pub fn rules(&self, once: bool) -> Rules<'_> {
+        Rules {
+            grace: self.watchdog.grace,
+            interval: self.watchdog.interval,
+            reclaim: &self.watchdog.reclaim,
+            once,
+        }
+    }
+
+    /// The reclaim of `due` findings as configured: ending processes above their share only
+    /// with enforce_fraction, the escalation, the verification, a dry run.
+    pub fn findings_request(&self, due: Vec<(Finding, Remedy)>) -> FindingsRequest {
+        FindingsRequest {
+            due,
+            enforce: self.watchdog.enforce_fraction,
+            how: self.escalation(),
+            verify_for: self.watchdog.term_timeout,
+            dry_run: self.dry_run,
+        }
     }
 
     pub fn summary(&self) -> String {

@@ -467,6 +467,22 @@ impl SignalArgs {
 }
 
 impl KillArgs {
+    /// A `KillRequest` field as the flag that sets it, for core's errors that name fields
+    /// ("no process selected: give --pid, ...").
+    pub fn flag(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "gpus" => "--gpu",
+            "pids" => "--pid",
+            "uids" => "--user",
+            "owners" => "--owner",
+            "stale" => "--stale",
+            "min_bytes" => "--min-mem",
+            "older_than" => "--older-than",
+            "all" => "--all",
+            _ => return None,
+        })
+    }
+
     /// What these arguments ask of gpuctl-core.
     pub fn request(&self) -> KillRequest {
         KillRequest {
@@ -625,6 +641,21 @@ mod tests {
         assert_eq!(parse_seconds("0.5").unwrap(), Duration::from_millis(500));
         for bad in ["0", "-1", "0.05", "NaN", "inf", "abc", "", "1e400"] {
             assert!(parse_seconds(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn each_selector_of_a_kill_request_is_a_flag_of_kill() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let kill = command.find_subcommand("kill").unwrap();
+        for field in gpuctl_core::reclaim::KillRequest::SELECTORS {
+            let flag = KillArgs::flag(field).unwrap_or_else(|| panic!("{field} has no flag"));
+            let long = flag.trim_start_matches("--");
+            assert!(
+                kill.get_arguments().any(|a| a.get_long() == Some(long)),
+                "{flag} is not a flag of kill"
+            );
         }
     }
 

@@ -8,15 +8,14 @@ use gpuctl_core::CoreError;
 use gpuctl_core::cardset;
 use gpuctl_core::config::{self, FractionInForce, FractionScope, Origin};
 use gpuctl_core::nvml::{self, Gpus};
-use gpuctl_core::settings::{self, EnvSetting, Shell};
-use serde::Serialize;
+use gpuctl_core::report::{
+    EnableDocument, FileEntry, FractionDocument, POLICY_SCHEMA, PersistenceEntry, ShareEntry,
+};
+use gpuctl_core::settings::{self, Shell};
 
 use crate::render::{self, Color, Style};
 use crate::{Exit, Usage};
 use gpuctl::cli::{EnableArgs, FractionArgs, ShellKind};
-
-/// Version of the `fraction --json` and `enable --json` documents.
-pub const POLICY_SCHEMA: u32 = 1;
 
 pub fn run_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
     match &args.value {
@@ -52,32 +51,6 @@ fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
         }
     }
     Ok(Exit::Ok)
-}
-
-#[derive(Serialize)]
-struct FractionDocument {
-    schema: u32,
-    user: Option<String>,
-    files: Vec<FileEntry>,
-    gpus: Vec<ShareEntry>,
-}
-
-#[derive(Serialize)]
-struct FileEntry {
-    origin: String,
-    path: String,
-    present: bool,
-}
-
-#[derive(Serialize)]
-struct ShareEntry {
-    /// `None`: no GPU (NVML unavailable): the user and default entries.
-    index: Option<u32>,
-    uuid: Option<String>,
-    /// `None`: no limit.
-    fraction: Option<f64>,
-    source: Option<String>,
-    note: Option<String>,
 }
 
 fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
@@ -175,22 +148,6 @@ fn fraction_table(document: &FractionDocument, style: &Style) -> String {
         ));
     }
     out
-}
-
-#[derive(Serialize)]
-struct EnableDocument<'a> {
-    schema: u32,
-    env: &'a [EnvSetting],
-    fraction: Option<f64>,
-    fraction_source: Option<String>,
-    persistence: Option<Vec<PersistenceEntry>>,
-}
-
-#[derive(Serialize)]
-struct PersistenceEntry {
-    index: u32,
-    #[serde(flatten)]
-    outcome: cardset::ItemOutcome,
 }
 
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {

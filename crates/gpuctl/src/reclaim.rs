@@ -17,7 +17,9 @@ use gpuctl::cli::{ClearArgs, KillArgs};
 pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let session = Session::open()?;
     let request = args.request();
-    let Some(prepared) = reclaim::prepare_kill(&session, &request)? else {
+    let prepared =
+        reclaim::prepare_kill(&session, &request).map_err(|error| error.worded(KillArgs::flag))?;
+    let Some(prepared) = prepared else {
         eprintln!("gpuctl: no GPU process matches the selection");
         return Ok(Exit::Ok);
     };
@@ -144,7 +146,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
                     render::safe(&t.owner_name()).into_owned(),
                     units::gpu_list(&t.gpus),
                     t.used_bytes.map_or("n/a".into(), units::bytes),
-                    match &o.skipped {
+                    match o.skipped() {
                         Some(reason) => format!("skipped: {}", render::safe(reason)),
                         None => o.summary(),
                     },

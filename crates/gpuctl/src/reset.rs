@@ -3,34 +3,21 @@
 use anyhow::Result;
 use gpuctl_core::cardset::{GpuItems, ItemOutcome, ResetItem};
 use gpuctl_core::reclaim::{self, Session};
-use serde::Serialize;
 
 use crate::Exit;
 use crate::render::{self, Color, Style};
 use gpuctl::cli::ResetArgs;
 
-/// Version of the `reset --json` document.
-pub const RESET_SCHEMA: u32 = 1;
-
-#[derive(Serialize)]
-struct ResetDocument<'a> {
-    schema: u32,
-    dry_run: bool,
-    gpus: &'a [GpuItems],
-}
-
 pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
-    let results = reclaim::reset(&Session::open()?, &args.request())?;
-    let document = ResetDocument {
-        schema: RESET_SCHEMA,
-        dry_run: args.plan.dry_run,
-        gpus: &results,
-    };
-    render::emit(args.output.json, &document, || table(&results, &style))?;
-    Ok(if reclaim::reset_failed(&results) {
-        Exit::Failed
-    } else {
+    let request = args.request();
+    let restored = reclaim::reset(&Session::open()?, &request)?;
+    render::emit(args.output.json, &restored.report(&request), || {
+        table(&restored.gpus, &style)
+    })?;
+    Ok(if restored.clean() {
         Exit::Ok
+    } else {
+        Exit::Failed
     })
 }
 

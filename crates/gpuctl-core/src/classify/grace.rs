@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use super::stuck::{StuckCriteria, StuckTracker};
-use super::{History, Remedy};
+use super::{Finding, History, Remedy, Verdict};
 use crate::act::Identity;
+use crate::config::ReclaimKind;
 use crate::host::ProcState;
 use crate::pidmap::{PidMap, PidSet};
 use crate::snapshot::Snapshot;
@@ -115,6 +116,220 @@ impl Handling {
     }
 }
 
+/// The watchdog's rules over time, as in force for one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// How long a finding must hold, by the same process, before it is acted on.
+    pub grace: Duration,
+    /// The pass interval: a failed reclaim is not tried again before the next pass.
+    pub interval: Duration,
+    /// The kinds of leftover that are reclaimed (`watchdog.reclaim`); the others are only
+    /// reported.
+    pub reclaim: &'a [ReclaimKind],
+    /// One pass with no grace (`--once`): everything found is due at once.
+    pub once: bool,
+}
+
+/// What [`Watch::judge`] makes of one pass's findings.
+#[derive(Debug, Clone, Default)]
+pub struct Judgement {
+    /// Leftovers of a kind that is reclaimed, due or not yet.
+    pub stale: Vec<Finding>,
+    pub stale_ids: PidSet<Identity>,
+    /// Processes above their share, due or not yet.
+    pub over: Vec<Finding>,
+    pub over_ids: PidSet<Identity>,
+    /// Findings that lasted the grace, each with what is done about it.
+    pub due: Vec<(Finding, Remedy)>,
+    /// Processes above their share whose grace ran out: each warned of once, in the pass
+    /// it first did.
+    pub warn: Vec<Finding>,
+}
+
+/// What to do, in one pass, with a process that is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Left alone (report mode, an incomplete snapshot); `first`: it was not left in the
+    /// pass before, so it is said now, once.
+    Left { first: bool },
+    /// Said before and not tried again (a dry run's would-reclaim, a guard's skip).
+    Said,
+    /// A reclaim of it failed, and its retry is not due yet.
+    Waits,
+    /// Act on it now.
+    Act,
+}
+
+/// How an attempt on a due process went, as [`Watch::settle`] records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tried {
+    /// A dry run: it would have been signalled.
+    WouldSignal,
+    /// The guard skipped it.
+    Skipped,
+    /// Ended, and its memory came back.
+    Reclaimed,
+    /// Signalled but not ended, or its memory not released.
+    Failed,
+}
+
+/// What a watcher keeps across passes to apply its [`Rules`]: since when each leftover and
+/// each process above its share has been seen, who was warned of, and what was done about
+/// each due process. Every call takes the pass's `now`.
+#[derive(Debug, Default, Clone)]
+pub struct Watch {
+    /// Since when each leftover has been seen.
+    pub stale: Spells,
+    /// Since when each process above its share has been seen.
+    pub over: Spells,
+    warned: PidSet<Identity>,
+    handling: Handling,
+}
+
+impl Watch {
+    /// Sorts `findings` into leftovers and processes above their share, moves their spells
+    /// on, and names those due: held for the grace by the same process (a stopped one
+    /// counts from when it stopped: `stopped_since`). `listed`: for an incomplete read, the
+    /// pids it lists (see [`Spells::observe`]); `None` for a complete one.
+    pub fn judge(
+        &mut self,
+        findings: &[Finding],
+        rules: &Rules,
+        stopped_since: impl Fn(&Identity) -> Option<Instant>,
+        listed: Option<&PidSet<u32>>,
+        now: Instant,
+    ) -> Judgement {
+        let acted_on =
+            |f: &&Finding, remedy| f.verdict == Verdict::Reclaim && f.kind.remedy() == remedy;
+        // Leftovers: a reclaim verdict of a kind that is reclaimed.
+        let stale: Vec<Finding> = findings
+            .iter()
+            .filter(|f| acted_on(f, Remedy::Reclaim))
+            .filter(|f| {
+                f.kind
+                    .reclaim_kind()
+                    .is_some_and(|k| rules.reclaim.contains(&k))
+            })
+            .cloned()
+            .collect();
+        let stale_ids: PidSet<Identity> = stale.iter().filter_map(|f| f.identity).collect();
+        let holders = stale.iter().filter_map(|f| {
+            let id = f.identity?;
+            let since = match f.kind {
+                super::Kind::Stopped => stopped_since(&id).unwrap_or(now),
+                _ => now,
+            };
+            Some((id, since))
+        });
+        self.stale.observe(holders, listed);
+        let due_now = |spells: &Spells, f: &Finding| {
+            rules.once
+                || f.identity
+                    .is_some_and(|id| spells.is_due(&id, rules.grace, now))
+        };
+        let mut due: Vec<(Finding, Remedy)> = stale
+            .iter()
+            .filter(|f| due_now(&self.stale, f))
+            .map(|f| (f.clone(), Remedy::Reclaim))
+            .collect();
+
+        // Above its share: warned of once it lasted the grace, and due (ended only where
+        // the fraction is enforced, which the caller decides).
+        let over: Vec<Finding> = findings
+            .iter()
+            .filter(|f| acted_on(f, Remedy::Enforce))
+            .cloned()
+            .collect();
+        let over_ids: PidSet<Identity> = over.iter().filter_map(|f| f.identity).collect();
+        self.over
+            .observe(over_ids.iter().map(|&id| (id, now)), None);
+        self.warned.retain(|id| over_ids.contains(id));
+        let mut warn = Vec::new();
+        for f in &over {
+            let Some(id) = f.identity else { continue };
+            if due_now(&self.over, f) {
+                if self.warned.insert(id) {
+                    warn.push(f.clone());
+                }
+                due.push((f.clone(), Remedy::Enforce));
+            }
+        }
+        let all_due: PidSet<(Identity, Remedy)> = due
+            .iter()
+            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
+            .collect();
+        self.handling.keep_due(&all_due);
+        Judgement {
+            stale,
+            stale_ids,
+            over,
+            over_ids,
+            due,
+            warn,
+        }
+    }
+
+    /// What to do with due process `id` in this pass. `left`: it is to be left alone (report
+    /// mode, an incomplete snapshot).
+    pub fn decide(
+        &mut self,
+        id: Identity,
+        remedy: Remedy,
+        left: bool,
+        once: bool,
+        now: Instant,
+    ) -> Decision {
+        if left {
+            let before = self.handling.set(id, remedy, Handled::Left);
+            return Decision::Left {
+                first: before != Some(Handled::Left),
+            };
+        }
+        if self.handling.get(id, remedy) == Some(Handled::Logged) {
+            return Decision::Said;
+        }
+        if self.handling.waits(id, remedy, now) && !once {
+            return Decision::Waits;
+        }
+        Decision::Act
+    }
+
+    /// Records how the attempt on `id` at `now` went: a would-reclaim or a skip is not
+    /// tried again, a reclaimed process starts its spells over if it shows again, and a
+    /// failed one is retried after the grace (or the interval, when that is longer).
+    pub fn settle(
+        &mut self,
+        id: Identity,
+        remedy: Remedy,
+        tried: Tried,
+        rules: &Rules,
+        now: Instant,
+    ) {
+        match tried {
+            Tried::WouldSignal | Tried::Skipped => {
+                self.handling.set(id, remedy, Handled::Logged);
+            }
+            Tried::Reclaimed => {
+                self.stale.end(&id);
+                self.over.end(&id);
+            }
+            Tried::Failed => self
+                .handling
+                .failed(id, remedy, now, rules.grace, rules.interval),
+        }
+    }
+}
+
+/// The pids `snapshot` lists on any GPU: for an incomplete read, what [`Spells::observe`]
+/// and [`Watch::judge`] take as `listed`.
+pub fn listed(snapshot: &Snapshot) -> PidSet<u32> {
+    snapshot
+        .devices
+        .iter()
+        .flat_map(|g| g.processes.iter().map(|p| p.pid))
+        .collect()
+}
+
 /// The history kept across passes: each GPU process's parent, those whose parent died,
 /// since when each has been stopped, and each GPU's stuck spell.
 #[derive(Debug, Default)]
@@ -218,203 +433,4 @@ impl HistoryTracker {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fixtures;
-    use crate::snapshot::GpuProcess;
-
-    const GRACE: Duration = Duration::from_secs(30);
-
-    fn secs(s: u64) -> Duration {
-        Duration::from_secs(s)
-    }
-
-    fn id(pid: u32, ticks: u64) -> Identity {
-        Identity::new(pid, ticks)
-    }
-
-    fn listed(pids: &[u32]) -> PidSet<u32> {
-        pids.iter().copied().collect()
-    }
-
-    #[test]
-    fn a_spell_is_due_exactly_at_the_grace_not_before() {
-        let t0 = Instant::now();
-        let mut spells = Spells::default();
-        let a = id(10, 1000);
-        spells.observe([(a, t0)], None);
-        assert!(!spells.is_due(&a, GRACE, t0));
-        spells.observe([(a, t0 + secs(29))], None);
-        assert_eq!(spells.since(&a), Some(t0), "a spell keeps its start");
-        assert!(!spells.is_due(&a, GRACE, t0 + GRACE - Duration::from_millis(1)));
-        assert!(spells.is_due(&a, GRACE, t0 + GRACE));
-        assert!(
-            spells.is_due(&a, Duration::ZERO, t0),
-            "no grace: due at once"
-        );
-    }
-
-    #[test]
-    fn a_failed_read_does_not_restart_a_leftovers_grace() {
-        let t0 = Instant::now();
-        let mut spells = Spells::default();
-        let a = id(10, 1000);
-        spells.observe([(a, t0)], None);
-        // Its GPU failed the read: not listed, not a holder, yet not gone.
-        spells.observe([], Some(&listed(&[11])));
-        assert_eq!(spells.since(&a), Some(t0));
-        spells.observe([(a, t0 + secs(20))], None);
-        assert!(spells.is_due(&a, GRACE, t0 + GRACE));
-        // Listed by an incomplete read and no longer a holder: it is over.
-        spells.observe([], Some(&listed(&[10])));
-        assert_eq!(spells.since(&a), None);
-    }
-
-    #[test]
-    fn a_process_that_goes_away_and_comes_back_starts_its_grace_again() {
-        let t0 = Instant::now();
-        let mut spells = Spells::default();
-        let a = id(10, 1000);
-        spells.observe([(a, t0)], None);
-        spells.observe([], None);
-        assert_eq!(spells.since(&a), None, "a complete read without it ends it");
-        let back = t0 + secs(25);
-        spells.observe([(a, back)], None);
-        assert!(!spells.is_due(&a, GRACE, t0 + GRACE));
-        assert!(spells.is_due(&a, GRACE, back + GRACE));
-        // Reclaimed: it starts over too.
-        spells.end(&a);
-        assert_eq!(spells.since(&a), None);
-    }
-
-    #[test]
-    fn a_reused_pid_is_a_new_identity_with_its_own_grace() {
-        let t0 = Instant::now();
-        let mut spells = Spells::default();
-        let old = id(10, 1000);
-        let new = id(10, 5000);
-        spells.observe([(old, t0)], None);
-        let later = t0 + secs(20);
-        spells.observe([(new, later)], None);
-        assert_eq!(spells.since(&old), None);
-        assert!(!spells.is_due(&new, GRACE, t0 + GRACE));
-        assert!(spells.is_due(&new, GRACE, later + GRACE));
-        // Under an incomplete read that lists the pid, the old one is gone as well.
-        let mut spells = Spells::default();
-        spells.observe([(old, t0)], None);
-        spells.observe([(new, later)], Some(&listed(&[10])));
-        assert_eq!(spells.since(&old), None);
-        assert_eq!(spells.since(&new), Some(later));
-    }
-
-    #[test]
-    fn a_failed_reclaim_is_retried_after_the_grace_or_the_interval() {
-        let t0 = Instant::now();
-        let a = id(10, 1000);
-        let mut handling = Handling::default();
-        assert!(!handling.waits(a, Remedy::Reclaim, t0));
-        handling.failed(a, Remedy::Reclaim, t0, GRACE, secs(5));
-        assert!(handling.waits(a, Remedy::Reclaim, t0 + GRACE - Duration::from_millis(1)));
-        assert!(!handling.waits(a, Remedy::Reclaim, t0 + GRACE));
-        assert!(!handling.waits(a, Remedy::Enforce, t0), "by remedy");
-        // An interval longer than the grace: not before the next pass.
-        handling.failed(a, Remedy::Reclaim, t0, secs(1), secs(5));
-        assert_eq!(
-            handling.get(a, Remedy::Reclaim),
-            Some(Handled::RetryAt(t0 + secs(5)))
-        );
-        // No longer due: forgotten.
-        handling.keep_due(&PidSet::default());
-        assert_eq!(handling.get(a, Remedy::Reclaim), None);
-        assert_eq!(handling.set(a, Remedy::Reclaim, Handled::Left), None);
-        assert_eq!(
-            handling.set(a, Remedy::Reclaim, Handled::Left),
-            Some(Handled::Left)
-        );
-    }
-
-    fn process(pid: u32, ticks: u64, ppid: u32, state: ProcState) -> GpuProcess {
-        fixtures::process(pid)
-            .used_gib(1)
-            .sm_pct(0)
-            .state(state)
-            .ppid(ppid)
-            .started(ticks)
-            .build()
-    }
-
-    fn snapshot(processes: Vec<GpuProcess>) -> Snapshot {
-        fixtures::one_gpu(processes)
-    }
-
-    #[test]
-    fn a_stopped_process_counts_from_when_it_stopped() {
-        let t0 = Instant::now();
-        let a = id(10, 1000);
-        let mut history = HistoryTracker::default();
-        let running = snapshot(vec![process(10, 1000, 1, ProcState::Sleeping)]);
-        let stopped = snapshot(vec![process(10, 1000, 1, ProcState::Stopped)]);
-        let none = |_| None;
-        history.update(&running, t0, false, None, none);
-        let h = history.update(&stopped, t0 + secs(5), false, None, none);
-        assert_eq!(h.stopped_for.get(&a), Some(&Duration::ZERO));
-        let h = history.update(&stopped, t0 + secs(40), false, None, none);
-        assert_eq!(h.stopped_for.get(&a), Some(&secs(35)));
-        assert_eq!(history.stopped_since(&a), Some(t0 + secs(5)));
-        // The leftover's spell starts when it stopped, so it is due 30 s after that.
-        let mut spells = Spells::default();
-        spells.observe([(a, history.stopped_since(&a).unwrap())], None);
-        assert!(!spells.is_due(&a, GRACE, t0 + secs(34)));
-        assert!(spells.is_due(&a, GRACE, t0 + secs(35)));
-        // Continued: its stop spell ends, and a later stop starts a new one.
-        history.update(&running, t0 + secs(41), false, None, none);
-        assert_eq!(history.stopped_since(&a), None);
-        let h = history.update(&stopped, t0 + secs(50), false, None, none);
-        assert_eq!(h.stopped_for.get(&a), Some(&Duration::ZERO));
-    }
-
-    #[test]
-    fn a_failed_read_keeps_the_history_of_what_it_does_not_list() {
-        let t0 = Instant::now();
-        let a = id(10, 1000);
-        let mut history = HistoryTracker::default();
-        let stopped = snapshot(vec![process(10, 1000, 1, ProcState::Stopped)]);
-        history.update(&stopped, t0, false, None, |_| None);
-        let h = history.update(&snapshot(vec![]), t0 + secs(5), true, None, |_| None);
-        assert_eq!(h.stopped_for.get(&a), Some(&secs(5)));
-        let h = history.update(&snapshot(vec![]), t0 + secs(6), false, None, |_| None);
-        assert!(h.stopped_for.is_empty(), "a complete read without it");
-    }
-
-    #[test]
-    fn a_parent_that_is_gone_is_noted_one_still_there_is_not() {
-        let t0 = Instant::now();
-        let child = id(10, 1000);
-        let parent = id(7, 500);
-        let mut history = HistoryTracker::default();
-        let under_parent = snapshot(vec![process(10, 1000, 7, ProcState::Sleeping)]);
-        let reparented = snapshot(vec![process(10, 1000, 1, ProcState::Sleeping)]);
-        history.update(&under_parent, t0, false, None, |pid| {
-            (pid == 7).then_some(parent)
-        });
-        // Reparented while its old parent is still there (it was moved, not orphaned).
-        let h = history.update(&reparented, t0 + secs(1), false, None, |pid| {
-            (pid == 7).then_some(parent)
-        });
-        assert!(h.parent_died.is_empty());
-
-        let mut history = HistoryTracker::default();
-        history.update(&under_parent, t0, false, None, |pid| {
-            (pid == 7).then_some(parent)
-        });
-        // Pid 7 now belongs to another process: the parent seen before died.
-        let h = history.update(&reparented, t0 + secs(1), false, None, |pid| {
-            (pid == 7).then_some(id(7, 9000))
-        });
-        assert!(h.parent_died.contains(&child));
-        let h = history.update(&reparented, t0 + secs(2), false, None, |_| None);
-        assert!(h.parent_died.contains(&child), "remembered while it stays");
-        let h = history.update(&snapshot(vec![]), t0 + secs(3), false, None, |_| None);
-        assert!(h.parent_died.is_empty());
-    }
-}
+mod tests;

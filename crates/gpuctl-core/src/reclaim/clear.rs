@@ -112,8 +112,8 @@ pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
 
     let outcomes = request
         .ending
-        .reclaim(gpus, &guard, request.dry_run)
-        .run(&snapshot, targets);
+        .reclaim(gpus, &snapshot, &guard, request.dry_run)
+        .run(targets);
     let wait = match (request.wait, request.dry_run) {
         (Some(limit), false) => Some(verify::wait_until_free(
             gpus,

@@ -38,6 +38,18 @@ pub struct KillRequest {
 }
 
 impl KillRequest {
+    /// The fields that select processes, by their names here: at least one must be given.
+    pub const SELECTORS: &'static [&'static str] = &[
+        "pids",
+        "gpus",
+        "uids",
+        "owners",
+        "stale",
+        "min_bytes",
+        "older_than",
+        "all",
+    ];
+
     /// The selector of this request, its GPU names resolved to `places`.
     fn selector(&self, places: Option<Vec<Place>>) -> Result<Selector> {
         let mut criteria = Vec::new();
@@ -65,12 +77,8 @@ impl KillRequest {
         if self.all {
             criteria.push(Criterion::All);
         }
-        Selector::all_of(criteria).map_err(|_| {
-            CoreError::Usage(
-                "no process selected: give --pid, --gpu, --user, --owner, --stale, --min-mem, \
-                 --older-than or --all"
-                    .into(),
-            )
+        Selector::all_of(criteria).map_err(|_| CoreError::NothingSelected {
+            fields: KillRequest::SELECTORS,
         })
     }
 }
@@ -199,10 +207,10 @@ impl PreparedKill<'_> {
     }
 
     /// The plan [`PreparedKill::run`] would carry out, without carrying it out: each target
-    /// with what is done to it (a dry run's `dry_run`) or why it is skipped. A front that
-    /// asks before acting (`gpuctl top`) shows this; `run` then acts on the same targets.
+    /// would be signalled, or is skipped with why. A front that asks before acting (`gpuctl
+    /// top`) shows this; `run` then acts on the same targets.
     pub fn plan(&self) -> Vec<Outcome> {
-        crate::plan::plan(self.targets.clone(), &self.guard, true)
+        crate::plan::plan(self.targets.clone(), &self.guard)
     }
 
     /// How the targets would be ended: the first signal, then SIGKILL after the timeout.
@@ -220,8 +228,13 @@ impl PreparedKill<'_> {
         let outcomes = self
             .request
             .ending
-            .reclaim(&self.session.gpus, &self.guard, self.request.dry_run)
-            .run(&self.snapshot, self.targets);
+            .reclaim(
+                &self.session.gpus,
+                &self.snapshot,
+                &self.guard,
+                self.request.dry_run,
+            )
+            .run(self.targets);
         Killed {
             outcomes,
             refused: self.refused,
@@ -239,11 +252,15 @@ mod tests {
     #[test]
     fn a_request_without_a_selector_is_a_usage_error() {
         let error = KillRequest::default().selector(None).unwrap_err();
-        assert!(matches!(error, CoreError::Usage(_)), "{error}");
         assert!(
-            error
-                .to_string()
-                .starts_with("no process selected: give --pid")
+            matches!(error, CoreError::NothingSelected { .. }),
+            "{error}"
+        );
+        // Named as the request names them: each front words them its own way.
+        assert_eq!(
+            error.to_string(),
+            "no process selected: give pids, gpus, uids, owners, stale, min_bytes, \
+             older_than or all"
         );
         // Ending and dry run select nothing on their own either.
         let request = KillRequest {

@@ -9,19 +9,22 @@
 //! A front maps its own input (clap arguments, a Slurm environment, Python keywords, a key
 //! press) onto a request, calls [`kill()`], [`clear()`] or [`reset()`] with a [`Session`],
 //! and renders the plain outcome it gets back; it never assembles the stages itself.
-//! [`Reclaim::run`] is the plan → act → verify part they share with the watchdog. A dry run
-//! is the same call with the act step left out (and so nothing to verify), never a second
-//! implementation.
+//! The watchdog reclaims its due findings through a [`FindingsRequest`]. [`Reclaim::run`]
+//! is the plan → act → verify part they all share (the trainer's cleanup calls it directly).
+//! A dry run is the same call with the act step left out (and so nothing to verify), never a
+//! second implementation.
 
 mod clear;
+mod found;
 mod kill;
 mod reset;
 
 use std::time::Duration;
 
 pub use clear::{ClearRequest, Cleared, clear};
+pub use found::{Due, FindingsRequest};
 pub use kill::{Consent, KillRequest, Killed, PreparedKill, kill, prepare_kill};
-pub use reset::{ResetRequest, failed as reset_failed, reset};
+pub use reset::{ResetRequest, Restored, reset};
 
 use crate::act::{self, Escalation, Identity, Signal};
 use crate::classify::{self, Finding, Policy};
@@ -29,7 +32,7 @@ use crate::config;
 use crate::error::{CoreError, Result};
 use crate::host::ProcView;
 use crate::nvml::{self, Gpus, Place};
-use crate::plan::{self, Action, Guard, Outcome};
+use crate::plan::{self, Disposition, Guard, Outcome};
 use crate::protect::{self, Protection};
 use crate::select::Target;
 use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
@@ -81,60 +84,95 @@ impl Default for Ending {
 }
 
 impl Ending {
-    fn reclaim<'a>(&self, gpus: &'a Gpus, guard: &'a Guard, dry_run: bool) -> Reclaim<'a> {
+    fn reclaim<'a>(
+        &self,
+        gpus: &'a Gpus,
+        before: &'a Snapshot,
+        guard: &'a Guard,
+        dry_run: bool,
+    ) -> Reclaim<'a> {
         Reclaim {
-            gpus,
             guard,
             how: Escalation::then_kill(self.signal, self.timeout),
-            verify_for: self.timeout,
+            verify: Verify::Release {
+                gpus,
+                before,
+                within: self.timeout,
+            },
             dry_run,
         }
     }
 }
 
-/// How to reclaim: who acts (the guard), how processes are ended, how long their release is
+/// How to reclaim: who acts (the guard), how processes are ended, how their release is
 /// verified, and whether anything is done at all.
 #[derive(Debug, Clone)]
 pub struct Reclaim<'a> {
-    pub gpus: &'a Gpus,
     pub guard: &'a Guard,
     pub how: Escalation,
-    pub verify_for: Duration,
+    pub verify: Verify<'a>,
     pub dry_run: bool,
 }
 
+/// How the road checks that what it ended gave its memory back.
+#[derive(Debug, Clone, Copy)]
+pub enum Verify<'a> {
+    /// NVML is read again, for at most `within`, until every ended target has left its
+    /// GPUs and their used memory fell by what it held in `before`, the snapshot it was
+    /// selected from.
+    Release {
+        gpus: &'a Gpus,
+        before: &'a Snapshot,
+        within: Duration,
+    },
+    /// Nothing to read: the targets are processes NVML does not list (a crashed run's
+    /// leftovers that hold no GPU memory, or NVML could not be read), so how each ended is
+    /// its whole outcome.
+    Unverified,
+}
+
 impl Reclaim<'_> {
-    /// Plans `targets` (selected from `before`), ends those the plan signals, and verifies
-    /// through NVML that they left their GPUs and their memory came back. Outcomes come in
-    /// target order.
-    pub fn run(&self, before: &Snapshot, targets: Vec<Target>) -> Vec<Outcome> {
-        let mut outcomes = plan::plan(targets, self.guard, self.dry_run);
+    /// Plans `targets`, ends those the plan would signal, and verifies their release as
+    /// [`Reclaim::verify`] says. Outcomes come in target order.
+    pub fn run(&self, targets: Vec<Target>) -> Vec<Outcome> {
+        let mut outcomes = plan::plan(targets, self.guard);
         if self.dry_run {
             return outcomes;
         }
         carry_out(&mut outcomes, &self.how);
-        verify::released(self.gpus, before, &mut outcomes, self.verify_for);
+        if let Verify::Release {
+            gpus,
+            before,
+            within,
+        } = self.verify
+        {
+            verify::released(gpus, before, &mut outcomes, within);
+        }
         outcomes
     }
 }
 
-/// Carries out a plan: every target planned to be signalled is ended with `how`, all at
-/// once; the others are left as planned.
+/// Carries out a plan: every target it would signal is ended with `how`, all at once, and
+/// is then signalled with how it ended; skipped ones stay as planned.
 fn carry_out(outcomes: &mut [Outcome], how: &Escalation) {
-    let signalled: Vec<usize> = (0..outcomes.len())
-        .filter(|&i| outcomes[i].action == Action::Signal)
+    let planned: Vec<(usize, Identity)> = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, outcome)| match outcome.disposition {
+            Disposition::WouldSignal { identity } => Some((i, identity)),
+            _ => None,
+        })
         .collect();
-    if signalled.is_empty() {
+    if planned.is_empty() {
         return;
     }
-    // The plan signals only targets with an identity, so the results line up.
-    let identities: Vec<Identity> = signalled
-        .iter()
-        .filter_map(|&i| outcomes[i].target.identity())
-        .collect();
-    debug_assert_eq!(identities.len(), signalled.len());
-    for (&i, ended) in signalled.iter().zip(act::end_all(&identities, how)) {
-        outcomes[i].ended = Some(ended);
+    let identities: Vec<Identity> = planned.iter().map(|&(_, identity)| identity).collect();
+    for ((i, identity), ended) in planned.into_iter().zip(act::end_all(&identities, how)) {
+        outcomes[i].disposition = Disposition::Signalled {
+            identity,
+            ended,
+            release: None,
+        };
     }
 }
 

@@ -4,6 +4,7 @@ use super::Session;
 use crate::cardset::{self, GpuItems, ItemOutcome, ItemResult, ResetItem};
 use crate::error::Result;
 use crate::nvml::Place;
+use crate::report::{RESET_SCHEMA, ResetReport};
 use crate::snapshot::peaks::PeakStore;
 
 /// Which GPUs, and which of their settings.
@@ -29,9 +30,35 @@ impl ResetRequest {
     }
 }
 
-/// Each GPU's items and how each ended. A MIG instance named is reported with every item
-/// skipped: it has no settings of its own.
-pub fn reset(session: &Session, request: &ResetRequest) -> Result<Vec<GpuItems>> {
+/// What `reset` did: each GPU's items and how each ended. A MIG instance named is reported
+/// with every item skipped: it has no settings of its own.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub gpus: Vec<GpuItems>,
+}
+
+impl Restored {
+    /// No item failed (a skip is not a failure).
+    pub fn clean(&self) -> bool {
+        !self
+            .gpus
+            .iter()
+            .flat_map(|gpu| &gpu.items)
+            .any(|item| item.outcome.is_failure())
+    }
+
+    /// The `reset --json` document of this run of `request` (the CLI prints it).
+    pub fn report<'a>(&'a self, request: &ResetRequest) -> ResetReport<'a> {
+        ResetReport {
+            schema: RESET_SCHEMA,
+            dry_run: request.dry_run,
+            gpus: &self.gpus,
+        }
+    }
+}
+
+/// Restores what `request` names, GPU by GPU.
+pub fn reset(session: &Session, request: &ResetRequest) -> Result<Restored> {
     let gpus = &session.gpus;
     let items = request.items();
     // A MIG instance (`MIG-...`, `0/9`, as a Slurm epilog passes a job's slice) has no
@@ -68,15 +95,7 @@ pub fn reset(session: &Session, request: &ResetRequest) -> Result<Vec<GpuItems>>
                 .collect(),
         });
     }
-    Ok(results)
-}
-
-/// Whether any item of `results` failed.
-pub fn failed(results: &[GpuItems]) -> bool {
-    results
-        .iter()
-        .flat_map(|gpu| &gpu.items)
-        .any(|item| item.outcome.is_failure())
+    Ok(Restored { gpus: results })
 }
 
 #[cfg(test)]
@@ -108,10 +127,41 @@ mod tests {
         };
         let skipped = gpu(ItemOutcome::Skipped { why: "MIG".into() });
         let done = gpu(ItemOutcome::Done);
-        assert!(!failed(&[skipped.clone(), done.clone()]));
+        let restored = Restored {
+            gpus: vec![skipped, done.clone()],
+        };
+        assert!(restored.clean());
         let broken = gpu(ItemOutcome::Failed {
             error: "Unknown Error".into(),
         });
-        assert!(failed(&[done, broken]));
+        assert!(
+            !Restored {
+                gpus: vec![done, broken]
+            }
+            .clean()
+        );
+    }
+
+    #[test]
+    fn the_report_is_the_reset_json_document() {
+        let restored = Restored {
+            gpus: vec![GpuItems {
+                index: 1,
+                uuid: Some("GPU-1".into()),
+                items: vec![ItemResult {
+                    item: ResetItem::ComputeMode,
+                    outcome: ItemOutcome::Done,
+                }],
+            }],
+        };
+        let request = ResetRequest {
+            dry_run: true,
+            ..ResetRequest::default()
+        };
+        let json = serde_json::to_value(restored.report(&request)).unwrap();
+        assert_eq!(json["schema"], RESET_SCHEMA);
+        assert_eq!(json["dry_run"], true);
+        assert_eq!(json["gpus"][0]["index"], 1);
+        assert_eq!(json.as_object().unwrap().len(), 3, "{json}");
     }
 }

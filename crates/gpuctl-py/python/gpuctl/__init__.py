@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json as _json
 import os as _os
+from typing import NamedTuple as _NamedTuple
 
 from . import _gpuctl
 from ._gpuctl import Error, NvmlError, RunningError, UsageError
@@ -33,6 +34,7 @@ __all__ = [
     "Process",
     "Report",
     "RunningError",
+    "Skipped",
     "Snapshot",
     "UsageError",
     "clear",
@@ -171,26 +173,33 @@ class Snapshot:
         return f"Snapshot(devices={self.devices!r})"
 
 
+class Skipped(_NamedTuple):
+    """A process ``clear`` or ``kill`` did not end, and why (protected, another user's, not
+    on a GPU, reported only, or one that did not end). A tuple: ``pid, why = entry`` and
+    ``dict(report.skipped)`` work as they did when it was a plain ``(pid, why)``."""
+
+    pid: int
+    why: str
+
+
 class Report:
     """What ``clear`` or ``kill`` did.
 
     ``ended``: the pids ended (their memory verified released through NVML);
-    ``skipped``: ``(pid, why)`` for each process not ended (protected, another user's, not
-    on a GPU, reported only, or one that did not end); ``planned``: with ``dry_run``, the
-    pids that would be signalled; ``free``: everything went well (for ``clear`` with
-    ``wait``: the GPUs were free in time). ``to_dict()`` is the document of
-    ``gpuctl kill --json`` / ``gpuctl clear --json``.
+    ``skipped``: a :class:`Skipped` ``(pid, why)`` for each process not ended;
+    ``planned``: with ``dry_run``, the pids that would be signalled; ``free``: everything
+    went well (for ``clear`` with ``wait``: the GPUs were free in time). ``to_dict()`` is
+    the document of ``gpuctl kill --json`` / ``gpuctl clear --json``.
     """
 
     __slots__ = ("_doc", "ended", "skipped", "planned", "free")
 
-    def __init__(self, native: tuple) -> None:
-        document, ended, skipped, planned, free = native
-        self._doc = _json.loads(document)
-        self.ended: list[int] = ended
-        self.skipped: list[tuple[int, str]] = skipped
-        self.planned: list[int] = planned
-        self.free: bool = free
+    def __init__(self, native: _gpuctl.Reclaimed) -> None:
+        self._doc = _json.loads(native.document)
+        self.ended: list[int] = list(native.ended)
+        self.skipped: list[Skipped] = [Skipped(pid, why) for pid, why in native.skipped]
+        self.planned: list[int] = list(native.planned)
+        self.free: bool = native.clean
 
     def to_dict(self) -> dict:
         return self._doc

@@ -1,6 +1,6 @@
 """Typed interface of the gpuctl module (see __init__.py for the documentation)."""
 
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 __version__: str
 
@@ -62,9 +62,13 @@ class Snapshot:
     devices: list[Device]
     def to_dict(self) -> dict: ...
 
+class Skipped(NamedTuple):
+    pid: int
+    why: str
+
 class Report:
     ended: list[int]
-    skipped: list[Tuple[int, str]]
+    skipped: list[Skipped]
     planned: list[int]
     free: bool
     def to_dict(self) -> dict: ...

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gpuctl_core::classify::Policy;
+use gpuctl_core::classify::{Policy, Remedy};
 use gpuctl_core::config::{self, Watchdog};
 use gpuctl_core::host::{HostProcess, ProcState};
 use gpuctl_core::plan::Guard;

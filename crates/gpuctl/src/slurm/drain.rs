@@ -95,9 +95,11 @@ pub fn process_label(pid: u32, user: &str, command: &str) -> String {
 
 /// How a signalled leftover failed, for a reason.
 pub fn failure(outcome: &Outcome) -> &'static str {
-    match (outcome.skipped.is_some(), outcome.left_gpu) {
+    match (outcome.skipped().is_some(), outcome.release()) {
         (true, _) => "could not be signalled",
-        (false, Some(true)) => "left the GPU but its memory was not released",
+        (false, Some(release)) if release.left_gpu => {
+            "left the GPU but its memory was not released"
+        }
         _ => "did not exit",
     }
 }

@@ -138,7 +138,7 @@ pub fn epilog(
             gpus: job.gpus.clone(),
             ..ResetRequest::default()
         };
-        for gpu in &reclaim::reset(session, &request)? {
+        for gpu in &reclaim::reset(session, &request)?.gpus {
             for item in gpu.items.iter().filter(|i| i.outcome.is_failure()) {
                 problems.push(format!(
                     "GPU {}: {} not restored ({})",

@@ -3,7 +3,7 @@
 //! carries out that same prepared kill: by identity (pid and start time, through a pidfd),
 //! SIGTERM then SIGKILL, then NVML checked until the memory is back.
 
-use gpuctl_core::plan::{Action, Outcome};
+use gpuctl_core::plan::Outcome;
 use gpuctl_core::reclaim::{KillRequest, Killed, PreparedKill, Session, prepare_kill};
 use gpuctl_core::text;
 use gpuctl_core::units;
@@ -60,7 +60,7 @@ fn plan_lines(prepared: &PreparedKill<'_>) -> Vec<String> {
     if !prepared.is_root() {
         lines.push("not root: only your own processes can be ended".into());
     }
-    if !plan.iter().any(|o| o.action == Action::DryRun) {
+    if !plan.iter().any(Outcome::would_signal) {
         lines.push("nothing here can be ended".into());
     }
     lines
@@ -76,10 +76,9 @@ fn plan_line(outcome: &Outcome) -> String {
         units::gpu_list(&target.gpus),
         text::safe(&target.shown_command())
     );
-    match (&outcome.action, &outcome.skipped) {
-        (Action::Skip, Some(why)) => format!("skip {what}: {}", text::escape(why)),
-        (Action::Skip, None) => format!("skip {what}"),
-        _ => format!("end  {what}"),
+    match outcome.skipped() {
+        Some(why) => format!("skip {what}: {}", text::escape(why)),
+        None => format!("end  {what}"),
     }
 }
 
@@ -93,11 +92,9 @@ fn summary(killed: &Killed) -> String {
     let mut parts: Vec<String> = killed
         .outcomes
         .iter()
-        .map(|o| match (&o.action, &o.skipped) {
-            (Action::Skip, Some(why)) => {
-                format!("pid {}: skipped: {}", o.target.pid, text::escape(why))
-            }
-            _ => format!("pid {}: {}", o.target.pid, o.summary()),
+        .map(|o| match o.skipped() {
+            Some(why) => format!("pid {}: skipped: {}", o.target.pid, text::escape(why)),
+            None => format!("pid {}: {}", o.target.pid, o.summary()),
         })
         .collect();
     parts.extend(
@@ -109,10 +106,10 @@ fn summary(killed: &Killed) -> String {
     let back: u64 = killed
         .outcomes
         .iter()
-        .filter(|o| o.action == Action::Signal && o.memory_released == Some(true))
+        .filter(|o| o.release().is_some_and(|r| r.memory_released))
         .filter_map(|o| o.target.used_bytes)
         .sum();
-    let signalled = killed.outcomes.iter().any(|o| o.action == Action::Signal);
+    let signalled = killed.outcomes.iter().any(Outcome::is_signalled);
     if signalled {
         parts.push(format!("{} of GPU memory back", units::bytes(back)));
     }
