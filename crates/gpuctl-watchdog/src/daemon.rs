@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use gpuctl_core::act::Identity;
 use gpuctl_core::classify::grace::{Handled, Handling, HistoryTracker, Spells};
-use gpuctl_core::classify::{self, Finding, Kind, Remedy, Verdict};
+use gpuctl_core::classify::{Finding, Kind, Remedy, Verdict};
 use gpuctl_core::exit::Exit;
-use gpuctl_core::host::{FactCache, Lineage, ProcView};
-use gpuctl_core::pidmap::{PidMap, PidSet};
+use gpuctl_core::host::FactCache;
+use gpuctl_core::pidmap::PidSet;
 use gpuctl_core::plan::{Action, Outcome};
 use gpuctl_core::reclaim::Reclaim;
 use gpuctl_core::select::{self, Target};
+use gpuctl_core::session::{Look, Reader};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 use gpuctl_core::units::{self, bytes};
@@ -29,8 +30,8 @@ use crate::signals;
 
 /// What one pass saw.
 struct Seen {
-    snapshot: Snapshot,
-    lineages: PidMap<u32, Lineage>,
+    /// The snapshot and the lineages classification reads.
+    look: Look,
     /// The GPUs that did not answer, when some did not: nothing is acted on.
     incomplete: Option<String>,
     /// NVML is re-opened after this pass.
@@ -83,11 +84,10 @@ pub struct Daemon {
     notify: Notifier,
     link: Link,
     last_incomplete: Option<String>,
-    /// Host facts kept across loops: a known process costs one read of its stat.
-    facts: FactCache,
-    /// The /proc view, kept across passes (its namespace and filesystem checks do not
-    /// change); its uptime is read again each pass.
-    proc_view: Option<ProcView>,
+    /// What each pass reads: host facts kept across loops (a known process costs one read
+    /// of its stat) and the /proc view (its namespace and filesystem checks do not change;
+    /// its uptime is read again each pass).
+    reader: Reader,
     // History.
     history: HistoryTracker,
     /// Since when each leftover, and each process above its share, has been seen.
@@ -125,8 +125,13 @@ impl Daemon {
             notify,
             link,
             last_incomplete: None,
-            facts: FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
-            proc_view: None,
+            // NVML's pids are the host's: the watchdog runs in the host's PID namespace (or
+            // beside a host service it does not ask).
+            reader: Reader::new(SnapshotOptions::watch(false))
+                .keeping_facts(
+                    FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
+                )
+                .host_only(),
             history: HistoryTracker::default(),
             stale: Spells::default(),
             over: Spells::default(),
@@ -284,31 +289,18 @@ impl Daemon {
     /// be reopened).
     fn observe(&mut self, once: bool) -> Option<Seen> {
         let gpus = self.link.gpus()?;
-        let view = match self.proc_view.take() {
-            Some(mut view) => view.refresh_uptime().map(|()| view),
-            None => ProcView::system(),
-        };
         let holders_due = self
             .holders
             .as_ref()
             .is_none_or(|h| h.at.elapsed() >= HOLDER_SCAN_EVERY);
-        let options = SnapshotOptions {
+        self.reader.set_purpose(SnapshotOptions {
             // Only when some GPU has holders_threshold unattributed (checked by the snapshot).
             holders: holders_due.then(|| self.settings.holders.clone()),
             // Utilization and power too, for the stuck-GPU check.
             ..SnapshotOptions::watch(self.settings.policy.stuck.is_some())
-        };
-        let taken = view.map_err(|e| e.to_string()).and_then(|view| {
-            Snapshot::take_cached(gpus, &view, &options, &mut self.facts)
-                .map(|snapshot| {
-                    let lineages = snapshot.lineages_cached(&view, &mut self.facts);
-                    self.proc_view = Some(view);
-                    (snapshot, lineages)
-                })
-                .map_err(|e| e.to_string())
         });
-        let (snapshot, lineages) = match taken {
-            Ok(taken) => taken,
+        let look = match self.reader.look(gpus) {
+            Ok(look) => look,
             Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
                 self.status = self
@@ -318,6 +310,7 @@ impl Daemon {
             }
         };
         let now = Instant::now();
+        let snapshot = &look.snapshot;
         let holders_scanned = snapshot.read_times.holders.is_some();
         if holders_scanned {
             self.holders = Some(HoldersSeen {
@@ -333,7 +326,7 @@ impl Daemon {
             // Due but not wanted: no GPU has holders_threshold unattributed any more.
             self.holders = None;
         }
-        let incomplete = self.note_incomplete(&snapshot);
+        let incomplete = self.note_incomplete(snapshot);
         // A GPU lost or failing may be a driver reload, which a new NVML session sees past.
         let reopen_may_help = snapshot
             .devices
@@ -351,11 +344,10 @@ impl Daemon {
             self.ready_sent = true;
         }
         if let Some(peaks) = &self.peaks {
-            peaks.observe(&snapshot);
+            peaks.observe(snapshot);
         }
         Some(Seen {
-            snapshot,
-            lineages,
+            look,
             incomplete,
             reopen,
             now,
@@ -405,7 +397,7 @@ impl Daemon {
     /// Judge: the findings (with the history only a daemon has), each logged once, and
     /// those due: held for the grace by the same process.
     fn judge(&mut self, seen: &Seen, once: bool) -> Judged {
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let history = if once {
             None
         } else {
@@ -417,12 +409,7 @@ impl Daemon {
                 |pid| Identity::observe(pid).ok(),
             ))
         };
-        let findings = classify::classify(
-            snapshot,
-            &seen.lineages,
-            history.as_ref(),
-            &self.settings.policy,
-        );
+        let findings = seen.look.classify(history.as_ref(), &self.settings.policy);
         self.findings_log
             .findings(&self.log, &self.settings.watchdog, snapshot, &findings);
         let impostors = self
@@ -537,7 +524,7 @@ impl Daemon {
     /// Act: the due findings' processes, through the road `gpuctl clear` takes, each once
     /// (or again after a failed try), unless in report mode or the snapshot is incomplete.
     fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let stale: Vec<Finding> = judged
             .due
             .iter()
@@ -623,7 +610,7 @@ impl Daemon {
 
     /// Report: the metrics, systemd's STATUS line and the findings file.
     fn report(&mut self, seen: &Seen, judged: &Judged) {
-        let snapshot = &seen.snapshot;
+        let snapshot = &seen.look.snapshot;
         self.metrics.nvml_up = true;
         self.metrics.gpus = publish::gpu_metrics(snapshot, &judged.stale, &judged.stuck);
         if let Some(holders) = &self.holders {
@@ -660,7 +647,7 @@ impl Daemon {
         let Some(dir) = self.settings.watchdog.state_path().map(PathBuf::from) else {
             return;
         };
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let unix_at = |since: Option<Instant>| {
             units::unix_seconds()
                 - now

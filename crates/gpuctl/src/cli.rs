@@ -472,6 +472,8 @@ impl KillArgs {
         KillRequest {
             gpus: self.gpu.gpus.clone(),
             pids: self.pids.clone(),
+            // The command line names pids; a process identity is a view's (`top`).
+            processes: Vec::new(),
             uids: self.users.clone(),
             owners: self.owners.clone(),
             stale: self.stale,
