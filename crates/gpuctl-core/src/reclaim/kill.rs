@@ -185,10 +185,7 @@ fn replaced(snapshot: &Snapshot, asked: &[Identity]) -> Vec<Refusal> {
         })
         .map(|identity| Refusal {
             pid: identity.pid,
-            reason: format!(
-                "pid {}: {NOT_CONFIRMED} (its pid now names a later process)",
-                identity.pid
-            ),
+            reason: format!("{NOT_CONFIRMED}: its pid now names a later process"),
         })
         .collect()
 }
@@ -351,6 +348,46 @@ mod tests {
         let mut target = Target::new(pid, &Arc::new(host));
         target.gpus = vec![0];
         target
+    }
+
+    #[test]
+    fn an_identity_whose_pid_now_has_another_start_time_is_refused_as_not_confirmed() {
+        use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+        let process = |pid: u32, start: u64| GpuProcess {
+            pid,
+            used_bytes: Some(1 << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            host: Arc::new(HostProcess {
+                confirmed: true,
+                start_ticks: Some(start),
+                ..HostProcess::unconfirmed("")
+            }),
+        };
+        let mut gpu = GpuSnapshot::unread(0);
+        gpu.processes = vec![process(10, 500), process(20, 700)];
+        let snapshot = Snapshot::of(vec![gpu]);
+        let asked = [
+            Identity::new(10, 500),
+            Identity::new(20, 600),
+            Identity::new(30, 1),
+        ];
+        let refused = replaced(&snapshot, &asked);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].pid, 20);
+        assert!(refused[0].reason.starts_with(NOT_CONFIRMED), "{refused:?}");
+        // Asked for by identity: only the same process is selected.
+        let selector = KillRequest {
+            processes: asked.to_vec(),
+            ..KillRequest::default()
+        }
+        .selector(None)
+        .unwrap();
+        let (targets, _) = select::select(&snapshot, &[], &selector);
+        let pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
+        assert_eq!(pids, [10]);
     }
 
     #[test]

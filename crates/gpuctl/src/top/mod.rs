@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use crossterm::event;
 use gpuctl_core::host::FactCache;
 use gpuctl_core::reclaim::PreparedKill;
-use gpuctl_core::session::{self as core, Session, SessionOptions};
+use gpuctl_core::session::{Reader, Session, SessionOptions};
 use gpuctl_core::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 
 use crate::render::Style;
@@ -60,7 +60,7 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
         color: style.color,
         unicode: style.unicode,
     };
-    let mut reader = Reader {
+    let mut reader = Refresher {
         holders: session.holder_scan(true)?,
         // Every refresh rereads each known process's stat (state, age); the rest is kept
         // while its start time is the same.
@@ -83,13 +83,13 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
 }
 
 /// What each refresh reads, and how.
-struct Reader<'s> {
+struct Refresher<'s> {
     session: &'s Session,
-    reader: core::Reader,
+    reader: Reader,
     holders: HolderScan,
 }
 
-impl Reader<'_> {
+impl Refresher<'_> {
     fn read(&mut self, holders: bool) -> Result<Snapshot> {
         // The device-file scan reads every process's descriptors: only while its panel is
         // open.
@@ -101,7 +101,7 @@ impl Reader<'_> {
 
 fn run_loop(
     screen: &mut Screen,
-    reader: &mut Reader<'_>,
+    reader: &mut Refresher<'_>,
     interval: Duration,
     palette: Palette,
 ) -> Result<Exit> {
