@@ -577,6 +577,65 @@ mod tests {
         assert_eq!(m.cursor, 1);
     }
 
+    /// A snapshot of GPU 0 with `processes` (pid, start time, MIG instance).
+    fn snapshot(processes: &[(u32, u64, Option<u32>)]) -> Snapshot {
+        use gpuctl_core::host::HostProcess;
+        use gpuctl_core::snapshot::{GpuSnapshot, ProcessType};
+        let mut gpu = GpuSnapshot::unread(0);
+        gpu.processes = processes
+            .iter()
+            .map(|&(pid, start, instance)| GpuProcess {
+                pid,
+                used_bytes: Some(1 << 30),
+                kind: ProcessType::Compute,
+                sm_util_pct: None,
+                gpu_instance_id: instance,
+                compute_instance_id: instance.map(|_| 0),
+                host: std::sync::Arc::new(HostProcess {
+                    confirmed: true,
+                    start_ticks: Some(start),
+                    ..HostProcess::unconfirmed("")
+                }),
+            })
+            .collect();
+        Snapshot::of(vec![gpu])
+    }
+
+    #[test]
+    fn a_mark_is_of_the_process_shown_not_of_a_later_one_with_its_pid() {
+        let mut m = Model::new(true, 0);
+        m.update(snapshot(&[(10, 500, None), (20, 600, None)]), None);
+        m.move_to(0);
+        let first = m.current().unwrap().pid;
+        m.toggle_mark();
+        assert_eq!(m.chosen().len(), 1);
+        let start = if first == 10 { 500 } else { 600 };
+        assert_eq!(m.chosen(), [(first, Some(start))]);
+        // The marked process exits and another takes its pid: the mark does not carry over.
+        let replaced = [(10, 500, None), (20, 600, None)]
+            .map(|(pid, started, gi)| (pid, if pid == first { started + 1 } else { started }, gi));
+        m.update(snapshot(&replaced), None);
+        assert!(m.marked.is_empty(), "{:?}", m.marked);
+    }
+
+    #[test]
+    fn a_mig_instance_named_keeps_only_its_processes_as_rows() {
+        let mut m = Model::new(true, 0);
+        m.places = Some(vec![Place {
+            gpu: 0,
+            gpu_instance: Some(9),
+        }]);
+        m.update(
+            snapshot(&[(10, 1, Some(1)), (20, 2, Some(9)), (30, 3, Some(10))]),
+            None,
+        );
+        let pids: Vec<u32> = m.rows.iter().map(|r| r.pid).collect();
+        assert_eq!(pids, [20]);
+        m.places = Some(vec![Place::whole(0)]);
+        m.update(snapshot(&[(10, 1, Some(1)), (20, 2, Some(9))]), None);
+        assert_eq!(m.rows.len(), 2, "a GPU named whole shows every instance");
+    }
+
     #[test]
     fn marks_choose_what_k_ends_and_vanish_with_their_process() {
         let mut m = model(vec![row(10, 0, 5, "a", "-"), row(20, 0, 4, "a", "-")]);
