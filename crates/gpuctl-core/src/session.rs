@@ -55,7 +55,7 @@ pub struct Session {
     /// GPU names resolved so far: each list is resolved once per session, however many
     /// steps of a command name it (the Slurm epilog's kill, wait and reset).
     resolved: Mutex<Vec<(Vec<String>, Vec<Place>)>>,
-    /// How long opening NVML took.
+    /// How long opening took: the configuration read and NVML loaded and initialised.
     pub opened: Duration,
 }
 
@@ -73,10 +73,15 @@ impl Session {
 
     /// NVML opened under the configuration already read.
     pub fn with(loaded: Loaded) -> Result<Session> {
-        Session::from_loaded(loaded, &SessionOptions::default())
+        Session::from_loaded(
+            loaded,
+            &SessionOptions::default(),
+            std::time::Instant::now(),
+        )
     }
 
     pub fn open_with(options: &SessionOptions) -> Result<Session> {
+        let started = std::time::Instant::now();
         let loaded = match config::load() {
             Ok(loaded) => loaded,
             // No file at all means the same as an empty one: built-in protection, the
@@ -84,11 +89,15 @@ impl Session {
             Err(_) if options.config_optional => Loaded::default(),
             Err(error) => return Err(error.into()),
         };
-        Session::from_loaded(loaded, options)
+        Session::from_loaded(loaded, options, started)
     }
 
-    fn from_loaded(loaded: Loaded, options: &SessionOptions) -> Result<Session> {
-        let started = std::time::Instant::now();
+    /// `started`: when opening began (the configuration read included).
+    fn from_loaded(
+        loaded: Loaded,
+        options: &SessionOptions,
+        started: std::time::Instant,
+    ) -> Result<Session> {
         let dev_dir = options
             .holders
             .then(|| config::device_dir(Some(&loaded)))
