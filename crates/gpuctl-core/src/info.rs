@@ -1,6 +1,7 @@
 //! What `gpuctl info` shows, gathered once for every front that shows it (the CLI's `info`
 //! and the Python package's `gpuctl.snapshot()`): NVML joined with /proc, protected
-//! programs marked, device-file holders named, peak marks, and the `info --json` document.
+//! programs marked, device-file holders named when asked, peak marks, and the `info --json`
+//! document.
 //! A front opens a [`Survey`] from an [`InfoRequest`], [`Survey::take`]s snapshots, and
 //! serializes [`document`]; the same snapshot gives the same document whoever asked.
 
