@@ -18,11 +18,17 @@ build, say), alternating with this one, and prints the ratio.
 
 Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned] [--baseline PATH] [--mig]
 With --mig every GPU is split into 7 MIG instances and the processes are spread over them.
+
+Last, one row on the demo's server (crates/nvml-sim/examples/h200x8.toml inside `nvml-sim
+run`: 27 processes, and 9 GiB no process accounts for on GPU 6, above holders_threshold):
+`info --json` and the table, each with the phases it paid, so that a device-file scan run
+unasked shows (a `holders` phase) and can never hide again.
 Needs release builds: cargo build --release -p gpuctl -p nvml-sim
 Python reference: PYTHON=.venv/bin/python (scripts/test creates it), else python3 with pynvml.
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -88,6 +94,57 @@ def time_gpuctl(binaries, env, runs):
                     name, value, _unit = part.split()
                     phases.setdefault(name, []).append(float(value))
     return walls, {name: statistics.median(v) for name, v in phases.items()}
+
+
+DEMO = os.path.join(ROOT, "crates", "nvml-sim", "examples", "h200x8.toml")
+
+# Runs inside `nvml-sim run`: each binary's `info --json` and `info`, alternating, RUNS times;
+# prints wall times (s) and the GPUCTL_TIMINGS phases (ms) of each.
+DEMO_INNER = r"""
+import json, os, subprocess, sys, time
+binaries = json.loads(sys.argv[1]); runs = int(sys.argv[2])
+views = {"info --json": ["info", "--json"], "info": ["info"]}
+env = dict(os.environ, GPUCTL_TIMINGS="1")
+out = {b: {v: {"walls": [], "phases": {}} for v in views} for b in binaries}
+for _ in range(runs):
+    for b in binaries:
+        for name, argv in views.items():
+            t = time.perf_counter()
+            done = subprocess.run([b] + argv, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=True)
+            slot = out[b][name]
+            slot["walls"].append(time.perf_counter() - t)
+            for line in done.stderr.splitlines():
+                if "timings:" in line:
+                    for part in line.split("timings:", 1)[1].split(","):
+                        key, value, _unit = part.split()
+                        slot["phases"].setdefault(key, []).append(float(value))
+print(json.dumps(out))
+"""
+
+
+def demo_row(gpuctl, baseline, runs):
+    """`info --json` and `info` on the demo's server, with the phases each paid."""
+    sim = os.path.join(TARGET, "nvml-sim")
+    if not os.path.exists(sim):
+        sys.exit(f"bench/info.py: {sim} missing: cargo build --release -p nvml-sim")
+    binaries = [gpuctl] + ([baseline] if baseline else [])
+    env = dict(os.environ, GPUCTL_CONFIG="/nonexistent/gpuctl.toml")
+    for key in ("GPUCTL_NVML_LIB", "NVML_SIM_SCENARIO", "NVML_SIM_STATE", "NVML_SIM_TRACE"):
+        env.pop(key, None)
+    done = subprocess.run([sim, "run", DEMO, "--", sys.executable, "-c", DEMO_INNER,
+                           json.dumps(binaries), str(runs)],
+                          capture_output=True, text=True, env=env, check=True)
+    times = json.loads(done.stdout)
+    print(f"demo server (h200x8.toml: 27 processes, GPU 6 with 9 GiB unattributed), median of {runs} runs")
+    for view in ("info --json", "info"):
+        for binary in binaries:
+            slot = times[binary][view]
+            phases = {k: statistics.median(v) for k, v in slot["phases"].items()}
+            scan = f"holders {phases['holders']:.2f} ms" if "holders" in phases else "no holder scan"
+            label = "this build" if binary == gpuctl else "baseline"
+            print(f"  {view:12} {label:10} {median_ms(slot['walls']):7.2f}ms  ({scan}; phases: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")")
 
 
 def proc_floor_ms(pids, runs):
@@ -189,6 +246,7 @@ def main():
         growth = (results[hi] / results[lo]) / (hi / lo)
         print(f"cost growth {lo}->{hi} processes: x{results[hi] / results[lo]:.2f} for x{hi / lo:.0f} processes "
               f"({'sub-linear' if growth < 1 else 'super-linear'}: {growth:.2f} of linear)")
+    demo_row(gpuctl, args.baseline, args.runs)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ On the repository's 8xH200 example scenario (crates/nvml-sim/examples/h200x8.tom
 init, every GPU, output) of each nvidia-smi view the tests run and of `gpuctl info --json`,
 alternating them run by run, and prints each one's median and its ratio to gpuctl's.
 
-Usage: bench/nvidia_smi.py [--runs 50]
+`gpuctl info` (the table) is timed too; `--baseline PATH` also times another gpuctl binary's
+`info --json` and `info` (an older build, say) in the same alternation.
+
+Usage: bench/nvidia_smi.py [--runs 50] [--baseline PATH]
 Needs release builds (cargo build --release -p gpuctl -p nvml-sim) and the cached
 nvidia-smi (scripts/fetch-nvidia-smi).
 """
@@ -26,6 +29,7 @@ QUERY_GPU = ("index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,"
              "clocks.sm,clocks.mem,pstate,compute_mode,persistence_mode")
 VIEWS = [
     ("gpuctl info --json", ["{gpuctl}", "info", "--json"]),
+    ("gpuctl info", ["{gpuctl}", "info"]),
     ("nvidia-smi", ["{smi}"]),
     ("nvidia-smi -L", ["{smi}", "-L"]),
     ("nvidia-smi -q", ["{smi}", "-q"]),
@@ -53,6 +57,7 @@ print(json.dumps(times))
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--baseline", help="another gpuctl binary to time alongside")
     args = parser.parse_args()
     gpuctl = os.path.join(TARGET, "gpuctl")
     sim = os.path.join(TARGET, "nvml-sim")
@@ -66,6 +71,9 @@ def main():
     smi = fetched.stdout.strip()
     import json
     views = [(name, [a.format(gpuctl=gpuctl, smi=smi) for a in argv]) for name, argv in VIEWS]
+    if args.baseline:
+        views += [("baseline info --json", [args.baseline, "info", "--json"]),
+                  ("baseline info", [args.baseline, "info"])]
     env = dict(os.environ, GPUCTL_CONFIG="/nonexistent/gpuctl.toml")
     env.pop("NVML_SIM_TRACE", None)
     out = subprocess.run([sim, "run", SCENARIO, "--", sys.executable, "-c", INNER,

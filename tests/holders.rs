@@ -76,8 +76,20 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
             .process(Process::new(hidden.pid()).on(1).used(30 * GIB).unlisted()),
     );
 
-    // 30 GiB nobody accounts for is above the 1 GiB threshold: the scan runs unasked.
-    let doc = sim.json(&["info"]);
+    // 30 GiB nobody accounts for, above the 1 GiB threshold: info says how to look, and
+    // looks only when asked (the scan reads every process's descriptors).
+    let unasked = sim.json(&["info"]);
+    assert!(unasked["devices"][1].get("holders").is_none(), "{unasked}");
+    let hint = sim.run(&["info"]);
+    assert!(
+        hint.stdout.contains(
+            "holders of /dev/nvidia1 not looked for (gpuctl info --holders looks: it reads \
+             every process's open files)"
+        ),
+        "{}",
+        hint.stdout
+    );
+    let doc = sim.json(&["info", "--holders"]);
     assert_eq!(
         doc["devices"][1]["memory"]["unattributed_bytes"].as_u64(),
         Some(30 << 30)
@@ -111,7 +123,7 @@ fn an_unlisted_holder_is_named_suspected_and_cleared_only_when_asked() {
             assert!(named["reason"].as_str().unwrap().contains("nvidia-smi"));
         }
     }
-    let table = sim.run(&["info"]);
+    let table = sim.run(&["info", "--holders"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     assert!(
         table
@@ -191,8 +203,11 @@ fn a_holder_in_a_live_jobs_process_group_is_named_but_never_cleared() {
     listed.kill();
 }
 
+/// The scan reads every process's descriptors (400 ms on a busy server), so `info` runs
+/// it only when asked; where a GPU has at least `holders_threshold` of memory no listed
+/// process accounts for, the table says it was not looked for and how to look, never "none".
 #[test]
-fn the_scan_runs_only_above_the_threshold_or_when_asked() {
+fn the_scan_runs_only_when_asked_and_the_table_says_where_it_would_explain_memory() {
     let (sim, dev) = sim_with_devices(2);
     let timed = |args: &[&str]| -> Run {
         Run::from(
@@ -219,24 +234,28 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
         );
         timed
     };
-    // 512 MiB nobody accounts for: below 1 GiB, no scan.
+    let hint = "holders of /dev/nvidia0 not looked for (gpuctl info --holders looks";
+    // 512 MiB nobody accounts for: below 1 GiB, no scan and nothing to say.
     sim.write(
         &devices(&dev)
             .gpu(Gpu::new().leaked(512 * MIB))
             .gpu(Gpu::new()),
     );
     assert!(!scanned(&timed(&["info", "--json"])), "below the threshold");
+    assert!(!sim.run(&["info"]).stdout.contains("holders of"));
     // Asked for: every device carries a list, empty or not.
     let asked = timed(&["info", "--json", "--holders"]);
     assert!(scanned(&asked));
     let doc: Value = serde_json::from_str(&asked.stdout).unwrap();
     assert_eq!(holders_of(&doc, 0), &Vec::<Value>::new());
-    // A lower threshold in the configuration.
+    // A lower threshold in the configuration: still no scan unasked, and the table says so.
     std::fs::write(sim.config_path(), "holders_threshold = \"256MiB\"\n").unwrap();
     assert!(
-        scanned(&timed(&["info", "--json"])),
-        "above holders_threshold"
+        !scanned(&timed(&["info", "--json"])),
+        "above holders_threshold, not asked"
     );
+    let table = sim.run(&["info"]);
+    assert!(table.stdout.contains(hint), "{}", table.stdout);
     std::fs::remove_file(sim.config_path()).unwrap();
     // 2 GiB: above the default.
     sim.write(
@@ -244,9 +263,16 @@ fn the_scan_runs_only_above_the_threshold_or_when_asked() {
             .gpu(Gpu::new().leaked(2 * GIB))
             .gpu(Gpu::new()),
     );
-    assert!(scanned(&timed(&["info", "--json"])), "above 1 GiB");
-    // The table explains the GPU with memory to explain, and says nothing of the other.
+    assert!(
+        !scanned(&timed(&["info", "--json"])),
+        "above 1 GiB, not asked"
+    );
+    // The table points at the GPU with memory to explain, and says nothing of the other.
     let table = sim.run(&["info"]);
+    assert!(table.stdout.contains(hint), "{}", table.stdout);
+    assert!(!table.stdout.contains("nvidia1"), "{}", table.stdout);
+    // Asked, it looks and says what it found: none.
+    let table = sim.run(&["info", "--holders"]);
     assert!(
         table
             .stdout
@@ -280,7 +306,7 @@ fn a_zombie_leader_holding_a_device_file_through_its_threads_is_found_and_cleare
             .gpu(Gpu::new())
             .process(Process::new(zombie.pid()).used(8 * GIB).unlisted()),
     );
-    let doc = sim.json(&["info"]);
+    let doc = sim.json(&["info", "--holders"]);
     let named = holder(&doc, 0, zombie.pid()).expect("found through its threads");
     assert_eq!(named["suspect"], "job_process", "{named}");
     assert_eq!(named["state"], "zombie");

@@ -7,7 +7,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_exited,
+    GIB, Gpu, PidReuser, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root,
+    wait_exited,
 };
 
 /// How long a screen may take to show what a test waits for.
@@ -331,6 +332,124 @@ fn k_shows_the_plan_n_leaves_the_process_and_y_ends_it() {
     term.wait_for("its row gone", |s| {
         s.contains("no processes") && row_pids(s).is_empty()
     });
+}
+
+/// The plan shown by `k` is what `y` carries out, on the processes shown: a marked row's
+/// process that exits and whose pid another process takes before `y` is skipped, never
+/// signalled, while the other marked row's process is ended.
+#[test]
+fn a_process_replaced_between_k_and_y_is_not_the_one_confirmed_and_is_not_signalled() {
+    assert!(
+        is_root(),
+        "this test needs root: it puts a process at a chosen pid (clone3 set_tid; scripts/test \
+         runs as root)"
+    );
+    let mut replaced = Proc::sleeper("python3", &["train.py"]);
+    let other = Proc::sleeper("python3", &["eval.py"]);
+    let pid = replaced.pid();
+    let sim = Sim::new(&on_gpus(&[(&replaced, 0), (&other, 0)], 1));
+    let term = Term::start(&sim, &[], (120, 32));
+    term.wait_for("both rows", |s| {
+        let mut pids = row_pids(s);
+        pids.sort_unstable();
+        pids.len() == 2
+    });
+    // Mark both rows (the cursor starts on the first), then ask for the plan.
+    term.keys(&["Space", "Space", "k"]);
+    let plan = term.wait_text("end processes: the plan");
+    for shown in [pid, other.pid()] {
+        assert!(
+            plan.contains(&format!("end  pid {shown} ")),
+            "both are planned:\n{plan}"
+        );
+    }
+    // Between the plan and the yes: the process exits and a newcomer takes its pid (NVML
+    // still lists the pid, as a sim keeps listing it).
+    replaced.kill();
+    let newcomer = PidReuser::spawn(pid, "sleep", "python3")
+        .expect("the kernel refused to put a process at a chosen pid (clone3 set_tid)");
+    term.keys(&["y"]);
+    let done = term.wait_text("not the process you confirmed");
+    assert!(
+        done.contains(&format!(
+            "pid {pid}: skipped: not the process you confirmed"
+        )),
+        "{done}"
+    );
+    assert!(
+        alive(newcomer.pid),
+        "the newcomer at pid {pid} was signalled:\n{done}"
+    );
+    assert!(
+        done.contains(&format!("pid {}: ended (SIGTERM)", other.pid())),
+        "the other confirmed process is ended:\n{done}"
+    );
+    wait_exited(other.pid());
+}
+
+/// A row's process replaced by a newcomer with its pid after the screen showed it and before
+/// `k`: `k` names the process shown (pid and start time), so the newcomer is neither planned
+/// nor signalled, and `y` says why.
+#[test]
+fn a_process_replaced_before_k_is_not_planned_and_the_newcomer_is_not_signalled() {
+    assert!(
+        is_root(),
+        "this test needs root: it puts a process at a chosen pid (clone3 set_tid; scripts/test \
+         runs as root)"
+    );
+    let mut replaced = Proc::sleeper("python3", &["train.py"]);
+    let pid = replaced.pid();
+    let sim = Sim::new(&on_gpus(&[(&replaced, 0)], 1));
+    // A long interval: the screen keeps showing the first process until `k`.
+    let term = Term::start(&sim, &["--interval", "3600"], (120, 32));
+    term.wait_for("the row", |s| row_pids(s) == [pid]);
+    replaced.kill();
+    let newcomer = PidReuser::spawn(pid, "sleep", "python3")
+        .expect("the kernel refused to put a process at a chosen pid (clone3 set_tid)");
+    term.keys(&["k"]);
+    let plan = term.wait_text("end processes: the plan");
+    assert!(
+        !plan.contains(&format!("end  pid {pid} ")),
+        "the newcomer is not planned:\n{plan}"
+    );
+    term.keys(&["y"]);
+    let done = term.wait_text("not the process you confirmed");
+    assert!(
+        alive(newcomer.pid),
+        "the newcomer at pid {pid} was signalled:\n{done}"
+    );
+    assert!(
+        !done.contains("memory back"),
+        "nothing was signalled:\n{done}"
+    );
+}
+
+/// `--gpu GPU/GI` shows that MIG instance only, as `info --gpu` does: not its GPU's other
+/// instances, nor their processes.
+#[test]
+fn gpu_naming_a_mig_instance_shows_only_that_instance() {
+    let in_one = Proc::sleeper("python3", &["train.py"]);
+    let in_nine = Proc::sleeper("python3", &["serve.py"]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(
+                Gpu::h100()
+                    .mig("3g.40gb", 1)
+                    .mig("1g.10gb", 9)
+                    .mig("1g.10gb", 10),
+            )
+            .gpu(Gpu::h100())
+            .process(Process::new(in_one.pid()).instance(1).used(20 * GIB))
+            .process(Process::new(in_nine.pid()).instance(9).used(4 * GIB)),
+    );
+    let term = Term::start(&sim, &["--gpu", "0/9"], (120, 32));
+    let screen = term.wait_for("instance 9's process", |s| row_pids(s) == [in_nine.pid()]);
+    assert!(screen.contains("GI 9"), "{screen}");
+    assert!(
+        !screen.contains("GI 1 ") && !screen.contains("GI 10"),
+        "only instance 9 of GPU 0:\n{screen}"
+    );
+    assert!(!screen.contains("GPU 1"), "{screen}");
 }
 
 #[test]

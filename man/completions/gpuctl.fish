@@ -48,7 +48,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l color -d 'When to
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l holders -d 'Look for the processes holding each GPU\'s device file (/dev/nvidiaN) that NVML does not list on it, and say what each is suspected to be. Without it the scan runs only when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed process accounts for. With --json, each device then carries `holders`'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l holders -d 'Look for the processes holding each GPU\'s device file (/dev/nvidiaN) that NVML does not list on it, and say what each is suspected to be. The scan reads every process\'s open files, so it runs only when asked: without it, the table says where a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed process accounts for and no one looked. With --json, each device then carries `holders`'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l pid -d 'This process. Repeat for several. A pid that is not using a GPU is refused' -r

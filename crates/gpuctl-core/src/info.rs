@@ -1,19 +1,18 @@
 //! What `gpuctl info` shows, gathered once for every front that shows it (the CLI's `info`
 //! and the Python package's `gpuctl.snapshot()`): NVML joined with /proc, protected
-//! programs marked, device-file holders named, peak marks, and the `info --json` document.
+//! programs marked, device-file holders named when asked, peak marks, and the `info --json`
+//! document.
 //! A front opens a [`Survey`] from an [`InfoRequest`], [`Survey::take`]s snapshots, and
 //! serializes [`document`]; the same snapshot gives the same document whoever asked.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::classify;
-use crate::config::{self, Loaded};
+use crate::config;
 use crate::error::Result;
-use crate::nvml::{self, Gpus, Place};
-use crate::protect::{self, Protection};
 use crate::report::{WatchdogFindings, watchdog_findings_path};
+use crate::session::{Reader, Session, SessionOptions};
 use crate::snapshot::peaks::PeakStore;
-use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
+use crate::snapshot::{Snapshot, SnapshotOptions};
 
 pub use crate::report::{INFO_SCHEMA, InfoDocument, document};
 
@@ -22,7 +21,8 @@ pub use crate::report::{INFO_SCHEMA, InfoDocument, document};
 pub struct InfoRequest {
     /// GPUs or MIG instances by name; empty: every GPU.
     pub gpus: Vec<String>,
-    /// Every device-file holder, not only where memory is unattributed (`--holders`).
+    /// Look for the device-file holders NVML does not list, on every GPU (`--holders`);
+    /// without it, none is looked for (the scan reads every process's descriptors).
     pub all_holders: bool,
     /// The NVML deadline asked for (`--timeout`); else the environment's, the
     /// configuration's, or 10 s.
@@ -30,15 +30,16 @@ pub struct InfoRequest {
 }
 
 /// NVML opened and everything a snapshot for `info` needs decided once: taken again and
-/// again by `--watch`, or by a Python program.
+/// again by `--watch`, or by a Python program. `info` reads through the same
+/// [`Session`] and [`Reader`] as every other reader.
 pub struct Survey {
-    /// The configuration, where it can be read: `info` still shows the GPUs with one that
-    /// cannot be (`kill` and `clear` refuse to run then).
-    pub loaded: Option<Loaded>,
-    pub gpus: Gpus,
-    places: Option<Vec<Place>>,
-    options: SnapshotOptions,
-    protection: Protection,
+    /// The configuration (empty where it cannot be read: `info` still shows the GPUs with
+    /// one that cannot be; `kill` and `clear` refuse to run then) and NVML.
+    pub session: Session,
+    reader: Reader,
+    /// The device-file scan runs only when asked for (`--holders`): it reads every
+    /// process's descriptors, which a launcher polling `info --json` would pay each call.
+    holders_asked: bool,
     peaks: Option<PeakStore>,
     /// How long opening NVML took.
     pub opened: Duration,
@@ -46,52 +47,34 @@ pub struct Survey {
 
 impl Survey {
     pub fn open(request: &InfoRequest) -> Result<Survey> {
-        let started = Instant::now();
-        let loaded = config::load().ok();
-        let configured = loaded.as_ref().and_then(Loaded::nvml_timeout);
-        // Checked before NVML is loaded: a refused GPUCTL_DEV_DIR stops the command first.
-        let dev_dir = config::device_dir(loaded.as_ref())?;
-        let gpus = Gpus::open_within(nvml::timeout(request.timeout, configured)?)?;
-        let opened = started.elapsed();
+        let session = Session::open_with(&SessionOptions {
+            timeout: request.timeout,
+            config_optional: true,
+            holders: true,
+            ..SessionOptions::default()
+        })?;
         // MIG instances may be named: their GPU is read, and only those instances shown.
-        let places = (!request.gpus.is_empty())
-            .then(|| gpus.resolve_places(&request.gpus))
+        let places = session.places(&request.gpus)?;
+        let holders = request
+            .all_holders
+            .then(|| session.holder_scan(true))
             .transpose()?;
-        let options = SnapshotOptions {
-            holders: Some(HolderScan {
-                dev_dir,
-                above_unattributed: (!request.all_holders).then(|| {
-                    loaded
-                        .as_ref()
-                        .and_then(Loaded::holders_threshold)
-                        .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD)
-                }),
-            }),
-            ..SnapshotOptions::info(places.as_deref().map(Place::gpus))
-        };
-        // The programs `kill`, `clear` and the watchdog never signal.
-        let protection = loaded.as_ref().map_or_else(Protection::built_in, |loaded| {
-            Protection::configured(&loaded.protect())
-        });
+        let reader = session
+            .reader(SnapshotOptions::info(None))
+            .places(places)
+            .holders(holders);
         Ok(Survey {
-            loaded,
-            gpus,
-            places,
-            options,
-            protection,
+            opened: session.opened,
+            session,
+            reader,
+            holders_asked: request.all_holders,
             peaks: PeakStore::default_location(),
-            opened,
         })
     }
 
     /// One snapshot as `info` shows it (peak marks observed and recorded).
-    pub fn take(&self) -> Result<Snapshot> {
-        let mut snapshot = Snapshot::take(&self.gpus, &self.options)?;
-        if let Some(places) = &self.places {
-            keep_named_instances(&mut snapshot, places);
-        }
-        protect::mark_claims(&mut snapshot, &self.protection);
-        classify::holders::annotate(&mut snapshot);
+    pub fn take(&mut self) -> Result<Snapshot> {
+        let mut snapshot = self.reader.take(&self.session.gpus)?;
         if let Some(store) = &self.peaks {
             let marks = store.observe(&snapshot);
             for gpu in &mut snapshot.devices {
@@ -101,6 +84,13 @@ impl Survey {
         Ok(snapshot)
     }
 
+    /// Where the device files were not scanned for holders (no `--holders`): the memory no
+    /// listed process accounts for above which a view says how to look (the configuration's
+    /// `holders_threshold`, 1 GiB by default). `None` when the scan runs.
+    pub fn unscanned_above(&self) -> Option<u64> {
+        (!self.holders_asked).then(|| self.session.holders_threshold())
+    }
+
     /// The peak store's warning that its file is too large, if it is.
     pub fn peaks_warning(&self) -> Option<String> {
         self.peaks.as_ref()?.oversized_warning()
@@ -108,7 +98,7 @@ impl Survey {
 
     /// The watchdog's findings, as [`watchdog_findings`] reads them.
     pub fn watchdog_findings(&self) -> Option<WatchdogFindings> {
-        watchdog_findings(self.loaded.as_ref())
+        watchdog_findings(Some(&self.session.loaded))
     }
 }
 
@@ -118,18 +108,4 @@ pub fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFind
     let dir = config::watchdog_state_dir(loaded)?;
     let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
     serde_json::from_slice(&bytes).ok()
-}
-
-/// On a GPU whose instances were named one by one (and not the GPU whole), only those
-/// instances are shown.
-fn keep_named_instances(snapshot: &mut Snapshot, places: &[Place]) {
-    for gpu in &mut snapshot.devices {
-        let whole = places
-            .iter()
-            .any(|p| p.gpu == gpu.index && p.gpu_instance.is_none());
-        if !whole {
-            gpu.mig_devices
-                .retain(|m| places.iter().any(|p| p.holds(gpu.index, m.gpu_instance_id)));
-        }
-    }
 }

@@ -29,6 +29,7 @@ pub mod runfile;
 pub mod select;
 pub mod serve;
 pub mod service;
+pub mod session;
 pub mod settings;
 pub mod snapshot;
 pub mod sys;

@@ -339,6 +339,13 @@ impl Gpus {
     /// Resolves `--gpu` selectors (an index, a UUID or a unique UUID prefix, or a PCI bus id)
     /// to sorted, distinct indices. An empty list selects every GPU.
     pub fn resolve(&self, selectors: &[String]) -> Result<Vec<u32>> {
+        let tables = self.tables()?;
+        resolve_selectors(selectors, &tables.uuids, &tables.buses)
+    }
+
+    /// Every GPU's UUID and PCI bus id, by index (`None` where a GPU cannot be queried):
+    /// what whole-GPU selectors are matched against.
+    pub fn tables(&self) -> Result<GpuTables> {
         let uuids = self.uuids()?;
         let buses: Vec<Option<String>> = self
             .per_gpu(|nvml, index| {
@@ -350,8 +357,15 @@ impl Gpus {
             .into_iter()
             .map(Option::flatten)
             .collect();
-        resolve_selectors(selectors, &uuids, &buses)
+        Ok(GpuTables { uuids, buses })
     }
+}
+
+/// Every GPU's UUID and PCI bus id, by index, read once for any number of selectors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuTables {
+    pub uuids: Vec<Option<String>>,
+    pub buses: Vec<Option<String>>,
 }
 
 /// A GPU, or one MIG GPU instance of it, as a `--gpu` selector names it.
@@ -390,28 +404,17 @@ impl Gpus {
     /// CUDA_VISIBLE_DEVICES and Slurm give them), or `GPU/GI` (`0/9`: GPU 0's GPU instance 9,
     /// the ids `nvidia-smi -L` and the MIG devices table show). Anything else naming an
     /// instance (`0:9`, `0.9`, a MIG device index) is refused with the forms that work.
-    pub fn resolve_places(&self, selectors: &[String]) -> Result<Vec<Place>> {
-        let mut places = Vec::new();
-        for selector in selectors {
-            let wanted = selector.trim();
-            let place = if wanted.len() > 4 && wanted[..4].eq_ignore_ascii_case("MIG-") {
-                self.mig_by_uuid(wanted)?
-            } else if let Some((gpu, instance)) = wanted.split_once('/') {
-                let (Ok(gpu), Ok(instance)) = (gpu.parse::<u32>(), instance.parse::<u32>()) else {
-                    return Err(CoreError::GpuSelector(format!(
-                        "'{wanted}' is not a MIG instance: give GPU/GI (0/9) or a MIG UUID \
-                         (MIG-...)"
-                    )));
-                };
-                self.mig_by_ids(gpu, instance)?
-            } else {
-                Place::whole(self.resolve(std::slice::from_ref(selector))?[0])
-            };
-            if !places.contains(&place) {
-                places.push(place);
-            }
-        }
-        Ok(places)
+    /// The UUID and bus tables are read once, however many GPUs are named, and not at all
+    /// when only MIG instances are.
+    pub fn places(&self, selectors: &[String]) -> Result<Vec<Place>> {
+        places_from(
+            selectors,
+            || self.tables(),
+            |mig| match mig {
+                MigName::Uuid(uuid) => self.mig_by_uuid(uuid),
+                MigName::Ids(gpu, instance) => self.mig_by_ids(gpu, instance),
+            },
+        )
     }
 
     fn mig_by_uuid(&self, uuid: &str) -> Result<Place> {
@@ -495,6 +498,53 @@ pub(crate) fn mig_instance_ids(mig: &nvml_wrapper::Device<'_>) -> (Option<u32>, 
             .map(|_| ci);
         (gi, ci)
     }
+}
+
+/// A selector naming a MIG instance: by its MIG device UUID, or as `GPU/GI`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigName<'a> {
+    Uuid(&'a str),
+    Ids(u32, u32),
+}
+
+/// Pure part of [`Gpus::places`]: `tables` is read at the first whole-GPU selector, and only
+/// then; `mig` looks up each MIG instance named. Selectors are taken in order, the first bad
+/// one refused, and each place is kept once.
+pub fn places_from(
+    selectors: &[String],
+    tables: impl FnOnce() -> Result<GpuTables>,
+    mut mig: impl FnMut(MigName<'_>) -> Result<Place>,
+) -> Result<Vec<Place>> {
+    let mut read = Some(tables);
+    let mut tables: Option<GpuTables> = None;
+    let mut places = Vec::new();
+    for selector in selectors {
+        let wanted = selector.trim();
+        let place = if wanted.len() > 4 && wanted[..4].eq_ignore_ascii_case("MIG-") {
+            mig(MigName::Uuid(wanted))?
+        } else if let Some((gpu, instance)) = wanted.split_once('/') {
+            let (Ok(gpu), Ok(instance)) = (gpu.parse::<u32>(), instance.parse::<u32>()) else {
+                return Err(CoreError::GpuSelector(format!(
+                    "'{wanted}' is not a MIG instance: give GPU/GI (0/9) or a MIG UUID \
+                     (MIG-...)"
+                )));
+            };
+            mig(MigName::Ids(gpu, instance))?
+        } else {
+            let tables = match (&mut tables, read.take()) {
+                (Some(tables), _) => tables,
+                (slot, Some(read)) => slot.insert(read()?),
+                (None, None) => unreachable!("the tables are read before they are kept"),
+            };
+            let index =
+                resolve_selectors(std::slice::from_ref(selector), &tables.uuids, &tables.buses)?[0];
+            Place::whole(index)
+        };
+        if !places.contains(&place) {
+            places.push(place);
+        }
+    }
+    Ok(places)
 }
 
 /// Pure part of [`Gpus::resolve`], so the matching rules are testable without NVML.
@@ -714,6 +764,80 @@ mod tests {
         // Too short to stand for a UUID, and not a number.
         assert!(resolve(&["0b"]).is_err());
         assert!(resolve(&["-1"]).is_err());
+    }
+
+    fn strings(selectors: &[&str]) -> Vec<String> {
+        selectors.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// [`places_from`] with the test tables, counting their reads, and MIG instances 0/9 and
+    /// `MIG-AAAA` known.
+    fn places(selectors: &[&str]) -> (Result<Vec<Place>>, usize) {
+        let reads = std::cell::Cell::new(0);
+        let tables = || {
+            reads.set(reads.get() + 1);
+            Ok(GpuTables {
+                uuids: uuids(),
+                buses: buses(),
+            })
+        };
+        let mig = |name: MigName<'_>| match name {
+            MigName::Ids(0, 9) => Ok(Place {
+                gpu: 0,
+                gpu_instance: Some(9),
+            }),
+            MigName::Uuid("MIG-AAAA") => Ok(Place {
+                gpu: 1,
+                gpu_instance: Some(3),
+            }),
+            other => Err(CoreError::GpuSelector(format!("no {other:?}"))),
+        };
+        let found = places_from(&strings(selectors), tables, mig);
+        (found, reads.get())
+    }
+
+    #[test]
+    fn places_read_the_uuid_and_bus_tables_once_for_any_number_of_gpus() {
+        let (found, reads) = places(&["2", "GPU-0b6c1d2e", "0000:2a:00.0", "0", "0/9"]);
+        assert_eq!(
+            reads, 1,
+            "one read of the tables for four whole-GPU selectors"
+        );
+        let mig = Place {
+            gpu: 0,
+            gpu_instance: Some(9),
+        };
+        assert_eq!(
+            found.unwrap(),
+            vec![Place::whole(2), Place::whole(0), Place::whole(1), mig],
+            "in the order named, each once"
+        );
+        // Instances only: no table is read.
+        let (found, reads) = places(&["0/9", "MIG-AAAA", "0/9"]);
+        assert_eq!(reads, 0);
+        assert_eq!(found.unwrap().len(), 2);
+        let (found, reads) = places(&[]);
+        assert_eq!((found.unwrap(), reads), (Vec::new(), 0));
+    }
+
+    #[test]
+    fn places_refuse_the_first_bad_selector_as_resolve_does() {
+        let (found, _) = places(&["0", "7", "0/x"]);
+        let message = found.unwrap_err().to_string();
+        assert!(message.contains("no GPU matches '7'"), "{message}");
+        assert_eq!(
+            places(&["0/x"]).0.unwrap_err().to_string(),
+            places(&["0/x", "7"]).0.unwrap_err().to_string()
+        );
+        assert!(
+            places(&["0/x"])
+                .0
+                .unwrap_err()
+                .to_string()
+                .contains("is not a MIG instance: give GPU/GI")
+        );
+        let (found, reads) = places(&["0/5"]);
+        assert!(found.is_err() && reads == 0);
     }
 
     #[test]

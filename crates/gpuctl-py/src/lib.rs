@@ -22,6 +22,7 @@ use gpuctl_core::plan::{Disposition, Outcome};
 use gpuctl_core::reclaim::{self, ClearRequest, Ending, KillRequest, Session};
 use gpuctl_core::runfile::{self, Record, RunError, RunFile};
 use gpuctl_core::select::OwnerMatch;
+use gpuctl_core::session::{self, ShareRequest};
 use gpuctl_core::settings::{self, Framework};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -177,7 +178,7 @@ fn snapshot_json(
                 survey,
             });
         }
-        let survey = &kept.as_ref().expect("kept above").survey;
+        let survey = &mut kept.as_mut().expect("kept above").survey;
         let snapshot = match survey.take() {
             Ok(snapshot) => snapshot,
             Err(e) => {
@@ -397,7 +398,9 @@ fn enable_settings(
     let loaded = config::load()
         .map_err(CoreError::from)
         .map_err(Failure::from)?;
-    let share = config::share_for(&loaded, None, config::caller_name().as_deref());
+    let every_gpu =
+        session::shares(&loaded, None, &ShareRequest::for_caller()).map_err(Failure::from)?;
+    let share = every_gpu.into_iter().find_map(|found| found.share);
     let env = settings::enable_env(&|name| environ.get(name).cloned(), share.map(|s| s.value));
     Ok(env
         .into_iter()
@@ -416,25 +419,19 @@ fn fraction(
 ) -> PyResult<Option<(f64, String, Option<String>)>> {
     outside_gil(py, move || {
         let loaded = config::load().map_err(CoreError::from)?;
-        let place = match gpu {
-            None => None,
-            Some(name) => {
-                let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
-                let index = gpus
-                    .resolve(std::slice::from_ref(&name))?
-                    .first()
-                    .copied()
-                    .ok_or_else(|| Failure::usage(format!("gpu: {name:?} names no GPU")))?;
-                let uuid = gpus.uuids()?.get(index as usize).cloned().flatten();
-                Some((index, uuid))
-            }
+        let gpus = gpu
+            .is_some()
+            .then(|| Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?))
+            .transpose()?;
+        let request = ShareRequest {
+            gpus: gpu.iter().cloned().collect(),
+            ..ShareRequest::for_caller()
         };
-        let share = config::share_for(
-            &loaded,
-            place.as_ref().map(|(i, u)| (*i, u.as_deref())),
-            config::caller_name().as_deref(),
-        );
-        Ok(share.map(|s| (s.value, s.describe(), s.note)))
+        let found = session::shares(&loaded, gpus.as_ref(), &request)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Failure::usage(format!("gpu: {gpu:?} names no GPU")))?;
+        Ok(found.share.map(|s| (s.value, s.describe(), s.note)))
     })
 }
 

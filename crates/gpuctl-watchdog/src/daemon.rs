@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use gpuctl_core::act::Identity;
 use gpuctl_core::classify::grace::{self, Decision, HistoryTracker, Judgement, Tried, Watch};
-use gpuctl_core::classify::{self, Finding, Kind};
+use gpuctl_core::classify::{Finding, Kind};
 use gpuctl_core::exit::Exit;
-use gpuctl_core::host::{FactCache, Lineage, ProcView};
-use gpuctl_core::pidmap::PidMap;
+use gpuctl_core::host::FactCache;
 use gpuctl_core::plan::Outcome;
 use gpuctl_core::reclaim::{Due, FindingsRequest};
 use gpuctl_core::select::Target;
+use gpuctl_core::session::{Look, Reader};
 use gpuctl_core::snapshot::peaks::PeakStore;
 use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 use gpuctl_core::units::{self, bytes};
@@ -28,8 +28,8 @@ use crate::signals;
 
 /// What one pass saw.
 struct Seen {
-    snapshot: Snapshot,
-    lineages: PidMap<u32, Lineage>,
+    /// The snapshot and the lineages classification reads.
+    look: Look,
     /// The GPUs that did not answer, when some did not: nothing is acted on.
     incomplete: Option<String>,
     /// NVML is re-opened after this pass.
@@ -82,11 +82,10 @@ pub struct Daemon {
     notify: Notifier,
     link: Link,
     last_incomplete: Option<String>,
-    /// Host facts kept across loops: a known process costs one read of its stat.
-    facts: FactCache,
-    /// The /proc view, kept across passes (its namespace and filesystem checks do not
-    /// change); its uptime is read again each pass.
-    proc_view: Option<ProcView>,
+    /// What each pass reads: host facts kept across loops (a known process costs one read
+    /// of its stat) and the /proc view (its namespace and filesystem checks do not change;
+    /// its uptime is read again each pass).
+    reader: Reader,
     // History, and the rules over time: spells, warnings, what was done about each.
     history: HistoryTracker,
     watch: Watch,
@@ -120,8 +119,13 @@ impl Daemon {
             notify,
             link,
             last_incomplete: None,
-            facts: FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
-            proc_view: None,
+            // NVML's pids are the host's: the watchdog runs in the host's PID namespace (or
+            // beside a host service it does not ask).
+            reader: Reader::new(SnapshotOptions::watch(false))
+                .keeping_facts(
+                    FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
+                )
+                .host_only(),
             history: HistoryTracker::default(),
             watch: Watch::default(),
             findings_log: FindingLog::default(),
@@ -271,31 +275,18 @@ impl Daemon {
     /// be reopened).
     fn observe(&mut self, once: bool) -> Option<Seen> {
         let gpus = self.link.gpus()?;
-        let view = match self.proc_view.take() {
-            Some(mut view) => view.refresh_uptime().map(|()| view),
-            None => ProcView::system(),
-        };
         let holders_due = self
             .holders
             .as_ref()
             .is_none_or(|h| h.at.elapsed() >= HOLDER_SCAN_EVERY);
-        let options = SnapshotOptions {
+        self.reader.set_purpose(SnapshotOptions {
             // Only when some GPU has holders_threshold unattributed (checked by the snapshot).
             holders: holders_due.then(|| self.settings.holders.clone()),
             // Utilization and power too, for the stuck-GPU check.
             ..SnapshotOptions::watch(self.settings.policy.stuck.is_some())
-        };
-        let taken = view.map_err(|e| e.to_string()).and_then(|view| {
-            Snapshot::take_cached(gpus, &view, &options, &mut self.facts)
-                .map(|snapshot| {
-                    let lineages = snapshot.lineages_cached(&view, &mut self.facts);
-                    self.proc_view = Some(view);
-                    (snapshot, lineages)
-                })
-                .map_err(|e| e.to_string())
         });
-        let (snapshot, lineages) = match taken {
-            Ok(taken) => taken,
+        let look = match self.reader.look(gpus) {
+            Ok(look) => look,
             Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
                 self.status = self
@@ -305,6 +296,7 @@ impl Daemon {
             }
         };
         let now = Instant::now();
+        let snapshot = &look.snapshot;
         let holders_scanned = snapshot.read_times.holders.is_some();
         if holders_scanned {
             self.holders = Some(HoldersSeen {
@@ -320,7 +312,7 @@ impl Daemon {
             // Due but not wanted: no GPU has holders_threshold unattributed any more.
             self.holders = None;
         }
-        let incomplete = self.note_incomplete(&snapshot);
+        let incomplete = self.note_incomplete(snapshot);
         // A GPU lost or failing may be a driver reload, which a new NVML session sees past.
         let reopen_may_help = snapshot
             .devices
@@ -338,11 +330,10 @@ impl Daemon {
             self.ready_sent = true;
         }
         if let Some(peaks) = &self.peaks {
-            peaks.observe(&snapshot);
+            peaks.observe(snapshot);
         }
         Some(Seen {
-            snapshot,
-            lineages,
+            look,
             incomplete,
             reopen,
             now,
@@ -377,7 +368,7 @@ impl Daemon {
     /// Judge: the findings (with the history only a daemon has), each logged once, and
     /// those due by the rules over time (`classify::grace`).
     fn judge(&mut self, seen: &Seen, once: bool) -> Judged {
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let history = (!once).then(|| {
             self.history.update(
                 snapshot,
@@ -387,12 +378,7 @@ impl Daemon {
                 |pid| Identity::observe(pid).ok(),
             )
         });
-        let findings = classify::classify(
-            snapshot,
-            &seen.lineages,
-            history.as_ref(),
-            &self.settings.policy,
-        );
+        let findings = seen.look.classify(history.as_ref(), &self.settings.policy);
         self.findings_log
             .findings(&self.log, &self.settings.watchdog, snapshot, &findings);
         let impostors = self
@@ -445,7 +431,7 @@ impl Daemon {
     /// `gpuctl clear` takes, each once (or again after a failed try), unless in report mode
     /// or the snapshot is incomplete.
     fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let request = self.settings.findings_request(judged.due.clone());
         let why_left = self.settings.leaves_alone(seen.incomplete.as_deref());
         let mut to_run: Vec<Due> = Vec::new();
@@ -480,7 +466,7 @@ impl Daemon {
     /// Report: the metrics, systemd's STATUS line and the findings file (`gpuctl info`
     /// shows it).
     fn report(&mut self, seen: &Seen, judged: &Judged) {
-        let (snapshot, now) = (&seen.snapshot, seen.now);
+        let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let holders = self.holders.as_ref().map(|h| h.per_gpu.as_slice());
         let found = (
             &judged.judgement,

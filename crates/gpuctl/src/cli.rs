@@ -488,6 +488,8 @@ impl KillArgs {
         KillRequest {
             gpus: self.gpu.gpus.clone(),
             pids: self.pids.clone(),
+            // The command line names pids; a process identity is a view's (`top`).
+            processes: Vec::new(),
             uids: self.users.clone(),
             owners: self.owners.clone(),
             stale: self.stale,
@@ -585,9 +587,10 @@ pub struct InfoArgs {
     pub by: Option<GroupBy>,
 
     /// Look for the processes holding each GPU's device file (/dev/nvidiaN) that NVML does
-    /// not list on it, and say what each is suspected to be. Without it the scan runs only
-    /// when a GPU has at least `holders_threshold` (default 1 GiB) of memory no listed
-    /// process accounts for. With --json, each device then carries `holders`.
+    /// not list on it, and say what each is suspected to be. The scan reads every process's
+    /// open files, so it runs only when asked: without it, the table says where a GPU has
+    /// at least `holders_threshold` (default 1 GiB) of memory no listed process accounts
+    /// for and no one looked. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
 }

@@ -11,6 +11,7 @@ use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::report::{
     EnableDocument, FileEntry, FractionDocument, POLICY_SCHEMA, PersistenceEntry, ShareEntry,
 };
+use gpuctl_core::session::{self, ShareRequest};
 use gpuctl_core::settings::{self, Shell};
 
 use crate::render::{self, Color, Style};
@@ -44,9 +45,8 @@ fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
     writeln!(out, "{key} = {value} in {target}")?;
     if target.origin == Origin::User {
         let loaded = config::load()?;
-        if let Some(note) =
-            config::share_for(&loaded, None, config::caller_name().as_deref()).and_then(|s| s.note)
-        {
+        let every_gpu = session::shares(&loaded, None, &ShareRequest::for_caller())?;
+        if let Some(note) = every_gpu.into_iter().find_map(|s| s.share?.note) {
             writeln!(out, "note: {note}")?;
         }
     }
@@ -67,37 +67,25 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
         .collect();
     // Per GPU where NVML answers; without it, the entries that apply to every GPU.
     let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
-    let gpus: Vec<(u32, Option<String>)> = match Gpus::open_within(timeout) {
-        Ok(gpus) => {
-            let wanted: Vec<String> = args.gpu.iter().cloned().collect();
-            let uuids = gpus.uuids()?;
-            gpus.resolve(&wanted)?
-                .into_iter()
-                .map(|index| (index, uuids.get(index as usize).cloned().flatten()))
-                .collect()
-        }
-        Err(CoreError::NvmlUnavailable { .. }) if args.gpu.is_none() => Vec::new(),
+    let gpus = match Gpus::open_within(timeout) {
+        Ok(gpus) => Some(gpus),
+        Err(CoreError::NvmlUnavailable { .. }) if args.gpu.is_none() => None,
         Err(error) => return Err(error.into()),
     };
-    let entry = |gpu: Option<(u32, Option<String>)>| {
-        let found = config::share_for(
-            &loaded,
-            gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
-            user.as_deref(),
-        );
-        ShareEntry {
-            index: gpu.as_ref().map(|(i, _)| *i),
-            uuid: gpu.and_then(|(_, u)| u),
-            fraction: found.as_ref().map(|f| f.value),
-            source: found.as_ref().map(FractionInForce::describe),
-            note: found.and_then(|f| f.note),
-        }
+    let request = ShareRequest {
+        user: user.clone(),
+        gpus: args.gpu.iter().cloned().collect(),
     };
-    let shares: Vec<ShareEntry> = if gpus.is_empty() {
-        vec![entry(None)]
-    } else {
-        gpus.into_iter().map(|gpu| entry(Some(gpu))).collect()
-    };
+    let shares: Vec<ShareEntry> = session::shares(&loaded, gpus.as_ref(), &request)?
+        .into_iter()
+        .map(|found| ShareEntry {
+            index: found.index,
+            uuid: found.uuid,
+            fraction: found.share.as_ref().map(|f| f.value),
+            source: found.share.as_ref().map(FractionInForce::describe),
+            note: found.share.and_then(|f| f.note),
+        })
+        .collect();
     let document = FractionDocument {
         schema: POLICY_SCHEMA,
         user,
@@ -152,7 +140,6 @@ fn fraction_table(document: &FractionDocument, style: &Style) -> String {
 
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
     let loaded = config::load()?;
-    let user = config::caller_name();
     let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
     let nvml = (args.persistence || !args.gpus.is_empty())
         .then(|| Gpus::open_within(timeout))
@@ -162,21 +149,15 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
         None => Vec::new(),
     };
     // The share of the first selected GPU, or, with no GPU named, the user or default one.
-    let gpu = (!args.gpus.is_empty())
-        .then(|| indices.first().copied())
-        .flatten()
-        .map(|index| {
-            let uuid = nvml
-                .as_ref()
-                .and_then(|g| g.uuids().ok())
-                .and_then(|u| u.get(index as usize).cloned().flatten());
-            (index, uuid)
-        });
-    let fraction = config::share_for(
-        &loaded,
-        gpu.as_ref().map(|(i, u)| (*i, u.as_deref())),
-        user.as_deref(),
-    );
+    let request = ShareRequest {
+        gpus: args.gpus.clone(),
+        ..ShareRequest::for_caller()
+    };
+    let named = nvml.as_ref().filter(|_| !args.gpus.is_empty());
+    let fraction = session::shares(&loaded, named, &request)?
+        .into_iter()
+        .next()
+        .and_then(|found| found.share);
     let env = settings::enable_env(
         &|name| std::env::var(name).ok(),
         fraction.as_ref().map(|f| f.value),

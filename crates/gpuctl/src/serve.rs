@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use gpuctl_core::classify::{self, Finding, Policy};
+use gpuctl_core::classify::{Finding, Policy};
 use gpuctl_core::exit::Exit;
-use gpuctl_core::host::{FactCache, ProcView};
-use gpuctl_core::nvml::{self, Gpus};
+use gpuctl_core::host::FactCache;
 use gpuctl_core::service::caller::Caller;
 use gpuctl_core::service::{self, ErrorReply, MAX_REQUEST_BYTES};
+use gpuctl_core::session::{Reader, Session};
 use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 
 use gpuctl::cli::ServeArgs;
@@ -42,8 +42,7 @@ const LISTEN_FDS_START: i32 = 3;
 pub fn run(args: &ServeArgs) -> Result<Exit> {
     // The service's own snapshots are the host's: it never asks itself.
     service::client::never_ask();
-    let loaded = gpuctl_core::config::load()?;
-    let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
+    let session = Session::open()?;
     let (listener, path) = listener(args.socket.clone())?;
     eprintln!(
         "gpuctl serve: answering on {} (reads only; never signals)",
@@ -53,11 +52,13 @@ pub fn run(args: &ServeArgs) -> Result<Exit> {
                 .to_string())
     );
     let server = Arc::new(Server {
-        gpus,
         latest: Mutex::new(Latest {
-            facts: FactCache::refreshing_every(Duration::ZERO),
+            reader: Reader::new(SnapshotOptions::reclaim(None))
+                .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
+                .host_only(),
             answer: None,
         }),
+        session,
         active: AtomicUsize::new(0),
     });
     if let Some(idle) = args.idle_exit {
@@ -99,7 +100,7 @@ pub fn run(args: &ServeArgs) -> Result<Exit> {
 }
 
 struct Server {
-    gpus: Gpus,
+    session: Session,
     latest: Mutex<Latest>,
     active: AtomicUsize,
 }
@@ -108,7 +109,8 @@ struct Server {
 type HostView = Arc<(Snapshot, Vec<Finding>)>;
 
 struct Latest {
-    facts: FactCache,
+    /// The host's processes, their facts kept between reads.
+    reader: Reader,
     /// The last view, and when it was read.
     answer: Option<(Instant, HostView)>,
 }
@@ -126,16 +128,12 @@ impl Server {
         {
             return Ok(Arc::clone(answer));
         }
-        let mut view = ProcView::system().map_err(|e| format!("cannot read /proc: {e}"))?;
-        view.refresh_uptime()
-            .map_err(|e| format!("cannot read the boot clock: {e}"))?;
-        let Latest { facts, answer } = &mut *latest;
-        let snapshot =
-            Snapshot::take_cached(&self.gpus, &view, &SnapshotOptions::reclaim(None), facts)
-                .map_err(|e| gpuctl_core::text::escape(&e.to_string()).into_owned())?;
-        let lineages = snapshot.lineages_cached(&view, facts);
-        let findings = classify::classify(&snapshot, &lineages, None, &Policy::default());
-        let fresh = Arc::new((snapshot, findings));
+        let Latest { reader, answer } = &mut *latest;
+        let look = reader
+            .look(&self.session.gpus)
+            .map_err(|e| gpuctl_core::text::escape(&e.to_string()).into_owned())?;
+        let findings = look.classify(None, &Policy::default());
+        let fresh = Arc::new((look.snapshot, findings));
         *answer = Some((Instant::now(), Arc::clone(&fresh)));
         Ok(fresh)
     }

@@ -40,7 +40,7 @@ pub const SYSTEM_PATH: &str = "/etc/gpuctl/gpuctl.toml";
 pub const ENV_VAR: &str = "GPUCTL_CONFIG";
 /// The environment variable naming the device directory (before the `dev_dir` key).
 pub const DEV_DIR_ENV: &str = "GPUCTL_DEV_DIR";
-/// Unattributed memory from which `info` looks for device-file holders unasked.
+/// Unattributed memory worth explaining: the watchdog scans for device-file holders, and `info` says where `--holders` would look.
 pub const DEFAULT_HOLDERS_THRESHOLD: u64 = 1 << 30;
 
 /// Where the NVIDIA device files are: `GPUCTL_DEV_DIR`, else the configuration's `dev_dir`,
@@ -108,9 +108,10 @@ pub struct Config {
         skip_serializing_if = "Option::is_none"
     )]
     pub dev_dir: Option<PathBuf>,
-    /// `holders_threshold`: `info` looks for the processes holding a GPU's device file
-    /// without NVML listing them when the GPU has at least this much memory no listed
-    /// process accounts for (a size: "1GiB", "512MiB"); absent: 1 GiB.
+    /// `holders_threshold`: memory no listed process accounts for that is worth explaining
+    /// (a size: "1GiB", "512MiB"; absent: 1 GiB). Where a GPU has at least this much, the
+    /// watchdog looks for the processes holding its device file without NVML listing them,
+    /// and `info` says where `--holders` would look.
     #[serde(
         deserialize_with = "de::size_opt",
         skip_serializing_if = "Option::is_none"

@@ -7,15 +7,12 @@ use std::time::Duration;
 
 use super::{Ending, Session, classified};
 use crate::classify::{Finding, Policy, Remedy, Verdict};
-use crate::config;
 use crate::error::Result;
 use crate::plan::{Guard, Outcome};
-use crate::protect::Protection;
 use crate::report::{RECLAIM_SCHEMA, ReclaimReport};
 use crate::select;
-use crate::snapshot::HolderScan;
 use crate::units::Amount;
-use crate::verify::{self, WaitReport};
+use crate::verify::WaitReport;
 
 /// What to clear, and what to wait for.
 #[derive(Debug, Clone, Default)]
@@ -70,18 +67,15 @@ impl Cleared {
 }
 
 pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
-    let Session { loaded, gpus } = session;
+    let gpus = &session.gpus;
     let places = session.places(&request.gpus)?;
     let policy = Policy {
         include_stopped: request.include_stopped,
         ..Policy::default()
     };
-    let protection = Protection::configured(&loaded.protect());
+    let protection = session.protection().clone();
     let holders = match request.holders {
-        true => Some(HolderScan {
-            dev_dir: config::device_dir(Some(loaded))?,
-            above_unattributed: None,
-        }),
+        true => Some(session.holder_scan(true)?),
         false => None,
     };
     let (snapshot, findings) = classified(gpus, &policy, holders, &protection)?;
@@ -115,12 +109,9 @@ pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
         .reclaim(gpus, &snapshot, &guard, request.dry_run)
         .run(targets);
     let wait = match (request.wait, request.dry_run) {
-        (Some(limit), false) => Some(verify::wait_until_free(
-            gpus,
-            places.as_deref(),
-            limit,
-            request.min_free,
-        )?),
+        (Some(limit), false) => {
+            Some(session.wait_for_free(places.as_deref(), limit, request.min_free)?)
+        }
         _ => None,
     };
     Ok(Cleared {

@@ -6,12 +6,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{Ending, Session, classified};
-use crate::act::Signal;
+use crate::act::{Ended, Identity, Signal};
 use crate::classify::Policy;
 use crate::error::{CoreError, Result};
 use crate::nvml::Place;
-use crate::plan::{Guard, Outcome};
-use crate::protect::Protection;
+use crate::plan::{Disposition, Guard, Outcome};
 use crate::report::{RECLAIM_SCHEMA, ReclaimReport};
 use crate::select::{self, Criterion, OwnerMatch, Refusal, Selector, Target};
 use crate::snapshot::Snapshot;
@@ -23,6 +22,9 @@ pub struct KillRequest {
     /// GPUs or MIG instances by name (index, UUID, bus id, MIG UUID, GPU/GI).
     pub gpus: Vec<String>,
     pub pids: Vec<u32>,
+    /// Exactly these processes (pid and start time), as a view showed them: a process that
+    /// has taken one's pid since is not it (`gpuctl top`'s rows and marks).
+    pub processes: Vec<Identity>,
     pub uids: Vec<u32>,
     /// Owners from the cgroup or the job's environment (`slurm:123`, `unit:x.service`, …).
     pub owners: Vec<OwnerMatch>,
@@ -58,6 +60,9 @@ impl KillRequest {
         }
         if !self.pids.is_empty() {
             criteria.push(Criterion::Pids(self.pids.clone()));
+        }
+        if !self.processes.is_empty() {
+            criteria.push(Criterion::Processes(self.processes.clone()));
         }
         if !self.uids.is_empty() {
             criteria.push(Criterion::Uids(self.uids.clone()));
@@ -120,10 +125,16 @@ pub struct PreparedKill<'s> {
     request: KillRequest,
     snapshot: Snapshot,
     targets: Vec<Target>,
+    /// The plan, built once: what is shown before a yes is what is carried out after it.
+    planned: Vec<Outcome>,
     refused: Vec<Refusal>,
     guard: Guard,
     all: bool,
 }
+
+/// Why a process named by identity is not signalled: its pid now names another process
+/// (the one asked for exited, and the pid was given to a newcomer).
+pub const NOT_CONFIRMED: &str = "not the process you confirmed";
 
 /// What a kill needs the caller's yes for: processes of several users, or `all`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,19 +154,23 @@ pub fn prepare_kill<'s>(
 ) -> Result<Option<PreparedKill<'s>>> {
     let selector = request.selector(session.places(&request.gpus)?)?;
     // An explicit kill is the admin's call: only protected commands are spared, not users.
-    let protection = Protection::configured(&session.loaded.protect()).programs_only();
+    let protection = session.protection().clone().programs_only();
     let (snapshot, findings) = classified(&session.gpus, &Policy::default(), None, &protection)?;
-    let (targets, refused) = select::select(&snapshot, &findings, &selector);
+    let (targets, mut refused) = select::select(&snapshot, &findings, &selector);
+    refused.extend(replaced(&snapshot, &request.processes));
     if targets.is_empty() && refused.is_empty() {
         return Ok(None);
     }
+    let guard = Guard::for_this_process(protection);
+    let planned = crate::plan::plan(targets.clone(), &guard);
     Ok(Some(PreparedKill {
         session,
         request: request.clone(),
         snapshot,
         targets,
+        planned,
         refused,
-        guard: Guard::for_this_process(protection),
+        guard,
         all: selector.is_all(),
     }))
 }
@@ -164,6 +179,23 @@ pub fn prepare_kill<'s>(
 /// no one to ask. `None` when no GPU process matches.
 pub fn kill(session: &Session, request: &KillRequest) -> Result<Option<Killed>> {
     Ok(prepare_kill(session, request)?.map(PreparedKill::run))
+}
+
+/// The identities asked for whose pid a GPU process of `snapshot` now has with another start
+/// time: refused, as not the process asked for.
+fn replaced(snapshot: &Snapshot, asked: &[Identity]) -> Vec<Refusal> {
+    asked
+        .iter()
+        .filter(|identity| {
+            Target::of(snapshot, identity.pid)
+                .and_then(|target| target.identity())
+                .is_some_and(|now| now != **identity)
+        })
+        .map(|identity| Refusal {
+            pid: identity.pid,
+            reason: format!("{NOT_CONFIRMED}: its pid now names a later process"),
+        })
+        .collect()
 }
 
 /// The consent signalling `targets` needs: with `all`, or for processes of several users
@@ -210,7 +242,7 @@ impl PreparedKill<'_> {
     /// would be signalled, or is skipped with why. A front that asks before acting (`gpuctl
     /// top`) shows this; `run` then acts on the same targets.
     pub fn plan(&self) -> Vec<Outcome> {
-        crate::plan::plan(self.targets.clone(), &self.guard)
+        self.planned.clone()
     }
 
     /// How the targets would be ended: the first signal, then SIGKILL after the timeout.
@@ -223,9 +255,12 @@ impl PreparedKill<'_> {
         self.guard.is_root()
     }
 
-    /// The road from the plan on: guarded, signalled (unless a dry run), verified.
+    /// The road from the plan on: exactly the plan built when this kill was prepared,
+    /// signalled (unless a dry run) and verified. A process named by identity that has
+    /// been replaced since (its pid now another process's) is skipped, as
+    /// [`NOT_CONFIRMED`], with nothing sent to it.
     pub fn run(self) -> Killed {
-        let outcomes = self
+        let mut outcomes = self
             .request
             .ending
             .reclaim(
@@ -234,7 +269,16 @@ impl PreparedKill<'_> {
                 &self.guard,
                 self.request.dry_run,
             )
-            .run(self.targets);
+            .carry_out(self.planned);
+        if !self.request.processes.is_empty() {
+            for outcome in &mut outcomes {
+                if matches!(outcome.ended(), Some(Ended::Reused { .. })) {
+                    outcome.disposition = Disposition::Skipped {
+                        why: NOT_CONFIRMED.to_string(),
+                    };
+                }
+            }
+        }
         Killed {
             outcomes,
             refused: self.refused,
@@ -248,6 +292,7 @@ mod tests {
 
     use super::*;
     use crate::host::HostProcess;
+    use crate::protect::Protection;
 
     #[test]
     fn a_request_without_a_selector_is_a_usage_error() {
@@ -311,6 +356,46 @@ mod tests {
         let mut target = Target::new(pid, &Arc::new(host));
         target.gpus = vec![0];
         target
+    }
+
+    #[test]
+    fn an_identity_whose_pid_now_has_another_start_time_is_refused_as_not_confirmed() {
+        use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+        let process = |pid: u32, start: u64| GpuProcess {
+            pid,
+            used_bytes: Some(1 << 30),
+            kind: ProcessType::Compute,
+            sm_util_pct: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            host: Arc::new(HostProcess {
+                confirmed: true,
+                start_ticks: Some(start),
+                ..HostProcess::unconfirmed("")
+            }),
+        };
+        let mut gpu = GpuSnapshot::unread(0);
+        gpu.processes = vec![process(10, 500), process(20, 700)];
+        let snapshot = Snapshot::of(vec![gpu]);
+        let asked = [
+            Identity::new(10, 500),
+            Identity::new(20, 600),
+            Identity::new(30, 1),
+        ];
+        let refused = replaced(&snapshot, &asked);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].pid, 20);
+        assert!(refused[0].reason.starts_with(NOT_CONFIRMED), "{refused:?}");
+        // Asked for by identity: only the same process is selected.
+        let selector = KillRequest {
+            processes: asked.to_vec(),
+            ..KillRequest::default()
+        }
+        .selector(None)
+        .unwrap();
+        let (targets, _) = select::select(&snapshot, &[], &selector);
+        let pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
+        assert_eq!(pids, [10]);
     }
 
     #[test]

@@ -26,44 +26,20 @@ pub use found::{Due, FindingsRequest};
 pub use kill::{Consent, KillRequest, Killed, PreparedKill, kill, prepare_kill};
 pub use reset::{ResetRequest, Restored, reset};
 
+/// What the road reads before it looks (config and NVML, opened once per command): the read
+/// road's [`crate::session::Session`], named here too for the fronts that act.
+pub use crate::session::Session;
+
 use crate::act::{self, Escalation, Identity, Signal};
-use crate::classify::{self, Finding, Policy};
-use crate::config;
-use crate::error::{CoreError, Result};
-use crate::host::ProcView;
-use crate::nvml::{self, Gpus, Place};
+use crate::classify::{Finding, Policy};
+use crate::error::Result;
+use crate::nvml::Gpus;
 use crate::plan::{self, Disposition, Guard, Outcome};
-use crate::protect::{self, Protection};
+use crate::protect::Protection;
 use crate::select::Target;
+use crate::session::Reader;
 use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 use crate::verify;
-
-/// What the road reads before it looks: the configuration, and NVML with every per-GPU
-/// call bounded by the timeout in force (GPUCTL_NVML_TIMEOUT, the configuration's
-/// nvml_timeout, 10 s). Opened once per command, whatever walks the road after.
-pub struct Session {
-    pub loaded: config::Loaded,
-    pub gpus: Gpus,
-}
-
-impl Session {
-    pub fn open() -> Result<Session> {
-        Session::with(config::load()?)
-    }
-
-    /// NVML opened under the configuration already read.
-    pub fn with(loaded: config::Loaded) -> Result<Session> {
-        let gpus = Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?)?;
-        Ok(Session { loaded, gpus })
-    }
-
-    /// The GPUs and MIG instances `names` name; `None` for no names (every GPU).
-    fn places(&self, names: &[String]) -> Result<Option<Vec<Place>>> {
-        (!names.is_empty())
-            .then(|| self.gpus.resolve_places(names))
-            .transpose()
-    }
-}
 
 /// How a process is ended: `signal` first, SIGKILL after `timeout`; and how long NVML may
 /// take after that to show its memory released.
@@ -135,11 +111,17 @@ impl Reclaim<'_> {
     /// Plans `targets`, ends those the plan would signal, and verifies their release as
     /// [`Reclaim::verify`] says. Outcomes come in target order.
     pub fn run(&self, targets: Vec<Target>) -> Vec<Outcome> {
-        let mut outcomes = plan::plan(targets, self.guard);
+        self.carry_out(plan::plan(targets, self.guard))
+    }
+
+    /// Carries out a plan already made (what a front showed and its user confirmed): those
+    /// it would signal are ended and their release verified; a dry run's plan is returned as
+    /// it is.
+    pub fn carry_out(&self, mut outcomes: Vec<Outcome>) -> Vec<Outcome> {
         if self.dry_run {
             return outcomes;
         }
-        carry_out(&mut outcomes, &self.how);
+        end_planned(&mut outcomes, &self.how);
         if let Verify::Release {
             gpus,
             before,
@@ -154,7 +136,7 @@ impl Reclaim<'_> {
 
 /// Carries out a plan: every target it would signal is ended with `how`, all at once, and
 /// is then signalled with how it ended; skipped ones stay as planned.
-fn carry_out(outcomes: &mut [Outcome], how: &Escalation) {
+fn end_planned(outcomes: &mut [Outcome], how: &Escalation) {
     let planned: Vec<(usize, Identity)> = outcomes
         .iter()
         .enumerate()
@@ -184,16 +166,10 @@ fn classified(
     holders: Option<HolderScan>,
     protection: &Protection,
 ) -> Result<(Snapshot, Vec<Finding>)> {
-    let view = ProcView::system().map_err(|source| CoreError::Io {
-        path: "/proc".into(),
-        source,
-    })?;
-    let mut snapshot = Snapshot::take_with(gpus, &view, &SnapshotOptions::reclaim(holders))?;
     // Holders that are protected programs are tools, not suspects.
-    if snapshot.devices.iter().any(|gpu| gpu.holders.is_some()) {
-        protect::mark_claims(&mut snapshot, protection);
-    }
-    let lineages = snapshot.lineages(&view);
-    let findings = classify::classify(&snapshot, &lineages, None, policy);
-    Ok((snapshot, findings))
+    let look = Reader::new(SnapshotOptions::reclaim(holders))
+        .marking_holders(protection.clone())
+        .look(gpus)?;
+    let findings = look.classify(None, policy);
+    Ok((look.snapshot, findings))
 }

@@ -270,7 +270,8 @@ pub struct MigMemory {
 }
 
 impl Snapshot {
-    /// Takes a snapshot of the selected GPUs, reading /proc for their processes only.
+    /// Takes a snapshot of the selected GPUs, reading /proc for their processes only (and,
+    /// in a PID namespace of its own, asking the host service where one answers).
     pub fn take(gpus: &Gpus, options: &SnapshotOptions) -> Result<Snapshot> {
         let view = ProcView::system().map_err(|source| CoreError::Io {
             path: "/proc/uptime".into(),
@@ -280,159 +281,40 @@ impl Snapshot {
     }
 
     pub fn take_with(gpus: &Gpus, view: &ProcView, options: &SnapshotOptions) -> Result<Snapshot> {
-        Snapshot::take_inner(gpus, view, options, None)
+        Snapshot::take_from(gpus, view, options, true, None)
     }
 
-    /// [`Snapshot::take_with`] for a long-running reader that keeps host facts across
-    /// snapshots (see [`FactCache`]).
-    pub fn take_cached(
+    /// The snapshot every reader takes (through [`crate::session::Reader`]): `localize`:
+    /// in a PID namespace of its own, ask the host service which processes are this
+    /// namespace's (where asking is allowed and one answers); `cache`: host facts kept
+    /// across snapshots by a long-running reader (see [`FactCache`]).
+    ///
+    /// Four steps: read NVML, localise the listings, join each listed process with its host
+    /// facts, scan for device-file holders.
+    pub fn take_from(
         gpus: &Gpus,
         view: &ProcView,
         options: &SnapshotOptions,
-        cache: &mut FactCache,
-    ) -> Result<Snapshot> {
-        Snapshot::take_inner(gpus, view, options, Some(cache))
-    }
-
-    fn take_inner(
-        gpus: &Gpus,
-        view: &ProcView,
-        options: &SnapshotOptions,
+        localize: bool,
         cache: Option<&mut FactCache>,
     ) -> Result<Snapshot> {
         let started = Instant::now();
-        let nvml = gpus.nvml();
-        let indices = match &options.gpus {
-            Some(indices) => indices.clone(),
-            None => (0..gpus.count()?).collect(),
-        };
-        let since_us = options.utilization_window.map(|window| {
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default();
-            now.saturating_sub(window).as_micros() as u64
-        });
-        let (mut devices, mut listed): (Vec<GpuSnapshot>, Vec<Listing>) =
-            read_gpus(gpus, &indices, since_us, Fields::of(options))
-                .into_iter()
-                .unzip();
-
-        // In a PID namespace of its own, NVML's host PIDs mean nothing here: the host
-        // service, where one is reachable, names this namespace's processes on each GPU.
-        let mut service_use = None;
-        let mut localized = None;
-        if !view.host_pid_namespace() && cache.is_none() && crate::service::client::asking_allowed()
-        {
-            let (used, reply) = crate::service::client::ask_for_snapshot();
-            service_use = Some(used);
-            localized = reply.map(|reply| localize(&mut devices, &mut listed, &reply));
-        }
-
-        // Each pid once (a process is listed by every GPU it is on).
-        let mut seen = PidSet::default();
-        let pids: Vec<u32> = listed
-            .iter()
-            .flat_map(|listing| &listing.processes)
-            .map(|p| p.pid)
-            .filter(|&pid| seen.insert(pid))
-            .collect();
-        // Each entry gets its process's facts (shared by its entries on every GPU) once
-        // they are read; one placeholder stands for any that could not be.
-        // Where the service answered, its GPUs' pids are this namespace's, the others' the
-        // host's: read apart, as one number may stand for two processes.
-        let split: (Vec<u32>, Vec<u32>) = match &localized {
-            None => Default::default(),
-            Some(localized) => {
-                let mut local = PidSet::default();
-                let mut other = PidSet::default();
-                for (position, listing) in listed.iter().enumerate() {
-                    let set = match localized.answered[position] {
-                        true => &mut local,
-                        false => &mut other,
-                    };
-                    set.extend(listing.processes.iter().map(|p| p.pid));
-                }
-                (local.into_iter().collect(), other.into_iter().collect())
-            }
-        };
-        let unread = Arc::new(HostProcess::unconfirmed("not read"));
-        let join = |devices: &mut Vec<GpuSnapshot>,
-                    fact_of: &dyn Fn(usize, u32) -> Option<Arc<HostProcess>>| {
-            for (position, (gpu, listing)) in devices.iter_mut().zip(listed).enumerate() {
-                // Per GPU: each list was read at its own moment (a slow GPU's much later).
-                let listed_at = listing.at.and_then(|at| view.boot_ticks(at));
-                gpu.processes = listing
-                    .processes
-                    .into_iter()
-                    .map(|p| GpuProcess {
-                        pid: p.pid,
-                        used_bytes: p.used_bytes,
-                        kind: p.kind,
-                        sm_util_pct: p.sm_util_pct,
-                        gpu_instance_id: p.gpu_instance_id,
-                        compute_instance_id: p.compute_instance_id,
-                        host: as_listed(
-                            p.pid,
-                            fact_of(position, p.pid).unwrap_or_else(|| Arc::clone(&unread)),
-                            listed_at,
-                        ),
-                    })
-                    .collect();
-                gpu.fill_mig_processes();
-            }
+        let (mut devices, mut listed) = read_listings(gpus, options)?;
+        let (host_service, localized) = match localize && !view.host_pid_namespace() {
+            true => ask_host_service(&mut devices, &mut listed),
+            false => (None, None),
         };
         let nvml_read = started.elapsed();
-        match (cache, localized) {
-            (Some(cache), _) => {
-                let facts = view.processes_cached(&pids, cache);
-                join(&mut devices, &|_, pid| facts.get(pid).cloned());
-            }
-            (None, Some(localized)) => {
-                let (local_pids, other_pids) = &split;
-                let local = localized.confirm(view.as_local().processes(local_pids));
-                let other = arc_facts(view.processes(other_pids));
-                join(&mut devices, &|position, pid| {
-                    match localized.answered[position] {
-                        true => local.get(&pid),
-                        false => other.get(&pid),
-                    }
-                    .cloned()
-                });
-            }
-            (None, None) => {
-                let facts = arc_facts(view.processes(&pids));
-                join(&mut devices, &|_, pid| facts.get(&pid).cloned());
-            }
-        }
-
+        join_facts(&mut devices, listed, view, localized.as_ref(), cache);
         let host_read = started.elapsed() - nvml_read;
         let holders_read = match &options.holders {
             Some(scan) if scan.wanted(&devices) => {
-                let scanning = Instant::now();
-                // A reader of memory and processes only (the watchdog) skipped the minor
-                // numbers, which the scan matches device files by: read them now, through
-                // the GPUs' workers (a hung GPU answers None and is not scanned).
-                let unknown: Vec<u32> = devices
-                    .iter()
-                    .filter(|g| g.minor.is_none() && g.status == GpuStatus::Ok)
-                    .map(|g| g.index)
-                    .collect();
-                if !unknown.is_empty() {
-                    let minors = gpus.on_each(&unknown, |nvml, index| {
-                        nvml.device_by_index(index).ok()?.minor_number().ok()
-                    });
-                    for (index, minor) in unknown.into_iter().zip(minors) {
-                        if let Some(gpu) = devices.iter_mut().find(|g| g.index == index) {
-                            gpu.minor = minor.flatten();
-                        }
-                    }
-                }
-                find_holders(&mut devices, view, &scan.dev_dir)?;
-                Some(scanning.elapsed())
+                Some(scan_holders(gpus, &mut devices, view, scan)?)
             }
             _ => None,
         };
-        let mut snapshot = Snapshot {
+        let nvml = gpus.nvml();
+        Ok(Snapshot {
             taken_at: SystemTime::now(),
             driver_version: nvml.sys_driver_version().ok(),
             cuda_driver_version: nvml.sys_cuda_driver_version().ok().map(|v| {
@@ -444,18 +326,176 @@ impl Snapshot {
             }),
             nvml_version: nvml.sys_nvml_version().ok(),
             host_pid_namespace: view.host_pid_namespace(),
-            host_service: service_use,
+            host_service,
             devices,
-            read_times: ReadTimes::default(),
-        };
-        let holders_took = holders_read.unwrap_or_default();
-        snapshot.read_times = ReadTimes {
-            nvml: started.elapsed() - host_read - holders_took,
-            host: host_read,
-            holders: holders_read,
-        };
-        Ok(snapshot)
+            read_times: ReadTimes {
+                nvml: started.elapsed() - host_read - holders_read.unwrap_or_default(),
+                host: host_read,
+                holders: holders_read,
+            },
+        })
     }
+}
+
+/// Read: every selected GPU's figures, and the processes each lists.
+fn read_listings(
+    gpus: &Gpus,
+    options: &SnapshotOptions,
+) -> Result<(Vec<GpuSnapshot>, Vec<Listing>)> {
+    let indices = match &options.gpus {
+        Some(indices) => indices.clone(),
+        None => (0..gpus.count()?).collect(),
+    };
+    let since_us = options.utilization_window.map(|window| {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        now.saturating_sub(window).as_micros() as u64
+    });
+    Ok(read_gpus(gpus, &indices, since_us, Fields::of(options))
+        .into_iter()
+        .unzip())
+}
+
+/// Localise: in a PID namespace of its own, NVML's host PIDs mean nothing here; the host
+/// service, where asking is allowed and one answers, names this namespace's processes on
+/// each GPU. How it was asked, and what its answer changed.
+fn ask_host_service(
+    devices: &mut [GpuSnapshot],
+    listed: &mut [Listing],
+) -> (
+    Option<crate::service::client::ServiceUse>,
+    Option<Localized>,
+) {
+    if !crate::service::client::asking_allowed() {
+        return (None, None);
+    }
+    let (used, reply) = crate::service::client::ask_for_snapshot();
+    (
+        Some(used),
+        reply.map(|reply| localize(devices, listed, &reply)),
+    )
+}
+
+/// Each pid once, in listing order (a process is listed by every GPU it is on).
+fn distinct_pids<'a>(listings: impl IntoIterator<Item = &'a Listing>) -> Vec<u32> {
+    let mut seen = PidSet::default();
+    listings
+        .into_iter()
+        .flat_map(|listing| &listing.processes)
+        .map(|p| p.pid)
+        .filter(|&pid| seen.insert(pid))
+        .collect()
+}
+
+/// Join: each listed process gets its host facts (shared by its entries on every GPU), from
+/// the fact cache where a long-running reader keeps one. Where the host service answered,
+/// its GPUs' pids are this namespace's and the others' the host's: read apart, as one
+/// number may stand for two processes.
+fn join_facts(
+    devices: &mut [GpuSnapshot],
+    listed: Vec<Listing>,
+    view: &ProcView,
+    localized: Option<&Localized>,
+    cache: Option<&mut FactCache>,
+) {
+    match (localized, cache) {
+        (Some(localized), _) => {
+            let answered = |position: usize| localized.answered[position];
+            let local_pids = distinct_pids(
+                listed
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, l)| answered(i).then_some(l)),
+            );
+            let other_pids = distinct_pids(
+                listed
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, l)| (!answered(i)).then_some(l)),
+            );
+            let local = localized.confirm(view.as_local().processes(&local_pids));
+            let other = arc_facts(view.processes(&other_pids));
+            join(devices, listed, view, &|position, pid| {
+                match answered(position) {
+                    true => local.get(&pid),
+                    false => other.get(&pid),
+                }
+                .cloned()
+            });
+        }
+        (None, Some(cache)) => {
+            let facts = view.processes_cached(&distinct_pids(&listed), cache);
+            join(devices, listed, view, &|_, pid| facts.get(pid).cloned());
+        }
+        (None, None) => {
+            let facts = arc_facts(view.processes(&distinct_pids(&listed)));
+            join(devices, listed, view, &|_, pid| facts.get(&pid).cloned());
+        }
+    }
+}
+
+/// Fills each GPU's processes from its listing, each with the facts `fact_of` gives (by the
+/// GPU's position and the pid); one placeholder stands for any that could not be read.
+fn join(
+    devices: &mut [GpuSnapshot],
+    listed: Vec<Listing>,
+    view: &ProcView,
+    fact_of: &dyn Fn(usize, u32) -> Option<Arc<HostProcess>>,
+) {
+    let unread = Arc::new(HostProcess::unconfirmed("not read"));
+    for (position, (gpu, listing)) in devices.iter_mut().zip(listed).enumerate() {
+        // Per GPU: each list was read at its own moment (a slow GPU's much later).
+        let listed_at = listing.at.and_then(|at| view.boot_ticks(at));
+        gpu.processes = listing
+            .processes
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: p.used_bytes,
+                kind: p.kind,
+                sm_util_pct: p.sm_util_pct,
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                host: as_listed(
+                    p.pid,
+                    fact_of(position, p.pid).unwrap_or_else(|| Arc::clone(&unread)),
+                    listed_at,
+                ),
+            })
+            .collect();
+        gpu.fill_mig_processes();
+    }
+}
+
+/// Scan: the device-file holders NVML does not list, and how long finding them took.
+fn scan_holders(
+    gpus: &Gpus,
+    devices: &mut [GpuSnapshot],
+    view: &ProcView,
+    scan: &HolderScan,
+) -> Result<Duration> {
+    let scanning = Instant::now();
+    // A reader of memory and processes only (the watchdog) skipped the minor numbers,
+    // which the scan matches device files by: read them now, through the GPUs' workers (a
+    // hung GPU answers None and is not scanned).
+    let unknown: Vec<u32> = devices
+        .iter()
+        .filter(|g| g.minor.is_none() && g.status == GpuStatus::Ok)
+        .map(|g| g.index)
+        .collect();
+    if !unknown.is_empty() {
+        let minors = gpus.on_each(&unknown, |nvml, index| {
+            nvml.device_by_index(index).ok()?.minor_number().ok()
+        });
+        for (index, minor) in unknown.into_iter().zip(minors) {
+            if let Some(gpu) = devices.iter_mut().find(|g| g.index == index) {
+                gpu.minor = minor.flatten();
+            }
+        }
+    }
+    find_holders(devices, view, &scan.dev_dir)?;
+    Ok(scanning.elapsed())
 }
 
 fn arc_facts(facts: HashMap<u32, HostProcess>) -> HashMap<u32, Arc<HostProcess>> {

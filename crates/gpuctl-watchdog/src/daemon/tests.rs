@@ -87,8 +87,10 @@ fn seen() -> Seen {
         ..GpuSnapshot::unread(0)
     };
     Seen {
-        snapshot: Snapshot::of(vec![gpu]),
-        lineages: PidMap::default(),
+        look: Look {
+            snapshot: Snapshot::of(vec![gpu]),
+            lineages: Default::default(),
+        },
         holders_scanned: false,
         incomplete: None,
         reopen: false,

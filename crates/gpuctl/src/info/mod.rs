@@ -26,26 +26,17 @@ const TIMINGS_ENV: &str = "GPUCTL_TIMINGS";
 
 pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     // Gathering is core's (the Python package's snapshot() is the same survey).
-    let survey = Survey::open(&InfoRequest {
+    let mut survey = Survey::open(&InfoRequest {
         gpus: args.gpu.gpus.clone(),
         all_holders: args.holders,
         timeout: args.timeout,
     })?;
     let opened = survey.opened;
-    let warned = std::cell::Cell::new(false);
-    let take = || -> Result<Snapshot> {
-        let snapshot = survey.take()?;
-        // Once, not every frame of --watch.
-        if let Some(warning) = survey.peaks_warning()
-            && !warned.replace(true)
-        {
-            eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
-        }
-        Ok(snapshot)
-    };
+    let unscanned_above = survey.unscanned_above();
+    let mut warned = false;
     let Some(interval) = args.watch else {
         let taking = Instant::now();
-        let snapshot = take()?;
+        let snapshot = take(&mut survey, &mut warned)?;
         let taken = taking.elapsed();
         let rendering = Instant::now();
         let by = group_by(args);
@@ -53,7 +44,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         render::emit(
             args.output.json,
             &document(&snapshot, by, watchdog.clone()),
-            || view(&snapshot, by, watchdog.as_ref(), &style),
+            || view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
         )?;
         if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
             let reads = snapshot.read_times;
@@ -78,7 +69,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     };
     let mut out = io::stdout().lock();
     loop {
-        let snapshot = take()?;
+        let snapshot = take(&mut survey, &mut warned)?;
         let (by, watchdog) = (group_by(args), survey.watchdog_findings());
         if args.output.json {
             let mut line = serde_json::to_string(&document(&snapshot, by, watchdog))?;
@@ -87,14 +78,31 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
-            let frame = view(&snapshot, by, watchdog.as_ref(), &style).replace('\n', "\x1b[K\n");
+            let frame = view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style)
+                .replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
-            writeln!(out, "{}", view(&snapshot, by, watchdog.as_ref(), &style))?;
+            writeln!(
+                out,
+                "{}",
+                view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style)
+            )?;
         }
         out.flush()?;
         std::thread::sleep(interval);
     }
+}
+
+/// A snapshot from `survey`; the peak store's warning said once (`warned`), not every frame
+/// of --watch.
+fn take(survey: &mut Survey, warned: &mut bool) -> Result<Snapshot> {
+    let snapshot = survey.take()?;
+    if let Some(warning) = survey.peaks_warning()
+        && !std::mem::replace(warned, true)
+    {
+        eprintln!("gpuctl: warning: {}", gpuctl_core::text::escape(&warning));
+    }
+    Ok(snapshot)
 }
 
 /// The report is complete for the healthy GPUs; each GPU that could not be read is named on

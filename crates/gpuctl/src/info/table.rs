@@ -13,14 +13,17 @@ use gpuctl_core::units;
 use crate::render::{self, Color, Style};
 
 /// The readable view: per GPU, or the totals of `--by`; then the watchdog's findings.
+/// `unscanned_above`: no device-file scan ran, and a GPU with at least this much memory no
+/// listed process accounts for says how to look for who holds it.
 pub fn view(
     snapshot: &Snapshot,
     by: Option<By>,
     watchdog: Option<&WatchdogFindings>,
+    unscanned_above: Option<u64>,
     style: &Style,
 ) -> String {
     let mut out = match by {
-        None => table(snapshot, style),
+        None => table(snapshot, unscanned_above, style),
         Some(by) => totals_table(snapshot, by, style),
     };
     if let Some(watchdog) = watchdog {
@@ -179,7 +182,7 @@ fn totals_table(snapshot: &Snapshot, by: By, style: &Style) -> String {
 }
 
 /// The readable view: a header, then per GPU its figures and its processes.
-pub fn table(snapshot: &Snapshot, style: &Style) -> String {
+pub fn table(snapshot: &Snapshot, unscanned_above: Option<u64>, style: &Style) -> String {
     let mut out = header(snapshot, style);
     let dot = if style.unicode { " · " } else { " | " };
     if !snapshot.host_pid_namespace {
@@ -197,12 +200,18 @@ pub fn table(snapshot: &Snapshot, style: &Style) -> String {
     }
     for gpu in &snapshot.devices {
         out.push('\n');
-        gpu_block(&mut out, gpu, style, dot);
+        gpu_block(&mut out, gpu, unscanned_above, style, dot);
     }
     out
 }
 
-fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
+fn gpu_block(
+    out: &mut String,
+    gpu: &GpuSnapshot,
+    unscanned_above: Option<u64>,
+    style: &Style,
+    dot: &str,
+) {
     let mut title = vec![format!("GPU {}", gpu.index)];
     title.extend(gpu.name.clone());
     title.extend(gpu.pci_bus_id.clone());
@@ -291,7 +300,36 @@ fn gpu_block(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     }
     if let Some(holders) = &gpu.holders {
         holder_lines(out, gpu, holders, style);
+    } else if let Some(threshold) = unscanned_above {
+        unscanned_line(out, gpu, threshold, style);
     }
+}
+
+/// Where memory no listed process accounts for is worth explaining (at least `threshold`)
+/// and no scan looked for who holds the device file: says so, and how to look, rather
+/// than nothing (which would read as "no holder").
+fn unscanned_line(out: &mut String, gpu: &GpuSnapshot, threshold: u64, style: &Style) {
+    let worth = gpu
+        .memory
+        .and_then(|m| m.unattributed_bytes)
+        .is_some_and(|bytes| bytes >= threshold);
+    if !worth {
+        return;
+    }
+    let said = format!(
+        "holders of {} not looked for (gpuctl info --holders looks: it reads every process's \
+         open files)",
+        device_file(gpu)
+    );
+    out.push_str(&format!("  {}\n", style.paint(Color::Dim, &said)));
+}
+
+/// The GPU's device file as the driver names it, wherever GPUCTL_DEV_DIR points.
+fn device_file(gpu: &GpuSnapshot) -> String {
+    gpu.minor.map_or_else(
+        || "its device file".to_string(),
+        |m| format!("/dev/nvidia{m}"),
+    )
 }
 
 /// One MIG device: profile, instance ids, UUID, memory, then its processes.
@@ -339,11 +377,7 @@ fn mig_block(out: &mut String, mig: &MigDevice, style: &Style, dot: &str) {
 /// The processes holding the GPU's device file that NVML does not list, each with what it
 /// is suspected to be and why.
 fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: &Style) {
-    // The device's name as the driver makes it, wherever GPUCTL_DEV_DIR points.
-    let file = gpu.minor.map_or_else(
-        || "its device file".to_string(),
-        |m| format!("/dev/nvidia{m}"),
-    );
+    let file = device_file(gpu);
     if holders.is_empty() {
         // Said only where there is memory to explain.
         let unattributed = gpu

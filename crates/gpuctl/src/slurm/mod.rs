@@ -16,9 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use gpuctl_core::config;
-use gpuctl_core::nvml::Place;
 use gpuctl_core::reclaim::Session;
-use gpuctl_core::verify::{self, GpuState};
+use gpuctl_core::verify::GpuState;
 
 use crate::Exit;
 use account::Account;
@@ -116,17 +115,13 @@ fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> R
         return Ok(Exit::Ok);
     };
     // NVML only for a node gpuctl drained: most checks end above.
-    let Session { gpus, .. } = Session::with(loaded)?;
-    let named = named_gpus(reason);
+    let session = Session::with(loaded)?;
     // The GPUs the reason names, where they still resolve; every GPU otherwise.
-    let places: Option<Vec<Place>> = match gpus.resolve_places(&named) {
-        Ok(places) if !named.is_empty() => Some(places),
-        _ => None,
-    };
-    let look = verify::wait_until_free(&gpus, places.as_deref(), Duration::ZERO, None)?;
+    let places = session.places(&named_gpus(reason)).ok().flatten();
+    let look = session.wait_for_free(places.as_deref(), Duration::ZERO, None)?;
     if !look.met {
         let busy: Vec<GpuState> = look.gpus.into_iter().filter(|g| !g.free).collect();
-        let seen = steps::held_by(&gpus, &busy);
+        let seen = steps::held_by(&session, &busy);
         log.line(&format!(
             "{node} stays drained: {}",
             blame(&busy, &[], seen.as_ref()).join("; ")

@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use gpuctl_core::Snapshot;
 use gpuctl_core::act::Signal;
-use gpuctl_core::nvml::{Gpus, Place};
+use gpuctl_core::nvml::Place;
 use gpuctl_core::reclaim::{
     self, ClearRequest, Cleared, Ending, KillRequest, Killed, ResetRequest, Session,
 };
-use gpuctl_core::snapshot::{Snapshot, SnapshotOptions};
 use gpuctl_core::units;
-use gpuctl_core::verify::{self, GpuState};
+use gpuctl_core::verify::GpuState;
 
 use super::Log;
 use super::account::Account;
@@ -42,7 +42,7 @@ pub fn prolog(job: &Job, wait: Duration, session: &Session, log: &Log) -> Result
     let not_free: Vec<GpuState> = wait
         .map(|w| w.gpus.into_iter().filter(|g| !g.free).collect())
         .unwrap_or_default();
-    let seen = held_by(&session.gpus, &not_free);
+    let seen = held_by(session, &not_free);
     Ok(blame(&not_free, &outcomes, seen.as_ref()))
 }
 
@@ -92,22 +92,19 @@ pub fn epilog(
         problems.push(format!("pid {}: {}", refusal.pid, refusal.reason));
     }
 
-    let gpus = &session.gpus;
-    let places = if job.gpus.is_empty() {
-        Vec::new()
-    } else {
-        gpus.resolve_places(&job.gpus)?
-    };
+    // Resolved once: the reset below names the same GPUs and gets these places back.
+    let places = session.places(&job.gpus)?.unwrap_or_default();
     let not_free: Vec<GpuState> = if places.is_empty() {
         Vec::new()
     } else {
-        verify::wait_until_free(gpus, Some(&places), timeout, None)?
+        session
+            .wait_for_free(Some(&places), timeout, None)?
             .gpus
             .into_iter()
             .filter(|g| !g.free)
             .collect()
     };
-    let seen = look(gpus, &places);
+    let seen = session.look_at(&places);
     if let Some(seen) = &seen {
         account.allocated(seen, &places);
     }
@@ -153,17 +150,7 @@ pub fn epilog(
 }
 
 /// One look at the GPUs that are not free, for who holds them; none when all are.
-pub fn held_by(gpus: &Gpus, not_free: &[GpuState]) -> Option<Snapshot> {
+pub fn held_by(session: &Session, not_free: &[GpuState]) -> Option<Snapshot> {
     let places: Vec<Place> = not_free.iter().map(|g| Place::whole(g.index)).collect();
-    look(gpus, &places)
-}
-
-/// One look at `places`' GPUs: their UUIDs, MIG instances and processes.
-fn look(gpus: &Gpus, places: &[Place]) -> Option<Snapshot> {
-    let mut indices = Place::gpus(places);
-    indices.dedup();
-    if indices.is_empty() {
-        return None;
-    }
-    Snapshot::take(gpus, &SnapshotOptions::info(Some(indices))).ok()
+    session.look_at(&places)
 }

@@ -1,23 +1,34 @@
 //! `k`: ending processes from the view, on the same road as `gpuctl kill --pid`: the kill
-//! is prepared (selected from a fresh snapshot, guarded), its plan shown, and only a `y`
-//! carries out that same prepared kill: by identity (pid and start time, through a pidfd),
-//! SIGTERM then SIGKILL, then NVML checked until the memory is back.
+//! names the rows' processes by identity (pid and start time, as the screen showed them),
+//! is prepared once (selected from a fresh snapshot, guarded, planned), its plan shown, and
+//! only a `y` carries out exactly that plan: through a pidfd, SIGTERM then SIGKILL, then
+//! NVML checked until the memory is back. A process replaced meanwhile by another with its
+//! pid is skipped as "not the process you confirmed", never signalled.
 
+use gpuctl_core::act::Identity;
 use gpuctl_core::plan::Outcome;
 use gpuctl_core::reclaim::{KillRequest, Killed, PreparedKill, Session, prepare_kill};
 use gpuctl_core::text;
 use gpuctl_core::units;
 
-/// A kill prepared for `pids`, and its plan as lines to show. `None` when none of them
-/// holds GPU memory any more.
+use super::model::ProcessKey;
+
+/// A kill prepared for the `chosen` rows' processes, and its plan as lines to show. `None`
+/// when none of them holds GPU memory any more.
 pub fn prepare<'s>(
     session: &'s Session,
-    pids: Vec<u32>,
+    chosen: &[ProcessKey],
 ) -> gpuctl_core::error::Result<(Option<PreparedKill<'s>>, Vec<String>)> {
     let request = KillRequest {
-        pids: pids.clone(),
+        // A row not tied to a local process has no start time: named with none (0), no
+        // process matches it, and the refusal says why it cannot be tied.
+        processes: chosen
+            .iter()
+            .map(|&(pid, start)| Identity::new(pid, start.unwrap_or(0)))
+            .collect(),
         ..KillRequest::default()
     };
+    let pids: Vec<u32> = chosen.iter().map(|&(pid, _)| pid).collect();
     let Some(prepared) = prepare_kill(session, &request)? else {
         let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
         return Ok((

@@ -18,12 +18,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossterm::event;
-use gpuctl_core::classify;
-use gpuctl_core::config;
-use gpuctl_core::host::{FactCache, ProcView};
-use gpuctl_core::nvml::{self, Gpus, Place};
-use gpuctl_core::protect::{self, Protection};
-use gpuctl_core::reclaim::{PreparedKill, Session};
+use gpuctl_core::host::FactCache;
+use gpuctl_core::reclaim::PreparedKill;
+use gpuctl_core::session::{Reader, Session, SessionOptions};
 use gpuctl_core::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 
 use crate::render::Style;
@@ -52,30 +49,27 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
     }
     // The view ends processes: it reads the configuration as `kill` does, and refuses one
     // it cannot read.
-    let loaded = config::load()?;
-    let dev_dir = config::device_dir(Some(&loaded))?;
-    let deadline = nvml::timeout(None, loaded.nvml_timeout())?.min(GPU_DEADLINE);
-    let protection = Protection::configured(&loaded.protect());
-    let session = Session {
-        gpus: Gpus::open_within(deadline)?,
-        loaded,
-    };
+    let session = Session::open_with(&SessionOptions {
+        at_most: Some(GPU_DEADLINE),
+        holders: true,
+        ..SessionOptions::default()
+    })?;
     // An unknown GPU is refused before the screen is taken.
-    let places = (!args.gpu.gpus.is_empty())
-        .then(|| session.gpus.resolve_places(&args.gpu.gpus))
-        .transpose()?;
-    let gpus = places.as_deref().map(Place::gpus);
+    let places = session.places(&args.gpu.gpus)?;
     let palette = Palette {
         color: style.color,
         unicode: style.unicode,
     };
-    let view = ProcView::system().context("cannot read /proc")?;
-    let mut reader = Reader {
+    let mut reader = Refresher {
+        holders: session.holder_scan(true)?,
+        // Every refresh rereads each known process's stat (state, age); the rest is kept
+        // while its start time is the same.
+        reader: session
+            .reader(SnapshotOptions::info(None))
+            .places(places)
+            .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
+            .host_only(),
         session: &session,
-        view,
-        gpus,
-        dev_dir,
-        protection,
     };
     let mut screen = Screen::enter().context("cannot take over the terminal")?;
     let outcome = run_loop(&mut screen, &mut reader, args.interval, palette);
@@ -89,50 +83,32 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
 }
 
 /// What each refresh reads, and how.
-struct Reader<'s> {
+struct Refresher<'s> {
     session: &'s Session,
-    view: ProcView,
-    gpus: Option<Vec<u32>>,
-    dev_dir: std::path::PathBuf,
-    protection: Protection,
+    reader: Reader,
+    holders: HolderScan,
 }
 
-impl Reader<'_> {
-    fn read(&mut self, cache: &mut FactCache, holders: bool) -> Result<Snapshot> {
-        // Ages are counted against the uptime read here.
-        self.view
-            .refresh_uptime()
-            .context("cannot read /proc/uptime")?;
-        let options = SnapshotOptions {
-            // The device-file scan reads every process's descriptors: only while its panel
-            // is open.
-            holders: holders.then(|| HolderScan {
-                dev_dir: self.dev_dir.clone(),
-                above_unattributed: None,
-            }),
-            ..SnapshotOptions::info(self.gpus.clone())
-        };
-        let mut snapshot = Snapshot::take_cached(&self.session.gpus, &self.view, &options, cache)?;
-        protect::mark_claims(&mut snapshot, &self.protection);
-        if holders {
-            classify::holders::annotate(&mut snapshot);
-        }
-        Ok(snapshot)
+impl Refresher<'_> {
+    fn read(&mut self, holders: bool) -> Result<Snapshot> {
+        // The device-file scan reads every process's descriptors: only while its panel is
+        // open.
+        self.reader
+            .set_holders(holders.then(|| self.holders.clone()));
+        Ok(self.reader.take(&self.session.gpus)?)
     }
 }
 
 fn run_loop(
     screen: &mut Screen,
-    reader: &mut Reader<'_>,
+    reader: &mut Refresher<'_>,
     interval: Duration,
     palette: Palette,
 ) -> Result<Exit> {
     let session = reader.session;
     let root = nix::unistd::geteuid().is_root();
     let mut model = Model::new(root, nix::unistd::getuid().as_raw());
-    // Every refresh rereads each known process's stat (state, age); the rest is kept while
-    // its start time is the same.
-    let mut cache = FactCache::refreshing_every(Duration::ZERO);
+    model.places = reader.reader.named_places().map(<[_]>::to_vec);
     let every = humantime::format_duration(interval).to_string();
     let mut pending: Option<PreparedKill<'_>> = None;
     let mut area = TableArea::default();
@@ -150,7 +126,7 @@ fn run_loop(
         }
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
-            let snapshot = reader.read(&mut cache, holders)?;
+            let snapshot = reader.read(holders)?;
             let watchdog = gpuctl_core::info::watchdog_findings(Some(&session.loaded));
             model.update(snapshot, watchdog);
             next_read = Instant::now() + interval;
@@ -175,11 +151,11 @@ fn run_loop(
             Action::Refresh => next_read = Instant::now(),
             Action::Quit => return Ok(Exit::Ok),
             Action::PrepareKill => {
-                let pids = model.chosen_pids();
-                if pids.is_empty() {
+                let chosen = model.chosen();
+                if chosen.is_empty() {
                     model.status = Some("no process under the cursor".into());
                 } else {
-                    let (prepared, plan) = kill::prepare(session, pids)?;
+                    let (prepared, plan) = kill::prepare(session, &chosen)?;
                     match prepared {
                         Some(prepared) => {
                             pending = Some(prepared);

@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use gpuctl_core::Snapshot;
+use gpuctl_core::nvml::Place;
 use gpuctl_core::report::WatchdogFindings;
 use gpuctl_core::snapshot::{GpuProcess, GpuStatus};
 use gpuctl_core::text;
@@ -48,6 +49,9 @@ impl Sort {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub pid: u32,
+    /// Its start time (clock ticks since boot), where it is confirmed: with the pid, the
+    /// process itself, which `k` ends and no other that later takes the pid.
+    pub start_ticks: Option<u64>,
     pub gpu: u32,
     /// The MIG GPU instance it runs in.
     pub instance: Option<u32>,
@@ -63,6 +67,15 @@ pub struct Row {
     /// an impostor of a protected program.
     pub flags: Vec<String>,
     pub confirmed: bool,
+}
+
+/// A process as the view showed it: pid, and start time where it was confirmed.
+pub type ProcessKey = (u32, Option<u64>);
+
+impl Row {
+    pub fn key(&self) -> ProcessKey {
+        (self.pid, self.start_ticks)
+    }
 }
 
 /// Figures of one GPU over time, oldest first.
@@ -123,14 +136,17 @@ pub struct Model {
     pub cursor: usize,
     /// The first line shown.
     pub offset: usize,
-    /// Marked processes, by pid.
-    pub marked: BTreeSet<u32>,
+    /// Marked processes, by pid and start time ([`Row::key`]).
+    pub marked: BTreeSet<ProcessKey>,
     pub sort: Sort,
     pub filter: String,
     /// Typing into the filter.
     pub editing_filter: bool,
     /// Only this GPU's processes (`g`).
     pub only_gpu: Option<u32>,
+    /// The GPUs and MIG instances `--gpu` named (`None`: every GPU): processes elsewhere on
+    /// a GPU of which only instances were named are not rows.
+    pub places: Option<Vec<Place>>,
     /// Grouped by owner (`t`).
     pub grouped: bool,
     pub panel: Panel,
@@ -155,6 +171,7 @@ impl Model {
             filter: String::new(),
             editing_filter: false,
             only_gpu: None,
+            places: None,
             grouped: false,
             panel: Panel::None,
             status: None,
@@ -177,11 +194,15 @@ impl Model {
             }
         }
         self.rows = rows_of(&snapshot, watchdog.as_ref());
+        if let Some(places) = &self.places {
+            self.rows
+                .retain(|row| places.iter().any(|p| p.holds(row.gpu, row.instance)));
+        }
         self.snapshot = Some(snapshot);
         self.watchdog = watchdog;
         // Marks of processes gone are dropped: a later process with the pid is not marked.
-        let alive: BTreeSet<u32> = self.rows.iter().map(|r| r.pid).collect();
-        self.marked.retain(|pid| alive.contains(pid));
+        let alive: BTreeSet<ProcessKey> = self.rows.iter().map(Row::key).collect();
+        self.marked.retain(|key| alive.contains(key));
         self.relayout();
     }
 
@@ -193,13 +214,19 @@ impl Model {
         }
     }
 
-    /// What `k` ends: the marked processes, or the cursor's.
-    pub fn chosen_pids(&self) -> Vec<u32> {
+    /// What `k` ends: the marked processes, or the cursor's, each by pid and start time.
+    pub fn chosen(&self) -> Vec<ProcessKey> {
         if self.marked.is_empty() {
-            self.current().map(|r| vec![r.pid]).unwrap_or_default()
+            self.current().map(|r| vec![r.key()]).unwrap_or_default()
         } else {
             self.marked.iter().copied().collect()
         }
+    }
+
+    /// The pids of [`Model::chosen`].
+    #[cfg(test)]
+    pub fn chosen_pids(&self) -> Vec<u32> {
+        self.chosen().into_iter().map(|(pid, _)| pid).collect()
     }
 
     fn matches(&self, row: &Row) -> bool {
@@ -341,10 +368,10 @@ impl Model {
     }
 
     pub fn toggle_mark(&mut self) {
-        if let Some(pid) = self.current().map(|r| r.pid)
-            && !self.marked.remove(&pid)
+        if let Some(key) = self.current().map(Row::key)
+            && !self.marked.remove(&key)
         {
-            self.marked.insert(pid);
+            self.marked.insert(key);
         }
         self.move_by(1);
     }
@@ -409,6 +436,7 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
     };
     Row {
         pid: process.pid,
+        start_ticks: host.start_ticks.filter(|_| host.confirmed),
         gpu,
         instance: process.gpu_instance_id,
         used_bytes: process.used_bytes,
@@ -453,6 +481,7 @@ mod tests {
     fn row(pid: u32, gpu: u32, bytes: u64, user: &str, owner: &str) -> Row {
         Row {
             pid,
+            start_ticks: Some(u64::from(pid) * 100),
             gpu,
             instance: None,
             used_bytes: Some(bytes),
@@ -548,6 +577,65 @@ mod tests {
         assert_eq!(m.cursor, 1);
     }
 
+    /// A snapshot of GPU 0 with `processes` (pid, start time, MIG instance).
+    fn snapshot(processes: &[(u32, u64, Option<u32>)]) -> Snapshot {
+        use gpuctl_core::host::HostProcess;
+        use gpuctl_core::snapshot::{GpuSnapshot, ProcessType};
+        let mut gpu = GpuSnapshot::unread(0);
+        gpu.processes = processes
+            .iter()
+            .map(|&(pid, start, instance)| GpuProcess {
+                pid,
+                used_bytes: Some(1 << 30),
+                kind: ProcessType::Compute,
+                sm_util_pct: None,
+                gpu_instance_id: instance,
+                compute_instance_id: instance.map(|_| 0),
+                host: std::sync::Arc::new(HostProcess {
+                    confirmed: true,
+                    start_ticks: Some(start),
+                    ..HostProcess::unconfirmed("")
+                }),
+            })
+            .collect();
+        Snapshot::of(vec![gpu])
+    }
+
+    #[test]
+    fn a_mark_is_of_the_process_shown_not_of_a_later_one_with_its_pid() {
+        let mut m = Model::new(true, 0);
+        m.update(snapshot(&[(10, 500, None), (20, 600, None)]), None);
+        m.move_to(0);
+        let first = m.current().unwrap().pid;
+        m.toggle_mark();
+        assert_eq!(m.chosen().len(), 1);
+        let start = if first == 10 { 500 } else { 600 };
+        assert_eq!(m.chosen(), [(first, Some(start))]);
+        // The marked process exits and another takes its pid: the mark does not carry over.
+        let replaced = [(10, 500, None), (20, 600, None)]
+            .map(|(pid, started, gi)| (pid, if pid == first { started + 1 } else { started }, gi));
+        m.update(snapshot(&replaced), None);
+        assert!(m.marked.is_empty(), "{:?}", m.marked);
+    }
+
+    #[test]
+    fn a_mig_instance_named_keeps_only_its_processes_as_rows() {
+        let mut m = Model::new(true, 0);
+        m.places = Some(vec![Place {
+            gpu: 0,
+            gpu_instance: Some(9),
+        }]);
+        m.update(
+            snapshot(&[(10, 1, Some(1)), (20, 2, Some(9)), (30, 3, Some(10))]),
+            None,
+        );
+        let pids: Vec<u32> = m.rows.iter().map(|r| r.pid).collect();
+        assert_eq!(pids, [20]);
+        m.places = Some(vec![Place::whole(0)]);
+        m.update(snapshot(&[(10, 1, Some(1)), (20, 2, Some(9))]), None);
+        assert_eq!(m.rows.len(), 2, "a GPU named whole shows every instance");
+    }
+
     #[test]
     fn marks_choose_what_k_ends_and_vanish_with_their_process() {
         let mut m = model(vec![row(10, 0, 5, "a", "-"), row(20, 0, 4, "a", "-")]);
@@ -556,7 +644,7 @@ mod tests {
         m.toggle_mark();
         assert_eq!(m.chosen_pids(), [10, 20]);
         m.rows.retain(|r| r.pid != 20);
-        let alive: BTreeSet<u32> = m.rows.iter().map(|r| r.pid).collect();
+        let alive: BTreeSet<ProcessKey> = m.rows.iter().map(Row::key).collect();
         m.marked.retain(|p| alive.contains(p));
         assert_eq!(m.chosen_pids(), [10]);
     }

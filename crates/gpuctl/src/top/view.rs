@@ -126,7 +126,7 @@ pub fn draw(frame: &mut Frame, model: &mut Model, palette: Palette, interval: &s
                 let row = &model.rows[*i];
                 columns.row(
                     row,
-                    model.marked.contains(&row.pid),
+                    model.marked.contains(&row.key()),
                     index == model.cursor,
                     model.grouped,
                     palette,

@@ -1,0 +1,501 @@
+//! The read road: what every reader of the GPUs opens. `gpuctl info` and Python's
+//! `snapshot()`, `gpuctl top`, `gpuctl serve`, the watchdog, the Slurm commands, `kill`,
+//! `clear` and `reset` (and every reader to come) open a [`Session`] (the configuration,
+//! NVML under its deadline, protection, the GPUs named and resolved once) and read through
+//! a [`Reader`]: what to read by purpose ([`SnapshotOptions`]), exact to the MIG instance,
+//! with host facts kept across reads for long-lived readers, device-file holders on demand,
+//! asking the host service from a container as a stated option, and classification on
+//! demand ([`Look::classify`]). A front never composes these itself.
+//!
+//! ```text
+//! Session::open_with(SessionOptions) -> session.places(names) -> session.reader(purpose)
+//!     .places(..).holders(..).keeping_facts(..).host_only() -> take() / look() -> classify()
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::classify::{self, Finding, History, Policy};
+use crate::config::{self, FractionInForce, Loaded};
+use crate::error::{CoreError, Result};
+use crate::host::{FactCache, Lineage, ProcView};
+use crate::nvml::{self, Gpus, Place};
+use crate::pidmap::PidMap;
+use crate::protect::{self, Protection};
+use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
+use crate::units::Amount;
+use crate::verify::{self, WaitReport};
+
+/// How a session is opened. The default is what `kill` and `clear` need: the configuration
+/// read (an unreadable one is an error), NVML under the deadline in force.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// The NVML deadline asked for (`info --timeout`); else GPUCTL_NVML_TIMEOUT, the
+    /// configuration's `nvml_timeout`, or 10 s.
+    pub timeout: Option<Duration>,
+    /// At most this long per GPU, whatever is configured (`top` redraws every interval).
+    pub at_most: Option<Duration>,
+    /// Go on with no configuration where it cannot be read: a view still shows the GPUs
+    /// (`info`, Python's `snapshot()`); whatever acts refuses instead.
+    pub config_optional: bool,
+    /// This reader may scan for device-file holders: the device directory
+    /// (GPUCTL_DEV_DIR, `dev_dir`) is checked before NVML is loaded, so a refused one stops
+    /// the command first.
+    pub holders: bool,
+}
+
+/// The configuration, NVML and what follows from them, opened once per command (or once
+/// for the life of a long-running reader), whatever reads or acts after.
+pub struct Session {
+    pub loaded: Loaded,
+    pub gpus: Gpus,
+    protection: Protection,
+    dev_dir: Option<PathBuf>,
+    /// GPU names resolved so far: each list is resolved once per session, however many
+    /// steps of a command name it (the Slurm epilog's kill, wait and reset).
+    resolved: Mutex<Vec<(Vec<String>, Vec<Place>)>>,
+    /// How long opening took: the configuration read and NVML loaded and initialised.
+    pub opened: Duration,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("gpus", &self.gpus).finish()
+    }
+}
+
+impl Session {
+    /// The configuration and NVML, as `kill` and `clear` open them.
+    pub fn open() -> Result<Session> {
+        Session::open_with(&SessionOptions::default())
+    }
+
+    /// NVML opened under the configuration already read.
+    pub fn with(loaded: Loaded) -> Result<Session> {
+        Session::from_loaded(
+            loaded,
+            &SessionOptions::default(),
+            std::time::Instant::now(),
+        )
+    }
+
+    pub fn open_with(options: &SessionOptions) -> Result<Session> {
+        let started = std::time::Instant::now();
+        let loaded = match config::load() {
+            Ok(loaded) => loaded,
+            // No file at all means the same as an empty one: built-in protection, the
+            // default threshold, /dev, the default state directory.
+            Err(_) if options.config_optional => Loaded::default(),
+            Err(error) => return Err(error.into()),
+        };
+        Session::from_loaded(loaded, options, started)
+    }
+
+    /// `started`: when opening began (the configuration read included).
+    fn from_loaded(
+        loaded: Loaded,
+        options: &SessionOptions,
+        started: std::time::Instant,
+    ) -> Result<Session> {
+        let dev_dir = options
+            .holders
+            .then(|| config::device_dir(Some(&loaded)))
+            .transpose()?;
+        let mut deadline = nvml::timeout(options.timeout, loaded.nvml_timeout())?;
+        if let Some(most) = options.at_most {
+            deadline = deadline.min(most);
+        }
+        let gpus = Gpus::open_within(deadline)?;
+        Ok(Session {
+            protection: Protection::configured(&loaded.protect()),
+            loaded,
+            gpus,
+            dev_dir,
+            resolved: Mutex::new(Vec::new()),
+            opened: started.elapsed(),
+        })
+    }
+
+    /// The programs never signalled (built in, and the configuration's `[protect]`).
+    pub fn protection(&self) -> &Protection {
+        &self.protection
+    }
+
+    /// The GPUs and MIG instances `names` name, exact to the instance; `None` for no names
+    /// (every GPU). Resolved once per session: naming the same list again reads nothing.
+    pub fn places(&self, names: &[String]) -> Result<Option<Vec<Place>>> {
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let mut resolved = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, places)) = resolved.iter().find(|(named, _)| named == names) {
+            return Ok(Some(places.clone()));
+        }
+        let places = self.gpus.places(names)?;
+        resolved.push((names.to_vec(), places.clone()));
+        Ok(Some(places))
+    }
+
+    /// Where the NVIDIA device files are (GPUCTL_DEV_DIR, `dev_dir`, /dev).
+    pub fn device_dir(&self) -> Result<PathBuf> {
+        match &self.dev_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => Ok(config::device_dir(Some(&self.loaded))?),
+        }
+    }
+
+    /// The device-file holder scan: always (`every_time`), or only where a GPU has at least
+    /// `holders_threshold` of memory no listed process accounts for.
+    pub fn holder_scan(&self, every_time: bool) -> Result<HolderScan> {
+        Ok(HolderScan {
+            dev_dir: self.device_dir()?,
+            above_unattributed: (!every_time).then(|| self.holders_threshold()),
+        })
+    }
+
+    /// The unattributed memory worth explaining (`holders_threshold`, 1 GiB by default).
+    pub fn holders_threshold(&self) -> u64 {
+        self.loaded
+            .holders_threshold()
+            .unwrap_or(config::DEFAULT_HOLDERS_THRESHOLD)
+    }
+
+    /// A reader for `purpose` that marks protected programs and annotates device-file
+    /// holders, as a person is shown them.
+    pub fn reader(&self, purpose: SnapshotOptions) -> Reader {
+        Reader::new(purpose).shown_with(self.protection.clone())
+    }
+
+    /// Polls NVML until `places` (`None`: every GPU) are free or `limit` passes (see
+    /// [`verify::wait_until_free`]).
+    pub fn wait_for_free(
+        &self,
+        places: Option<&[Place]>,
+        limit: Duration,
+        min_free: Option<Amount>,
+    ) -> Result<WaitReport> {
+        verify::wait_until_free(&self.gpus, places, limit, min_free)
+    }
+
+    /// One look at `places`' GPUs as a person is shown them (their UUIDs, MIG instances and
+    /// processes); none for no places, or where the read fails.
+    pub fn look_at(&self, places: &[Place]) -> Option<Snapshot> {
+        let gpus = Place::gpus(places);
+        if gpus.is_empty() {
+            return None;
+        }
+        Reader::new(SnapshotOptions::info(Some(gpus)))
+            .take(&self.gpus)
+            .ok()
+    }
+}
+
+/// What a snapshot's processes are marked with.
+#[derive(Debug, Clone)]
+enum Marks {
+    None,
+    /// Protected programs among device-file holders, where the scan ran: tools, not
+    /// suspects (what a reclaim needs).
+    Holders(Protection),
+    /// Every protected program marked, and every device-file holder annotated with what it
+    /// is suspected to be: what a person is shown.
+    Shown(Protection),
+}
+
+/// Reads snapshots for one purpose, again and again if asked: what to read, which places,
+/// and what to keep between reads. Holds no NVML of its own: each read is given the GPUs
+/// (a session's, or the watchdog's link, which reopens NVML after a driver reload).
+#[derive(Debug)]
+pub struct Reader {
+    options: SnapshotOptions,
+    places: Option<Vec<Place>>,
+    localize: bool,
+    marks: Marks,
+    facts: Option<FactCache>,
+    view: Option<ProcView>,
+}
+
+/// A snapshot with the evidence classification reads: its processes' lineages.
+#[derive(Debug)]
+pub struct Look {
+    pub snapshot: Snapshot,
+    pub lineages: PidMap<u32, Lineage>,
+}
+
+impl Look {
+    /// The findings of this look: `history` is what only a watcher over time knows (the
+    /// watchdog's), `policy` which rules apply and how.
+    pub fn classify(&self, history: Option<&History>, policy: &Policy) -> Vec<Finding> {
+        classify::classify(&self.snapshot, &self.lineages, history, policy)
+    }
+}
+
+impl Reader {
+    /// Reads what `purpose` says (see [`SnapshotOptions`]'s constructors), of every GPU,
+    /// /proc afresh each time, asking the host service from inside a container where one
+    /// answers; nothing marked.
+    pub fn new(purpose: SnapshotOptions) -> Reader {
+        Reader {
+            options: purpose,
+            places: None,
+            localize: true,
+            marks: Marks::None,
+            facts: None,
+            view: None,
+        }
+    }
+
+    /// Only these GPUs and MIG instances (`None`: every GPU): a GPU named whole is read
+    /// whole; of a GPU whose instances were named one by one, only those instances are
+    /// shown.
+    pub fn places(mut self, places: Option<Vec<Place>>) -> Reader {
+        self.options.gpus = places.as_deref().map(Place::gpus);
+        self.places = places;
+        self
+    }
+
+    /// The places it reads (`None`: every GPU).
+    pub fn named_places(&self) -> Option<&[Place]> {
+        self.places.as_deref()
+    }
+
+    /// Also look for the device-file holders NVML does not list, as `scan` says.
+    pub fn holders(mut self, scan: Option<HolderScan>) -> Reader {
+        self.options.holders = scan;
+        self
+    }
+
+    /// [`Reader::holders`] for the reads from now on (`top` while its panel is open).
+    pub fn set_holders(&mut self, scan: Option<HolderScan>) {
+        self.options.holders = scan;
+    }
+
+    /// Reads what `purpose` says from now on, on the same places (the watchdog's options
+    /// follow its settings and when its holder scan is due).
+    pub fn set_purpose(&mut self, purpose: SnapshotOptions) {
+        let gpus = self.options.gpus.take();
+        self.options = SnapshotOptions { gpus, ..purpose };
+    }
+
+    /// Never ask the host service, even in a PID namespace of its own: NVML's host pids are
+    /// read as they are (the service itself, and readers that keep facts by pid).
+    pub fn host_only(mut self) -> Reader {
+        self.localize = false;
+        self
+    }
+
+    /// Keeps host facts across reads in `cache` (see [`FactCache`]): a process seen before
+    /// with the same start time costs a read of its stat. For readers that read again and
+    /// again (`top`, `serve`, the watchdog).
+    pub fn keeping_facts(mut self, cache: FactCache) -> Reader {
+        self.facts = Some(cache);
+        self
+    }
+
+    /// Marks protected programs and annotates device-file holders, as a person is shown them.
+    pub fn shown_with(mut self, protection: Protection) -> Reader {
+        self.marks = Marks::Shown(protection);
+        self
+    }
+
+    /// Marks the protected programs among device-file holders, where the scan ran (a
+    /// reclaim's holders that are tools are not suspects).
+    pub fn marking_holders(mut self, protection: Protection) -> Reader {
+        self.marks = Marks::Holders(protection);
+        self
+    }
+
+    /// One snapshot of `gpus`, as this reader reads it.
+    pub fn take(&mut self, gpus: &Gpus) -> Result<Snapshot> {
+        let view = self.view()?;
+        let taken = Snapshot::take_from(
+            gpus,
+            &view,
+            &self.options,
+            self.localize,
+            self.facts.as_mut(),
+        );
+        // Kept for the next read only after one that worked (a broken read starts afresh).
+        let mut snapshot = taken?;
+        self.view = Some(view);
+        if let Some(places) = &self.places {
+            keep_named_instances(&mut snapshot, places);
+        }
+        match &self.marks {
+            Marks::None => {}
+            Marks::Holders(protection) => {
+                if snapshot.devices.iter().any(|gpu| gpu.holders.is_some()) {
+                    protect::mark_claims(&mut snapshot, protection);
+                }
+            }
+            Marks::Shown(protection) => {
+                protect::mark_claims(&mut snapshot, protection);
+                classify::holders::annotate(&mut snapshot);
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// [`Reader::take`] and the lineage of every confirmed process, the evidence
+    /// classification reads (kept in the fact cache, where there is one).
+    pub fn look(&mut self, gpus: &Gpus) -> Result<Look> {
+        let snapshot = self.take(gpus)?;
+        let view = self.view.as_ref().expect("a read keeps its view");
+        let lineages = match &mut self.facts {
+            Some(cache) => snapshot.lineages_cached(view, cache),
+            None => snapshot.lineages(view),
+        };
+        Ok(Look { snapshot, lineages })
+    }
+
+    /// The /proc view: the last read's, its clock read again, or a new one.
+    fn view(&mut self) -> Result<ProcView> {
+        let read = match self.view.take() {
+            Some(mut view) => view.refresh_uptime().map(|()| view),
+            None => ProcView::system(),
+        };
+        read.map_err(|source| CoreError::Io {
+            path: "/proc/uptime".into(),
+            source,
+        })
+    }
+}
+
+/// On a GPU whose instances were named one by one (and not the GPU whole), only those
+/// instances are shown.
+fn keep_named_instances(snapshot: &mut Snapshot, places: &[Place]) {
+    for gpu in &mut snapshot.devices {
+        let whole = places
+            .iter()
+            .any(|p| p.gpu == gpu.index && p.gpu_instance.is_none());
+        if !whole {
+            gpu.mig_devices
+                .retain(|m| places.iter().any(|p| p.holds(gpu.index, m.gpu_instance_id)));
+        }
+    }
+}
+
+/// Which memory share in force to look up: for `user`'s processes, on the GPUs `gpus`
+/// names (none: every GPU).
+#[derive(Debug, Clone, Default)]
+pub struct ShareRequest {
+    /// `None`: no user is known, so only GPU and default entries apply.
+    pub user: Option<String>,
+    pub gpus: Vec<String>,
+}
+
+impl ShareRequest {
+    /// For the user this process runs as.
+    pub fn for_caller() -> ShareRequest {
+        ShareRequest {
+            user: config::caller_name(),
+            gpus: Vec::new(),
+        }
+    }
+}
+
+/// The share in force on one GPU, or (`index: None`) the one that applies to every GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareInForce {
+    pub index: Option<u32>,
+    pub uuid: Option<String>,
+    /// `None`: no limit.
+    pub share: Option<FractionInForce>,
+}
+
+/// The shares `request` asks for (what `gpuctl fraction`, `gpuctl enable` and the Python
+/// package's `fraction()` report): with NVML (`gpus`), one per GPU named, or per GPU of
+/// this machine when none is named (the GPU tables read once); without it, or on a machine
+/// with no GPU, the one share that applies to every GPU. A GPU entry beats a user entry
+/// beats the default (see [`config::fraction_for`]).
+pub fn shares(
+    loaded: &Loaded,
+    gpus: Option<&Gpus>,
+    request: &ShareRequest,
+) -> Result<Vec<ShareInForce>> {
+    let user = request.user.as_deref();
+    let on_gpus: Vec<(u32, Option<String>)> = match gpus {
+        None => Vec::new(),
+        Some(gpus) => {
+            let tables = gpus.tables()?;
+            nvml::resolve_selectors(&request.gpus, &tables.uuids, &tables.buses)?
+                .into_iter()
+                .map(|index| (index, tables.uuids.get(index as usize).cloned().flatten()))
+                .collect()
+        }
+    };
+    if on_gpus.is_empty() {
+        return Ok(vec![ShareInForce {
+            index: None,
+            uuid: None,
+            share: config::share_for(loaded, None, user),
+        }]);
+    }
+    Ok(on_gpus
+        .into_iter()
+        .map(|(index, uuid)| ShareInForce {
+            share: config::share_for(loaded, Some((index, uuid.as_deref())), user),
+            index: Some(index),
+            uuid,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{GpuSnapshot, MigDevice};
+
+    fn mig(gi: u32) -> MigDevice {
+        MigDevice {
+            uuid: None,
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            profile: None,
+            memory: None,
+            processes: Vec::new(),
+        }
+    }
+
+    fn gpu(index: u32, instances: &[u32]) -> GpuSnapshot {
+        let mut gpu = GpuSnapshot::unread(index);
+        gpu.mig_devices = instances.iter().map(|&gi| mig(gi)).collect();
+        gpu
+    }
+
+    #[test]
+    fn an_instance_named_alone_is_all_of_its_gpu_shown_and_a_whole_gpu_stays_whole() {
+        let mut snapshot = Snapshot::of(vec![gpu(0, &[1, 9, 10]), gpu(1, &[2, 3])]);
+        let nine = Place {
+            gpu: 0,
+            gpu_instance: Some(9),
+        };
+        keep_named_instances(&mut snapshot, &[nine, Place::whole(1)]);
+        let shown = |i: usize| -> Vec<Option<u32>> {
+            snapshot.devices[i]
+                .mig_devices
+                .iter()
+                .map(|m| m.gpu_instance_id)
+                .collect()
+        };
+        assert_eq!(shown(0), [Some(9)]);
+        assert_eq!(shown(1), [Some(2), Some(3)]);
+    }
+
+    #[test]
+    fn a_reader_reads_the_gpus_of_its_places_and_keeps_them_across_purposes() {
+        let nine = Place {
+            gpu: 2,
+            gpu_instance: Some(9),
+        };
+        let mut reader =
+            Reader::new(SnapshotOptions::info(None)).places(Some(vec![nine, Place::whole(0)]));
+        assert_eq!(reader.options.gpus, Some(vec![0, 2]));
+        reader.set_purpose(SnapshotOptions::watch(true));
+        assert_eq!(reader.options.gpus, Some(vec![0, 2]));
+        assert!(reader.options.only_memory_and_processes);
+        assert!(reader.localize, "asks the host service unless told not to");
+        assert!(!reader.host_only().localize);
+    }
+}
