@@ -104,9 +104,6 @@ not_supported! {
     nvmlDeviceGetPowerState
     nvmlDeviceGetRemappedRows_v2  // pynvml
     nvmlDeviceGetRepairStatus
-    nvmlDeviceGetRetiredPages
-    nvmlDeviceGetRetiredPagesPendingStatus
-    nvmlDeviceGetRetiredPages_v2
     nvmlDeviceGetRunningProcessDetailList
     nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     nvmlDeviceGetSupportedGraphicsClocks
