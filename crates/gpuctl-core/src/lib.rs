@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod exit;
 pub mod files;
+pub mod health;
 pub mod host;
 pub mod info;
 pub mod nvml;
