@@ -4,6 +4,7 @@ mod util;
 
 mod container;
 mod exit_codes;
+mod health;
 mod holders;
 mod hostile;
 mod hostile_misc;

@@ -975,4 +975,66 @@ fn nvidia_smi_shows_the_scenarios_remapped_rows_ecc_retired_pages_and_clock_even
             "{key}: {healthy:#?}"
         );
     }
+
+    // gpuctl health reads the same figures nvidia-smi printed.
+    let run = sim.run(&["health", "--json"]);
+    let doc: Value = serde_json::from_str(&run.stdout).expect("health JSON");
+    for (index, q) in [(0, healthy), (1, sick)] {
+        let r = &doc["gpus"][index]["readings"];
+        let num = |key: &str| -> u64 { q[key].parse().unwrap_or_else(|_| panic!("{key}")) };
+        let yes = |key: &str| q[key] == "Yes";
+        let ecc = "ECC Errors";
+        assert_eq!(
+            r["ecc"]["volatile_corrected"],
+            num(&format!("{ecc}/Volatile/DRAM Correctable"))
+        );
+        assert_eq!(
+            r["ecc"]["volatile_uncorrected"],
+            num(&format!("{ecc}/Volatile/DRAM Uncorrectable"))
+        );
+        assert_eq!(
+            r["ecc"]["aggregate_corrected"],
+            num(&format!("{ecc}/Aggregate/DRAM Correctable"))
+        );
+        assert_eq!(
+            r["ecc"]["aggregate_uncorrected"],
+            num(&format!("{ecc}/Aggregate/DRAM Uncorrectable"))
+        );
+        let rows = &r["remapped_rows"];
+        assert_eq!(rows["correctable"], num("Remapped Rows/Correctable Error"));
+        assert_eq!(
+            rows["uncorrectable"],
+            num("Remapped Rows/Uncorrectable Error")
+        );
+        assert_eq!(rows["pending"], yes("Remapped Rows/Pending"));
+        assert_eq!(
+            rows["failure"],
+            yes("Remapped Rows/Remapping Failure Occurred")
+        );
+        match q["Retired Pages/Pending Page Blacklist"].as_str() {
+            "N/A" => assert!(r["retired_pages"].is_null(), "{r}"),
+            pending => {
+                let pages = &r["retired_pages"];
+                assert_eq!(pages["pending"], pending == "Yes");
+                assert_eq!(pages["single_bit"], num("Retired Pages/Single Bit ECC"));
+                assert_eq!(pages["double_bit"], num("Retired Pages/Double Bit ECC"));
+            }
+        }
+        let reasons: Vec<&str> = r["clock_event_reasons"]
+            .as_array()
+            .expect("clock event reasons")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for (smi_name, ours) in [
+            ("Idle", "gpu_idle"),
+            ("HW Slowdown", "hw_slowdown"),
+            ("SW Thermal Slowdown", "sw_thermal_slowdown"),
+            ("HW Thermal Slowdown", "hw_thermal_slowdown"),
+            ("SW Power Cap", "sw_power_cap"),
+        ] {
+            let active = q[&format!("Clocks Event Reasons/{smi_name}")] == "Active";
+            assert_eq!(active, reasons.contains(&ours), "{smi_name}: {reasons:?}");
+        }
+    }
 }

@@ -33,6 +33,7 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "info" -d 'Show every 
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
@@ -93,6 +94,14 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l peaks -d 'Clear 
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l ack -d 'Acknowledge this GPU\'s Xids up to now (index, UUID or PCI bus id; repeat for several): on a driver without the recovery-action field they then hold no action, and stay listed as history. Written to the watchdog\'s state directory (root\'s)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l timeout -d 'How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the configuration\'s nvml_timeout, else 10s). A GPU that has not answered by then is listed without a verdict (exit status 1, unless another GPU needs an action)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l gpu -d 'A per-GPU entry (index or UUID); when showing, only this GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l user -d 'A per-user entry; when showing, the share this user\'s processes get' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
@@ -153,16 +162,17 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand serve" -l color -d 'When t
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset fraction enable top slurm serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "prolog" -d 'Before a job: reclaim crashed runs\' leftovers on the job\'s GPUs only, and wait until they are free; if they are not, drain the node with the reason and exit 1 (Slurm then requeues the job)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "epilog" -d 'After a job: end what is left of it (by its cgroup, or by SLURM_JOB_ID in the environment of processes no cgroup ties to a job), check its GPUs\' memory is released, restore the card settings it may have changed, and write its account. On failure, drain the node with the reason and exit 1'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "healthcheck" -d 'Slurm\'s HealthCheckProgram: resume this node if gpuctl drained it and the GPUs it named are free now. A node drained for any other reason is left alone'

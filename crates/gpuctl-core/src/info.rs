@@ -96,6 +96,7 @@ impl Survey {
         }
         protect::mark_claims(&mut snapshot, &self.protection);
         classify::holders::annotate(&mut snapshot);
+        crate::checkup::Judge::load(self.loaded.as_ref()).annotate(&mut snapshot);
         if let Some(store) = &self.peaks {
             let marks = store.observe(&snapshot);
             for gpu in &mut snapshot.devices {

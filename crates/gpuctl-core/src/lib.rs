@@ -9,6 +9,7 @@
 
 pub mod act;
 pub mod cardset;
+pub mod checkup;
 pub mod classify;
 pub mod config;
 pub mod error;

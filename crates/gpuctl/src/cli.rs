@@ -102,6 +102,21 @@ pub enum Command {
     /// never reset.
     Reset(ResetArgs),
 
+    /// Tell a broken GPU from a busy one: one health verdict per GPU, with its causes.
+    ///
+    /// The action each GPU needs, in NVML's recovery-action names: none, gpu_reset,
+    /// node_reboot, drain_p2p, drain_and_reset; restart_app marks an Xid the application
+    /// caused (the GPU itself is fit). The causes: the driver's recovery action (R550 on),
+    /// a pending row remap, a row-remap failure (an RMA criterion), volatile uncorrected ECC
+    /// errors, a pending page retirement, a GPU fallen off the bus (listed by its index,
+    /// node_reboot), hardware clock slowdowns (a warning), and the Xids the watchdog saw
+    /// since the GPU's last reset, with the processes that were on it. The verdict clears
+    /// itself when the GPU's state does. Where the driver lacks the recovery-action field,
+    /// an Xid's action holds until a reset shows or an admin acknowledges it (--ack). The
+    /// Xid actions follow NVIDIA's Xid catalog; `[health] xid_actions` in the system
+    /// configuration overrides any. A MIG instance named with --gpu judges its GPU.
+    Health(HealthArgs),
+
     /// Show or set the per-process memory-share policy: the share of one GPU's memory a
     /// single process may hold.
     ///
@@ -574,6 +589,27 @@ pub struct InfoArgs {
     /// process accounts for. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+
+    #[command(flatten)]
+    pub output: JsonArg,
+
+    /// Acknowledge this GPU's Xids up to now (index, UUID or PCI bus id; repeat for
+    /// several): on a driver without the recovery-action field they then hold no action,
+    /// and stay listed as history. Written to the watchdog's state directory (root's).
+    #[arg(long = "ack", value_name = "GPU")]
+    pub ack: Vec<String>,
+
+    /// How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the
+    /// configuration's nvml_timeout, else 10s). A GPU that has not answered by then is
+    /// listed without a verdict (exit status 1, unless another GPU needs an action).
+    #[arg(long, value_name = "DURATION", value_parser = parse_nonzero_duration)]
+    pub timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

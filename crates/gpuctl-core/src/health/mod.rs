@@ -180,6 +180,62 @@ pub const SLOWDOWN_REASONS: &[(u64, &str)] = &[
     (0x80, "hw_power_brake_slowdown"),
 ];
 
+/// Every clock-event reason NVML names (nvmlClocksEventReason*), by bit, in snake case.
+pub const CLOCK_EVENT_REASONS: &[(u64, &str)] = &[
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+/// The names of the reasons set in `mask`.
+pub fn clock_event_reason_names(mask: u64) -> Vec<&'static str> {
+    CLOCK_EVENT_REASONS
+        .iter()
+        .filter(|(bit, _)| mask & bit != 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
+/// What NVML says of a GPU's health now; `None` for what the GPU or driver does not
+/// report (the recovery-action field before R550, retired pages on Ampere and later).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Readings {
+    pub recovery_action: Option<Action>,
+    pub remapped_rows: Option<RemappedRows>,
+    pub ecc: Option<EccCounts>,
+    pub retired_pages: Option<RetiredPages>,
+    #[serde(serialize_with = "reason_names")]
+    pub clock_event_reasons: Option<u64>,
+}
+
+fn reason_names<S: serde::Serializer>(mask: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match mask {
+        None => s.serialize_none(),
+        Some(mask) => s.collect_seq(clock_event_reason_names(*mask)),
+    }
+}
+
+impl Facts {
+    /// The facts of a GPU that answered with `readings`; the Xids, the running processes
+    /// and the acknowledgement are the reader's to add.
+    pub fn from_readings(readings: &Readings) -> Facts {
+        Facts {
+            recovery_action: readings.recovery_action,
+            remapped_rows: readings.remapped_rows,
+            ecc: readings.ecc,
+            retired_pages: readings.retired_pages,
+            clock_event_reasons: readings.clock_event_reasons,
+            ..Facts::default()
+        }
+    }
+}
+
 /// A process that was on the GPU when an Xid was raised.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XidProcess {

@@ -2,6 +2,7 @@
 //! the host knows about each process. Every later stage (classify, select, act, verify) reads
 //! a snapshot; none queries NVML or /proc on its own.
 
+mod health;
 pub mod peaks;
 mod read;
 pub mod totals;
@@ -37,6 +38,9 @@ pub struct SnapshotOptions {
     /// Whether to look for the processes holding a GPU's device file that NVML does not
     /// list on it (`None`: never). The scan reads every process's descriptors.
     pub holders: Option<HolderScan>,
+    /// Also read each GPU's health (recovery action, remapped rows, ECC, retired pages,
+    /// clock-event reasons) into `GpuSnapshot::health_readings`.
+    pub health: bool,
 }
 
 /// Per-process utilization is read over this window by whatever judges a process idle:
@@ -50,6 +54,7 @@ impl SnapshotOptions {
     pub fn info(gpus: Option<Vec<u32>>) -> SnapshotOptions {
         SnapshotOptions {
             gpus,
+            health: true,
             ..SnapshotOptions::default()
         }
     }
@@ -181,6 +186,12 @@ pub struct GpuSnapshot {
     /// asked or does not know this GPU. Those processes are then not listed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outside_namespace_bytes: Option<u64>,
+    /// What NVML says of the GPU's health, read when [`SnapshotOptions::health`] asks.
+    #[serde(skip)]
+    pub health_readings: Option<crate::health::Readings>,
+    /// The GPU's health verdict, where a reader judged it (`info`, `gpuctl health`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::Verdict>,
 }
 
 /// A process holding a GPU's device file without NVML listing it on that GPU.
@@ -316,6 +327,9 @@ impl Snapshot {
             read_gpus(gpus, &indices, since_us, Fields::of(options))
                 .into_iter()
                 .unzip();
+        if options.health {
+            health::read_into(gpus, &mut devices);
+        }
 
         // In a PID namespace of its own, NVML's host PIDs mean nothing here: the host
         // service, where one is reachable, names this namespace's processes on each GPU.
