@@ -21,3 +21,4 @@ mod settings;
 mod slurm;
 mod top;
 mod watchdog;
+mod watchdog_health;

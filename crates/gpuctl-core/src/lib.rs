@@ -35,6 +35,7 @@ pub mod sys;
 pub mod text;
 pub mod units;
 pub mod verify;
+pub mod xid_events;
 
 pub use error::{CoreError, Result};
 pub use snapshot::{Snapshot, SnapshotOptions};

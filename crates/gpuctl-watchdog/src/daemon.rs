@@ -19,6 +19,7 @@ use gpuctl_core::units::{self, bytes};
 use nix::time::{ClockId, clock_gettime};
 
 use crate::events::{FindingLog, fields_of, target_fields};
+use crate::health::HealthWatch;
 use crate::link::Link;
 use crate::log::{Logger, Priority};
 use crate::metrics::Metrics;
@@ -104,6 +105,8 @@ pub struct Daemon {
     ready_sent: bool,
     peaks: Option<PeakStore>,
     holders: Option<HoldersSeen>,
+    /// Xid events, the Xid log and each GPU's health verdict.
+    health: HealthWatch,
 }
 
 impl Daemon {
@@ -117,6 +120,7 @@ impl Daemon {
         // grace + interval + term_timeout + 1 s. A look is the owner check where it applies
         // (see gpuctl_core::host::FactCache), else a read of its stat; leaders and parents
         // are read as often.
+        let health = HealthWatch::new(settings.xid_actions.clone());
         let grace_quarter = settings.watchdog.grace / 4;
         let refresh = grace_quarter.min(Duration::from_secs(1));
         Daemon {
@@ -140,6 +144,7 @@ impl Daemon {
             ready_sent: false,
             peaks,
             holders: None,
+            health,
         }
     }
 
@@ -232,6 +237,7 @@ impl Daemon {
         match Settings::load(&crate::cli_args()) {
             Ok(settings) => {
                 self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
+                self.health.set_catalog(settings.xid_actions.clone());
                 self.settings = settings;
                 self.event(
                     Priority::Notice,
@@ -307,7 +313,7 @@ impl Daemon {
                 })
                 .map_err(|e| e.to_string())
         });
-        let (snapshot, lineages) = match taken {
+        let (mut snapshot, lineages) = match taken {
             Ok(taken) => taken,
             Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
@@ -317,6 +323,9 @@ impl Daemon {
                 return None;
             }
         };
+        let state_dir = self.settings.watchdog.state_path();
+        self.health
+            .observe(gpus, &mut snapshot, state_dir, &self.log);
         let now = Instant::now();
         let holders_scanned = snapshot.read_times.holders.is_some();
         if holders_scanned {
@@ -639,6 +648,7 @@ impl Daemon {
         self.metrics.users = publish::user_holdings(snapshot, max);
         self.metrics.owners = publish::owner_holdings(snapshot, max);
         self.metrics.findings = judged.counts.clone();
+        self.metrics.health = self.health.metrics.clone();
         if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(units::unix_seconds());
         }
@@ -812,6 +822,19 @@ impl Daemon {
             Action::Signal => {
                 pass.failed += 1;
                 self.metrics.reclaim_failures_total += 1;
+                // Memory on a GPU that needs a reset comes back only with the reset.
+                if let Some(needs) = crate::health::needs_action(snapshot, &target.gpus) {
+                    self.handling.set(id, remedy, Handled::Logged);
+                    self.event(
+                        Priority::Err,
+                        &format!(
+                            "reclaim of {who}: {held} not got back, and not retried: {needs}; {}",
+                            outcome.summary()
+                        ),
+                        &target_fields(snapshot, target, "needs-gpu-reset", remedy),
+                    );
+                    return;
+                }
                 let watchdog = &self.settings.watchdog;
                 self.handling
                     .failed(id, remedy, now, watchdog.grace, watchdog.interval);

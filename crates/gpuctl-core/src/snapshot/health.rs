@@ -15,8 +15,9 @@ use crate::nvml::Gpus;
 use super::read::optional;
 use super::{GpuSnapshot, GpuStatus};
 
-/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R550 on).
-const FIELD_RECOVERY_ACTION: u32 = 230;
+/// The recovery-action field (R550 on).
+const FIELD_RECOVERY_ACTION: u32 =
+    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 
 /// Fills in `health_readings` of each GPU of `devices` that was read.
 pub(super) fn read_into(gpus: &Gpus, devices: &mut [GpuSnapshot]) {

@@ -69,13 +69,15 @@ impl SnapshotOptions {
         }
     }
 
-    /// What the watchdog reads each loop: who holds memory and how active each process is;
-    /// `activity`: also utilization and power, for the stuck-GPU check.
+    /// What the watchdog reads each loop: who holds memory, how active each process is, and
+    /// each GPU's health; `activity`: also utilization and power, for the stuck-GPU check.
     pub fn watch(activity: bool) -> SnapshotOptions {
         SnapshotOptions {
             utilization_window: Some(ACTIVITY_WINDOW),
             only_memory_and_processes: true,
             activity,
+            // The GPU's health: its verdict, metrics, and whether a reclaim can succeed.
+            health: true,
             ..SnapshotOptions::default()
         }
     }
