@@ -234,8 +234,10 @@ pub enum SlurmCommand {
     /// failure, drain the node with the reason and exit 1.
     Epilog(SlurmEpilogArgs),
 
-    /// Slurm's HealthCheckProgram: resume this node if gpuctl drained it and the GPUs it
-    /// named are free now. A node drained for any other reason is left alone.
+    /// Slurm's HealthCheckProgram: drain this node when a GPU's health verdict needs a
+    /// reset, a reboot or a drain (the reason names the GPU, the action and the causes);
+    /// resume it if gpuctl drained it and the GPUs are healthy, and the GPUs a memory
+    /// reason named free, now. A node drained for any other reason is left alone.
     Healthcheck(SlurmHealthcheckArgs),
 }
 
