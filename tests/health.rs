@@ -334,3 +334,90 @@ fn the_health_schemas_verdict_is_infos() {
         assert_eq!(health["$defs"][def], info["$defs"][def], "{def}");
     }
 }
+
+/// `reset --gpu-reset`: refused, naming each holder, while a process uses the GPU (listed by
+/// NVML, or holding its device file); done when none does, and the reset clears the GPU's
+/// pending state, as a real reset would.
+#[test]
+fn a_gpu_reset_is_refused_while_anything_holds_the_gpu_and_clears_it_when_done() {
+    let sim = Sim::new("");
+    let dev = sim.dev_dir();
+    let sick = || {
+        Gpu::new()
+            .recovery_action("gpu_reset")
+            .remapped_rows(3, 1, true, false)
+            .ecc([1, 2, 10, 2])
+    };
+    let scenario = |processes: Vec<crate::util::Process>| {
+        Scenario::new()
+            .device_dir(&dev)
+            .gpu(Gpu::new())
+            .gpu(sick())
+            .processes(processes)
+    };
+    sim.write(&scenario(vec![]));
+    assert_eq!(health_json(&sim, &["--gpu", "1"]).0, NEEDS_ACTION);
+    let gpu1 = dev.join("nvidia1");
+    assert!(gpu1.exists(), "nvml-sim made the device files");
+
+    // A process NVML lists on GPU 1, and one that only holds its device file.
+    let listed = Proc::sleeper("python3", &["train.py"]);
+    let holding = Proc::spawn_holding("python3", &["infer.py"], &[&gpu1]);
+    sim.write(&scenario(vec![
+        crate::util::Process::new(listed.pid()).on(1).used(1 << 30),
+    ]));
+    let run = sim.run(&["reset", "--gpu", "1", "--gpu-reset"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains(&format!("refused: in use by pid {} (", listed.pid()))
+            && run.stdout.contains("python3 train.py")
+            && run.stdout.contains(&format!("pid {} (", holding.pid()))
+            && run
+                .stdout
+                .contains("python3 infer.py) holding its device file"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        health_json(&sim, &["--gpu", "1"]).0,
+        NEEDS_ACTION,
+        "nothing was reset"
+    );
+
+    // Both gone: --dry-run says what it would do, and does nothing.
+    drop(listed);
+    drop(holding);
+    sim.write(&scenario(vec![]));
+    let run = sim.run(&["reset", "--gpu", "1", "--gpu-reset", "--dry-run", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["gpu_reset"][0]["outcome"], "would_reset");
+    let reset_schema = schema("reset-v1.schema.json");
+    validate(&reset_schema, &reset_schema, &doc, "$").unwrap_or_else(|e| panic!("{e}"));
+    conforms(&reset_schema, &doc).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(health_json(&sim, &["--gpu", "1"]).0, NEEDS_ACTION);
+
+    // Done: the pending remap, the volatile ECC counts and the recovery action clear.
+    let run = sim.run(&["reset", "--gpu", "1", "--gpu-reset", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["gpu_reset"][0]["outcome"], "done");
+    assert_eq!(doc["gpu_reset"][0]["via"], "nvml");
+    conforms(&reset_schema, &doc).unwrap_or_else(|e| panic!("{e}"));
+    let (code, doc) = health_json(&sim, &["--gpu", "1"]);
+    assert_eq!(code, 0, "{doc}");
+    let readings = &doc["gpus"][0]["readings"];
+    assert_eq!(readings["recovery_action"], "none");
+    assert_eq!(readings["remapped_rows"]["pending"], false);
+    assert_eq!(readings["remapped_rows"]["correctable"], 3);
+    assert_eq!(readings["ecc"]["volatile_uncorrected"], 0);
+    assert_eq!(readings["ecc"]["aggregate_uncorrected"], 2);
+
+    // Without --gpu, nothing is reset: a usage error.
+    let run = sim.run(&["reset", "--gpu-reset"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("give --gpu GPU"), "{}", run.stderr);
+    let run = sim.run(&["reset", "--gpu", "1", "--gpu-reset", "--peaks"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}

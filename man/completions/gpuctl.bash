@@ -554,7 +554,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__reset)
-            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --dry-run --json --color --help"
+            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --gpu-reset --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -91,6 +91,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l memory-locked-cl
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l compute-mode -d 'Compute mode back to DEFAULT'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l accounting -d 'Clear accounting\'s records of finished processes'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l peaks -d 'Clear gpuctl\'s peak memory marks'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l gpu-reset -d 'Reset the GPUs named with --gpu themselves (what a pending row remap, a page retirement or an Xid\'s gpu_reset needs), and nothing else: refused, naming every holder, while any process uses the GPU (listed by NVML, or holding its device file). With none, done through NVML where the driver offers it (drain, remove, rediscover), else with nvidia-smi --gpu-reset. The GPU\'s Xids up to then are acknowledged'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'

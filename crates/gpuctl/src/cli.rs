@@ -99,7 +99,7 @@ pub enum Command {
     /// back to DEFAULT, accounting's finished-process records cleared, and gpuctl's "peak
     /// since reset" memory marks cleared. Give item flags to restore only those. Each GPU
     /// and item reports done, not supported, not permitted, or failed. The GPU itself is
-    /// never reset.
+    /// not reset, unless --gpu-reset asks for it (and names the GPU with --gpu).
     Reset(ResetArgs),
 
     /// Tell a broken GPU from a busy one: one health verdict per GPU, with its causes.
@@ -354,6 +354,24 @@ pub struct ResetArgs {
     /// Clear gpuctl's peak memory marks.
     #[arg(long)]
     pub peaks: bool,
+
+    /// Reset the GPUs named with --gpu themselves (what a pending row remap, a page
+    /// retirement or an Xid's gpu_reset needs), and nothing else: refused, naming every
+    /// holder, while any process uses the GPU (listed by NVML, or holding its device file).
+    /// With none, done through NVML where the driver offers it (drain, remove, rediscover),
+    /// else with nvidia-smi --gpu-reset. The GPU's Xids up to then are acknowledged.
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "application_clocks",
+            "locked_clocks",
+            "memory_locked_clocks",
+            "compute_mode",
+            "accounting",
+            "peaks",
+        ]
+    )]
+    pub gpu_reset: bool,
 
     #[command(flatten)]
     pub plan: DryRunArg,

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use gpuctl_core::cardset::{GpuItems, ItemOutcome, ResetItem};
-use gpuctl_core::reclaim::{self, Session};
+use gpuctl_core::reclaim::{self, GpuReset, GpuResetOutcome, GpuResetRequest, Session};
 use serde::Serialize;
 
 use crate::Exit;
@@ -17,14 +17,21 @@ struct ResetDocument<'a> {
     schema: u32,
     dry_run: bool,
     gpus: &'a [GpuItems],
+    /// With --gpu-reset only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_reset: Option<&'a [GpuReset]>,
 }
 
 pub fn run(args: &ResetArgs, style: Style) -> Result<Exit> {
+    if args.gpu_reset {
+        return run_gpu_reset(args, style);
+    }
     let results = reclaim::reset(&Session::open()?, &args.request())?;
     let document = ResetDocument {
         schema: RESET_SCHEMA,
         dry_run: args.plan.dry_run,
         gpus: &results,
+        gpu_reset: None,
     };
     render::emit(args.output.json, &document, || table(&results, &style))?;
     Ok(if reclaim::reset_failed(&results) {
@@ -71,4 +78,57 @@ fn table(results: &[GpuItems], style: &Style) -> String {
         }
     }
     out
+}
+
+/// `--gpu-reset`: the GPUs themselves, each done, refused (naming its holders) or failed.
+fn run_gpu_reset(args: &ResetArgs, style: Style) -> Result<Exit> {
+    let request = GpuResetRequest {
+        gpus: args.gpu.gpus.clone(),
+        dry_run: args.plan.dry_run,
+    };
+    let results = reclaim::gpu_reset(&Session::open()?, &request)?;
+    let document = ResetDocument {
+        schema: RESET_SCHEMA,
+        dry_run: args.plan.dry_run,
+        gpus: &[],
+        gpu_reset: Some(&results),
+    };
+    render::emit(args.output.json, &document, || {
+        let mut out = String::new();
+        for gpu in &results {
+            let title = match &gpu.uuid {
+                Some(uuid) => format!("GPU {} · {uuid}", gpu.index),
+                None => format!("GPU {}", gpu.index),
+            };
+            out.push_str(&style.paint(Color::Bold, &title));
+            out.push('\n');
+            let (text, failed) = match &gpu.outcome {
+                GpuResetOutcome::Done { via } => (format!("GPU reset  done ({via})"), false),
+                GpuResetOutcome::WouldReset { via } => (
+                    format!("GPU reset  would reset: nothing holds it ({via})"),
+                    false,
+                ),
+                GpuResetOutcome::Refused { holders } => (
+                    format!("GPU reset  refused: in use by {}", holders.join(", ")),
+                    true,
+                ),
+                GpuResetOutcome::Failed { error } => (format!("GPU reset  failed: {error}"), true),
+                GpuResetOutcome::Skipped { why } => (format!("GPU reset  skipped: {why}"), false),
+            };
+            // Escaped first: holders' command lines are what users chose.
+            let text = gpuctl_core::text::escape(&text);
+            let line = if failed {
+                style.paint(Color::Red, &text)
+            } else {
+                text.into_owned()
+            };
+            out.push_str(&format!("  {line}\n"));
+        }
+        out
+    })?;
+    Ok(if reclaim::gpu_reset_failed(&results) {
+        Exit::Failed
+    } else {
+        Exit::Ok
+    })
 }

@@ -10,7 +10,6 @@ not_supported! {
     nvmlDeviceClearFieldValues
     nvmlDeviceCreateGpuInstance
     nvmlDeviceCreateGpuInstanceWithPlacement
-    nvmlDeviceDiscoverGpus
     nvmlDeviceFreezeNvLinkUtilizationCounter
     nvmlDeviceGetAPIRestriction
     nvmlDeviceGetAccountingStats
@@ -132,17 +131,13 @@ not_supported! {
     nvmlDeviceGetVgpuTypeSupportedPlacements
     nvmlDeviceGetVgpuUtilization
     nvmlDeviceGetViolationStatus
-    nvmlDeviceModifyDrainState
     nvmlDeviceOnSameBoard
     nvmlDevicePerfMetricsGetSamples_v1  // pynvml
     nvmlDevicePowerSmoothingActivatePresetProfile
     nvmlDevicePowerSmoothingSetState
     nvmlDevicePowerSmoothingUpdatePresetProfileParam
-    nvmlDeviceQueryDrainState
     nvmlDeviceReadPRMCounters_v1  // pynvml
     nvmlDeviceReadWritePRM_v1
-    nvmlDeviceRemoveGpu
-    nvmlDeviceRemoveGpu_v2
     nvmlDeviceResetNvLinkErrorCounters
     nvmlDeviceResetNvLinkUtilizationCounter
     nvmlDeviceSetAPIRestriction

@@ -14,12 +14,14 @@
 //! implementation.
 
 mod clear;
+mod gpu_reset;
 mod kill;
 mod reset;
 
 use std::time::Duration;
 
 pub use clear::{ClearRequest, Cleared, clear};
+pub use gpu_reset::{GpuReset, GpuResetOutcome, GpuResetRequest, gpu_reset, gpu_reset_failed};
 pub use kill::{Consent, KillRequest, Killed, PreparedKill, kill, prepare_kill};
 pub use reset::{ResetRequest, failed as reset_failed, reset};
 

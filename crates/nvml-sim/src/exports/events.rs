@@ -22,7 +22,7 @@ const RECOVERY_ACTION: c_ulonglong = sys::nvmlEventTypeGpuRecoveryAction as c_ul
 /// change as an event.
 pub(super) const SUPPORTED_EVENTS: c_ulonglong = 0x1 | 0x2 | XID;
 
-fn supported_events(s: &Sim, index: usize) -> c_ulonglong {
+fn supported_events(s: &mut Sim, index: usize) -> c_ulonglong {
     if super::health::health(s, index).recovery_action.is_some() {
         SUPPORTED_EVENTS | RECOVERY_ACTION
     } else {

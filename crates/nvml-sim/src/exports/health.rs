@@ -9,15 +9,22 @@ use nvml_wrapper_sys::bindings::{self as sys, nvmlRowRemapperHistogramValues_t};
 use super::*;
 use crate::scenario::health::GpuHealth;
 
-/// The health GPU `i` shows now.
-pub(super) fn health(s: &Sim, i: usize) -> &GpuHealth {
-    &s.gpu(i).health
+/// The health GPU `i` shows now: its scenario's, or what a reset left of it while the
+/// scenario's keys are as they were at the reset.
+pub(super) fn health(s: &mut Sim, i: usize) -> GpuHealth {
+    let scenario = s.gpu(i).health.clone();
+    let reset = s.gpu_state(i).reset_health;
+    if reset.as_deref() == Some(scenario.fingerprint().as_str()) {
+        scenario.after_reset()
+    } else {
+        scenario
+    }
 }
 
 /// Fields 226 (reset required), 227 (drain and reset recommended) and 230 (the recovery
 /// action): a driver before R550 has none of them, which the sim models as a GPU without
 /// `recovery_action`.
-pub(super) fn recovery_field(s: &Sim, i: usize, id: c_uint) -> Result<c_uint, nvmlReturn_t> {
+pub(super) fn recovery_field(s: &mut Sim, i: usize, id: c_uint) -> Result<c_uint, nvmlReturn_t> {
     let Some(action) = health(s, i).recovery_action else {
         return Err(NVML_ERROR_NOT_SUPPORTED);
     };
@@ -63,7 +70,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
 ) -> nvmlReturn_t {
     guard!(mut out => with_target(d, None, |s, t| {
         let (Target::Gpu(i) | Target::Mig { gpu: i, .. }) = t;
-        match dram_count(health(s, i), error_type, counter_type) {
+        match dram_count(&health(s, i), error_type, counter_type) {
             None => NVML_ERROR_INVALID_ARGUMENT,
             Some(n) => put(out, n),
         }
@@ -83,7 +90,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
         if location >= sys::nvmlMemoryLocation_enum_NVML_MEMORY_LOCATION_COUNT {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        match dram_count(health(s, i), error_type, counter_type) {
+        match dram_count(&health(s, i), error_type, counter_type) {
             None => NVML_ERROR_INVALID_ARGUMENT,
             Some(n) if location == sys::nvmlMemoryLocation_enum_NVML_MEMORY_LOCATION_DRAM => {
                 put(out, n)
@@ -177,7 +184,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
 /// The retired pages of one cause, where the scenario gives `retired_pages`: page
 /// addresses (4 KiB pages, distinct per GPU and cause) and when each was retired.
 fn retired_pages(
-    s: &Sim,
+    s: &mut Sim,
     i: usize,
     cause: c_uint,
     export: &str,
@@ -279,5 +286,105 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
             }
             Some(pages) => put(pending, c_uint::from(pages.pending)),
         }
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// The GPU reset NVML offers: drain the GPU, remove it from the driver's view, rediscover it
+// (a PCIe remove and rescan). Removing a GPU a process still uses is IN_USE.
+
+/// The GPU at `pci`'s domain, bus and device, by index.
+fn gpu_at(s: &Sim, pci: &nvmlPciInfo_t) -> Option<usize> {
+    s.scenario.gpus.iter().position(|g| {
+        g.pci.domain == pci.domain && g.pci.bus == pci.bus && g.pci.device == pci.device
+    })
+}
+
+/// GPUs being drained (nvmlDeviceModifyDrainState), by index, in this process.
+static DRAINING: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+fn draining() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    DRAINING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceModifyDrainState(
+    pci: *mut nvmlPciInfo_t,
+    state: c_uint,
+) -> nvmlReturn_t {
+    guard!(mut pci => with_sim(|s| {
+        let Some(pci) = pci else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        s.refresh();
+        let Some(i) = gpu_at(s, pci) else {
+            return NVML_ERROR_NOT_FOUND;
+        };
+        let mut draining = draining();
+        draining.retain(|g| *g != i);
+        if state != 0 {
+            draining.push(i);
+        }
+        NVML_SUCCESS
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceQueryDrainState(
+    pci: *mut nvmlPciInfo_t,
+    state: *mut c_uint,
+) -> nvmlReturn_t {
+    guard!(mut pci, state => with_sim(|s| {
+        let Some(pci) = pci else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        s.refresh();
+        let Some(i) = gpu_at(s, pci) else {
+            return NVML_ERROR_NOT_FOUND;
+        };
+        put(state, c_uint::from(draining().contains(&i)))
+    }))
+}
+
+/// Removes the GPU: refused while a process holds a context on it; otherwise the GPU is
+/// reset, which the state file records for every client.
+fn remove(pci: Option<&mut nvmlPciInfo_t>) -> nvmlReturn_t {
+    with_sim(|s| {
+        let Some(pci) = pci else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        s.refresh();
+        let Some(i) = gpu_at(s, pci) else {
+            return NVML_ERROR_NOT_FOUND;
+        };
+        if !s.gpu_now(i).procs.is_empty() {
+            return NVML_ERROR_IN_USE;
+        }
+        let fingerprint = s.gpu(i).health.fingerprint();
+        draining().retain(|g| *g != i);
+        s.update_gpu_state(i, |state| state.reset_health = Some(fingerprint))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRemoveGpu(pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
+    guard!(mut pci => remove(pci))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRemoveGpu_v2(
+    pci: *mut nvmlPciInfo_t,
+    _gpu_state: c_uint,
+    _link_state: c_uint,
+) -> nvmlReturn_t {
+    guard!(mut pci => remove(pci))
+}
+
+/// The removed GPU comes back (the sim never hides it: a removal is the reset itself).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceDiscoverGpus(pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
+    guard!(mut pci => with_sim(|_| match pci {
+        None => NVML_ERROR_INVALID_ARGUMENT,
+        Some(_) => NVML_SUCCESS,
     }))
 }

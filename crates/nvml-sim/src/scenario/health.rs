@@ -133,6 +133,11 @@ pub struct GpuHealth {
 }
 
 impl GpuHealth {
+    /// Identifies these keys' values: a reset recorded under it holds while they stay.
+    pub fn fingerprint(&self) -> String {
+        format!("{self:?}")
+    }
+
     /// What the GPU shows after a reset: nothing pending, volatile ECC counts restarted,
     /// the recovery action answered.
     pub fn after_reset(&self) -> GpuHealth {
