@@ -143,7 +143,8 @@ pub enum Command {
     /// A full-screen terminal view: per GPU (and MIG instance) a memory bar, utilization,
     /// power, temperature, history sparklines and the memory no process accounts for; the
     /// processes with user, GPU, memory, SM%, age, state, owner and command; the watchdog's
-    /// findings marked on their rows. Keys: arrows, PgUp/PgDn, Home/End move; Space marks;
+    /// findings marked on their rows, and a GPU whose health needs an action on its line
+    /// ([needs a reset]). Keys: arrows, PgUp/PgDn, Home/End move; Space marks;
     /// s sorts (memory, SM, age, pid, user); / filters (Esc clears); g narrows to one GPU; t
     /// groups by owner; u shows per-user totals; h the device-file holders of the GPU; k or
     /// F9 ends the marked processes or the cursor's, after a confirmation that shows the

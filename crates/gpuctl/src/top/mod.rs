@@ -117,6 +117,8 @@ impl Reader<'_> {
         if holders {
             classify::holders::annotate(&mut snapshot);
         }
+        // Each GPU's health verdict, marked on its line when it needs an action.
+        gpuctl_core::checkup::Judge::load(Some(&self.session.loaded)).annotate(&mut snapshot);
         Ok(snapshot)
     }
 }
