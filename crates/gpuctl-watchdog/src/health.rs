@@ -54,6 +54,9 @@ pub struct HealthWatch {
     events: Option<EventWatch>,
     /// Why the event set could not be registered, as last logged.
     unregistered: Option<String>,
+    /// What the last registration watched, as logged: a reopened NVML session registers
+    /// again, and says so only when that changes.
+    watching: Option<String>,
     catalog: Catalog,
     log: XidLog,
     loaded_from: Option<std::path::PathBuf>,
@@ -177,18 +180,22 @@ impl HealthWatch {
         }
         match EventWatch::register(gpus) {
             Ok(watch) => {
-                logger.log(
-                    Priority::Info,
-                    &format!(
-                        "watching Xid events on GPUs {}{}",
-                        list(&watch.gpus()),
-                        match watch.recovery_gpus() {
-                            [] => String::new(),
-                            some => format!(", recovery-action events on GPUs {}", list(some)),
-                        }
-                    ),
-                    &[("ACTION", "xid-events".into())],
+                let watching = format!(
+                    "watching Xid events on GPUs {}{}",
+                    list(&watch.gpus()),
+                    match watch.recovery_gpus() {
+                        [] => String::new(),
+                        some => format!(", recovery-action events on GPUs {}", list(some)),
+                    }
                 );
+                if self.watching.as_deref() != Some(&watching) {
+                    logger.log(
+                        Priority::Info,
+                        &watching,
+                        &[("ACTION", "xid-events".into())],
+                    );
+                    self.watching = Some(watching);
+                }
                 self.events = Some(watch);
                 self.unregistered = None;
             }
