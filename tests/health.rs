@@ -421,3 +421,66 @@ fn a_gpu_reset_is_refused_while_anything_holds_the_gpu_and_clears_it_when_done()
     let run = sim.run(&["reset", "--gpu", "1", "--gpu-reset", "--peaks"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
 }
+
+/// A GPU that does not answer gets no verdict (action null, exit status 1); one that needs
+/// an action beside it still makes the status 6.
+#[test]
+fn a_gpu_that_does_not_answer_has_no_verdict_and_a_needed_action_wins() {
+    let hung = || Gpu::new().hang(std::time::Duration::from_secs(60));
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).gpu(hung()));
+    let (code, doc) = health_json(&sim, &["--timeout", "300ms"]);
+    assert_eq!(code, 1, "{doc}");
+    assert_eq!(actions(&doc), [json!("none"), Value::Null]);
+    assert!(
+        doc["gpus"][1]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not answering")),
+        "{doc}"
+    );
+    let run = sim.run(&["health", "--timeout", "300ms"]);
+    assert!(
+        run.stderr.contains("gpuctl: GPU 1: not answering"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains("GPU 1  -  unknown: not answering"),
+        "{}",
+        run.stdout
+    );
+
+    let sim = Sim::new(&Scenario::new().gpu(sick()).gpu(hung()));
+    let (code, doc) = health_json(&sim, &["--timeout", "300ms"]);
+    assert_eq!(code, NEEDS_ACTION, "{doc}");
+    assert_eq!(actions(&doc), [json!("gpu_reset"), Value::Null]);
+}
+
+/// A bad health value in the scenario is the sim's one-line error, and NVML unavailable
+/// (exit status 3) for gpuctl.
+#[test]
+fn bad_health_values_in_the_scenario_are_one_line_errors() {
+    for (text, says) in [
+        (
+            "[[gpu]]\nrecovery_action = \"reboot\"\n",
+            "line 2: unknown variant 'reboot'",
+        ),
+        (
+            "[[gpu]]\necc = { volatile_uncorrected = 3, aggregate_uncorrected = 1 }\n",
+            "gpu[0]: ecc.aggregate_uncorrected (1) is below ecc.volatile_uncorrected (3)",
+        ),
+        (
+            "[[gpu]]\n[[xid]]\ngpu = 2\nxid = 79\n",
+            "xid[0]: gpu 2 does not exist (the scenario has 1 GPUs)",
+        ),
+    ] {
+        let sim = Sim::new(text);
+        let run = sim.run(&["health"]);
+        assert_eq!(run.code, 3, "{text}: {}", run.stderr);
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("nvml-sim: "))
+            .unwrap_or_else(|| panic!("{text}: {}", run.stderr));
+        assert!(line.contains(says), "{text}: {line}");
+    }
+}
