@@ -4,6 +4,7 @@ mod util;
 
 mod container;
 mod exit_codes;
+mod health;
 mod holders;
 mod hostile;
 mod hostile_misc;
@@ -20,3 +21,4 @@ mod settings;
 mod slurm;
 mod top;
 mod watchdog;
+mod watchdog_health;

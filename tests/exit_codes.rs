@@ -45,6 +45,7 @@ fn gpuctl_help_and_every_man_page_list_the_table() {
         "gpuctl-kill.1",
         "gpuctl-clear.1",
         "gpuctl-reset.1",
+        "gpuctl-health.1",
         "gpuctl-fraction.1",
         "gpuctl-enable.1",
         "gpuctl-top.1",

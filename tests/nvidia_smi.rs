@@ -898,3 +898,133 @@ fn readme_epilog_rehearsal_parses_nvidia_smi_on_the_simulated_server() {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "epilog: GPUs free\n");
 }
+
+/// The health sections of `nvidia-smi -q` (ECC errors, retired pages, remapped rows, clock
+/// event reasons) show what the scenario gives each GPU: a sick one, and a healthy one
+/// beside it (no retired-pages key: N/A, as Hopper answers).
+#[test]
+fn nvidia_smi_shows_the_scenarios_remapped_rows_ecc_retired_pages_and_clock_events() {
+    let sim = Sim::new(
+        &Scenario::new().gpu(Gpu::new().utilization(50)).gpu(
+            Gpu::new()
+                .recovery_action("gpu_reset")
+                .remapped_rows(3, 1, true, false)
+                .ecc([0, 2, 10, 2])
+                .retired_pages(0, 1, true)
+                .clock_event_reasons(&["hw_slowdown", "sw_thermal_slowdown"]),
+        ),
+    );
+    let q = parse_q(&smi(
+        &sim,
+        &["-q", "-d", "ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE"],
+    ));
+    let gpu = |index: usize| {
+        let bus = q.gpus.keys().nth(index).expect("two GPUs");
+        &q.gpus[bus]
+    };
+    let sick = gpu(1);
+    let want = [
+        ("ECC Errors/Volatile/DRAM Correctable", "0"),
+        ("ECC Errors/Volatile/DRAM Uncorrectable", "2"),
+        ("ECC Errors/Aggregate/DRAM Correctable", "10"),
+        ("ECC Errors/Aggregate/DRAM Uncorrectable", "2"),
+        ("Retired Pages/Single Bit ECC", "0"),
+        ("Retired Pages/Double Bit ECC", "1"),
+        ("Retired Pages/Pending Page Blacklist", "Yes"),
+        ("Remapped Rows/Correctable Error", "3"),
+        ("Remapped Rows/Uncorrectable Error", "1"),
+        ("Remapped Rows/Pending", "Yes"),
+        ("Remapped Rows/Remapping Failure Occurred", "No"),
+        ("Clocks Event Reasons/Idle", "Not Active"),
+        ("Clocks Event Reasons/HW Slowdown", "Active"),
+        ("Clocks Event Reasons/SW Thermal Slowdown", "Active"),
+        ("Clocks Event Reasons/HW Thermal Slowdown", "Not Active"),
+    ];
+    for (key, value) in want {
+        assert_eq!(
+            sick.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {sick:#?}"
+        );
+    }
+    let healthy = gpu(0);
+    let want = [
+        ("ECC Errors/Volatile/DRAM Uncorrectable", "0"),
+        ("ECC Errors/Aggregate/DRAM Correctable", "0"),
+        ("Retired Pages/Double Bit ECC", "N/A"),
+        ("Retired Pages/Pending Page Blacklist", "N/A"),
+        ("Remapped Rows/Pending", "No"),
+        ("Remapped Rows/Uncorrectable Error", "0"),
+        ("Clocks Event Reasons/HW Slowdown", "Not Active"),
+        ("Clocks Event Reasons/Idle", "Not Active"),
+    ];
+    for (key, value) in want {
+        assert_eq!(
+            healthy.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {healthy:#?}"
+        );
+    }
+
+    // gpuctl health reads the same figures nvidia-smi printed.
+    let run = sim.run(&["health", "--json"]);
+    let doc: Value = serde_json::from_str(&run.stdout).expect("health JSON");
+    for (index, q) in [(0, healthy), (1, sick)] {
+        let r = &doc["gpus"][index]["readings"];
+        let num = |key: &str| -> u64 { q[key].parse().unwrap_or_else(|_| panic!("{key}")) };
+        let yes = |key: &str| q[key] == "Yes";
+        let ecc = "ECC Errors";
+        assert_eq!(
+            r["ecc"]["volatile_corrected"],
+            num(&format!("{ecc}/Volatile/DRAM Correctable"))
+        );
+        assert_eq!(
+            r["ecc"]["volatile_uncorrected"],
+            num(&format!("{ecc}/Volatile/DRAM Uncorrectable"))
+        );
+        assert_eq!(
+            r["ecc"]["aggregate_corrected"],
+            num(&format!("{ecc}/Aggregate/DRAM Correctable"))
+        );
+        assert_eq!(
+            r["ecc"]["aggregate_uncorrected"],
+            num(&format!("{ecc}/Aggregate/DRAM Uncorrectable"))
+        );
+        let rows = &r["remapped_rows"];
+        assert_eq!(rows["correctable"], num("Remapped Rows/Correctable Error"));
+        assert_eq!(
+            rows["uncorrectable"],
+            num("Remapped Rows/Uncorrectable Error")
+        );
+        assert_eq!(rows["pending"], yes("Remapped Rows/Pending"));
+        assert_eq!(
+            rows["failure"],
+            yes("Remapped Rows/Remapping Failure Occurred")
+        );
+        match q["Retired Pages/Pending Page Blacklist"].as_str() {
+            "N/A" => assert!(r["retired_pages"].is_null(), "{r}"),
+            pending => {
+                let pages = &r["retired_pages"];
+                assert_eq!(pages["pending"], pending == "Yes");
+                assert_eq!(pages["single_bit"], num("Retired Pages/Single Bit ECC"));
+                assert_eq!(pages["double_bit"], num("Retired Pages/Double Bit ECC"));
+            }
+        }
+        let reasons: Vec<&str> = r["clock_event_reasons"]
+            .as_array()
+            .expect("clock event reasons")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for (smi_name, ours) in [
+            ("Idle", "gpu_idle"),
+            ("HW Slowdown", "hw_slowdown"),
+            ("SW Thermal Slowdown", "sw_thermal_slowdown"),
+            ("HW Thermal Slowdown", "hw_thermal_slowdown"),
+            ("SW Power Cap", "sw_power_cap"),
+        ] {
+            let active = q[&format!("Clocks Event Reasons/{smi_name}")] == "Active";
+            assert_eq!(active, reasons.contains(&ours), "{smi_name}: {reasons:?}");
+        }
+    }
+}

@@ -245,7 +245,7 @@ fn the_published_schemas_are_valid_json_schema() {
         .filter(|name| name.ends_with(".schema.json"))
         .collect();
     names.sort();
-    assert_eq!(names.len(), 6, "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
     for name in names {
         let schema = schema(&name);
         assert_eq!(
@@ -326,6 +326,7 @@ fn reset_fraction_and_enable_json_match_their_schemas() {
         ),
         ("enable-v1.schema.json", vec!["enable"]),
         ("enable-v1.schema.json", vec!["enable", "--persistence"]),
+        ("health-v1.schema.json", vec!["health"]),
     ] {
         let run = sim.run(&[args.as_slice(), &["--json"]].concat());
         let doc: Value = serde_json::from_str(&run.stdout)

@@ -873,3 +873,29 @@ fn mig_instances_have_their_own_lines_and_their_processes_say_which() {
         assert!(row.contains(&format!(" {place} ")), "{row}");
     }
 }
+
+/// A GPU that needs an action is marked on its line, and the mark goes when it heals.
+#[test]
+fn a_gpu_that_needs_a_reset_is_marked_until_it_heals() {
+    let scenario = |pending: bool| {
+        Scenario::new()
+            .gpu(Gpu::h200())
+            .gpu(Gpu::h200().remapped_rows(0, 1, pending, false))
+    };
+    let sim = Sim::new(&scenario(true));
+    let term = Term::start(&sim, &["--interval", "0.2"], (120, 32));
+    let screen = term.wait_for("GPU 1 marked", |s| {
+        s.lines()
+            .any(|l| l.starts_with("GPU 1 ") && l.contains("[needs a reset]"))
+    });
+    assert!(
+        !screen
+            .lines()
+            .any(|l| l.starts_with("GPU 0 ") && l.contains("[needs")),
+        "{screen}"
+    );
+    sim.write(&scenario(false));
+    term.wait_for("the mark gone", |s| {
+        s.lines().any(|l| l.starts_with("GPU 1 ")) && !s.contains("[needs a reset]")
+    });
+}

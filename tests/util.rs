@@ -206,6 +206,8 @@ pub struct Scenario {
     faults: Option<Faults>,
     gpus: Vec<Gpu>,
     processes: Vec<Process>,
+    /// (GPU, Xid, pid)
+    xids: Vec<(u32, u32, Option<u32>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +274,12 @@ impl Scenario {
         self.processes.extend(processes);
         self
     }
+
+    /// An Xid the driver raises on GPU `gpu` (`pid`: the process its log line names).
+    pub fn xid(mut self, gpu: u32, xid: u32, pid: Option<u32>) -> Scenario {
+        self.xids.push((gpu, xid, pid));
+        self
+    }
 }
 
 /// A GPU: `Gpu::new()` is the sim's default model (an H200) with every default.
@@ -287,6 +295,21 @@ pub struct Gpu {
     compute_mode: Option<ComputeMode>,
     unsupported: Vec<String>,
     mig: Vec<Mig>,
+    health: Health,
+}
+
+/// A GPU's health keys (nvml-sim's README: recovery_action, remapped_rows, ecc,
+/// retired_pages, clock_event_reasons).
+#[derive(Debug, Clone, Default)]
+struct Health {
+    recovery_action: Option<String>,
+    /// correctable, uncorrectable, pending, failure
+    remapped_rows: Option<(u32, u32, bool, bool)>,
+    /// volatile corrected, volatile uncorrected, aggregate corrected, aggregate uncorrected
+    ecc: Option<[u64; 4]>,
+    /// single bit, double bit, pending
+    retired_pages: Option<(u32, u32, bool)>,
+    clock_event_reasons: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -373,6 +396,41 @@ impl Gpu {
     /// Features whose queries answer NOT_SUPPORTED (names: `temperature`, `locked_clocks`).
     pub fn unsupported(mut self, features: &[&str]) -> Gpu {
         self.unsupported = features.iter().map(|f| f.to_string()).collect();
+        self
+    }
+
+    /// NVML's recovery action (`gpu_reset`, ...); without it the field is not supported.
+    pub fn recovery_action(mut self, action: &str) -> Gpu {
+        self.health.recovery_action = Some(action.to_string());
+        self
+    }
+
+    pub fn remapped_rows(
+        mut self,
+        correctable: u32,
+        uncorrectable: u32,
+        pending: bool,
+        failure: bool,
+    ) -> Gpu {
+        self.health.remapped_rows = Some((correctable, uncorrectable, pending, failure));
+        self
+    }
+
+    /// Device-memory ECC counts: volatile corrected and uncorrected, aggregate corrected and
+    /// uncorrected.
+    pub fn ecc(mut self, counts: [u64; 4]) -> Gpu {
+        self.health.ecc = Some(counts);
+        self
+    }
+
+    pub fn retired_pages(mut self, single_bit: u32, double_bit: u32, pending: bool) -> Gpu {
+        self.health.retired_pages = Some((single_bit, double_bit, pending));
+        self
+    }
+
+    /// NVML's clock-event reasons in snake case (`hw_slowdown`).
+    pub fn clock_event_reasons(mut self, reasons: &[&str]) -> Gpu {
+        self.health.clock_event_reasons = Some(reasons.iter().map(|r| r.to_string()).collect());
         self
     }
 
@@ -524,6 +582,31 @@ impl Display for Scenario {
             if !gpu.unsupported.is_empty() {
                 writeln!(f, "unsupported = {}", quoted_list(&gpu.unsupported))?;
             }
+            let h = &gpu.health;
+            if let Some(v) = &h.recovery_action {
+                writeln!(f, "recovery_action = {}", quoted(v))?;
+            }
+            if let Some((c, u, p, x)) = h.remapped_rows {
+                writeln!(
+                    f,
+                    "remapped_rows = {{ correctable = {c}, uncorrectable = {u}, pending = {p}, failure = {x} }}"
+                )?;
+            }
+            if let Some([vc, vu, ac, au]) = h.ecc {
+                writeln!(
+                    f,
+                    "ecc = {{ volatile_corrected = {vc}, volatile_uncorrected = {vu}, aggregate_corrected = {ac}, aggregate_uncorrected = {au} }}"
+                )?;
+            }
+            if let Some((s, d, p)) = h.retired_pages {
+                writeln!(
+                    f,
+                    "retired_pages = {{ single_bit = {s}, double_bit = {d}, pending = {p} }}"
+                )?;
+            }
+            if let Some(reasons) = &h.clock_event_reasons {
+                writeln!(f, "clock_event_reasons = {}", quoted_list(reasons))?;
+            }
             for m in &gpu.mig {
                 writeln!(f, "[[gpu.mig]]")?;
                 writeln!(f, "profile = {}", quoted(&m.profile))?;
@@ -554,6 +637,12 @@ impl Display for Scenario {
             }
             if p.unlisted {
                 writeln!(f, "unlisted = true")?;
+            }
+        }
+        for (gpu, xid, pid) in &self.xids {
+            writeln!(f, "\n[[xid]]\ngpu = {gpu}\nxid = {xid}")?;
+            if let Some(pid) = pid {
+                writeln!(f, "pid = {pid}")?;
             }
         }
         Ok(())

@@ -25,6 +25,9 @@ _gpuctl() {
             gpuctl,fraction)
                 cmd="gpuctl__subcmd__fraction"
                 ;;
+            gpuctl,health)
+                cmd="gpuctl__subcmd__health"
+                ;;
             gpuctl,help)
                 cmd="gpuctl__subcmd__help"
                 ;;
@@ -54,6 +57,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__help,fraction)
                 cmd="gpuctl__subcmd__help__subcmd__fraction"
+                ;;
+            gpuctl__subcmd__help,health)
+                cmd="gpuctl__subcmd__help__subcmd__health"
                 ;;
             gpuctl__subcmd__help,help)
                 cmd="gpuctl__subcmd__help__subcmd__help"
@@ -116,7 +122,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset fraction enable top slurm serve help"
+            opts="-h -V --color --help --version info kill clear reset health fraction enable top slurm serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -223,8 +229,38 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__health)
+            opts="-h --gpu --json --ack --timeout --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ack)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset fraction enable top slurm serve help"
+            opts="info kill clear reset health fraction enable top slurm serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -266,6 +302,20 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__fraction)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__health)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -504,7 +554,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__reset)
-            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --dry-run --json --color --help"
+            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --gpu-reset --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

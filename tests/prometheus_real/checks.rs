@@ -509,3 +509,35 @@ pub fn self_test() {
         ]
     );
 }
+
+/// The health families: every node's GPUs have a verdict (node 3's lost GPU needs a node
+/// reboot, the rest nothing), node 2's application Xid is counted, and remapped rows and
+/// ECC counts are there for every GPU that answers.
+pub fn health_series(fleet: &mut Fleet) -> Result<(), String> {
+    for family in [
+        "gpuctl_gpu_health_action",
+        "gpuctl_gpu_remapped_rows",
+        "gpuctl_gpu_ecc_errors",
+    ] {
+        expect_family(fleet, family)?;
+    }
+    let nodes = fleet.gpu_instances();
+    let reboot: BTreeMap<String, f64> = [(format!("{} / 2", fleet.nodes[2].instance()), 1.0)]
+        .into_iter()
+        .collect();
+    expect_series(
+        fleet,
+        &format!("gpuctl_gpu_health_action{{{nodes},action!=\"none\"}} == 1"),
+        &["instance", "gpu"],
+        &reboot,
+    )?;
+    let xids: BTreeMap<String, f64> = [(format!("{} / 1 / 94", fleet.nodes[1].instance()), 1.0)]
+        .into_iter()
+        .collect();
+    expect_series(
+        fleet,
+        &format!("gpuctl_xid_errors_total{{{nodes}}}"),
+        &["instance", "gpu", "xid"],
+        &xids,
+    )
+}

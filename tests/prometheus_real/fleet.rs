@@ -201,7 +201,7 @@ fn populate(number: usize) -> (Scenario, Vec<Proc>) {
                 .process(Process::new(c.pid()).on_each(&[0, 1]).used(GIB));
             (scenario, vec![a, b, c])
         }
-        // The leak, and a user with no name.
+        // The leak, a user with no name, and an application Xid.
         2 => {
             let a = Proc::spawn_as(NOBODY, "sleep", &["serve.py"]);
             let b = Proc::spawn_as(NAMELESS_UID, "sleep", &["notebook"]);
@@ -209,7 +209,9 @@ fn populate(number: usize) -> (Scenario, Vec<Proc>) {
                 .gpu(Gpu::h200().leaked(LEAK))
                 .gpu(Gpu::h200())
                 .process(Process::new(a.pid()).on(0).used(4 * GIB))
-                .process(Process::new(b.pid()).on(1).used(2 * GIB));
+                .process(Process::new(b.pid()).on(1).used(2 * GIB))
+                // An application's Xid on GPU 1: counted, and the GPU stays fit.
+                .xid(1, 94, Some(b.pid()));
             (scenario, vec![a, b])
         }
         // MIG, a GPU fallen off the bus, and a job of the nameless user.

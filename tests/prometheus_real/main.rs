@@ -84,6 +84,10 @@ fn main() {
             "the_rules_load_and_evaluate",
             checks::rules_load_and_evaluate,
         ),
+        (
+            "gpu_health_verdicts_xids_remaps_and_ecc",
+            checks::health_series,
+        ),
     ];
     let mut trials = vec![Trial::test("harness_self_test", || {
         api::self_test();

@@ -11,6 +11,7 @@
 mod util;
 
 mod cluster;
+mod health;
 mod jobs;
 
 use std::path::{Path, PathBuf};
@@ -363,6 +364,14 @@ fn main() {
         (
             "the_prolog_clears_a_leftover_on_the_jobs_gpu",
             jobs::the_prolog_clears_a_leftover_on_the_jobs_gpu,
+        ),
+        (
+            "an_unhealthy_gpu_drains_the_node_and_its_recovery_resumes_it",
+            health::an_unhealthy_gpu_drains_the_node_and_its_recovery_resumes_it,
+        ),
+        (
+            "an_app_xid_never_drains_and_the_epilog_names_the_job",
+            health::an_app_xid_never_drains_and_the_epilog_names_the_job,
         ),
     ];
     let mut trials = Vec::new();

@@ -20,6 +20,8 @@ pub enum Exit {
     NotClean = 4,
     /// The trainer ran out of memory even at micro-batch 1.
     OutOfMemory = 5,
+    /// `gpuctl health`: a GPU needs an action (its health verdict is not `none`).
+    NeedsAction = 6,
     /// `enable -- COMMAND`: found but could not be executed (as shells report it).
     CommandNotExecutable = 126,
     /// `enable -- COMMAND`: not found.
@@ -47,6 +49,7 @@ pub const GPUCTL: Table = &[
     (
         Exit::Failed,
         "the operation failed (info: a GPU is lost or cannot be read, the others are shown; \
+         health: a GPU does not answer; \
          kill, clear: a selected process was skipped, refused, survived, or its memory is \
          still held; slurm prolog, epilog: the job's GPUs could not be made clean, and the \
          node was drained)",
@@ -63,6 +66,12 @@ pub const GPUCTL: Table = &[
     (
         Exit::NotClean,
         "clear --wait: the GPUs were not free by the deadline",
+    ),
+    (
+        Exit::NeedsAction,
+        "health: a GPU needs an action (gpu_reset, node_reboot, drain_p2p or \
+         drain_and_reset; a lost GPU needs node_reboot); it wins over 1 when another GPU \
+         cannot be read",
     ),
     (
         Exit::CommandNotExecutable,
@@ -201,7 +210,8 @@ mod tests {
     #[test]
     fn codes_are_the_documented_numbers() {
         let codes: Vec<u8> = GPUCTL.iter().map(|(exit, _)| exit.code()).collect();
-        assert_eq!(codes, [0, 1, 2, 3, 4, 126, 127]);
+        assert_eq!(codes, [0, 1, 2, 3, 4, 6, 126, 127]);
         assert_eq!(Exit::OutOfMemory.code(), 5);
+        assert_eq!(Exit::NeedsAction.code(), 6);
     }
 }

@@ -61,6 +61,7 @@ impl Survey {
             .transpose()?;
         let reader = session
             .reader(SnapshotOptions::info(None))
+            .judging_health(&session.loaded)
             .places(places)
             .holders(holders);
         Ok(Survey {

@@ -9,6 +9,7 @@
 
 pub mod act;
 pub mod cardset;
+pub mod checkup;
 pub mod classify;
 pub mod config;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod exit;
 pub mod files;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
+pub mod health;
 pub mod host;
 pub mod info;
 pub mod nvml;
@@ -36,6 +38,7 @@ pub mod sys;
 pub mod text;
 pub mod units;
 pub mod verify;
+pub mod xid_events;
 
 pub use error::{CoreError, Result};
 pub use snapshot::{Snapshot, SnapshotOptions};

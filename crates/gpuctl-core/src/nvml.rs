@@ -163,6 +163,11 @@ impl Gpus {
         &self.nvml
     }
 
+    /// The session itself, for what must keep it alive (an NVML event set).
+    pub(crate) fn shared_nvml(&self) -> Arc<Nvml> {
+        Arc::clone(&self.nvml)
+    }
+
     /// Starts `read` on GPU `index`'s worker; its answer comes on the receiver. `None` when
     /// that worker is still inside an earlier call (the GPU stopped answering), or cannot
     /// be started.

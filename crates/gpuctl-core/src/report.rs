@@ -43,6 +43,53 @@ pub struct ResetReport<'a> {
     pub schema: u32,
     pub dry_run: bool,
     pub gpus: &'a [GpuItems],
+    /// With `--gpu-reset` only: each GPU's reset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_reset: Option<&'a [GpuReset]>,
+}
+
+/// How one GPU's reset ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum GpuResetOutcome {
+    /// Reset, through `via` (`nvml` or `nvidia-smi`).
+    Done {
+        via: String,
+    },
+    /// `--dry-run`: nothing holds it; it would be reset through `via`.
+    WouldReset {
+        via: String,
+    },
+    /// Something still uses it: each holder, named.
+    Refused {
+        holders: Vec<String>,
+    },
+    Failed {
+        error: String,
+    },
+    /// A MIG instance was named: a reset is the whole GPU's.
+    Skipped {
+        why: String,
+    },
+}
+
+impl GpuResetOutcome {
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            GpuResetOutcome::Refused { .. } | GpuResetOutcome::Failed { .. }
+        )
+    }
+}
+
+/// One GPU's reset.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReset {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    #[serde(flatten)]
+    pub outcome: GpuResetOutcome,
 }
 
 /// Version of the `gpuctl info --json` document; fields are only added within a version.

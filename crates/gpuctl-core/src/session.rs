@@ -214,6 +214,8 @@ pub struct Reader {
     marks: Marks,
     facts: Option<FactCache>,
     view: Option<ProcView>,
+    /// The configuration each read's health verdicts are judged under, where asked.
+    health: Option<Loaded>,
 }
 
 /// A snapshot with the evidence classification reads: its processes' lineages.
@@ -243,6 +245,7 @@ impl Reader {
             marks: Marks::None,
             facts: None,
             view: None,
+            health: None,
         }
     }
 
@@ -306,6 +309,14 @@ impl Reader {
         self
     }
 
+    /// Judges each GPU's health on every read (its verdict, as `info`, `top` and `gpuctl
+    /// health` show it): `loaded`'s Xid catalog, and the watchdog's Xid log and the admins'
+    /// acknowledgements as they are at that read, so a verdict clears when the GPU does.
+    pub fn judging_health(mut self, loaded: &Loaded) -> Reader {
+        self.health = Some(loaded.clone());
+        self
+    }
+
     /// One snapshot of `gpus`, as this reader reads it.
     pub fn take(&mut self, gpus: &Gpus) -> Result<Snapshot> {
         let view = self.view()?;
@@ -333,6 +344,9 @@ impl Reader {
                 protect::mark_claims(&mut snapshot, protection);
                 classify::holders::annotate(&mut snapshot);
             }
+        }
+        if let Some(loaded) = &self.health {
+            crate::checkup::Judge::load(Some(loaded)).annotate(&mut snapshot);
         }
         Ok(snapshot)
     }

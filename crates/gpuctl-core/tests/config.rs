@@ -95,6 +95,12 @@ fn the_example_file_is_valid() {
             watchdog: config::parse("[watchdog]\n", Path::new("defaults"))
                 .unwrap()
                 .watchdog,
+            health: config::HealthPolicy {
+                xid_actions: BTreeMap::from([
+                    ("109".to_string(), gpuctl_core::health::Action::GpuReset),
+                    ("43".to_string(), gpuctl_core::health::Action::None),
+                ]),
+            },
         }
     );
     // And through the file-reading path, with its checks.
@@ -122,7 +128,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -138,7 +144,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog)"
+        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.

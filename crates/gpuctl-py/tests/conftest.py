@@ -49,18 +49,27 @@ class Scenario:
         self.init_error = init_error
         self.memory_total_mib = memory_total_mib
         self.processes: list[dict] = []
+        # Extra keys per GPU index (nvml-sim's health keys), as TOML text.
+        self.gpu_keys: dict[int, list[str]] = {}
 
     def process(self, pid: int, gpu: int = 0, used: int = GIB, sm_pct: int = 0) -> "Scenario":
         assert used % MIB == 0, "the sim counts memory in whole MiB"
         self.processes.append({"pid": pid, "gpu": gpu, "used_mib": used // MIB, "sm_pct": sm_pct})
         return self
 
+    def remap_pending(self, gpu: int) -> "Scenario":
+        """GPU `gpu` has a row remap waiting for a reset."""
+        self.gpu_keys.setdefault(gpu, []).append(
+            "remapped_rows = { correctable = 0, uncorrectable = 1, pending = true, failure = false }")
+        return self
+
     def __str__(self) -> str:
         lines = ['driver_version = "570.133.20"', "cuda_driver_version = 12080"]
         if self.init_error:
             lines.append(f"init_error = {_toml_string(self.init_error)}")
-        for _ in range(self.gpus):
+        for index in range(self.gpus):
             lines += ["", "[[gpu]]", 'name = "NVIDIA H100 80GB HBM3"', f"memory_total_mib = {self.memory_total_mib}"]
+            lines += self.gpu_keys.get(index, [])
         for p in self.processes:
             lines += ["", "[[process]]"] + [f"{k} = {v}" for k, v in p.items()]
         return "\n".join(lines) + "\n"

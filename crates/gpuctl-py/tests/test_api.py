@@ -63,6 +63,17 @@ def test_snapshot_to_dict_is_the_document_of_gpuctl_info_json(sim, scenario, pro
     assert [p.pid for p in only.devices[0].processes] == [b.pid]
 
 
+def test_device_health_is_gpuctl_healths_verdict(sim, scenario):
+    sim.write(scenario.remap_pending(1))
+    s = gpuctl.snapshot()
+    healthy, sick = s.devices
+    assert healthy.health.ok and healthy.health.action == "none" and healthy.health.causes == []
+    assert not sick.health.ok and sick.health.action == "gpu_reset"
+    assert [c["kind"] for c in sick.health.causes] == ["row_remap_pending"]
+    cli = json.loads(sim.cli("health", "--json", check=False).stdout)
+    assert sick.health.to_dict()["causes"] == cli["gpus"][1]["causes"]
+
+
 def test_clear_ends_a_crashed_runs_workers_and_reports_what_it_leaves(sim, scenario, procs, crashed_run):
     workers = crashed_run(2)
     live = procs.sleeper()

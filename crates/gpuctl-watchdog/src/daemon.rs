@@ -18,6 +18,7 @@ use gpuctl_core::snapshot::{GpuStatus, Snapshot, SnapshotOptions};
 use gpuctl_core::units::{self, bytes};
 
 use crate::events::{self, FindingLog, fields_of};
+use crate::health::HealthWatch;
 use crate::link::Link;
 use crate::log::{Logger, Priority};
 use crate::metrics::Metrics;
@@ -98,6 +99,8 @@ pub struct Daemon {
     ready_sent: bool,
     peaks: Option<PeakStore>,
     holders: Option<HoldersSeen>,
+    /// Xid events, the Xid log and each GPU's health verdict.
+    health: HealthWatch,
 }
 
 impl Daemon {
@@ -111,6 +114,7 @@ impl Daemon {
         // grace + interval + term_timeout + 1 s. A look is the owner check where it applies
         // (see gpuctl_core::host::FactCache), else a read of its stat; leaders and parents
         // are read as often.
+        let health = HealthWatch::new(settings.xid_actions.clone());
         let grace_quarter = settings.watchdog.grace / 4;
         let refresh = grace_quarter.min(Duration::from_secs(1));
         Daemon {
@@ -136,6 +140,7 @@ impl Daemon {
             ready_sent: false,
             peaks,
             holders: None,
+            health,
         }
     }
 
@@ -223,6 +228,7 @@ impl Daemon {
         match Settings::load(&crate::cli_args()) {
             Ok(settings) => {
                 self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
+                self.health.set_catalog(settings.xid_actions.clone());
                 self.settings = settings;
                 self.event(
                     Priority::Notice,
@@ -285,7 +291,7 @@ impl Daemon {
             // Utilization and power too, for the stuck-GPU check.
             ..SnapshotOptions::watch(self.settings.policy.stuck.is_some())
         });
-        let look = match self.reader.look(gpus) {
+        let mut look = match self.reader.look(gpus) {
             Ok(look) => look,
             Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
@@ -295,6 +301,9 @@ impl Daemon {
                 return None;
             }
         };
+        let state_dir = self.settings.watchdog.state_path();
+        self.health
+            .observe(gpus, &mut look.snapshot, state_dir, &self.log);
         let now = Instant::now();
         let snapshot = &look.snapshot;
         let holders_scanned = snapshot.read_times.holders.is_some();
@@ -480,6 +489,7 @@ impl Daemon {
             holders,
             &self.settings.watchdog,
         );
+        self.metrics.health = self.health.metrics.clone();
         if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(units::unix_seconds());
         }
@@ -569,7 +579,17 @@ impl Daemon {
                 self.metrics.reclaim_failures_total += 1;
             }
         }
-        let (priority, message, fields) = events::outcome(snapshot, outcome, remedy, tried);
+        // Memory on a GPU that needs a reset comes back only with the reset: not retried.
+        let needs = matches!(tried, Tried::Failed)
+            .then(|| crate::health::needs_action(snapshot, &target.gpus))
+            .flatten();
+        let (priority, message, fields) = match needs {
+            Some(needs) => {
+                self.watch.give_up(due.identity, remedy);
+                events::not_retried(snapshot, outcome, remedy, &needs)
+            }
+            None => events::outcome(snapshot, outcome, remedy, tried),
+        };
         self.event(priority, &message, &fields);
     }
 }

@@ -276,6 +276,27 @@ pub fn outcome(
     }
 }
 
+/// A failed reclaim on a GPU that needs an action (`needs`, e.g. "GPU 1 needs a reset"):
+/// its memory comes back only with that, so it is said once and not retried.
+pub fn not_retried(
+    snapshot: &Snapshot,
+    outcome: &Outcome,
+    remedy: Remedy,
+    needs: &str,
+) -> (Priority, String, Vec<(&'static str, String)>) {
+    let target = &outcome.target;
+    let who = format!("pid {} ({})", target.pid, target.owner_name());
+    let held = target.used_bytes.map_or("memory unknown".into(), bytes);
+    (
+        Priority::Err,
+        format!(
+            "reclaim of {who}: {held} not got back, and not retried: {needs}; {}",
+            outcome.summary()
+        ),
+        target_fields(snapshot, target, "needs-gpu-reset", remedy),
+    )
+}
+
 pub fn target_fields(
     snapshot: &Snapshot,
     target: &Target,

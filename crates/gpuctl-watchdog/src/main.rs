@@ -3,6 +3,7 @@
 
 mod daemon;
 mod events;
+mod health;
 mod link;
 mod log;
 mod metrics;

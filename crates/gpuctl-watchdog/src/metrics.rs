@@ -62,6 +62,8 @@ pub struct Metrics {
     pub findings: Vec<(&'static str, usize)>,
     /// The loop interval in force, in seconds.
     pub interval_seconds: f64,
+    /// Each GPU's health, and the Xid counters.
+    pub health: crate::health::HealthMetrics,
 }
 
 impl Metrics {
@@ -81,6 +83,7 @@ impl Metrics {
             owners,
             findings,
             interval_seconds,
+            health,
         } = self;
         *nvml_up == other.nvml_up
             && *gpus == other.gpus
@@ -91,6 +94,7 @@ impl Metrics {
             && *owners == other.owners
             && *findings == other.findings
             && *interval_seconds == other.interval_seconds
+            && *health == other.health
     }
 }
 
@@ -99,6 +103,110 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The health families: each GPU's action, remapped rows and ECC counts (GPUs read in the
+/// last loop), and the Xid counters.
+fn health_blocks(
+    m: &Metrics,
+    family: &mut dyn FnMut(&str, &str, &str) -> String,
+) -> Vec<Vec<String>> {
+    use gpuctl_core::health::Action;
+    let gpus = if m.nvml_up { &m.health.gpus[..] } else { &[] };
+    let label = |g: &crate::health::GpuHealthMetrics| {
+        format!("gpu=\"{}\",uuid=\"{}\"", g.index, escape(&g.uuid))
+    };
+    let mut blocks = Vec::new();
+    let name = family(
+        "gpuctl_gpu_health_action",
+        "gauge",
+        "The GPU's health verdict (gpuctl health): 1 for the action it needs (none, gpu_reset, \
+         node_reboot, drain_p2p, drain_and_reset), 0 for the others.",
+    );
+    let mut block = Vec::new();
+    for g in gpus {
+        for action in Action::ALL.into_iter().filter(|a| *a != Action::RestartApp) {
+            block.push(format!(
+                "{name}{{{},action=\"{}\"}} {}",
+                label(g),
+                action.name(),
+                u8::from(g.action == action)
+            ));
+        }
+    }
+    blocks.push(block);
+    let name = family(
+        "gpuctl_gpu_remapped_rows",
+        "gauge",
+        "Remapped rows (nvmlDeviceGetRemappedRows): kind correctable and uncorrectable count \
+         rows; pending (a reset applies a remap) and failure (an RMA criterion) are 0 or 1.",
+    );
+    let mut block = Vec::new();
+    for g in gpus {
+        if let Some(rows) = g.remapped_rows {
+            for (kind, v) in ["correctable", "uncorrectable", "pending", "failure"]
+                .into_iter()
+                .zip(rows)
+            {
+                block.push(format!("{name}{{{},kind=\"{kind}\"}} {v}", label(g)));
+            }
+        }
+    }
+    blocks.push(block);
+    let name = family(
+        "gpuctl_gpu_ecc_errors",
+        "gauge",
+        "Device-memory ECC errors (nvmlDeviceGetTotalEccErrors), by type (corrected, \
+         uncorrected) and counter (volatile: since the last reset or driver load; aggregate: \
+         the board's life).",
+    );
+    let mut block = Vec::new();
+    for g in gpus {
+        if let Some(ecc) = g.ecc {
+            let kinds = [
+                ("corrected", "volatile"),
+                ("uncorrected", "volatile"),
+                ("corrected", "aggregate"),
+                ("uncorrected", "aggregate"),
+            ];
+            for ((kind, counter), v) in kinds.into_iter().zip(ecc) {
+                block.push(format!(
+                    "{name}{{{},type=\"{kind}\",counter=\"{counter}\"}} {v}",
+                    label(g)
+                ));
+            }
+        }
+    }
+    blocks.push(block);
+    let name = family(
+        "gpuctl_gpu_app_xid_jobs",
+        "gauge",
+        "Distinct jobs (owners) that hit an application Xid (restart_app) on the GPU in the \
+         last 24 hours: several is NVIDIA's \"same GPU, different apps\" hint of hardware.",
+    );
+    blocks.push(
+        gpus.iter()
+            .map(|g| format!("{name}{{{}}} {}", label(g), g.app_xid_jobs))
+            .collect(),
+    );
+    let name = family(
+        "gpuctl_xid_errors_total",
+        "counter",
+        "Xid errors the driver raised on the GPU since the watchdog started, by Xid number.",
+    );
+    blocks.push(
+        m.health
+            .xids
+            .iter()
+            .map(|((gpu, uuid, xid), n)| {
+                format!(
+                    "{name}{{gpu=\"{gpu}\",uuid=\"{}\",xid=\"{xid}\"}} {n}",
+                    escape(uuid)
+                )
+            })
+            .collect(),
+    );
+    blocks
 }
 
 pub fn render(m: &Metrics) -> String {
@@ -262,6 +370,7 @@ pub fn render(m: &Metrics) -> String {
             .map(|(kind, n)| format!("{name}{{kind=\"{kind}\"}} {n}"))
             .collect(),
     );
+    blocks.extend(health_blocks(m, &mut family));
     let name = family(
         "gpuctl_watchdog_interval_seconds",
         "gauge",

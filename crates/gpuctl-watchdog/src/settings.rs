@@ -29,6 +29,8 @@ pub struct Settings {
     /// for processes holding them (at most once a minute: the scan reads every process's
     /// descriptors).
     pub holders: HolderScan,
+    /// `[health] xid_actions`, in place of NVIDIA's Xid catalog's actions.
+    pub xid_actions: std::collections::BTreeMap<u32, gpuctl_core::health::Action>,
 }
 
 impl Settings {
@@ -94,6 +96,7 @@ impl Settings {
             policy,
             source,
             holders,
+            xid_actions: loaded.xid_actions(),
         })
     }
 

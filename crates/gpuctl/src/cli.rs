@@ -99,8 +99,23 @@ pub enum Command {
     /// back to DEFAULT, accounting's finished-process records cleared, and gpuctl's "peak
     /// since reset" memory marks cleared. Give item flags to restore only those. Each GPU
     /// and item reports done, not supported, not permitted, or failed. The GPU itself is
-    /// never reset.
+    /// not reset, unless --gpu-reset asks for it (and names the GPU with --gpu).
     Reset(ResetArgs),
+
+    /// Tell a broken GPU from a busy one: one health verdict per GPU, with its causes.
+    ///
+    /// The action each GPU needs, in NVML's recovery-action names: none, gpu_reset,
+    /// node_reboot, drain_p2p, drain_and_reset; restart_app marks an Xid the application
+    /// caused (the GPU itself is fit). The causes: the driver's recovery action (R550 on),
+    /// a pending row remap, a row-remap failure (an RMA criterion), volatile uncorrected ECC
+    /// errors, a pending page retirement, a GPU fallen off the bus (listed by its index,
+    /// node_reboot), hardware clock slowdowns (a warning), and the Xids the watchdog saw
+    /// since the GPU's last reset, with the processes that were on it. The verdict clears
+    /// itself when the GPU's state does. Where the driver lacks the recovery-action field,
+    /// an Xid's action holds until a reset shows or an admin acknowledges it (--ack). The
+    /// Xid actions follow NVIDIA's Xid catalog; `[health] xid_actions` in the system
+    /// configuration overrides any. A MIG instance named with --gpu judges its GPU.
+    Health(HealthArgs),
 
     /// Show or set the per-process memory-share policy: the share of one GPU's memory a
     /// single process may hold.
@@ -128,7 +143,8 @@ pub enum Command {
     /// A full-screen terminal view: per GPU (and MIG instance) a memory bar, utilization,
     /// power, temperature, history sparklines and the memory no process accounts for; the
     /// processes with user, GPU, memory, SM%, age, state, owner and command; the watchdog's
-    /// findings marked on their rows. Keys: arrows, PgUp/PgDn, Home/End move; Space marks;
+    /// findings marked on their rows, and a GPU whose health needs an action on its line
+    /// ([needs a reset]). Keys: arrows, PgUp/PgDn, Home/End move; Space marks;
     /// s sorts (memory, SM, age, pid, user); / filters (Esc clears); g narrows to one GPU; t
     /// groups by owner; u shows per-user totals; h the device-file holders of the GPU; k or
     /// F9 ends the marked processes or the cursor's, after a confirmation that shows the
@@ -219,8 +235,10 @@ pub enum SlurmCommand {
     /// failure, drain the node with the reason and exit 1.
     Epilog(SlurmEpilogArgs),
 
-    /// Slurm's HealthCheckProgram: resume this node if gpuctl drained it and the GPUs it
-    /// named are free now. A node drained for any other reason is left alone.
+    /// Slurm's HealthCheckProgram: drain this node when a GPU's health verdict needs a
+    /// reset, a reboot or a drain (the reason names the GPU, the action and the causes);
+    /// resume it if gpuctl drained it and the GPUs are healthy, and the GPUs a memory
+    /// reason named free, now. A node drained for any other reason is left alone.
     Healthcheck(SlurmHealthcheckArgs),
 }
 
@@ -337,6 +355,24 @@ pub struct ResetArgs {
     /// Clear gpuctl's peak memory marks.
     #[arg(long)]
     pub peaks: bool,
+
+    /// Reset the GPUs named with --gpu themselves (what a pending row remap, a page
+    /// retirement or an Xid's gpu_reset needs), and nothing else: refused, naming every
+    /// holder, while any process uses the GPU (listed by NVML, or holding its device file).
+    /// With none, done through NVML where the driver offers it (drain, remove, rediscover),
+    /// else with nvidia-smi --gpu-reset. The GPU's Xids up to then are acknowledged.
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "application_clocks",
+            "locked_clocks",
+            "memory_locked_clocks",
+            "compute_mode",
+            "accounting",
+            "peaks",
+        ]
+    )]
+    pub gpu_reset: bool,
 
     #[command(flatten)]
     pub plan: DryRunArg,
@@ -593,6 +629,27 @@ pub struct InfoArgs {
     /// for and no one looked. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+
+    #[command(flatten)]
+    pub output: JsonArg,
+
+    /// Acknowledge this GPU's Xids up to now (index, UUID or PCI bus id; repeat for
+    /// several): on a driver without the recovery-action field they then hold no action,
+    /// and stay listed as history. Written to the watchdog's state directory (root's).
+    #[arg(long = "ack", value_name = "GPU")]
+    pub ack: Vec<String>,
+
+    /// How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the
+    /// configuration's nvml_timeout, else 10s). A GPU that has not answered by then is
+    /// listed without a verdict (exit status 1, unless another GPU needs an action).
+    #[arg(long, value_name = "DURATION", value_parser = parse_nonzero_duration)]
+    pub timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use crate::hash::fnv1a;
 use crate::types::*;
 
+pub mod health;
 mod validate;
 use validate::validate;
 
@@ -41,6 +42,9 @@ struct RawScenario {
     gpu: Vec<RawGpu>,
     #[serde(default)]
     process: Vec<RawProcess>,
+    /// Xid errors the driver raises (see `health.rs`).
+    #[serde(default)]
+    xid: Vec<health::RawXid>,
 }
 
 fn default_driver_version() -> String {
@@ -89,6 +93,12 @@ struct RawGpu {
     mig_mode: Option<bool>,
     /// Pending MIG mode (default: the current one).
     mig_pending: Option<bool>,
+    // Health (see `health.rs`).
+    recovery_action: Option<health::RecoveryAction>,
+    remapped_rows: Option<health::RemappedRows>,
+    ecc: Option<health::Ecc>,
+    retired_pages: Option<health::RetiredPages>,
+    clock_event_reasons: Option<Vec<health::ClockEventReason>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -401,6 +411,8 @@ pub struct Gpu {
     /// The MIG devices, sorted by GPU instance id: a device's position here is its index
     /// for `nvmlDeviceGetMigDeviceHandleByIndex`.
     pub mig: Vec<crate::mig::MigInstance>,
+    /// Recovery action, remapped rows, ECC, retired pages, clock-event reasons.
+    pub health: health::GpuHealth,
 }
 
 impl Gpu {
@@ -500,6 +512,8 @@ pub struct Scenario {
     /// For each GPU, the positions in `processes` of the entries on it.
     pub by_gpu: Vec<Vec<usize>>,
     pub spawns: Vec<SpawnSpec>,
+    /// The `[[xid]]` entries, in file order.
+    pub xids: Vec<health::Xid>,
 }
 
 /// The UUID a GPU gets when the scenario gives none.

@@ -42,6 +42,11 @@ pub struct GpuState {
     pub accounting_mode: Option<bool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accounting_pids: Vec<u32>,
+    /// The GPU was reset (removed and rediscovered) while its scenario health read this
+    /// (a fingerprint): until the scenario's health keys change, it shows what a reset
+    /// leaves (nothing pending, volatile ECC counts at zero, recovery action none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_health: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

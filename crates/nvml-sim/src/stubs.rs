@@ -10,7 +10,6 @@ not_supported! {
     nvmlDeviceClearFieldValues
     nvmlDeviceCreateGpuInstance
     nvmlDeviceCreateGpuInstanceWithPlacement
-    nvmlDeviceDiscoverGpus
     nvmlDeviceFreezeNvLinkUtilizationCounter
     nvmlDeviceGetAPIRestriction
     nvmlDeviceGetAccountingStats
@@ -104,9 +103,6 @@ not_supported! {
     nvmlDeviceGetPowerState
     nvmlDeviceGetRemappedRows_v2  // pynvml
     nvmlDeviceGetRepairStatus
-    nvmlDeviceGetRetiredPages
-    nvmlDeviceGetRetiredPagesPendingStatus
-    nvmlDeviceGetRetiredPages_v2
     nvmlDeviceGetRunningProcessDetailList
     nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     nvmlDeviceGetSupportedGraphicsClocks
@@ -135,17 +131,13 @@ not_supported! {
     nvmlDeviceGetVgpuTypeSupportedPlacements
     nvmlDeviceGetVgpuUtilization
     nvmlDeviceGetViolationStatus
-    nvmlDeviceModifyDrainState
     nvmlDeviceOnSameBoard
     nvmlDevicePerfMetricsGetSamples_v1  // pynvml
     nvmlDevicePowerSmoothingActivatePresetProfile
     nvmlDevicePowerSmoothingSetState
     nvmlDevicePowerSmoothingUpdatePresetProfileParam
-    nvmlDeviceQueryDrainState
     nvmlDeviceReadPRMCounters_v1  // pynvml
     nvmlDeviceReadWritePRM_v1
-    nvmlDeviceRemoveGpu
-    nvmlDeviceRemoveGpu_v2
     nvmlDeviceResetNvLinkErrorCounters
     nvmlDeviceResetNvLinkUtilizationCounter
     nvmlDeviceSetAPIRestriction

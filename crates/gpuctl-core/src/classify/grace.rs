@@ -320,6 +320,14 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// A failed reclaim that no retry can mend (its GPU needs a reset first): logged once,
+    /// not tried again.
+    pub fn give_up(&mut self, id: Identity, remedy: Remedy) {
+        self.handling.set(id, remedy, Handled::Logged);
+    }
+}
+
 /// The pids `snapshot` lists on any GPU: for an incomplete read, what [`Spells::observe`]
 /// and [`Watch::judge`] take as `listed`.
 pub fn listed(snapshot: &Snapshot) -> PidSet<u32> {

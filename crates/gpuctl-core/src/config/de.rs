@@ -41,6 +41,47 @@ impl<'de> Deserialize<'de> for GpuKey {
     }
 }
 
+struct XidKey(String);
+
+impl<'de> Deserialize<'de> for XidKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<XidKey, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        match key.parse::<u32>() {
+            Ok(xid) if (1..=999).contains(&xid) && xid.to_string() == key => Ok(XidKey(key)),
+            _ => Err(de::Error::custom(format!(
+                "'{key}' is not an Xid number (1 to 999, as in \"109\" = \"gpu_reset\")"
+            ))),
+        }
+    }
+}
+
+impl PartialEq for XidKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for XidKey {}
+impl PartialOrd for XidKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for XidKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+pub(super) fn xid_actions<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, crate::health::Action>, D::Error> {
+    let map = BTreeMap::<XidKey, crate::health::Action>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(key, action)| (key.0, action))
+        .collect())
+}
+
 struct UserKey(String);
 
 impl<'de> Deserialize<'de> for UserKey {

@@ -120,6 +120,21 @@ pub struct Config {
     pub fraction: FractionPolicy,
     pub protect: Protect,
     pub watchdog: Watchdog,
+    pub health: HealthPolicy,
+}
+
+/// `[health]`: how the GPU health verdict reads Xids.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// `[health.xid_actions]`: an action per Xid number (`"109" = "gpu_reset"`,
+    /// `"13" = "none"`) in place of NVIDIA's catalog's (`crate::health::catalog`). Read from
+    /// the system file only: it decides what drains a node.
+    #[serde(
+        deserialize_with = "de::xid_actions",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub xid_actions: BTreeMap<String, crate::health::Action>,
 }
 
 /// `[fraction]`: the share of one GPU's memory a single process may hold, in (0, 1].
@@ -372,6 +387,16 @@ impl Loaded {
             .min()
     }
 
+    /// The system file's `[health] xid_actions`, by Xid number (keys were checked when
+    /// the file was read).
+    pub fn xid_actions(&self) -> BTreeMap<u32, crate::health::Action> {
+        self.system
+            .iter()
+            .flat_map(|(_, config)| &config.health.xid_actions)
+            .filter_map(|(xid, action)| Some((xid.parse().ok()?, *action)))
+            .collect()
+    }
+
     /// The files that were found, system first.
     pub fn files(&self) -> impl Iterator<Item = &(Source, Config)> {
         self.system.iter().chain(self.user.iter())
@@ -549,6 +574,41 @@ mod tests {
                 Err(format!("'{garbage}' is not a share: {hint}")),
                 "{garbage}"
             );
+        }
+    }
+
+    #[test]
+    fn xid_actions_name_an_action_per_xid_number() {
+        let path = Path::new("/etc/gpuctl/gpuctl.toml");
+        let config = parse(
+            "[health.xid_actions]\n\"109\" = \"none\"\n\"43\" = \"gpu_reset\"\n",
+            path,
+        )
+        .unwrap();
+        let loaded = Loaded {
+            system: Some((Source::new(Origin::System, path), config)),
+            user: None,
+        };
+        assert_eq!(
+            loaded.xid_actions(),
+            BTreeMap::from([
+                (43, crate::health::Action::GpuReset),
+                (109, crate::health::Action::None)
+            ])
+        );
+        for (bad, says) in [
+            ("\"abc\" = \"none\"", "'abc' is not an Xid number"),
+            ("\"0\" = \"none\"", "'0' is not an Xid number"),
+            ("\"013\" = \"none\"", "'013' is not an Xid number"),
+            ("\"13\" = \"reboot\"", "reboot"),
+            ("\"13\" = 1", "health.xid_actions"),
+        ] {
+            let error = parse(&format!("[health.xid_actions]\n{bad}\n"), path)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+            assert!(error.contains("line 2"), "{bad}: {error}");
+            assert!(!error.contains('\n'), "{bad}: {error}");
         }
     }
 

@@ -16,6 +16,7 @@
 
 mod clear;
 mod found;
+mod gpu_reset;
 mod kill;
 mod reset;
 
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 pub use clear::{ClearRequest, Cleared, clear};
 pub use found::{Due, FindingsRequest};
+pub use gpu_reset::{GpuReset, GpuResetOutcome, GpuResetRequest, gpu_reset, gpu_reset_failed};
 pub use kill::{Consent, KillRequest, Killed, PreparedKill, kill, prepare_kill};
 pub use reset::{ResetRequest, Restored, reset};
 

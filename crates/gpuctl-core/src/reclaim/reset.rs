@@ -53,6 +53,7 @@ impl Restored {
             schema: RESET_SCHEMA,
             dry_run: request.dry_run,
             gpus: &self.gpus,
+            gpu_reset: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! the host knows about each process. Every later stage (classify, select, act, verify) reads
 //! a snapshot; none queries NVML or /proc on its own.
 
+mod health;
 pub mod peaks;
 mod read;
 pub mod totals;
@@ -37,6 +38,9 @@ pub struct SnapshotOptions {
     /// Whether to look for the processes holding a GPU's device file that NVML does not
     /// list on it (`None`: never). The scan reads every process's descriptors.
     pub holders: Option<HolderScan>,
+    /// Also read each GPU's health (recovery action, remapped rows, ECC, retired pages,
+    /// clock-event reasons) into `GpuSnapshot::health_readings`.
+    pub health: bool,
 }
 
 /// Per-process utilization is read over this window by whatever judges a process idle:
@@ -50,6 +54,7 @@ impl SnapshotOptions {
     pub fn info(gpus: Option<Vec<u32>>) -> SnapshotOptions {
         SnapshotOptions {
             gpus,
+            health: true,
             ..SnapshotOptions::default()
         }
     }
@@ -64,13 +69,15 @@ impl SnapshotOptions {
         }
     }
 
-    /// What the watchdog reads each loop: who holds memory and how active each process is;
-    /// `activity`: also utilization and power, for the stuck-GPU check.
+    /// What the watchdog reads each loop: who holds memory, how active each process is, and
+    /// each GPU's health; `activity`: also utilization and power, for the stuck-GPU check.
     pub fn watch(activity: bool) -> SnapshotOptions {
         SnapshotOptions {
             utilization_window: Some(ACTIVITY_WINDOW),
             only_memory_and_processes: true,
             activity,
+            // The GPU's health: its verdict, metrics, and whether a reclaim can succeed.
+            health: true,
             ..SnapshotOptions::default()
         }
     }
@@ -181,6 +188,12 @@ pub struct GpuSnapshot {
     /// asked or does not know this GPU. Those processes are then not listed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outside_namespace_bytes: Option<u64>,
+    /// What NVML says of the GPU's health, read when [`SnapshotOptions::health`] asks.
+    #[serde(skip)]
+    pub health_readings: Option<crate::health::Readings>,
+    /// The GPU's health verdict, where a reader judged it (`info`, `gpuctl health`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::Verdict>,
 }
 
 /// A process holding a GPU's device file without NVML listing it on that GPU.
@@ -300,6 +313,9 @@ impl Snapshot {
     ) -> Result<Snapshot> {
         let started = Instant::now();
         let (mut devices, mut listed) = read_listings(gpus, options)?;
+        if options.health {
+            health::read_into(gpus, &mut devices);
+        }
         let (host_service, localized) = match localize && !view.host_pid_namespace() {
             true => ask_host_service(&mut devices, &mut listed),
             false => (None, None),

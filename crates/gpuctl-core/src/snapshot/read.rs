@@ -232,6 +232,8 @@ impl GpuSnapshot {
             holders_not_scanned: None,
             minor: None,
             outside_namespace_bytes: None,
+            health_readings: None,
+            health: None,
         }
     }
 

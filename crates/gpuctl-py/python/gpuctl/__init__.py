@@ -112,6 +112,36 @@ class MigDevice:
         return f"MigDevice(gpu_instance_id={self.gpu_instance_id}, processes={len(self.processes)})"
 
 
+class Health:
+    """A GPU's health verdict, as `gpuctl health` gives it: the action the GPU needs
+    (`none`, `gpu_reset`, `node_reboot`, `drain_p2p`, `drain_and_reset`) and its causes, each
+    a dict with `kind`, `action` and `message` (docs/json.md)."""
+
+    __slots__ = ("_doc",)
+
+    def __init__(self, doc: dict) -> None:
+        self._doc = doc
+
+    @property
+    def action(self) -> str:
+        return self._doc["action"]
+
+    @property
+    def causes(self) -> list:
+        return self._doc["causes"]
+
+    @property
+    def ok(self) -> bool:
+        """The GPU needs nothing (an application's Xid may still be listed)."""
+        return self.action == "none"
+
+    def to_dict(self) -> dict:
+        return self._doc
+
+    def __repr__(self) -> str:
+        return f"Health(action={self.action!r}, causes={len(self.causes)})"
+
+
 class Device:
     """One GPU: its memory and the processes that hold it."""
 
@@ -147,6 +177,12 @@ class Device:
     def memory_total(self) -> int | None:
         memory = self._doc.get("memory")
         return memory["total_bytes"] if memory else None
+
+    @property
+    def health(self) -> Health | None:
+        """The GPU's health verdict; None where the GPU did not answer."""
+        doc = self._doc.get("health")
+        return Health(doc) if doc is not None else None
 
     def to_dict(self) -> dict:
         return self._doc

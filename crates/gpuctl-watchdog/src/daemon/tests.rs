@@ -46,6 +46,7 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
             dev_dir: "/dev".into(),
             above_unattributed: Some(1 << 30),
         },
+        xid_actions: Default::default(),
     };
     let (logger, logged) = crate::log::Logger::buffered();
     (Daemon::new(settings, logger, Notifier::from_env()), logged)

@@ -234,6 +234,14 @@ fn gpu_block(
             ));
         }
     }
+    // What `gpuctl health` says, where the GPU needs something.
+    if let Some(summary) = gpu.health.as_ref().and_then(|v| v.summary()) {
+        let summary = gpuctl_core::text::escape(&summary);
+        out.push_str(&format!(
+            "  {}",
+            style.paint(Color::Red, &format!("HEALTH: {summary}"))
+        ));
+    }
     out.push('\n');
     if matches!(gpu.status, GpuStatus::Lost | GpuStatus::NotAnswering) {
         return;

@@ -7,6 +7,7 @@
 
 mod account;
 mod drain;
+mod health;
 mod job;
 mod steps;
 
@@ -59,7 +60,22 @@ fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
     let job = Job::from_env()?;
     let (log, session) = open("epilog");
     let mut account = Account::new(&job);
-    match session.and_then(|session| steps::epilog(&job, timeout, &session, &mut account)) {
+    let epilog = |session: Session| -> Result<Vec<String>> {
+        let problems = steps::epilog(&job, timeout, &session, &mut account)?;
+        // The application Xids the watchdog saw hit this job's processes, by name.
+        let uuids: Vec<(u32, String)> = session
+            .gpus
+            .uuids()?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(index, uuid)| Some((index as u32, uuid?)))
+            .collect();
+        for line in health::job_xids(Some(&session.loaded), &uuids, job.id) {
+            log.line(&line);
+        }
+        Ok(problems)
+    };
+    match session.and_then(epilog) {
         Ok(problems) if problems.is_empty() => {
             account.finish(&log, None);
             Ok(Exit::Ok)
@@ -103,6 +119,40 @@ fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> R
     let shown = scontrol(&["show", "node", &node]).map_err(anyhow::Error::msg)?;
     let state = NodeState::parse(&shown)
         .with_context(|| format!("scontrol show node {node}: no State= in its answer"))?;
+    // Every check reads the GPUs' health: a GPU that needs a reset, a reboot or a drain
+    // drains the node (an admin's drain is left as it is).
+    let opened = Session::with(loaded).map_err(anyhow::Error::from);
+    let read = opened.and_then(|session| {
+        let needs = health::needs(&session)?;
+        Ok((session, needs))
+    });
+    let (session, needs) = match read {
+        Ok(read) => read,
+        // A node gpuctl did not drain is left as it is, as before the health check read
+        // the GPUs; the reason is in slurm.log.
+        Err(error)
+            if !(state.drained()
+                && state
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(REASON_PREFIX))) =>
+        {
+            log.record(&format!("cannot read the GPUs' health: {error:#}"));
+            return Ok(Exit::Ok);
+        }
+        Err(error) => return Err(error),
+    };
+    if !needs.is_empty() {
+        if !state.drained() {
+            let reason = drain_reason(&needs);
+            if dry_run {
+                log.line(&format!("{node} would be drained: {reason}"));
+            } else {
+                drain_or_log(log, &node, &reason, false);
+            }
+        }
+        return Ok(Exit::Ok);
+    }
     if !state.drained() {
         return Ok(Exit::Ok);
     }
@@ -114,8 +164,21 @@ fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> R
         // An admin's drain (or Slurm's own): theirs to lift.
         return Ok(Exit::Ok);
     };
-    // NVML only for a node gpuctl drained: most checks end above.
-    let session = Session::with(loaded)?;
+    // Drained for a GPU's health, which is fit again: resumed whatever jobs still run.
+    if health::is_health_reason(reason) {
+        if dry_run {
+            log.line(&format!(
+                "{node} would be resumed: every GPU is healthy again (drained for: {reason})"
+            ));
+        } else {
+            scontrol(&["update", &format!("NodeName={node}"), "State=RESUME"])
+                .map_err(anyhow::Error::msg)?;
+            log.line(&format!(
+                "resumed {node}: every GPU is healthy again (drained for: {reason})"
+            ));
+        }
+        return Ok(Exit::Ok);
+    }
     // The GPUs the reason names, where they still resolve; every GPU otherwise.
     let places = session.places(&named_gpus(reason)).ok().flatten();
     let look = session.wait_for_free(places.as_deref(), Duration::ZERO, None)?;

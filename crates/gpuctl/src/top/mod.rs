@@ -68,7 +68,9 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
             .reader(SnapshotOptions::info(None))
             .places(places)
             .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
-            .host_only(),
+            .host_only()
+            // Each GPU's health verdict, marked on its line when it needs an action.
+            .judging_health(&session.loaded),
         session: &session,
     };
     let mut screen = Screen::enter().context("cannot take over the terminal")?;

@@ -291,6 +291,18 @@ fn gpu_lines(
             palette.fg(Color::Red).add_modifier(Modifier::BOLD),
         ));
     }
+    // The GPU's health, where it needs an action (`gpuctl health` says why).
+    if let Some(action) = gpu
+        .health
+        .as_ref()
+        .map(|v| v.action)
+        .filter(|a| *a != gpuctl_core::health::Action::None)
+    {
+        spans.push(Span::styled(
+            format!("  [{}]", action.needs()),
+            palette.fg(Color::Red).add_modifier(Modifier::BOLD),
+        ));
+    }
     if gpu.status == GpuStatus::Error {
         let reason = gpu
             .error

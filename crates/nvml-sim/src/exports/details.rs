@@ -1,28 +1,17 @@
 //! What `nvidia-smi -q` reads beyond the figures gpuctl uses: board identity, PCIe link,
-//! ECC counters, thresholds, engine utilization, field values. None of it has a scenario
-//! key. Each answers what an HGX H100/H200 on driver 535 answers (a healthy card: no ECC
-//! errors, no remapped rows, PCIe Gen5 x16, NVSwitch fabric up), and is traced as a default.
+//! SRAM ECC counters, thresholds, engine utilization, field values. None of it has a
+//! scenario key (the health figures do: see health.rs). Each answers what an HGX H100/H200
+//! on driver 535 answers (PCIe Gen5 x16, NVSwitch fabric up), and is traced as a default.
 //! Where that driver itself answers NOT_SUPPORTED (nvidia-smi prints N/A), the sim leaves
 //! the stub in place; tests/nvidia_smi.rs lists those calls with the reason.
 
 use nvml_wrapper_sys::bindings::{
     nvmlEccSramErrorStatus_v1_t, nvmlFBCStats_t, nvmlFieldValue_t, nvmlGpuFabricInfo_t,
-    nvmlRowRemapperHistogramValues_t, nvmlSample_t, nvmlValue_t,
+    nvmlSample_t, nvmlValue_t,
 };
 
 use super::*;
 use crate::trace::{self, Gap};
-
-/// [`fixed`] that a MIG device answers too, from its parent's fixed value (its share of
-/// the GPU's counters: none).
-fn fixed_mig_too(
-    name: &str,
-    device: nvmlDevice_t,
-    f: impl FnOnce(&mut Sim) -> nvmlReturn_t,
-) -> nvmlReturn_t {
-    trace::gap(name, Gap::Default);
-    with_target(device, None, |s, _| f(s))
-}
 
 fn is_h100(s: &Sim, i: usize) -> bool {
     s.gpu(i).name.contains("H100")
@@ -210,45 +199,7 @@ pub unsafe extern "C" fn nvmlDeviceGetConfComputeProtectedMemoryUsage(
 }
 
 // ---------------------------------------------------------------------------------------
-// ECC: a healthy card counts no errors.
-
-const ECC_ERROR_TYPES: c_uint = 2; // corrected, uncorrected
-const ECC_COUNTER_TYPES: c_uint = 2; // volatile, aggregate
-const MEMORY_LOCATIONS: c_uint = 8; // L1 .. SRAM (nvmlMemoryLocation_t)
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
-    d: nvmlDevice_t,
-    error_type: c_uint,
-    counter_type: c_uint,
-    out: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    guard!(mut out => fixed_mig_too("nvmlDeviceGetTotalEccErrors", d, |_| {
-        if error_type >= ECC_ERROR_TYPES || counter_type >= ECC_COUNTER_TYPES {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        put(out, 0)
-    }))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
-    d: nvmlDevice_t,
-    error_type: c_uint,
-    counter_type: c_uint,
-    location: c_uint,
-    out: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    guard!(mut out => fixed_mig_too("nvmlDeviceGetMemoryErrorCounter", d, |_| {
-        if error_type >= ECC_ERROR_TYPES
-            || counter_type >= ECC_COUNTER_TYPES
-            || location >= MEMORY_LOCATIONS
-        {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        put(out, 0)
-    }))
-}
+// ECC (the DRAM counters and remapped rows are in health.rs): the SRAM counts no errors.
 
 /// nvmlEccSramErrorStatus_v1: size of the struct | 1 << 24 (NVML_STRUCT_VERSION).
 pub(super) const ECC_SRAM_ERROR_STATUS_V1: c_uint =
@@ -286,53 +237,6 @@ pub unsafe extern "C" fn nvmlDeviceGetSramEccErrorStatus(
             },
         )
     }))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
-    d: nvmlDevice_t,
-    corrected: *mut c_uint,
-    uncorrected: *mut c_uint,
-    pending: *mut c_uint,
-    failed: *mut c_uint,
-) -> nvmlReturn_t {
-    guard!(mut corrected, uncorrected, pending, failed => fixed("nvmlDeviceGetRemappedRows", d, |_, _| {
-        let (Some(corrected), Some(uncorrected), Some(pending), Some(failed)) =
-            (corrected, uncorrected, pending, failed)
-        else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        *corrected = 0;
-        *uncorrected = 0;
-        *pending = 0;
-        *failed = 0;
-        NVML_SUCCESS
-    }))
-}
-
-/// Every bank of a healthy card still has all its spare rows (`Max`); H100/H200 HBM3 has
-/// 2560 banks.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetRowRemapperHistogram(
-    d: nvmlDevice_t,
-    out: *mut nvmlRowRemapperHistogramValues_t,
-) -> nvmlReturn_t {
-    guard!(mut out => fixed(
-        "nvmlDeviceGetRowRemapperHistogram",
-        d,
-        |_, _| {
-            put(
-                out,
-                nvmlRowRemapperHistogramValues_t {
-                    max: 2560,
-                    high: 0,
-                    partial: 0,
-                    low: 0,
-                    none: 0,
-                },
-            )
-        }
-    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -394,32 +298,6 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksEventReasons(
         d,
         |_, _| put(out, CLOCK_EVENT_REASONS_ALL)
     ))
-}
-
-/// An idle GPU lowers its clocks for being idle (nvmlClocksEventReasonGpuIdle); a busy one
-/// runs unthrottled.
-fn clock_event_reasons(s: &mut Sim, i: usize) -> c_ulonglong {
-    if s.utilization(i).0 == 0 { 0x1 } else { 0 }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
-    d: nvmlDevice_t,
-    out: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
-        put(out, clock_event_reasons(s, i))
-    }))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
-    d: nvmlDevice_t,
-    out: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    guard!(mut out => with_dev(d, Some(Feature::Clocks), |s, i| {
-        put(out, clock_event_reasons(s, i))
-    }))
 }
 
 /// `nvmlDeviceGetClock(device, type, id)`: the current clock, the applications clock target
@@ -541,7 +419,7 @@ fn field(s: &mut Sim, i: usize, id: c_uint, scope: c_uint) -> Result<FieldValue,
         193 => below_max(SHUTDOWN_C),
         194 => below_max(SLOWDOWN_C),
         195 | 196 => Ok(Signed(0)),
-        226 | 227 => Ok(Unsigned(0)), // reset required, drain and reset recommended: no
+        226..=227 | 230 => super::health::recovery_field(s, i, id).map(Unsigned),
         228 | 229 => Ok(Unsigned(0)), // PCIe atomics masks
         _ => {
             trace::gap(

@@ -1,26 +1,47 @@
 //! Event sets. nvidia-smi creates one and registers each GPU before it prints anything
-//! (and gives up on the whole view if that fails). The sim raises no events: a wait times
-//! out, as it does on a healthy GPU.
+//! (and gives up on the whole view if that fails). The sim raises the scenario's `[[xid]]`
+//! errors (each once per set registered for Xid events on its GPU, including those already
+//! in the file when it registered; one appended later when the file is re-read) and a
+//! change of a GPU's `recovery_action` (nvmlEventTypeGpuRecoveryAction). With nothing
+//! pending a wait times out, as it does on a healthy GPU.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
+use nvml_wrapper_sys::bindings::{self as sys, nvmlEventData_t, nvmlEventSet_t};
 
 use super::*;
 
+const XID: c_ulonglong = sys::nvmlEventTypeXidCriticalError as c_ulonglong;
+const RECOVERY_ACTION: c_ulonglong = sys::nvmlEventTypeGpuRecoveryAction as c_ulonglong;
+
 /// What a Hopper data-center GPU supports on Linux (`nvmlDeviceGetSupportedEventTypes` on an
 /// H100/H200: ECC single/double bit, XID critical errors; P-state and clock events are not
-/// reported on Linux).
-pub(super) const SUPPORTED_EVENTS: c_ulonglong = 0x1 | 0x2 | 0x8;
+/// reported on Linux); a driver with the recovery-action field (R550 on) also raises its
+/// change as an event.
+pub(super) const SUPPORTED_EVENTS: c_ulonglong = 0x1 | 0x2 | XID;
+
+fn supported_events(s: &mut Sim, index: usize) -> c_ulonglong {
+    if super::health::health(s, index).recovery_action.is_some() {
+        SUPPORTED_EVENTS | RECOVERY_ACTION
+    } else {
+        SUPPORTED_EVENTS
+    }
+}
 
 /// Live sets, by address: a freed or foreign pointer is INVALID_ARGUMENT, never a deref.
 static SETS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
 #[derive(Default)]
 struct EventSet {
+    /// (GPU index, event types) per registration.
     registered: Mutex<Vec<(usize, c_ulonglong)>>,
+    /// The `[[xid]]` entries (by position) this set has delivered.
+    delivered: Mutex<HashSet<usize>>,
+    /// Per GPU registered for recovery-action events: the action last delivered (or seen
+    /// at registration).
+    actions: Mutex<Vec<(usize, u32)>>,
 }
 
 fn live(set: nvmlEventSet_t) -> bool {
@@ -49,6 +70,8 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlRet
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
     guard!({
+        // Freed under the sim's lock: a register or a wait uses a set only while holding it.
+        let _sim = crate::sim::lock();
         let removed = SETS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -69,8 +92,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    guard!(mut types => with_dev(device, None, |_, _| {
-        put(types, SUPPORTED_EVENTS)
+    guard!(mut types => with_dev(device, None, |s, index| {
+        put(types, supported_events(s, index))
     }))
 }
 
@@ -80,25 +103,90 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
-    guard!(with_dev(device, None, |_, index| {
+    guard!(with_dev(device, None, |s, index| {
         if !live(set) {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        if types & !SUPPORTED_EVENTS != 0 {
+        if types & !supported_events(s, index) != 0 {
             return NVML_ERROR_NOT_SUPPORTED;
         }
-        // SAFETY: `set` is a live EventSet (checked above).
+        // SAFETY: `set` is a live EventSet (checked above), and sets are freed only under
+        // the sim's lock, which this call holds.
         let set = unsafe { &*set.cast::<EventSet>() };
         set.registered
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((index, types));
+        if types & RECOVERY_ACTION != 0
+            && let Some(action) = super::health::health(s, index).recovery_action
+        {
+            let mut actions = set.actions.lock().unwrap_or_else(|e| e.into_inner());
+            if !actions.iter().any(|(gpu, _)| *gpu == index) {
+                actions.push((index, action.to_nvml()));
+            }
+        }
         NVML_SUCCESS
     }))
 }
 
-/// No event is ever pending: waits `timeout_ms` (at most a second a call, so a client that
-/// passes a huge timeout still gets TIMEOUT back and can be stopped) and times out.
+/// The next event pending for `set`, if any: Xids first, in file order, then changed
+/// recovery actions.
+fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
+    s.refresh();
+    let registered = set
+        .registered
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let wants = |gpu: usize, kind: c_ulonglong| {
+        registered
+            .iter()
+            .any(|(g, types)| *g == gpu && types & kind != 0)
+    };
+    let event = |gpu: usize, kind: c_ulonglong, data: c_ulonglong| nvmlEventData_t {
+        device: handle_of(gpu),
+        eventType: kind,
+        eventData: data,
+        // Not attributable to a MIG instance.
+        gpuInstanceId: c_uint::MAX,
+        computeInstanceId: c_uint::MAX,
+    };
+    let scenario = std::sync::Arc::clone(&s.scenario);
+    {
+        let mut delivered = set.delivered.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, x) in scenario.xids.iter().enumerate() {
+            let gpu = x.gpu as usize;
+            if !delivered.contains(&k) && wants(gpu, XID) {
+                delivered.insert(k);
+                return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
+            }
+        }
+    }
+    let mut actions = set.actions.lock().unwrap_or_else(|e| e.into_inner());
+    for (gpu, _) in registered.iter().filter(|(_, t)| t & RECOVERY_ACTION != 0) {
+        let Some(now) = scenario
+            .gpus
+            .get(*gpu)
+            .and_then(|_| super::health::health(s, *gpu).recovery_action)
+            .map(|a| a.to_nvml())
+        else {
+            continue;
+        };
+        match actions.iter_mut().find(|(g, _)| g == gpu) {
+            Some((_, last)) if *last == now => {}
+            Some((_, last)) => {
+                *last = now;
+                return Some(event(*gpu, RECOVERY_ACTION, c_ulonglong::from(now)));
+            }
+            None => actions.push((*gpu, now)),
+        }
+    }
+    None
+}
+
+/// Answers the next pending event; with none, waits up to `timeout_ms` (at most a second a
+/// call, so a client that passes a huge timeout still gets TIMEOUT back and can be
+/// stopped), looking again as the scenario file changes, and times out.
 fn wait(
     set: nvmlEventSet_t,
     data: Option<&mut nvmlEventData_t>,
@@ -107,11 +195,35 @@ fn wait(
     if crate::sim::INIT_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         return NVML_ERROR_UNINITIALIZED;
     }
-    if !live(set) || data.is_none() {
+    let Some(data) = data else {
         return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    let until = Instant::now() + Duration::from_millis(u64::from(timeout_ms).min(1000));
+    loop {
+        let mut found = None;
+        let code = with_sim(|s| {
+            if !live(set) {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            }
+            // SAFETY: `set` is live (checked above) and sets are freed only under the
+            // sim's lock, which this closure holds.
+            let set = unsafe { &*set.cast::<EventSet>() };
+            found = next_event(s, set);
+            NVML_SUCCESS
+        });
+        if code != NVML_SUCCESS {
+            return code;
+        }
+        if let Some(event) = found {
+            *data = event;
+            return NVML_SUCCESS;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return NVML_ERROR_TIMEOUT;
+        }
+        std::thread::sleep(left.min(crate::sim::RECHECK));
     }
-    std::thread::sleep(Duration::from_millis(u64::from(timeout_ms).min(1000)));
-    NVML_ERROR_TIMEOUT
 }
 
 #[unsafe(no_mangle)]

@@ -58,6 +58,7 @@ mod board;
 mod details;
 mod enumeration;
 mod events;
+mod health;
 mod identity;
 mod internal;
 mod mig;

@@ -144,6 +144,7 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
         } else {
             raw.fault_errors.iter().map(|e| e.0).collect()
         },
+        xids: health::xids(raw.xid, gpus.len())?,
         gpus,
         processes,
         spawns,
@@ -195,6 +196,14 @@ fn gpu(i: usize, g: RawGpu) -> Result<Gpu, String> {
         ));
     }
     let mig = crate::mig::layout(&name, &requests).map_err(|e| format!("{at}: {e}"))?;
+    let health = health::gpu_health(
+        &at,
+        g.recovery_action,
+        g.remapped_rows,
+        g.ecc,
+        g.retired_pages,
+        g.clock_event_reasons,
+    )?;
     let serial = g
         .serial
         .unwrap_or_else(|| format!("165{:010}", 2_400_000 + u64::from(index)));
@@ -232,6 +241,7 @@ fn gpu(i: usize, g: RawGpu) -> Result<Gpu, String> {
         mig_mode,
         mig_pending: g.mig_pending.unwrap_or(mig_mode),
         mig,
+        health,
         name,
     })
 }

@@ -1,0 +1,181 @@
+//! GPU health as the readers show it (`gpuctl health`, `info`, Python): a snapshot's health
+//! readings joined with the watchdog's Xid log, the admins' acknowledgements and the
+//! configuration's Xid catalog, judged by [`crate::health::verdict`], and the
+//! `gpuctl health --json` document.
+
+use serde::Serialize;
+
+use crate::config::{self, Loaded};
+use crate::error::{CoreError, Result};
+use crate::health::log::{Acks, XidLog};
+use crate::health::{Action, Catalog, Cause, Facts, HEALTH_SCHEMA, Readings, Verdict, verdict};
+use crate::snapshot::{GpuSnapshot, GpuStatus, Snapshot};
+
+/// What a verdict is judged with besides the GPU's own readings.
+#[derive(Debug, Clone, Default)]
+pub struct Judge {
+    catalog: Catalog,
+    log: XidLog,
+    acks: Acks,
+}
+
+impl Judge {
+    /// The system configuration's `[health] xid_actions`, and the Xid log and
+    /// acknowledgements in the watchdog's state directory (where it is readable).
+    pub fn load(loaded: Option<&Loaded>) -> Judge {
+        let catalog = Catalog::with_overrides(loaded.map(Loaded::xid_actions).unwrap_or_default());
+        let (log, acks) = config::watchdog_state_dir(loaded)
+            .map(|dir| (XidLog::read(&dir), Acks::read(&dir)))
+            .unwrap_or_default();
+        Judge { catalog, log, acks }
+    }
+
+    /// A judge with these parts, for the watchdog (which holds its own log).
+    pub fn with(catalog: Catalog, log: XidLog, acks: Acks) -> Judge {
+        Judge { catalog, log, acks }
+    }
+
+    /// The verdict of one GPU: a lost GPU needs a node reboot; one whose health was not
+    /// read (not answering, or not asked) has none.
+    pub fn verdict_of(&self, gpu: &GpuSnapshot) -> Option<Verdict> {
+        if gpu.status == GpuStatus::Lost {
+            return Some(Verdict::lost());
+        }
+        let readings = gpu.health_readings.as_ref()?;
+        let mut facts = Facts::from_readings(readings);
+        if let Some(uuid) = gpu.uuid.as_deref() {
+            facts.xids = self.log.for_gpu(uuid).to_vec();
+            facts.acknowledged_unix = self.acks.get(uuid);
+        }
+        facts.running = running(&facts);
+        Some(verdict(&facts, &self.catalog))
+    }
+
+    /// Sets each GPU's `health`.
+    pub fn annotate(&self, snapshot: &mut Snapshot) {
+        for gpu in &mut snapshot.devices {
+            gpu.health = self.verdict_of(gpu);
+        }
+    }
+}
+
+/// Which of the processes the Xids name still run, by pid and start time.
+fn running(facts: &Facts) -> Vec<(u32, Option<u64>)> {
+    let mut pids: Vec<u32> = facts
+        .xids
+        .iter()
+        .flat_map(|x| x.processes.iter().map(|p| p.pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .filter_map(|pid| {
+            let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            let stat = crate::sys::procfile::StatLine::parse(&bytes)?;
+            Some((pid, Some(stat.starttime)))
+        })
+        .collect()
+}
+
+/// One GPU in the `gpuctl health --json` document.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuHealth {
+    pub index: u32,
+    pub uuid: Option<String>,
+    /// `null` where the GPU could not be read (see `error`).
+    pub action: Option<Action>,
+    pub causes: Vec<Cause>,
+    /// What NVML said (absent for a lost GPU or one not read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readings: Option<Readings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The `gpuctl health --json` document.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthDocument {
+    pub schema: u32,
+    pub timestamp: String,
+    pub gpus: Vec<GpuHealth>,
+}
+
+impl HealthDocument {
+    /// Whether some GPU needs an action (its action is not `none`).
+    pub fn needs_action(&self) -> bool {
+        self.gpus
+            .iter()
+            .any(|g| g.action.is_some_and(|a| a != Action::None))
+    }
+
+    /// The GPUs that could not be read, with why.
+    pub fn unread(&self) -> impl Iterator<Item = &GpuHealth> {
+        self.gpus.iter().filter(|g| g.action.is_none())
+    }
+}
+
+/// Records an acknowledgement of the Xids of the GPUs named by `names` (`--gpu` selectors),
+/// now, in the watchdog's state directory (`gpuctl health --ack`).
+pub fn acknowledge(
+    loaded: Option<&Loaded>,
+    gpus: &crate::nvml::Gpus,
+    snapshot: &Snapshot,
+    names: &[String],
+) -> Result<()> {
+    let dir = config::watchdog_state_dir(loaded).ok_or_else(|| {
+        CoreError::BadSetting(
+            "--ack needs the watchdog's state directory, which the configuration disables \
+             (watchdog.state_dir = \"\")"
+                .into(),
+        )
+    })?;
+    let indices = gpus.resolve(names)?;
+    let now = crate::units::unix_seconds() as u64;
+    for index in indices {
+        let uuid = snapshot
+            .devices
+            .iter()
+            .find(|g| g.index == index)
+            .and_then(|g| g.uuid.clone())
+            .ok_or_else(|| {
+                CoreError::BadSetting(format!(
+                    "GPU {index} cannot be acknowledged: its UUID cannot be read"
+                ))
+            })?;
+        Acks::acknowledge(&dir, &uuid, now).map_err(|source| CoreError::Io {
+            path: Acks::path(&dir),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The document of a snapshot whose GPUs were judged.
+pub fn document(snapshot: &Snapshot) -> HealthDocument {
+    let gpus = snapshot
+        .devices
+        .iter()
+        .map(|gpu| {
+            let (action, causes) = match &gpu.health {
+                Some(v) => (Some(v.action), v.causes.clone()),
+                None => (None, Vec::new()),
+            };
+            GpuHealth {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                action,
+                causes,
+                readings: gpu.health_readings.clone(),
+                error: match gpu.status {
+                    GpuStatus::Ok => None,
+                    _ => gpu.error.clone(),
+                },
+            }
+        })
+        .collect();
+    HealthDocument {
+        schema: HEALTH_SCHEMA,
+        timestamp: humantime::format_rfc3339_seconds(snapshot.taken_at).to_string(),
+        gpus,
+    }
+}

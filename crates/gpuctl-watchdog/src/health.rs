@@ -1,0 +1,369 @@
+//! The watchdog's view of GPU health: an NVML event set for Xid errors and recovery-action
+//! changes, drained every loop (and by `--once`); one journal event per Xid naming the
+//! processes on the GPU then; the Xid log in the state directory (bounded: what `gpuctl
+//! health` and `info` show as the Xids since each GPU's last reset); each GPU's verdict;
+//! and what the metrics file says of it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use gpuctl_core::checkup::Judge;
+use gpuctl_core::health::log::{Acks, XidLog};
+use gpuctl_core::health::{Action, Catalog, Verdict, XidProcess, XidRecord};
+use gpuctl_core::nvml::Gpus;
+use gpuctl_core::owner::OwnerMatch;
+use gpuctl_core::snapshot::{GpuSnapshot, Snapshot};
+use gpuctl_core::units;
+use gpuctl_core::xid_events::{EventWatch, GpuEvent};
+
+use crate::log::{Logger, Priority};
+
+/// At most this many events are taken a loop: a GPU raising Xids in a storm must not hold
+/// the loop up; the rest are taken the next loop.
+const MAX_EVENTS_PER_LOOP: usize = 256;
+
+/// One GPU's health series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHealthMetrics {
+    pub index: u32,
+    pub uuid: String,
+    pub action: Action,
+    /// correctable, uncorrectable, pending, failure
+    pub remapped_rows: Option<[u64; 4]>,
+    /// volatile corrected, volatile uncorrected, aggregate corrected, aggregate uncorrected
+    pub ecc: Option<[u64; 4]>,
+    /// Distinct jobs (owners; a process without one counts alone) that hit an app Xid
+    /// (`restart_app`) on the GPU in the last [`APP_XID_WINDOW_SECS`]: the catalog's "same
+    /// GPU, different apps" hint of hardware.
+    pub app_xid_jobs: u64,
+}
+
+/// The window of `app_xid_jobs`.
+pub const APP_XID_WINDOW_SECS: u64 = 24 * 3600;
+
+/// The health part of the metrics file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthMetrics {
+    pub gpus: Vec<GpuHealthMetrics>,
+    /// Xids seen since the watchdog started, by (GPU index, UUID, Xid): a counter.
+    pub xids: BTreeMap<(u32, String, u32), u64>,
+}
+
+#[derive(Default)]
+pub struct HealthWatch {
+    events: Option<EventWatch>,
+    /// Why the event set could not be registered, as last logged.
+    unregistered: Option<String>,
+    /// What the last registration watched, as logged: a reopened NVML session registers
+    /// again, and says so only when that changes.
+    watching: Option<String>,
+    catalog: Catalog,
+    log: XidLog,
+    loaded_from: Option<std::path::PathBuf>,
+    pub metrics: HealthMetrics,
+}
+
+impl HealthWatch {
+    pub fn new(xid_actions: BTreeMap<u32, Action>) -> HealthWatch {
+        HealthWatch {
+            catalog: Catalog::with_overrides(xid_actions),
+            ..HealthWatch::default()
+        }
+    }
+
+    /// The configuration changed (a reload).
+    pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
+        self.catalog = Catalog::with_overrides(xid_actions);
+    }
+
+    /// One loop: registers the event set where needed, takes the pending events (each Xid
+    /// logged and recorded with the processes `snapshot` shows on its GPU), forgets the
+    /// Xids from before a reset, and sets each GPU's verdict in `snapshot`.
+    pub fn observe(
+        &mut self,
+        gpus: &Gpus,
+        snapshot: &mut Snapshot,
+        state_dir: Option<&Path>,
+        logger: &Logger,
+    ) {
+        if self.loaded_from.as_deref() != state_dir {
+            self.log = state_dir.map(XidLog::read).unwrap_or_default();
+            self.loaded_from = state_dir.map(Path::to_path_buf);
+        }
+        self.register(gpus, logger);
+        let events = match &mut self.events {
+            Some(watch) => watch.drain(MAX_EVENTS_PER_LOOP),
+            None => Vec::new(),
+        };
+        let mut changed = false;
+        for event in events {
+            match event {
+                GpuEvent::Xid { gpu, xid } => {
+                    changed |= self.xid(snapshot, gpu, xid, logger);
+                }
+                GpuEvent::RecoveryAction { gpu, action } => {
+                    let uuid = uuid_of(snapshot, gpu);
+                    let action = action.map_or("unknown", Action::name);
+                    logger.log(
+                        Priority::Warning,
+                        &format!("GPU {gpu}: the driver's recovery action is now {action}"),
+                        &[
+                            ("ACTION", "recovery-action".into()),
+                            ("GPU", gpu.to_string()),
+                            ("GPU_UUID", uuid),
+                            ("HEALTH_ACTION", action.into()),
+                        ],
+                    );
+                }
+            }
+        }
+        let acks = state_dir.map(Acks::read).unwrap_or_default();
+        for gpu in &snapshot.devices {
+            let (Some(uuid), Some(readings)) = (&gpu.uuid, &gpu.health_readings) else {
+                continue;
+            };
+            let volatile = readings.ecc.map(|e| e.volatile_total());
+            changed |= self.log.forget_reset(uuid, volatile, acks.get(uuid));
+        }
+        if changed
+            && let Some(dir) = state_dir
+            && let Err(error) = self.log.write(dir)
+        {
+            logger.log(
+                Priority::Err,
+                &format!(
+                    "cannot write the Xid log {}: {error}",
+                    XidLog::path(dir).display()
+                ),
+                &[("ACTION", "health-log-failed".into())],
+            );
+        }
+        Judge::with(self.catalog.clone(), self.log.clone(), acks).annotate(snapshot);
+        let now = units::unix_seconds() as u64;
+        self.metrics.gpus = snapshot
+            .devices
+            .iter()
+            .filter_map(|gpu| {
+                let mut metrics = gpu_metrics(gpu)?;
+                metrics.app_xid_jobs = gpu
+                    .uuid
+                    .as_deref()
+                    .map_or(0, |uuid| self.app_xid_jobs(uuid, now));
+                Some(metrics)
+            })
+            .collect();
+    }
+
+    /// How many jobs hit an app Xid on GPU `uuid` in the window before `now`.
+    fn app_xid_jobs(&self, uuid: &str, now: u64) -> u64 {
+        let mut jobs: Vec<String> = self
+            .log
+            .for_gpu(uuid)
+            .iter()
+            .filter(|r| r.at_unix + APP_XID_WINDOW_SECS >= now)
+            .filter(|r| self.catalog.rule(r.xid).action == Action::RestartApp)
+            .flat_map(|r| &r.processes)
+            .map(|p| p.owner.clone().unwrap_or_else(|| format!("pid:{}", p.pid)))
+            .collect();
+        jobs.sort();
+        jobs.dedup();
+        jobs.len() as u64
+    }
+
+    fn register(&mut self, gpus: &Gpus, logger: &Logger) {
+        // A set lives as long as its NVML session: a reopened session gets a new one.
+        if self.events.as_ref().is_some_and(|w| !w.same_session(gpus)) {
+            self.events = None;
+        }
+        if self.events.is_some() {
+            return;
+        }
+        match EventWatch::register(gpus) {
+            Ok(watch) => {
+                let watching = format!(
+                    "watching Xid events on GPUs {}{}",
+                    list(&watch.gpus()),
+                    match watch.recovery_gpus() {
+                        [] => String::new(),
+                        some => format!(", recovery-action events on GPUs {}", list(some)),
+                    }
+                );
+                if self.watching.as_deref() != Some(&watching) {
+                    logger.log(
+                        Priority::Info,
+                        &watching,
+                        &[("ACTION", "xid-events".into())],
+                    );
+                    self.watching = Some(watching);
+                }
+                self.events = Some(watch);
+                self.unregistered = None;
+            }
+            Err(why) => {
+                if self.unregistered.as_deref() != Some(&why) {
+                    logger.log(
+                        Priority::Warning,
+                        &format!("not watching Xid events: {why}"),
+                        &[("ACTION", "xid-events".into()), ("REASON", why.clone())],
+                    );
+                }
+                self.unregistered = Some(why);
+            }
+        }
+    }
+
+    /// One Xid: logged with the processes on its GPU, recorded, counted.
+    fn xid(&mut self, snapshot: &Snapshot, gpu: u32, xid: u32, logger: &Logger) -> bool {
+        let device = snapshot.devices.iter().find(|g| g.index == gpu);
+        let uuid = uuid_of(snapshot, gpu);
+        let processes = device.map(processes_on).unwrap_or_default();
+        let rule = self.catalog.rule(xid);
+        let on = if processes.is_empty() {
+            "no process on the GPU".to_string()
+        } else {
+            format!(
+                "on the GPU: {}",
+                processes
+                    .iter()
+                    .map(describe)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let mut fields = vec![
+            ("ACTION", "xid".to_string()),
+            ("GPU", gpu.to_string()),
+            ("GPU_UUID", uuid.clone()),
+            ("XID", xid.to_string()),
+            ("XID_MEANING", rule.meaning.clone()),
+            ("HEALTH_ACTION", rule.action.name().to_string()),
+        ];
+        let pids: Vec<String> = processes.iter().map(|p| p.pid.to_string()).collect();
+        if !pids.is_empty() {
+            fields.push(("PIDS", pids.join(",")));
+        }
+        let owners: Vec<String> = processes.iter().filter_map(|p| p.owner.clone()).collect();
+        if !owners.is_empty() {
+            fields.push(("OWNERS", owners.join(",")));
+        }
+        logger.log(
+            Priority::Err,
+            &format!(
+                "GPU {gpu}: Xid {xid} ({}): action {}; {on}",
+                rule.meaning,
+                rule.action.name()
+            ),
+            &fields,
+        );
+        *self
+            .metrics
+            .xids
+            .entry((gpu, uuid.clone(), xid))
+            .or_insert(0) += 1;
+        let Some(uuid) = device.and_then(|d| d.uuid.clone()) else {
+            return false;
+        };
+        let volatile_ecc = device
+            .and_then(|d| d.health_readings.as_ref())
+            .and_then(|r| r.ecc)
+            .map(|e| e.volatile_total());
+        self.log.record(
+            &uuid,
+            XidRecord {
+                xid,
+                at_unix: units::unix_seconds() as u64,
+                processes,
+                volatile_ecc,
+            },
+        );
+        true
+    }
+}
+
+/// What a needs-action GPU's reclaim failure says instead of a retry: "GPU 1 needs a reset:
+/// row remap pending", for the first GPU of `gpus` whose action is not `none`.
+pub fn needs_action(snapshot: &Snapshot, gpus: &[u32]) -> Option<String> {
+    gpus.iter().find_map(|index| {
+        let gpu = snapshot.devices.iter().find(|g| g.index == *index)?;
+        let summary = gpu.health.as_ref().and_then(Verdict::summary)?;
+        Some(format!("GPU {index} {summary}"))
+    })
+}
+
+fn uuid_of(snapshot: &Snapshot, gpu: u32) -> String {
+    snapshot
+        .devices
+        .iter()
+        .find(|g| g.index == gpu)
+        .and_then(|g| g.uuid.clone())
+        .unwrap_or_else(|| format!("index {gpu}"))
+}
+
+fn processes_on(gpu: &GpuSnapshot) -> Vec<XidProcess> {
+    gpu.processes
+        .iter()
+        .map(|p| XidProcess {
+            pid: p.pid,
+            start_ticks: p.host.start_ticks,
+            user: p.host.user_name(),
+            owner: p
+                .host
+                .owner
+                .as_ref()
+                .and_then(OwnerMatch::of)
+                .map(|m| m.to_string()),
+            command: p.host.command.clone(),
+        })
+        .collect()
+}
+
+/// `pid 4242 (alice, slurm:812, python3 train.py)`.
+fn describe(p: &XidProcess) -> String {
+    let facts: Vec<&str> = [&p.user, &p.owner, &p.command]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    if facts.is_empty() {
+        format!("pid {}", p.pid)
+    } else {
+        format!("pid {} ({})", p.pid, facts.join(", "))
+    }
+}
+
+fn list(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn gpu_metrics(gpu: &GpuSnapshot) -> Option<GpuHealthMetrics> {
+    let verdict = gpu.health.as_ref()?;
+    let readings = gpu.health_readings.as_ref();
+    Some(GpuHealthMetrics {
+        index: gpu.index,
+        uuid: gpu
+            .uuid
+            .clone()
+            .unwrap_or_else(|| format!("index {}", gpu.index)),
+        action: verdict.action,
+        remapped_rows: readings.and_then(|r| r.remapped_rows).map(|r| {
+            [
+                u64::from(r.correctable),
+                u64::from(r.uncorrectable),
+                u64::from(r.pending),
+                u64::from(r.failure),
+            ]
+        }),
+        ecc: readings.and_then(|r| r.ecc).map(|e| {
+            [
+                e.volatile_corrected,
+                e.volatile_uncorrected,
+                e.aggregate_corrected,
+                e.aggregate_uncorrected,
+            ]
+        }),
+        app_xid_jobs: 0,
+    })
+}

@@ -1,0 +1,248 @@
+//! The watchdog and GPU health: Xid events taken every loop and by `--once`, one journal
+//! event per Xid naming the processes on the GPU, the Xid log that `gpuctl health` reads,
+//! the health metrics, and a reset that clears it all.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{GIB, Gpu, Proc, Process, Run, Scenario, Sim, watchdog_bin};
+
+fn configure(sim: &Sim) {
+    let dir = sim.dir.path();
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    let text = format!(
+        "[watchdog]\ninterval = \"200ms\"\nmetrics_file = {}\nstate_dir = {}\n",
+        toml::Value::String(dir.join("gpuctl.prom").display().to_string()),
+        toml::Value::String(dir.join("state").display().to_string()),
+    );
+    std::fs::write(sim.config_path(), text).unwrap();
+}
+
+fn metrics(sim: &Sim) -> String {
+    std::fs::read_to_string(sim.dir.path().join("gpuctl.prom")).unwrap_or_default()
+}
+
+fn command(sim: &Sim, args: &[&str]) -> Command {
+    let mut command = Command::new(watchdog_bin());
+    sim.watchdog_env(command.args(args));
+    command
+}
+
+/// A running daemon with its stderr lines collected; killed on drop.
+struct Daemon {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    fn start(sim: &Sim) -> Daemon {
+        let mut child = command(sim, &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuctl-watchdog");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Daemon { child, lines }
+    }
+
+    fn count(&self, needles: &[&str]) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .count()
+    }
+
+    /// Waits until `count` lines hold every needle; returns the last of them.
+    fn expect(&self, needles: &[&str], count: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Vec<String> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|line| needles.iter().all(|n| line.contains(n)))
+                .cloned()
+                .collect();
+            if found.len() >= count {
+                return found.last().unwrap().clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {count} log lines with {needles:?}; log:\n{}",
+                self.lines.lock().unwrap().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset() {
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let gpu = |volatile: u64| Gpu::new().ecc([volatile, 0, 10, 0]);
+    let scenario = |volatile: u64, xids: &[u32]| {
+        xids.iter().fold(
+            Scenario::new()
+                .gpu(Gpu::new())
+                .gpu(gpu(volatile))
+                .process(Process::new(job.pid()).on(1).used(GIB)),
+            |s, xid| s.xid(1, *xid, Some(job.pid())),
+        )
+    };
+    let sim = Sim::new(&scenario(5, &[64]));
+    configure(&sim);
+    let daemon = Daemon::start(&sim);
+    daemon.expect(&["watching Xid events on GPUs 0, 1"], 1);
+    let line = daemon.expect(&["GPU 1: Xid 64", "action gpu_reset"], 1);
+    assert!(
+        line.contains(&format!("on the GPU: pid {} (", job.pid())),
+        "{line}"
+    );
+    assert!(line.contains("python3 train.py"), "{line}");
+    assert!(
+        line.contains("XID=64") && line.contains(&format!("PIDS={}", job.pid())),
+        "{line}"
+    );
+    wait_for("the metrics name the Xid and the verdict", || {
+        let m = metrics(&sim);
+        m.contains("gpuctl_xid_errors_total{gpu=\"1\",")
+            && m.contains(",xid=\"64\"} 1")
+            && m.contains("action=\"gpu_reset\"} 1")
+    });
+    let m = metrics(&sim);
+    assert!(m.contains("# TYPE gpuctl_xid_errors_total counter"), "{m}");
+    assert!(
+        m.contains("type=\"corrected\",counter=\"volatile\"} 5"),
+        "{m}"
+    );
+    assert!(m.contains("gpuctl_gpu_remapped_rows{gpu=\"1\","), "{m}");
+
+    // gpuctl health reads the Xid the watchdog recorded, with the process on the GPU.
+    let run = sim.run(&["health", "--json"]);
+    assert_eq!(run.code, 6, "{}{}", run.stdout, run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let cause = &doc["gpus"][1]["causes"][0];
+    assert_eq!(cause["kind"], "xid");
+    assert_eq!(cause["xid"], 64);
+    assert_eq!(cause["processes"][0]["pid"], job.pid());
+
+    // The same Xid again, appended: one more event, the counter at 2 (never a last value).
+    sim.write(&scenario(5, &[64, 64]));
+    daemon.expect(&["GPU 1: Xid 64"], 2);
+    wait_for("the counter counts both", || {
+        metrics(&sim).contains(",xid=\"64\"} 2")
+    });
+    assert_eq!(daemon.count(&["GPU 1: Xid 64"]), 2);
+
+    // A reset: the volatile ECC counters restart. The Xids before it are forgotten and the
+    // verdict is none again, with nobody clearing anything.
+    sim.write(&scenario(0, &[64, 64]));
+    wait_for("the verdict clears", || {
+        metrics(&sim).contains("gpu=\"1\",uuid=") && {
+            let m = metrics(&sim);
+            m.lines().any(|l| {
+                l.starts_with("gpuctl_gpu_health_action{gpu=\"1\"")
+                    && l.contains("action=\"none\"} 1")
+            })
+        }
+    });
+    let run = sim.run(&["health", "--gpu", "1"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+}
+
+#[test]
+fn once_takes_the_pending_xids_too() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).xid(0, 79, None));
+    configure(&sim);
+    let run = Run::from(command(&sim, &["--once"]).output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "GPU 0: Xid 79 (GPU has fallen off the bus): action node_reboot; no process on the GPU"
+        ),
+        "{}",
+        run.stderr
+    );
+    let log: Value = serde_json::from_str(
+        &std::fs::read_to_string(sim.dir.path().join("state/health.json")).unwrap(),
+    )
+    .unwrap();
+    let (_, records) = log["gpus"].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(records[0]["xid"], 79);
+    let run = sim.run(&["health"]);
+    assert_eq!(run.code, 6, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("node_reboot  (needs a node reboot)"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// Memory a reclaim cannot get back on a GPU that needs a reset is reported as such, not
+/// retried: it comes back only with the reset.
+#[test]
+fn memory_held_on_a_gpu_that_needs_a_reset_is_reported_not_retried() {
+    let mut run = crate::util::TrainingRun::start(2, "sleep", "python3", &["train.py"]);
+    run.crash();
+    let worker = run.workers.pids[0];
+    // The driver keeps the workers' memory after they exit (contexts it cannot tear down).
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new().remapped_rows(0, 1, true, false))
+            .processes(run.workers.pids.iter().map(|&pid| {
+                Process::new(pid)
+                    .used(4 * GIB)
+                    .teardown(Duration::from_secs(600))
+            })),
+    );
+    configure(&sim);
+    let out = Run::from(
+        command(&sim, &["--once", "--mode", "reclaim"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("reclaim of pid {worker} ("))
+            && out
+                .stderr
+                .contains("not got back, and not retried: GPU 0 needs a reset: row remap pending"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("ACTION=needs-gpu-reset"),
+        "{}",
+        out.stderr
+    );
+}
