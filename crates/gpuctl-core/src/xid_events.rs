@@ -39,6 +39,8 @@ pub struct EventWatch {
     devices: Vec<(usize, u32)>,
     /// GPUs that also raise recovery-action events.
     recovery: Vec<u32>,
+    /// A GPU that did not answer in time may still be registering with the set.
+    set_may_be_in_use: bool,
 }
 
 impl std::fmt::Debug for EventWatch {
@@ -60,7 +62,7 @@ impl EventWatch {
     pub fn register(gpus: &Gpus) -> Result<EventWatch, String> {
         let nvml = gpus.shared_nvml();
         let lib = nvml.lib();
-        let (Ok(create), Ok(register), Ok(supported)) = (
+        let (Ok(create), Ok(_), Ok(_)) = (
             lib.nvmlEventSetCreate.as_ref(),
             lib.nvmlDeviceRegisterEvents.as_ref(),
             lib.nvmlDeviceGetSupportedEventTypes.as_ref(),
@@ -78,26 +80,27 @@ impl EventWatch {
             set: set as usize,
             devices: Vec::new(),
             recovery: Vec::new(),
+            set_may_be_in_use: false,
         };
-        let count = nvml.device_count().unwrap_or(0);
-        for index in 0..count {
-            let Ok(device) = nvml.device_by_index(index) else {
-                continue;
-            };
-            // SAFETY: the handle is used only while `nvml` (held by the watch) lives.
-            let handle = unsafe { device.handle() };
-            let mut types = 0u64;
-            // SAFETY: a valid device handle and an out-pointer to a local integer.
-            if unsafe { supported(handle, &mut types) } != SUCCESS || types & XID == 0 {
-                continue;
-            }
-            let wanted = types & (XID | RECOVERY_ACTION);
-            // SAFETY: a valid device handle and the live set made above.
-            if unsafe { register(handle, wanted, set) } == SUCCESS {
-                watch.devices.push((handle as usize, index));
-                if wanted & RECOVERY_ACTION != 0 {
-                    watch.recovery.push(index);
+        let indices: Vec<u32> = (0..nvml.device_count().unwrap_or(0)).collect();
+        // Each GPU on its own worker, within the NVML deadline: a GPU that does not answer
+        // never holds the loop (it raises no events until a later session registers it).
+        let set_addr = watch.set;
+        let answers = gpus.on_each(&indices, move |nvml, index| {
+            register_gpu(nvml, index, set_addr)
+        });
+        for (&index, answer) in indices.iter().zip(answers) {
+            match answer {
+                Some(Some((handle, recovery))) => {
+                    watch.devices.push((handle, index));
+                    if recovery {
+                        watch.recovery.push(index);
+                    }
                 }
+                Some(None) => {}
+                // Still inside its registration: it may yet use the set, so the set is
+                // never freed (a small leak, against a use after free in the driver).
+                None => watch.set_may_be_in_use = true,
             }
         }
         if watch.devices.is_empty() {
@@ -160,6 +163,9 @@ impl EventWatch {
 
 impl Drop for EventWatch {
     fn drop(&mut self) {
+        if self.set_may_be_in_use {
+            return;
+        }
         if let Ok(free) = self.nvml.lib().nvmlEventSetFree.as_ref() {
             // SAFETY: the set was created by this watch and is freed once, while its NVML
             // session (held by `self.nvml`) is alive.
@@ -168,4 +174,26 @@ impl Drop for EventWatch {
             }
         }
     }
+}
+
+/// Registers GPU `index` with the event set at `set` for Xid events (and recovery-action
+/// events where it raises those): its device handle and whether it raises the latter, or
+/// `None` where it raises no Xid events or cannot be registered.
+fn register_gpu(nvml: &Nvml, index: u32, set: usize) -> Option<(usize, bool)> {
+    let lib = nvml.lib();
+    let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok()?;
+    let register = lib.nvmlDeviceRegisterEvents.as_ref().ok()?;
+    let device = nvml.device_by_index(index).ok()?;
+    // SAFETY: the handle is used only while the session (held by the watch) lives.
+    let handle = unsafe { device.handle() };
+    let mut types = 0u64;
+    // SAFETY: a valid device handle and an out-pointer to a local integer.
+    if unsafe { supported(handle, &mut types) } != SUCCESS || types & XID == 0 {
+        return None;
+    }
+    let wanted = types & (XID | RECOVERY_ACTION);
+    // SAFETY: a valid device handle and the live set the watch made (never freed while a
+    // registration may still be running).
+    let code = unsafe { register(handle, wanted, set as nvmlEventSet_t) };
+    (code == SUCCESS).then_some((handle as usize, wanted & RECOVERY_ACTION != 0))
 }

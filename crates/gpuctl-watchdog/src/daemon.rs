@@ -271,6 +271,7 @@ impl Daemon {
         self.act(&seen, &judged, once, &mut pass);
         self.report(&seen, &judged);
         if seen.reopen {
+            self.health.session_closed();
             self.link.reopen(&self.log);
         }
         pass
@@ -295,6 +296,7 @@ impl Daemon {
             Ok(look) => look,
             Err(reason) => {
                 // The session is broken (driver reload, library error): close it and reopen.
+                self.health.session_closed();
                 self.status = self
                     .link
                     .down(format!("snapshot failed: {reason}"), &self.log);

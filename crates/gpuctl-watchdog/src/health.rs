@@ -170,6 +170,13 @@ impl HealthWatch {
         jobs.len() as u64
     }
 
+    /// The link is about to close its NVML session: the event set goes first, as it holds
+    /// that session (a session kept alive would let the next open succeed on a driver that
+    /// is gone, as NVML counts its opens).
+    pub fn session_closed(&mut self) {
+        self.events = None;
+    }
+
     fn register(&mut self, gpus: &Gpus, logger: &Logger) {
         // A set lives as long as its NVML session: a reopened session gets a new one.
         if self.events.as_ref().is_some_and(|w| !w.same_session(gpus)) {
