@@ -6,6 +6,7 @@ mod container;
 mod exit_codes;
 mod holders;
 mod hostile;
+mod hostile_deadline;
 mod hostile_misc;
 mod hostile_owner;
 mod hostile_protect;
