@@ -75,6 +75,15 @@ impl Peer {
         })
     }
 
+    /// Whether the process that connected is still alive at its pid (without a pidfd: whether
+    /// some process is at that pid).
+    pub fn alive(&self) -> bool {
+        match &self.pidfd {
+            Some(pidfd) => peer::pid_of(pidfd).is_ok_and(|pid| pid == Some(self.pid)),
+            None => Path::new(&format!("/proc/{}", self.pid)).exists(),
+        }
+    }
+
     /// The connecting process's namespaces and maps, read from `proc_root`, once it is sure
     /// they are its own: with a pidfd, that process is still alive after the reads (so its
     /// pid was never another's meanwhile); without one, the process at the pid has the uid

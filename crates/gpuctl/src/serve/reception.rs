@@ -211,9 +211,20 @@ fn accept_some(
                 return Ok(());
             }
         };
-        // Who connected, pinned now, before anything else.
+        // Who connected, pinned now, before anything else. One already gone counts against
+        // no share: it is read and answered why, as any other refusal.
         let peer = Peer::of(&stream).map_err(|e| format!("cannot tell who is asking: {e}"));
-        let holders = peer.as_ref().map_or_else(|_| Vec::new(), holders_of);
+        let (peer, holders) = match peer.map(|peer| (holders_of(&peer), peer)) {
+            Ok((Some(holders), peer)) => (Ok(peer), holders),
+            Ok((None, peer)) => (
+                Err(format!(
+                    "the caller (pid {}) exited before it was answered",
+                    peer.pid
+                )),
+                Vec::new(),
+            ),
+            Err(error) => (Err(error), Vec::new()),
+        };
         let counted = peer.is_ok() && shares.take(&holders);
         if stream.set_nonblocking(true).is_err() {
             if counted {
@@ -237,20 +248,19 @@ fn accept_some(
 }
 
 /// Whose shares a peer counts against: its uid unless root, its PID namespace unless the
-/// host's.
-fn holders_of(peer: &Peer) -> Vec<Holder> {
+/// host's. `None` where its process is gone already.
+fn holders_of(peer: &Peer) -> Option<Vec<Holder>> {
     let mut holders = Vec::with_capacity(2);
     if peer.uid != 0 {
         holders.push(Holder::Uid(peer.uid));
     }
-    let namespace = std::fs::metadata(format!("/proc/{}/ns/pid", peer.pid)).map(|m| m.ino());
-    match namespace {
-        Ok(INIT_PID_NS_INODE) => {}
-        Ok(inode) => holders.push(Holder::Namespace(inode)),
-        // Gone already: it is refused when answered; counted as its uid meanwhile.
-        Err(_) => {}
+    let namespace = std::fs::metadata(format!("/proc/{}/ns/pid", peer.pid))
+        .ok()?
+        .ino();
+    if namespace != INIT_PID_NS_INODE {
+        holders.push(Holder::Namespace(namespace));
     }
-    holders
+    peer.alive().then_some(holders)
 }
 
 /// Answers "busy", unread, the oldest held connection of whoever holds the most.
@@ -332,7 +342,17 @@ fn refuse(held: Pending, shares: &Shares, error: &str) {
 fn refuse_unpinned(mut stream: UnixStream, error: &str) {
     // Non-blocking: a line this short fits a socket's buffer; a client that filled it gets
     // nothing, and nobody waits on it.
+    let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(ErrorReply::new(error).line().as_bytes());
+    // What the client sent and was not read is taken first: a Unix socket closed with
+    // unread data resets its peer, which would then never see the line.
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
