@@ -71,11 +71,15 @@ pub enum RunError {
 pub struct RunFile {
     path: PathBuf,
     lock: File,
+    /// What was stepped around to hold the name (another user's directory or lock where the
+    /// run file would have been), one line each, for the run to report.
+    notices: Vec<String>,
 }
 
 /// Where the run file of run `name` lives: in the checkpoint directory when there is one
-/// (a resumed run finds it there), else in `$XDG_RUNTIME_DIR/gpuctl-trainer/`, else in a
-/// private directory under /tmp.
+/// (a resumed run finds it there), else in this user's private run-file directory
+/// ([`private_base`]). What had to be stepped around to find it is kept for [`acquire`] to
+/// report.
 pub fn location(name: &str, checkpoint: Option<&Path>) -> Result<PathBuf, RunError> {
     let valid = !name.is_empty()
         && name.len() <= 128
@@ -99,17 +103,96 @@ pub fn location(name: &str, checkpoint: Option<&Path>) -> Result<PathBuf, RunErr
             })?;
         return Ok(dir.join(format!("{name}.run.json")));
     }
-    let base = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(runtime) => PathBuf::from(runtime).join("gpuctl-trainer"),
-        None => PathBuf::from(format!("/tmp/gpuctl-trainer-{}", nix::unistd::getuid())),
-    };
-    private_dir(&base)?;
-    Ok(base.join(format!("{name}.run.json")))
+    Ok(private_base()?.join(format!("{name}.run.json")))
 }
 
-/// Creates `dir` with mode 0700, or checks that the existing one is ours and private (under
-/// /tmp another user could have made it first).
+/// What was stepped around on the way to a run file, reported by the next [`acquire`].
+static NOTICES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn notice(text: String) {
+    NOTICES.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+}
+
+/// This user's private directory for run files: `$XDG_RUNTIME_DIR/gpuctl-trainer`, else
+/// under `/run/user/UID` where that is the user's own (logind makes it; nobody else can),
+/// else under the temporary directory (`$TMPDIR`, /tmp), where another user may have made
+/// the predictable name first: then it is reported and stepped around (see [`private_in`]).
+pub fn private_base() -> Result<PathBuf, RunError> {
+    let uid = nix::unistd::geteuid().as_raw();
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        let base = PathBuf::from(runtime).join("gpuctl-trainer");
+        private_dir(&base)?;
+        return Ok(base);
+    }
+    let run_user = PathBuf::from(format!("/run/user/{uid}"));
+    if is_private_of(&run_user, uid) {
+        let base = run_user.join("gpuctl-trainer");
+        if private_dir(&base).is_ok() {
+            return Ok(base);
+        }
+    }
+    let (base, stepped) = private_in(&std::env::temp_dir(), uid)?;
+    if let Some(stepped) = stepped {
+        notice(stepped);
+    }
+    Ok(base)
+}
+
+/// Whether `dir` is a directory of `uid` that nobody else may write in or read.
+fn is_private_of(dir: &Path, uid: u32) -> bool {
+    fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0)
+}
+
+/// `tmp/gpuctl-trainer-UID` where it is `uid`'s private directory (or can be made so).
+/// Where another user made that name first, the run files go to a private directory of an
+/// unpredictable name, `tmp/gpuctl-trainer-UID.XXXXXX`, made once and found again by the
+/// next run by its owner (only `uid`, or root, can own a directory of `uid`): the second
+/// value says what was stepped around, for the run to report.
+fn private_in(tmp: &Path, uid: u32) -> Result<(PathBuf, Option<String>), RunError> {
+    let predictable = tmp.join(format!("gpuctl-trainer-{uid}"));
+    let why = match private_dir_of(&predictable, uid) {
+        Ok(()) => return Ok((predictable, None)),
+        Err(RunError::Unsafe(why)) => why,
+        Err(other) => return Err(other),
+    };
+    let prefix = format!("gpuctl-trainer-{uid}.");
+    let found = fs::read_dir(tmp)
+        .map_err(|source| RunError::Io {
+            path: tmp.to_path_buf(),
+            source,
+        })?
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|entry| entry.path())
+        .filter(|path| is_private_of(path, uid))
+        .min();
+    let base = match found {
+        Some(base) => base,
+        // mkdtemp(3): an unpredictable name, made 0700; kept, the next run finds it by its
+        // owner.
+        None => nix::unistd::mkdtemp(&tmp.join(format!("{prefix}XXXXXX"))).map_err(|errno| {
+            RunError::Io {
+                path: tmp.to_path_buf(),
+                source: errno.into(),
+            }
+        })?,
+    };
+    Ok((
+        base.clone(),
+        Some(format!(
+            "{why}; this run keeps its run file in {} instead",
+            base.display()
+        )),
+    ))
+}
+
+/// Creates `dir` with mode 0700, or checks that the existing one is ours and private.
 fn private_dir(dir: &Path) -> Result<(), RunError> {
+    private_dir_of(dir, nix::unistd::geteuid().as_raw())
+}
+
+fn private_dir_of(dir: &Path, uid: u32) -> Result<(), RunError> {
     let io = |source| RunError::Io {
         path: dir.to_path_buf(),
         source,
@@ -120,22 +203,94 @@ fn private_dir(dir: &Path) -> Result<(), RunError> {
         Err(e) => return Err(io(e)),
     }
     let meta = fs::symlink_metadata(dir).map_err(io)?;
-    let uid = nix::unistd::getuid().as_raw();
     if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
         return Err(RunError::Unsafe(format!(
-            "{} is not a private directory of uid {uid}: refusing to keep the run file there",
-            dir.display()
+            "{} is not a private directory of uid {uid} (uid {}'s, mode {:o})",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
         )));
     }
     Ok(())
 }
 
-/// Takes run `name`'s lock and reads what its previous run left, if anything.
+/// Takes run `name`'s lock and reads what its previous run left, if anything. A lock, run
+/// file or directory another user planted where the run file would be (a shared checkpoint
+/// directory, /tmp) is stepped around, never a refusal: the run keeps its file in this
+/// user's private directory instead, under a name of its own for that place, where the
+/// next run finds it the same way. [`RunFile::notices`] says what was stepped around.
 pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), RunError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let dir = open_dir(dir.unwrap_or(Path::new(".")))?;
+    acquire_with(name, path, &private_base)
+}
+
+/// [`acquire`] with the private directory given (tests).
+fn acquire_with(
+    name: &str,
+    path: &Path,
+    private: &dyn Fn() -> Result<PathBuf, RunError>,
+) -> Result<(RunFile, Option<Record>), RunError> {
+    let mut notices: Vec<String> =
+        std::mem::take(&mut *NOTICES.lock().unwrap_or_else(|e| e.into_inner()));
+    let (mut file, previous) = match acquire_at(name, path) {
+        Ok(taken) => taken,
+        Err(Attempt::Failed(error)) => return Err(error),
+        Err(Attempt::Planted(why)) => {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let elsewhere = private()?.join(format!(
+                "{name}.{:016x}.run.json",
+                fnv1a(dir.as_os_str().as_encoded_bytes())
+            ));
+            notices.extend(std::mem::take(
+                &mut *NOTICES.lock().unwrap_or_else(|e| e.into_inner()),
+            ));
+            notices.push(format!(
+                "{why}: put there by another user, so this run keeps its run file at {} \
+                 instead",
+                elsewhere.display()
+            ));
+            acquire_at(name, &elsewhere).map_err(|attempt| match attempt {
+                Attempt::Failed(error) => error,
+                Attempt::Planted(why) => RunError::Unsafe(why),
+            })?
+        }
+    };
+    file.notices = notices;
+    Ok((file, previous))
+}
+
+/// Why a place could not hold the run file: another user's doing there (stepped around),
+/// or anything else (an error).
+enum Attempt {
+    Planted(String),
+    Failed(RunError),
+}
+
+impl From<RunError> for Attempt {
+    fn from(error: RunError) -> Attempt {
+        Attempt::Failed(error)
+    }
+}
+
+/// FNV-1a: a stable name for a directory's stepped-around run file.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn acquire_at(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Attempt> {
+    let dir_path = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir_path = dir_path.unwrap_or(Path::new("."));
+    let dir = open_dir(dir_path)?;
+    // In a directory others may write in (sticky, or open_dir refused it), what is at the
+    // lock's or the run file's name and not this user's was put there by another.
+    let shared = dir.metadata().is_ok_and(|meta| meta.mode() & 0o022 != 0);
     let lock_path = path.with_extension("lock");
-    let lock = open_lock(&dir, &lock_path)?;
+    let lock = match open_lock(&dir, &lock_path) {
+        Ok(lock) => lock,
+        Err(RunError::Unsafe(why)) if shared => return Err(Attempt::Planted(why)),
+        Err(error) => return Err(error.into()),
+    };
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let error = io::Error::last_os_error();
@@ -149,21 +304,33 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
                 name: name.to_string(),
                 holder,
                 lock: lock_path,
-            });
+            }
+            .into());
         }
         return Err(RunError::Io {
             path: lock_path,
             source: error,
-        });
+        }
+        .into());
     }
-    let previous = read_record(&dir, path).map_err(|source| RunError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let previous = match read_record(&dir, path) {
+        Ok(previous) => previous,
+        Err(e) if shared && e.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(Attempt::Planted(format!("{}: {e}", path.display())));
+        }
+        Err(source) => {
+            return Err(RunError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+            .into());
+        }
+    };
     Ok((
         RunFile {
             path: path.to_path_buf(),
             lock,
+            notices: Vec::new(),
         },
         previous,
     ))
@@ -175,11 +342,13 @@ pub fn acquire(name: &str, path: &Path) -> Result<(RunFile, Option<Record>), Run
 /// is): without the sticky bit another user could rename this run's lock away while it runs
 /// (and start a second run of the name, which would end the first as its leftovers), or put
 /// their file at the run file's name; with it, only a file's owner and the directory's
-/// can. A directory another user owns is refused for the same reason, sticky or not.
-fn open_dir(dir: &Path) -> Result<File, RunError> {
-    let io = |source| RunError::Io {
-        path: dir.to_path_buf(),
-        source,
+/// can. A directory another user owns is theirs to fill: it is stepped around ([`acquire`]).
+fn open_dir(dir: &Path) -> Result<File, Attempt> {
+    let io = |source| {
+        Attempt::Failed(RunError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
     };
     let file = OpenOptions::new()
         .read(true)
@@ -190,13 +359,20 @@ fn open_dir(dir: &Path) -> Result<File, RunError> {
     let uid = nix::unistd::geteuid().as_raw();
     let shared = meta.mode() & 0o022 != 0;
     let sticky = meta.mode() & libc::S_ISVTX != 0;
-    if (meta.uid() != uid && meta.uid() != 0) || (shared && !sticky) {
-        return Err(RunError::Unsafe(format!(
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Err(Attempt::Planted(format!(
+            "{} is uid {}'s directory, not this user's",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if shared && !sticky {
+        return Err(Attempt::Failed(RunError::Unsafe(format!(
             "{}: a run file's directory must be owned by uid {uid} or root, and sticky if \
              group or others can write in it (as /tmp is: chmod +t): refusing to keep the run \
              file and its lock there",
             dir.display()
-        )));
+        ))));
     }
     Ok(file)
 }
@@ -302,6 +478,16 @@ impl RunFile {
     /// crashed run would keep the name taken by its own leftovers.
     pub fn lock_fd(&self) -> std::os::fd::RawFd {
         self.lock.as_raw_fd()
+    }
+
+    /// Where the run file is (elsewhere than asked where something was stepped around).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What was stepped around to hold the name, one line each.
+    pub fn notices(&self) -> &[String] {
+        &self.notices
     }
 
     /// A clean end: nothing is left for the next run to clean up.
@@ -598,5 +784,133 @@ fn describe(ended: &Ended) -> String {
         Ended::Reused { .. } => "its pid now names another process: not signalled".into(),
         Ended::StillAlive { signals } => format!("still running after {}", signals.join(", ")),
         Ended::Failed { error } => format!("failed: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn is_root() -> bool {
+        nix::unistd::geteuid().is_root()
+    }
+
+    /// A directory everyone may write in, sticky, as /tmp and a team's checkpoint directory.
+    fn shared_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        dir
+    }
+
+    /// Another user (65534) made this user's predictable /tmp directory first (finding 6):
+    /// reported and stepped around, and the next run finds the same place.
+    #[test]
+    fn a_directory_planted_at_the_predictable_name_is_stepped_around_and_found_again() {
+        assert!(
+            is_root(),
+            "this test plants a directory as another user: run it as root"
+        );
+        let tmp = shared_dir();
+        let me = nix::unistd::geteuid().as_raw();
+        let planted = tmp.path().join(format!("gpuctl-trainer-{me}"));
+        fs::DirBuilder::new().mode(0o700).create(&planted).unwrap();
+        std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+
+        let (base, stepped) = private_in(tmp.path(), me).unwrap();
+        assert_ne!(base, planted);
+        assert!(base.starts_with(tmp.path()), "{}", base.display());
+        assert!(is_private_of(&base, me), "{}", base.display());
+        let stepped = stepped.expect("the planted directory is reported");
+        assert!(
+            stepped.contains("is not a private directory of uid")
+                && stepped.contains(&base.display().to_string()),
+            "{stepped}"
+        );
+        // The next run: the same place, found by its owner, not a new one each time.
+        let (again, _) = private_in(tmp.path(), me).unwrap();
+        assert_eq!(again, base);
+        // Another user's directory of the unpredictable form is never taken for ours.
+        let decoy = tmp.path().join(format!("gpuctl-trainer-{me}.AAAAAA"));
+        fs::DirBuilder::new().mode(0o700).create(&decoy).unwrap();
+        std::os::unix::fs::chown(&decoy, Some(65534), Some(65534)).unwrap();
+        assert_eq!(private_in(tmp.path(), me).unwrap().0, base);
+        // Without anything planted, the predictable name, and nothing to report.
+        let clean = shared_dir();
+        let (plain, none) = private_in(clean.path(), me).unwrap();
+        assert_eq!(plain, clean.path().join(format!("gpuctl-trainer-{me}")));
+        assert!(none.is_none());
+    }
+
+    /// Another user put a lock (or a link, or a run file) at the run's names in a shared
+    /// checkpoint directory first: the run goes on elsewhere and says so, and the next run of
+    /// the name finds its file there.
+    #[test]
+    fn a_lock_or_run_file_planted_in_a_shared_directory_is_stepped_around() {
+        assert!(
+            is_root(),
+            "this test plants files as another user: run it as root"
+        );
+        let private = tempfile::tempdir().unwrap();
+        let base = || Ok(private.path().to_path_buf());
+        for plant in ["lock", "link", "record"] {
+            let shared = shared_dir();
+            let path = shared.path().join("job.run.json");
+            match plant {
+                "lock" => {
+                    let lock = shared.path().join("job.run.lock");
+                    fs::write(&lock, "").unwrap();
+                    std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).unwrap();
+                }
+                "link" => {
+                    std::os::unix::fs::symlink("/etc/passwd", shared.path().join("job.run.lock"))
+                        .unwrap()
+                }
+                _ => {
+                    fs::write(&path, "{}").unwrap();
+                    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+                }
+            }
+            let (file, previous) = acquire_with("job", &path, &base).unwrap();
+            assert!(previous.is_none(), "{plant}");
+            assert!(
+                file.path().starts_with(private.path()),
+                "{plant}: {}",
+                file.path().display()
+            );
+            assert_eq!(file.notices().len(), 1, "{plant}: {:?}", file.notices());
+            assert!(
+                file.notices()[0].contains("put there by another user"),
+                "{plant}: {:?}",
+                file.notices()
+            );
+            // The record is kept where the next run of the name looks.
+            let record = Record {
+                version: 1,
+                name: "job".into(),
+                device: "cpu".into(),
+                processes: Vec::new(),
+            };
+            file.record(&record).unwrap();
+            let elsewhere = file.path().to_path_buf();
+            drop(file);
+            let (again, previous) = acquire_with("job", &path, &base).unwrap();
+            assert_eq!(again.path(), elsewhere, "{plant}");
+            assert_eq!(previous.map(|r| r.name), Some("job".to_string()), "{plant}");
+        }
+    }
+
+    /// In a directory of this user's own, nobody else could have put anything there: a link
+    /// at the lock's name is refused as before.
+    #[test]
+    fn a_link_in_a_private_directory_is_still_refused() {
+        let own = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", own.path().join("job.run.lock")).unwrap();
+        let error = acquire_with("job", &own.path().join("job.run.json"), &|| {
+            panic!("stepped around in a private directory")
+        })
+        .err()
+        .expect("refused");
+        assert!(error.to_string().contains("a symbolic link"), "{error}");
     }
 }
