@@ -38,16 +38,17 @@ struct Container {
 
 impl Container {
     fn start() -> Container {
-        Container::start_as(None)
+        Container::start_as(None, None)
     }
 
     /// `unshare --user --map-root-user --pid --fork --mount-proc`, run by `uid` (not root):
-    /// root inside is `uid` outside.
-    fn rootless(uid: u32) -> Container {
-        Container::start_as(Some(uid))
+    /// root inside is `uid` outside; the host's `dir` is mounted read-only inside, as the
+    /// README mounts the service's directory (`-v /run/gpuctl:/run/gpuctl:ro`).
+    fn rootless_with_read_only(uid: u32, dir: &Path) -> Container {
+        Container::start_as(Some(uid), Some(dir))
     }
 
-    fn start_as(uid: Option<u32>) -> Container {
+    fn start_as(uid: Option<u32>, read_only: Option<&Path>) -> Container {
         for tool in ["unshare", "nsenter", "setpriv"] {
             require(tool);
         }
@@ -69,10 +70,19 @@ impl Container {
                 setpriv
             }
         };
-        command
-            .args(["--pid", "--fork", "--mount-proc", "--", "sleep", "100000"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped());
+        command.args(["--pid", "--fork", "--mount-proc", "--"]);
+        match read_only {
+            None => command.args(["sleep", "100000"]),
+            Some(dir) => command
+                .args([
+                    "sh",
+                    "-c",
+                    "mount --bind -o ro \"$1\" \"$1\" && exec sleep 100000",
+                    "sh",
+                ])
+                .arg(dir),
+        };
+        command.stdin(Stdio::null()).stderr(Stdio::piped());
         let mut unshare = command.spawn().expect("start unshare");
         let launcher = unshare.id();
         let mut init = None;
@@ -566,7 +576,10 @@ fn each_container_sees_and_clears_only_its_own_processes() {
 /// with uids as the container maps them.
 #[test]
 fn a_rootless_container_sees_its_processes_with_its_own_uids() {
-    let container = Container::rootless(65534);
+    // Its root cannot inspect the host's root-owned service (another uid), so the client
+    // believes the socket by its mount: a read-only one of a directory only root writes in.
+    let run_dir = rendezvous();
+    let container = Container::rootless_with_read_only(65534, run_dir.path());
     let tenant = Tenant::start(container, 2);
     let mut processes = vec![Process::new(tenant.trainer_host).on(0).used(3 * GIB)];
     processes.extend(
@@ -583,7 +596,7 @@ fn a_rootless_container_sees_its_processes_with_its_own_uids() {
             .processes(processes.clone()),
     );
     open_up(sim.dir.path());
-    let service = Service::start(&sim);
+    let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
     let _driver = Driver::play(&sim, processes, pids, 1);
     // On the host, its processes are nobody's.
     let host_uid = std::fs::metadata(format!("/proc/{}", tenant.trainer_host))
@@ -617,6 +630,24 @@ fn a_rootless_container_sees_its_processes_with_its_own_uids() {
     }
     assert!(alive(tenant.trainer_host), "the live job was ended");
     assert_ne!(run.code, 0, "GPU 0 still holds the trainer: {}", run.stdout);
+
+    // The same service's socket in a directory the container has writable (the README's
+    // old `-v /run/gpuctl:/run/gpuctl`): nothing proves it is the host's, so it is not asked.
+    let writable = rendezvous();
+    let elsewhere = Service::start_at(&sim, writable.path().join("api.sock"));
+    let run = tenant
+        .container
+        .gpuctl_run(&sim, &elsewhere.socket, &["info", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(info["host_service"]["answered"], false, "{info}");
+    let hints: Vec<&str> = run.stderr.lines().filter(|l| l.contains("hint")).collect();
+    assert_eq!(hints.len(), 1, "{}", run.stderr);
+    assert!(
+        hints[0].contains("not mounted read-only") && hints[0].contains(":ro"),
+        "{}",
+        hints[0]
+    );
 }
 
 /// Whatever a request says of whom it is for, the answer is the kernel's caller's.
@@ -1057,4 +1088,626 @@ fn a_namespace_below_the_callers_is_the_callers() {
     // SAFETY: kill(2) on the inner namespace's init, which this test started.
     unsafe { libc::kill(nested as libc::pid_t, libc::SIGKILL) };
     let _ = inner.wait();
+}
+
+// ---- Hostile users, round four: a stand-in for the service, its words, a flood, a pid
+// ---- reused under socket activation, and where the socket may be made.
+
+/// A directory for the service's socket as /run/gpuctl is: root's, 0755 (containers mount
+/// it; their root can write in it unless the mount is read-only).
+fn rendezvous() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A Python every user can run (the tests' own may live under root's home).
+fn system_python() -> PathBuf {
+    let system = PathBuf::from("/usr/bin/python3");
+    assert!(
+        system.is_file(),
+        "/usr/bin/python3 is not installed: the flood and pid-reuse tests run it as another user"
+    );
+    system
+}
+
+/// Binds a stand-in at `socket` (removing what is there) that answers `reply` to anyone;
+/// prints "listening", then "asked" for each request it reads.
+const FAKE_SERVICE: &str = r#"import os, socket, sys
+path, reply = sys.argv[1], sys.argv[2]
+try:
+    os.unlink(path)
+except FileNotFoundError:
+    pass
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+os.chmod(path, 0o666)
+s.listen(64)
+print('listening', flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        data = c.recv(4096)
+    except Exception:
+        data = b''
+    if data:
+        print('asked', flush=True)
+    try:
+        c.sendall(reply.encode() + b'\n')
+    except Exception:
+        pass
+    c.close()
+"#;
+
+/// A stand-in service process (its stdout read for "asked"); killed on drop. `inner`: the
+/// process itself where `child` is nsenter, which runs it as its child.
+struct Fake {
+    child: Child,
+    inner: Option<u32>,
+}
+
+impl Fake {
+    fn ready(mut child: Child, inside: Option<&Container>) -> Fake {
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "listening", "the stand-in did not start");
+        let inner = inside.map(|container| container.only_child_of(child.id()));
+        Fake { child, inner }
+    }
+
+    fn stop(&mut self) {
+        if let Some(pid) = self.inner.take() {
+            // SAFETY: kill(2) on the stand-in this test started (nsenter's child).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Ends it; whether anything was asked of it.
+    fn was_asked(mut self) -> bool {
+        self.stop();
+        let mut rest = String::new();
+        let _ = self.child.stdout.take().unwrap().read_to_string(&mut rest);
+        rest.contains("asked")
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A reply as the service would give it: GPU `uuid` with nothing of the caller's on it.
+fn empty_reply(uuid: &str) -> String {
+    serde_json::json!({
+        "schema": 1,
+        "caller": {"pid": 1, "uid": 0, "pid_namespace": 1, "host_pid_namespace": false},
+        "gpus": [{"uuid": uuid, "outside_bytes": 0, "processes": []}],
+    })
+    .to_string()
+}
+
+fn hints(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains("hint")).collect()
+}
+
+/// Root of one container replaces the socket in the shared, writable directory with its own
+/// (finding 1); and a host user binds one where a victim's GPUCTL_SOCKET points. Neither is
+/// asked: the victim's processes stay unconfirmed, with one hint saying why.
+#[test]
+fn a_socket_bound_by_another_container_or_a_host_user_is_not_believed() {
+    let python = which("python3");
+    let victim = Container::start();
+    let attacker = Container::start();
+    let (_trainer, trainer_host, trainer_local) = victim.trainer();
+    let process = Process::new(trainer_host).on(0).used(3 * GIB);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(process.clone()),
+    );
+    let run_dir = rendezvous();
+    let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
+    let _driver = Driver::play(&sim, vec![process], vec![trainer_host], 1);
+    // The genuine service is believed.
+    let info = victim.info(&sim, &service.socket);
+    assert_eq!(info["host_service"]["answered"], true, "{info}");
+    assert_eq!(
+        listed(&info),
+        [(u64::from(trainer_local), 0, 3 * GIB)].into()
+    );
+    let uuid = info["devices"][0]["uuid"].as_str().unwrap().to_string();
+
+    // The attacker's root swaps the socket for its own, which says "nothing of yours here".
+    let socket = service.socket.to_str().unwrap();
+    let fake = Fake::ready(
+        attacker
+            .command(&python, &["-c", FAKE_SERVICE, socket, &empty_reply(&uuid)])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Some(&attacker),
+    );
+    for args in [&["info", "--json"][..], &["info"][..]] {
+        let run = victim.gpuctl_run(&sim, &service.socket, args);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let hint = hints(&run.stderr);
+        assert_eq!(hint.len(), 1, "{}", run.stderr);
+        assert!(
+            hint[0].contains("is not the host's gpuctl serve")
+                && hint[0].contains("another container"),
+            "{}",
+            hint[0]
+        );
+        if args.len() == 2 {
+            let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+            assert_eq!(info["host_service"]["answered"], false, "{info}");
+            let listed = &info["devices"][0]["processes"];
+            assert_eq!(listed[0]["pid"], trainer_host, "{info}");
+            assert_eq!(listed[0]["confirmed"], false, "{info}");
+        } else {
+            assert!(run.stdout.contains("unconfirmed"), "{}", run.stdout);
+        }
+    }
+    assert!(!fake.was_asked(), "a request was sent to the stand-in");
+
+    // A host user's socket, in a directory of theirs, where GPUCTL_SOCKET points.
+    let theirs = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(theirs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(theirs.path(), Some(65534), Some(65534)).unwrap();
+    let their_socket = theirs.path().join("api.sock");
+    let fake = Fake::ready(
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(system_python())
+            .args(["-c", FAKE_SERVICE, their_socket.to_str().unwrap()])
+            .arg(empty_reply(&uuid))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        None,
+    );
+    let run = victim.gpuctl_run(&sim, &their_socket, &["info", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(info["host_service"]["answered"], false, "{info}");
+    let hint = hints(&run.stderr);
+    assert_eq!(hint.len(), 1, "{}", run.stderr);
+    assert!(hint[0].contains("uid 65534"), "{}", hint[0]);
+    assert!(
+        !fake.was_asked(),
+        "a request was sent to the host user's stand-in"
+    );
+}
+
+/// What a service says, and the socket path from GPUCTL_SOCKET, reach the terminal escaped:
+/// ESC, BEL, CSI and bidirectional controls (finding 2). The words come from a listener the
+/// client believes (root on the host: this test), as a compromised service's would.
+#[test]
+fn the_services_words_and_the_socket_path_reach_the_terminal_escaped() {
+    let container = Container::start();
+    let (_trainer, host, _) = container.trainer();
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(Process::new(host).on(0).used(GIB)),
+    );
+    let run_dir = rendezvous();
+    let socket = run_dir.path().join("api.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let hostile = "\u{1b}]0;PWNED\u{7}\u{1b}[2J\u{9b}1m\u{202e}gnp.exe";
+    let error = serde_json::json!({"schema": 1, "error": hostile}).to_string();
+    let answering = std::thread::spawn(move || {
+        // Two asks: `info` and `info --json`.
+        for _ in 0..2 {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(format!("{error}\n").as_bytes());
+        }
+    });
+    let raw = |text: &str| {
+        text.chars()
+            .any(|c| matches!(c, '\u{1b}' | '\u{7}' | '\u{9b}' | '\u{202e}'))
+    };
+    for args in [&["info"][..], &["info", "--json"][..]] {
+        let run = container.gpuctl_run(&sim, &socket, args);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert!(
+            !raw(&run.stderr),
+            "a control reached the terminal: {:?}",
+            run.stderr
+        );
+        let hint = hints(&run.stderr);
+        assert_eq!(hint.len(), 1, "{}", run.stderr);
+        assert!(
+            hint[0].contains("the service refused: \\e]0;PWNED\\x07\\e[2J\\u{9b}1m\\u{202e}"),
+            "{}",
+            hint[0]
+        );
+    }
+    answering.join().unwrap();
+    // A socket path with controls in it (GPUCTL_SOCKET), where nothing listens.
+    let path = run_dir
+        .path()
+        .join("\u{1b}[2J\u{7}\u{202e}")
+        .join("api.sock");
+    let run = container.gpuctl_run(&sim, &path, &["info"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        !raw(&run.stderr),
+        "a control reached the terminal: {:?}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("\\e[2J\\x07\\u{202e}/api.sock"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Holds `count` silent connections as another user, reconnecting each one dropped; prints
+/// "holding" once all are open, then the reply to one more connection that does ask.
+const FLOODER: &str = r#"import resource, selectors, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+sel = selectors.DefaultSelector()
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
+for _ in range(count):
+    connect()
+extra = socket.socket(socket.AF_UNIX)
+extra.settimeout(10)
+extra.connect(path)
+extra.sendall(b'{"schema":1,"request":"processes"}\n')
+print('holding', flush=True)
+try:
+    print('extra', extra.makefile().readline().strip(), flush=True)
+except Exception as e:
+    print('extra failed', e, flush=True)
+while True:
+    for key, _ in sel.select(1):
+        s = key.fileobj
+        sel.unregister(s)
+        s.close()
+        try:
+            connect()
+        except Exception:
+            pass
+"#;
+
+/// Asks `count` times, one connection each, and prints each answer's time and whether it was
+/// one (first try: no retry).
+const ASKER: &str = r#"import json, socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+for _ in range(count):
+    t = time.monotonic()
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b'{"schema":1,"request":"processes"}\n')
+        line = s.makefile().readline()
+        s.close()
+        ok = 'gpus' in json.loads(line)
+    except Exception as e:
+        line, ok = str(e), False
+    print(json.dumps({'ms': (time.monotonic() - t) * 1000, 'ok': ok, 'reply': line[:600]}), flush=True)
+    time.sleep(0.1)
+"#;
+
+/// One local user holds 1,400 silent connections (reconnecting each one dropped); a
+/// container is still answered every time, first try, within a second; and the user's
+/// connection over its share gets the "busy" reply once its request is read (finding 3).
+#[test]
+fn a_user_holding_1400_connections_crowds_out_no_container() {
+    let python = which("python3");
+    let container = Container::start();
+    let (_trainer, host, local) = container.trainer();
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(Process::new(host).on(0).used(GIB)),
+    );
+    let run_dir = rendezvous();
+    let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
+    let mut flooder = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(system_python())
+        .args(["-c", FLOODER, service.socket.to_str().unwrap(), "1400"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(flooder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(
+        line.trim(),
+        "holding",
+        "the flooder did not connect: {line}"
+    );
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let over_share = line.trim().to_string();
+    let asked = container
+        .command(
+            &python,
+            &["-c", ASKER, service.socket.to_str().unwrap(), "15"],
+        )
+        .output()
+        .unwrap();
+    let _ = flooder.kill();
+    let _ = flooder.wait();
+    assert!(
+        over_share.starts_with("extra {") && over_share.contains("busy"),
+        "the flooder's connection over its share: {over_share}"
+    );
+    let answers: Vec<serde_json::Value> = String::from_utf8_lossy(&asked.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        answers.len(),
+        15,
+        "{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    for answer in &answers {
+        assert_eq!(answer["ok"], true, "not answered: {answer}");
+        assert!(answer["ms"].as_f64().unwrap() < 1000.0, "slow: {answer}");
+        assert!(
+            answer["reply"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("\"pid\":{local}")),
+            "{answer}"
+        );
+    }
+}
+
+/// A process put into `container` at host pid `pid` (clone3 with set_tid in the container's
+/// PID namespace, as a pid reuse would land it there). Killed and reaped on drop.
+struct PlacedIn {
+    pid: u32,
+}
+
+impl PlacedIn {
+    fn spawn(container: &Container, pid: u32, local: u32) -> PlacedIn {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        #[repr(C)]
+        struct CloneArgs {
+            flags: u64,
+            pidfd: u64,
+            child_tid: u64,
+            parent_tid: u64,
+            exit_signal: u64,
+            stack: u64,
+            stack_size: u64,
+            tls: u64,
+            set_tid: u64,
+            set_tid_size: u64,
+            cgroup: u64,
+        }
+        let namespace = std::fs::File::open(format!("/proc/{}/ns/pid", container.init)).unwrap();
+        let program = CString::new(testproc_bin().as_os_str().as_bytes()).unwrap();
+        let arg0 = CString::new("python3").unwrap();
+        let env = CString::new("GPUCTL_TESTPROC_MODE=sleep").unwrap();
+        // A thread of its own: setns(CLONE_NEWPID) changes where its children go.
+        let placed = std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns(2) on an open namespace descriptor, for this thread's children.
+            let rc = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWPID) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            let argv = [arg0.as_ptr(), std::ptr::null()];
+            let envp = [env.as_ptr(), std::ptr::null()];
+            // The innermost namespace's pid first.
+            let tids: [libc::pid_t; 2] = [local as libc::pid_t, pid as libc::pid_t];
+            let args = CloneArgs {
+                flags: 0,
+                pidfd: 0,
+                child_tid: 0,
+                parent_tid: 0,
+                exit_signal: libc::SIGCHLD as u64,
+                stack: 0,
+                stack_size: 0,
+                tls: 0,
+                set_tid: tids.as_ptr() as u64,
+                set_tid_size: 2,
+                cgroup: 0,
+            };
+            // SAFETY: clone3 with a valid clone_args of the size given; the child only calls
+            // execve and _exit.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &args as *const CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                )
+            };
+            if rc == 0 {
+                // SAFETY: valid NUL-terminated arrays prepared above.
+                unsafe {
+                    libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                    libc::_exit(127);
+                }
+            }
+            assert!(rc > 0, "clone3: {}", std::io::Error::last_os_error());
+            rc as u32
+        })
+        .join()
+        .unwrap();
+        assert_eq!(placed, pid, "clone3 gave another pid");
+        wait_until(Duration::from_secs(10), || {
+            nspid(pid).is_some_and(|ids| ids.last() == Some(&local))
+        });
+        PlacedIn { pid }
+    }
+}
+
+impl Drop for PlacedIn {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed and reaped here.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+            libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Connects, asks, hands the connection to a child and exits; the child prints the reply.
+const HAND_OFF: &str = r#"import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b'{"schema":1,"request":"processes"}\n')
+if os.fork() == 0:
+    s.settimeout(60)
+    sys.stdout.write(s.makefile().read())
+    sys.stdout.flush()
+os._exit(0)
+"#;
+
+/// Under socket activation connections wait while the service starts. A user connects,
+/// hands the connection to a child and exits; a process of a container lands on that pid;
+/// then the service accepts. It must not answer with the container's processes (finding 4).
+#[test]
+fn a_caller_whose_pid_went_to_a_container_before_the_accept_gets_no_answer() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let victim = Container::start();
+    let (_trainer, trainer_host, trainer_local) = victim.trainer();
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(1, Gpu::h200())
+            .process(Process::new(trainer_host).on(0).used(2 * GIB)),
+    );
+    let run_dir = rendezvous();
+    let socket = run_dir.path().join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut mallory = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(system_python())
+        .args(["-c", HAND_OFF, socket.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reply_pipe = mallory.stdout.take().unwrap();
+    let pid = mallory.id();
+    assert!(mallory.wait().unwrap().success());
+    let _placed = PlacedIn::spawn(&victim, pid, 4242);
+    // Now the service starts, as systemd starts it, with the socket as fd 3.
+    let fd = listener.as_raw_fd();
+    let program = gpuctl_bin();
+    let mut command = Command::new("sh");
+    command
+        .args([
+            "-c",
+            "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --idle-exit 2s",
+        ])
+        .arg(&program);
+    for (key, value) in sim.gpuctl(&[]).get_envs() {
+        if let Some(value) = value {
+            command.env(key, value);
+        }
+    }
+    // SAFETY: dup2 and fcntl are async-signal-safe; both descriptors are open in the child.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut service = command
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reply = String::new();
+    BufReader::new(reply_pipe)
+        .read_to_string(&mut reply)
+        .unwrap();
+    let _ = service.kill();
+    let _ = service.wait();
+    let value = reply_of(&reply);
+    let error = value["error"].as_str().unwrap_or_else(|| {
+        panic!("answered as the container (its trainer is pid {trainer_local}): {reply}")
+    });
+    assert!(error.contains("exited before it was answered"), "{error}");
+}
+
+/// `gpuctl serve` makes its socket only where nobody but root can swap it (finding 5): a
+/// directory another user owns, or that others may write in without the sticky bit, on the
+/// way is refused with one line (exit 2); what it makes is 0755 and the socket 0666.
+#[test]
+fn serve_refuses_a_socket_under_a_directory_others_can_write_in() {
+    let sim = one_gpu_sim();
+    let theirs = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(theirs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(theirs.path(), Some(65534), Some(65534)).unwrap();
+    let socket = theirs.path().join("api.sock");
+    let run = sim.run(&["serve", "--socket", socket.to_str().unwrap()]);
+    run.assert_one_line_error(2, "writable by uid 65534");
+    assert!(!socket.exists());
+    // Below it, and through a link to it, the same.
+    let below = theirs.path().join("gpuctl/api.sock");
+    sim.run(&["serve", "--socket", below.to_str().unwrap()])
+        .assert_one_line_error(2, "writable by uid 65534");
+    let link = sim.dir.path().join("run");
+    std::os::unix::fs::symlink(theirs.path(), &link).unwrap();
+    sim.run(&["serve", "--socket", link.join("api.sock").to_str().unwrap()])
+        .assert_one_line_error(2, "writable by uid 65534");
+    // Writable by all, not sticky.
+    let open = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    sim.run(&[
+        "serve",
+        "--socket",
+        open.path().join("api.sock").to_str().unwrap(),
+    ])
+    .assert_one_line_error(2, "writable by group or others");
+    // A safe place: made 0755, the socket 0666, whatever the umask.
+    let fresh = sim.dir.path().join("new/gpuctl/api.sock");
+    let service = Service::start_at(&sim, fresh.clone());
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(fresh.parent().unwrap()), 0o755);
+    assert_eq!(mode(&fresh), 0o666);
+    drop(service);
 }

@@ -7,6 +7,7 @@ mod exit_codes;
 mod health;
 mod holders;
 mod hostile;
+mod hostile_deadline;
 mod hostile_misc;
 mod hostile_owner;
 mod hostile_protect;

@@ -24,6 +24,10 @@ const FREE_POLL: Duration = Duration::from_millis(100);
 /// How often NVML is read again while verifying a release.
 const RELEASE_POLL: Duration = Duration::from_millis(20);
 
+/// What the last read of a wait or verification may take past its end, so the GPUs that do
+/// answer are still read.
+const LAST_READ: Duration = Duration::from_millis(250);
+
 /// Re-reads NVML until every ended target has left its GPUs and their used memory fell by
 /// what it held, or until `limit`.
 pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit: Duration) {
@@ -60,6 +64,9 @@ pub fn released(gpus: &Gpus, before: &Snapshot, outcomes: &mut [Outcome], limit:
     let indices: Vec<u32> = before.devices.iter().map(|g| g.index).collect();
     let options = SnapshotOptions::poll(Some(indices));
     let deadline = Instant::now() + limit;
+    // No poll reads a GPU past the verification's end: a GPU that answers each call late
+    // would otherwise hold a poll started near the end for the whole NVML timeout.
+    let _cap = gpus.cap_waits_at(deadline + LAST_READ);
     while let Ok(now) = Snapshot::take(gpus, &options) {
         let listed: HashSet<u32> = now
             .devices
@@ -127,6 +134,8 @@ pub fn wait_until_free(
 ) -> Result<WaitReport> {
     let start = Instant::now();
     let options = SnapshotOptions::poll(selected.map(Place::gpus));
+    // As in [`released`]: the wait ends by its limit whatever the GPUs do.
+    let _cap = gpus.cap_waits_at(start + limit + LAST_READ);
     loop {
         let snapshot = Snapshot::take(gpus, &options)?;
         let states: Vec<GpuState> = match selected {

@@ -466,6 +466,21 @@ impl RunLock {
 
     /// The lock's descriptor (-1 once released), for the fork hook that drops it in forked
     /// children.
+    /// What was stepped around to hold the name (another user's directory or lock where
+    /// the run file would have been), one escaped line each.
+    fn notices(&self) -> Vec<String> {
+        self.file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or_else(Vec::new, |file| {
+                file.notices()
+                    .iter()
+                    .map(|n| gpuctl_core::text::escape(n).into_owned())
+                    .collect()
+            })
+    }
+
     fn fileno(&self) -> i32 {
         self.file
             .lock()
@@ -522,6 +537,8 @@ fn run_acquire(
         match runfile::acquire(&name, &path) {
             Ok((file, previous)) => {
                 let previous = previous.map(|p| json(&p)).transpose()?;
+                // Elsewhere than `path` where another user's lock or directory was there.
+                let path = file.path().to_path_buf();
                 Ok(Ok((path, file, previous)))
             }
             // In Python's words: RunGuard's `name=`, not the trainer's --run-name.

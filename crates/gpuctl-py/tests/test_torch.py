@@ -111,6 +111,29 @@ def test_runguard_refuses_a_bad_name_and_keeps_the_file_after_an_exception(tmp_p
         assert guard.cleanup.leftovers == 0 and guard.cleanup.log
 
 
+def test_runguard_steps_around_a_lock_another_user_planted(tmp_path, monkeypatch, capfd):
+    # A team's checkpoint directory, sticky as /tmp: another user made the run's lock first.
+    assert os.geteuid() == 0, "this test plants a file as another user (uid 65534): run it as root"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    planted = shared / "llama-ft.run.lock"
+    planted.write_text("")
+    os.chown(planted, 65534, 65534)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    with RunGuard("llama-ft", dir=shared, watch=None) as guard:
+        first = guard.path
+        assert first.startswith(str(runtime / "gpuctl-trainer")), first
+        assert os.path.exists(first)
+    err = capfd.readouterr().err
+    assert "put there by another user" in err and str(planted) in err, err
+    # The next run of the name finds its file there again, and says so again.
+    with RunGuard("llama-ft", dir=shared, watch=None) as again:
+        assert again.path == first
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -48,6 +48,10 @@ pub fn start_up(args: &Args) -> Result<Startup, Failure> {
         })?;
     let (run_file, previous) =
         runfile::acquire(&args.run_name, &run_path).map_err(|e| Failure::Failed(e.worded(flag)))?;
+    // Another user's directory or lock where the run file would be: stepped around, said.
+    for notice in run_file.notices() {
+        log(gpuctl_core::text::escape(notice));
+    }
     let device_arg = resolve_device(args.device)?;
     if device_arg == DeviceArg::Cpu {
         cuda_only(args, "no CUDA device is available, so this run is on cpu")?;

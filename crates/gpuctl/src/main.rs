@@ -56,8 +56,10 @@ fn main() -> ExitCode {
         Command::Slurm(command) => slurm::run(&command),
         Command::Serve(args) => serve::run(&args),
     };
-    // In a container whose host service could not be asked: one line naming what to mount.
+    // In a container whose host service could not be asked: one line naming what to mount,
+    // escaped (it quotes GPUCTL_SOCKET and what the service said).
     if let Some(hint) = gpuctl_core::service::client::hint() {
+        let hint = gpuctl_core::text::escape(&hint);
         let _ = writeln!(io::stderr().lock(), "gpuctl: {hint}");
     }
     match result {

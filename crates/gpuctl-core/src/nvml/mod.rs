@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
@@ -91,6 +91,20 @@ pub struct Gpus {
     timeout: Option<Duration>,
     /// One worker a GPU, started at its first bounded read.
     workers: Mutex<Vec<Option<Worker>>>,
+    /// No per-GPU read waits past this instant while set ([`Gpus::cap_waits_at`]).
+    cap: Mutex<Option<Instant>>,
+}
+
+/// Holds a cap on per-GPU waits ([`Gpus::cap_waits_at`]); lifts it when dropped.
+pub struct WaitCap<'a> {
+    gpus: &'a Gpus,
+    previous: Option<Instant>,
+}
+
+impl Drop for WaitCap<'_> {
+    fn drop(&mut self) {
+        *self.gpus.cap.lock().unwrap_or_else(|e| e.into_inner()) = self.previous;
+    }
 }
 
 /// A job for a GPU's worker.
@@ -126,6 +140,7 @@ impl Gpus {
             library: library.to_string(),
             timeout: None,
             workers: Mutex::new(Vec::new()),
+            cap: Mutex::new(None),
         })
     }
 
@@ -161,6 +176,32 @@ impl Gpus {
 
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
+    }
+
+    /// How long a per-GPU read may wait from now: the timeout, or less while a cap is set
+    /// ([`Gpus::cap_waits_at`]). `None`: unbounded (no timeout).
+    pub fn wait_limit(&self) -> Option<Duration> {
+        let cap = *self.cap.lock().unwrap_or_else(|e| e.into_inner());
+        match (self.timeout, cap) {
+            (Some(limit), Some(cap)) => {
+                Some(limit.min(cap.saturating_duration_since(Instant::now())))
+            }
+            (limit, _) => limit,
+        }
+    }
+
+    /// Until the guard is dropped, no per-GPU read waits past `deadline` (nor past the
+    /// timeout): a step that must end by its own deadline (verifying a release, waiting for
+    /// a GPU to be free) reads a GPU that answers each call late for no longer than it has.
+    /// Only a bounded `Gpus` (one with a timeout) is capped.
+    pub fn cap_waits_at(&self, deadline: Instant) -> WaitCap<'_> {
+        let mut cap = self.cap.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = *cap;
+        *cap = Some(previous.map_or(deadline, |earlier| earlier.min(deadline)));
+        WaitCap {
+            gpus: self,
+            previous,
+        }
     }
 
     pub(crate) fn nvml(&self) -> &Nvml {
@@ -277,7 +318,7 @@ impl Gpus {
         T: Send + 'static,
         F: Fn(&Nvml, u32) -> T + Clone + Send + 'static,
     {
-        let deadline = self.timeout.map(|limit| std::time::Instant::now() + limit);
+        let deadline = self.wait_limit().map(|limit| Instant::now() + limit);
         self.on_each_until(indices, deadline, work)
     }
 

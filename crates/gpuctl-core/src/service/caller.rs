@@ -8,7 +8,11 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::sys::peer;
 
 /// `PROC_PID_INIT_INO`: the host's (initial) PID namespace.
 pub const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
@@ -25,6 +29,101 @@ pub struct UidRange {
     pub inside: u32,
     pub outside: u32,
     pub count: u32,
+}
+
+/// Who connected, pinned when the connection was accepted (before anything else is done
+/// with it; under socket activation, before NVML is opened): the kernel's credentials from
+/// connect(2) and, where the kernel has `SO_PEERPIDFD`, a pidfd on that very process, which
+/// a process that later gets its pid can never pass for.
+#[derive(Debug)]
+pub struct Peer {
+    /// Its pid in the service's namespace (`SO_PEERCRED`).
+    pub pid: u32,
+    /// Its effective uid at connect(2), in the host's terms.
+    pub uid: u32,
+    pidfd: Option<OwnedFd>,
+    /// When it was accepted, in clock ticks since boot: without a pidfd, a process at the pid
+    /// that started later is not the one that connected.
+    accepted_ticks: Option<u64>,
+}
+
+impl Peer {
+    /// The peer of an accepted connection.
+    pub fn of(stream: &UnixStream) -> io::Result<Peer> {
+        let accepted_ticks = boot_ticks_now();
+        let creds = peer::credentials(stream)?;
+        // A peer outside this service's PID namespace reads as pid 0.
+        let pid = u32::try_from(creds.pid)
+            .ok()
+            .filter(|&pid| pid > 0)
+            .ok_or_else(|| {
+                io::Error::other("the caller is outside this service's PID namespace")
+            })?;
+        let pidfd = match peer::pidfd(stream) {
+            Ok(fd) => Some(fd),
+            // Gone already (kernels that refuse a pidfd on an exited peer): no answer is due.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(io::Error::other(exited(pid)));
+            }
+            Err(_) => None,
+        };
+        Ok(Peer {
+            pid,
+            uid: creds.uid,
+            pidfd,
+            accepted_ticks,
+        })
+    }
+
+    /// Whether the process that connected is still alive at its pid (without a pidfd: whether
+    /// some process is at that pid).
+    pub fn alive(&self) -> bool {
+        match &self.pidfd {
+            Some(pidfd) => peer::pid_of(pidfd).is_ok_and(|pid| pid == Some(self.pid)),
+            None => Path::new(&format!("/proc/{}", self.pid)).exists(),
+        }
+    }
+
+    /// The connecting process's namespaces and maps, read from `proc_root`, once it is sure
+    /// they are its own: with a pidfd, that process is still alive after the reads (so its
+    /// pid was never another's meanwhile); without one, the process at the pid has the uid
+    /// the kernel recorded at connect and started before the connection was accepted.
+    pub fn caller(&self, proc_root: &Path) -> Result<Caller, String> {
+        let caller = Caller::read(proc_root, self.pid, self.uid)
+            .map_err(|e| format!("cannot read the caller (pid {}): {e}", self.pid))?;
+        match &self.pidfd {
+            Some(pidfd) => match peer::pid_of(pidfd) {
+                Ok(Some(pid)) if pid == self.pid => Ok(caller),
+                Ok(_) => Err(exited(self.pid)),
+                Err(e) => Err(format!("cannot tell whether the caller is alive: {e}")),
+            },
+            None => same_process(&caller, self.accepted_ticks).map(|()| caller),
+        }
+    }
+}
+
+fn exited(pid: u32) -> String {
+    format!("the caller (pid {pid}) exited before it was answered")
+}
+
+/// Without a pidfd: the process read at the pid is the one that connected unless it runs as
+/// another uid than the kernel recorded at connect, or started after the accept.
+fn same_process(caller: &Caller, accepted_ticks: Option<u64>) -> Result<(), String> {
+    if caller.proc_uid.is_some_and(|uid| uid != caller.host_uid) {
+        return Err(exited(caller.host_pid));
+    }
+    match (caller.start_ticks, accepted_ticks) {
+        (Some(started), Some(accepted)) if started > accepted => Err(exited(caller.host_pid)),
+        _ => Ok(()),
+    }
+}
+
+/// The boot clock now, in clock ticks (the unit of a process's start time).
+fn boot_ticks_now() -> Option<u64> {
+    let at = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let at = Duration::from(at);
+    let hz = procfs::ticks_per_second();
+    Some((at.as_nanos() * u128::from(hz) / 1_000_000_000) as u64)
 }
 
 /// The process that connected, as read from the host's /proc.
@@ -46,6 +145,9 @@ pub struct Caller {
     /// When it started, in the host's clock ticks since boot: a process that started after
     /// the connection was made is not the one that made it (its pid was reused).
     pub start_ticks: Option<u64>,
+    /// The effective uid /proc shows for the pid now (the kernel's word at connect is
+    /// `host_uid`).
+    pub proc_uid: Option<u32>,
 }
 
 impl Caller {
@@ -53,7 +155,14 @@ impl Caller {
     pub fn read(proc_root: &Path, pid: u32, uid: u32) -> io::Result<Caller> {
         let dir = proc_root.join(pid.to_string());
         let pid_namespace = std::fs::metadata(dir.join("ns/pid"))?.ino();
-        let nspid = read_nspid(&dir)?;
+        let status = std::fs::read_to_string(dir.join("status"))?;
+        let nspid = parse_nspid(&status).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}/status has no NSpid line", dir.display()),
+            )
+        })?;
+        let proc_uid = parse_euid(&status);
         let level = nspid.len().saturating_sub(1);
         let local_pid = *nspid.last().unwrap_or(&pid);
         let uid_map = std::fs::read_to_string(dir.join("uid_map"))
@@ -78,6 +187,7 @@ impl Caller {
             });
         Ok(Caller {
             start_ticks,
+            proc_uid,
             proc_root: proc_root.to_path_buf(),
             host_pid: pid,
             host_uid: uid,
@@ -169,6 +279,12 @@ fn read_nspid(dir: &Path) -> io::Result<Vec<u32>> {
     })
 }
 
+/// The effective uid on a status file's `Uid:` line (real, effective, saved, fs).
+pub fn parse_euid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The pids on a status file's `NSpid:` line.
 pub fn parse_nspid(status: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
@@ -253,6 +369,29 @@ mod tests {
             Some((-5, 250000000))
         );
         assert_eq!(boot_offset("monotonic 1 0\n"), None);
+    }
+
+    #[test]
+    fn without_a_pidfd_a_caller_of_another_uid_or_started_after_the_accept_is_refused() {
+        let me = std::process::id();
+        let uid = nix::unistd::geteuid().as_raw();
+        let caller = Caller::read(Path::new("/proc"), me, uid).unwrap();
+        let started = caller.start_ticks.unwrap();
+        assert_eq!(same_process(&caller, Some(started + 10)), Ok(()));
+        assert!(
+            same_process(&caller, Some(started - 1)).is_err(),
+            "started after"
+        );
+        let other = Caller {
+            host_uid: uid + 1,
+            ..caller.clone()
+        };
+        let refused = same_process(&other, Some(started + 10)).unwrap_err();
+        assert!(
+            refused.contains("exited before it was answered"),
+            "{refused}"
+        );
+        assert_eq!(parse_euid("Uid:\t1000\t0\t0\t0\n"), Some(0));
     }
 
     /// This process, asking about itself: whatever namespace the tests run in, it finds

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{ErrorReply, MAX_REPLY_BYTES, Reply, Request, SCHEMA, socket_path};
+use crate::text;
 
 /// How long the service may take to answer before the snapshot goes on without it.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,26 +49,34 @@ pub struct ServiceUse {
     /// The socket was not there or nobody listened on it (mount it, or start the service).
     #[serde(skip)]
     pub unreachable: bool,
+    /// Something listened on it that is not the host's service: it was not asked.
+    #[serde(skip)]
+    pub untrusted: bool,
 }
 
 impl ServiceUse {
-    /// The one hint line a front shows when the service could not be reached.
+    /// The one hint line a front shows when the service could not be reached. The socket
+    /// path (from GPUCTL_SOCKET) and the service's words are escaped: either may hold what
+    /// would act on a terminal.
     pub fn hint(&self) -> Option<String> {
         if self.answered {
             return None;
         }
+        let socket = self.socket.display().to_string();
+        let socket = text::escape(&socket);
+        let error = text::escape(self.error.as_deref().unwrap_or("no reason given"));
         Some(if self.unreachable {
             format!(
-                "hint: mount the host's {} (gpuctl serve) into this container to see and \
-                 reclaim its own GPU processes",
-                self.socket.display()
+                "hint: mount the host's {socket} (gpuctl serve) into this container to see and \
+                 reclaim its own GPU processes"
+            )
+        } else if self.untrusted {
+            format!(
+                "hint: {socket} is not the host's gpuctl serve, so it was not asked and this \
+                 container's processes are unconfirmed: {error}"
             )
         } else {
-            format!(
-                "hint: the host service at {} did not answer: {}",
-                self.socket.display(),
-                self.error.as_deref().unwrap_or("no reason given")
-            )
+            format!("hint: the host service at {socket} did not answer: {error}")
         })
     }
 }
@@ -79,12 +88,14 @@ pub enum AskError {
     Unreachable(String),
     /// The service answered with an error, or with something that is not a reply.
     Failed(String),
+    /// What listens on the socket is not the host's service ([`super::trust`]): not asked.
+    Untrusted(String),
 }
 
 impl AskError {
     pub fn message(&self) -> &str {
         match self {
-            AskError::Unreachable(m) | AskError::Failed(m) => m,
+            AskError::Unreachable(m) | AskError::Failed(m) | AskError::Untrusted(m) => m,
         }
     }
 }
@@ -100,6 +111,8 @@ pub fn ask(socket: &Path) -> Result<Reply, AskError> {
             _ => AskError::Failed(text),
         }
     })?;
+    // Nothing is sent to, or believed of, a listener that is not the host's service.
+    super::trust::check(&stream, socket).map_err(AskError::Untrusted)?;
     let failed = |e: std::io::Error| AskError::Failed(format!("{}: {e}", socket.display()));
     stream
         .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -159,6 +172,7 @@ fn ask_at(socket: PathBuf) -> (ServiceUse, Option<Reply>) {
                 answered: true,
                 error: None,
                 unreachable: false,
+                untrusted: false,
             },
             Some(reply),
         ),
@@ -167,9 +181,40 @@ fn ask_at(socket: PathBuf) -> (ServiceUse, Option<Reply>) {
                 socket,
                 answered: false,
                 unreachable: matches!(error, AskError::Unreachable(_)),
+                untrusted: matches!(error, AskError::Untrusted(_)),
                 error: Some(error.message().to_string()),
             },
             None,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a service or GPUCTL_SOCKET says reaches a terminal only escaped: ESC, BEL, CSI
+    /// and bidirectional controls, in the path and in the words.
+    #[test]
+    fn the_hint_escapes_the_socket_path_and_the_services_words() {
+        let hostile = "\x1b]0;PWNED\x07\x1b[2J\u{9b}31m\u{202e}gnp.exe\n";
+        for (unreachable, untrusted) in [(true, false), (false, true), (false, false)] {
+            let used = ServiceUse {
+                socket: PathBuf::from(format!("/run/{hostile}/api.sock")),
+                answered: false,
+                error: Some(format!("the service refused: {hostile}")),
+                unreachable,
+                untrusted,
+            };
+            let hint = used.hint().unwrap();
+            assert!(
+                !hint.chars().any(text::needs_escape),
+                "a control reached the hint: {hint:?}"
+            );
+            assert!(
+                hint.contains("\\e]0;PWNED\\x07\\e[2J\\u{9b}31m\\u{202e}"),
+                "{hint}"
+            );
+        }
     }
 }

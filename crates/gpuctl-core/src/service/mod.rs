@@ -15,6 +15,7 @@
 
 pub mod caller;
 pub mod client;
+pub mod trust;
 
 use std::path::PathBuf;
 

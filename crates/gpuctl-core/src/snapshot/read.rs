@@ -53,7 +53,8 @@ pub(super) fn read_gpus(
 ) -> Vec<(GpuSnapshot, Listing)> {
     type Read = (GpuSnapshot, Listing);
     let read = move |nvml: &nvml_wrapper::Nvml, index: u32| read_gpu(nvml, index, since_us, fields);
-    let Some(limit) = gpus.timeout() else {
+    // The timeout, or less while a step that must end by its own deadline caps the waits.
+    let Some(limit) = gpus.wait_limit() else {
         return gpus
             .on_each(indices, read)
             .into_iter()

@@ -148,13 +148,18 @@ class RunGuard:
 
     @property
     def path(self) -> str:
-        """The run file's path."""
+        """The run file's path (where it is held, once entered)."""
+        if self._lock is not None:
+            return self._lock.path
         return _gpuctl.run_location(self.name, self.dir)
 
     def __enter__(self) -> "RunGuard":
         lock, previous = _gpuctl.run_acquire(self.name, self.dir)
         self._lock = lock
         self._fd = lock.fileno()
+        # Another user's lock or directory where the run file would be: stepped around.
+        for notice in lock.notices():
+            _log(notice)
         _held_locks.add(self._fd)
         try:
             if previous is not None:
