@@ -1,7 +1,7 @@
 //! Reading a GPU's health from NVML (only for snapshots whose purpose shows it:
 //! [`SnapshotOptions::health`]): the recovery-action field, remapped rows, device-memory ECC
-//! counts, retired pages and clock-event reasons. Each GPU is read by its own worker within
-//! the session's timeout, after the main read, and only where that read answered.
+//! counts, retired pages and clock-event reasons. Read in the same per-GPU job as the rest of
+//! the GPU (`read::read_gpu`), within the session's timeout, where the GPU is not lost.
 
 use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause};
@@ -10,41 +10,12 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 
 use crate::health::{Action, EccCounts, Readings, RemappedRows, RetiredPages};
-use crate::nvml::Gpus;
 
 use super::read::optional;
-use super::{GpuSnapshot, GpuStatus};
 
 /// The recovery-action field (R550 on).
 const FIELD_RECOVERY_ACTION: u32 =
     nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
-
-/// Fills in `health_readings` of each GPU of `devices` that was read.
-pub(super) fn read_into(gpus: &Gpus, devices: &mut [GpuSnapshot]) {
-    let indices: Vec<u32> = devices
-        .iter()
-        .filter(|gpu| matches!(gpu.status, GpuStatus::Ok | GpuStatus::Error))
-        .map(|gpu| gpu.index)
-        .collect();
-    let read = gpus.on_each(&indices, |nvml, index| {
-        nvml.device_by_index(index)
-            .and_then(|device| read_health(&device))
-    });
-    for (index, read) in indices.into_iter().zip(read) {
-        let Some(gpu) = devices.iter_mut().find(|gpu| gpu.index == index) else {
-            continue;
-        };
-        match read {
-            Some(Ok(readings)) => gpu.health_readings = Some(readings),
-            Some(Err(NvmlError::GpuLost)) => {
-                gpu.status = GpuStatus::Lost;
-                gpu.error = Some("GPU is lost (fallen off the bus or inaccessible)".to_string());
-            }
-            // Not answering, or another failure: nothing is known of its health.
-            Some(Err(_)) | None => {}
-        }
-    }
-}
 
 /// One GPU's readings; a value the GPU or driver does not offer is `None`. `Err` only for
 /// a lost GPU.

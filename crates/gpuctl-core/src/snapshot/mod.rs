@@ -315,9 +315,6 @@ impl Snapshot {
     ) -> Result<Snapshot> {
         let started = Instant::now();
         let (mut devices, mut listed) = read_listings(gpus, options)?;
-        if options.health {
-            health::read_into(gpus, &mut devices);
-        }
         let (host_service, localized) = match localize && !view.host_pid_namespace() {
             true => ask_host_service(&mut devices, &mut listed),
             false => (None, None),

@@ -50,9 +50,12 @@ pub(super) fn read_gpus(
     indices: &[u32],
     since_us: Option<u64>,
     fields: Fields,
+    health: bool,
 ) -> Vec<(GpuSnapshot, Listing)> {
     type Read = (GpuSnapshot, Listing);
-    let read = move |nvml: &nvml_wrapper::Nvml, index: u32| read_gpu(nvml, index, since_us, fields);
+    let read = move |nvml: &nvml_wrapper::Nvml, index: u32| {
+        read_gpu(nvml, index, since_us, fields, health)
+    };
     // The timeout, or less while a step that must end by its own deadline caps the waits.
     let Some(limit) = gpus.wait_limit() else {
         return gpus
@@ -117,6 +120,7 @@ pub(super) fn read_gpu(
     index: u32,
     since_us: Option<u64>,
     fields: Fields,
+    health: bool,
 ) -> (GpuSnapshot, Listing) {
     let mut gpu = GpuSnapshot::unread(index);
     let device = match nvml.device_by_index(index) {
@@ -129,6 +133,16 @@ pub(super) fn read_gpu(
     let mut listing = Listing::default();
     if let Err(error) = read_gpu_fields(&device, &mut gpu, &mut listing, since_us, fields) {
         gpu.fail(&error, "query failed");
+    }
+    // In the same job as the rest (one hand-over a snapshot, not a worker a GPU), where the
+    // GPU is not lost: what NVML says of its health.
+    if health && gpu.status != GpuStatus::Lost {
+        match super::health::read_health(&device) {
+            Ok(readings) => gpu.health_readings = Some(readings),
+            Err(error @ NvmlError::GpuLost) => gpu.fail(&error, "health query failed"),
+            // Nothing known of its health.
+            Err(_) => {}
+        }
     }
     (gpu, listing)
 }

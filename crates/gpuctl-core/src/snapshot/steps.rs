@@ -19,7 +19,7 @@ pub(super) fn read_listings(
             .unwrap_or_default();
         now.saturating_sub(window).as_micros() as u64
     });
-    Ok(read_gpus(gpus, &indices, since_us, Fields::of(options))
+    Ok(read_gpus(gpus, &indices, since_us, Fields::of(options), options.health)
         .into_iter()
         .unzip())
 }
