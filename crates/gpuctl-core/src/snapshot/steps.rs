@@ -19,9 +19,15 @@ pub(super) fn read_listings(
             .unwrap_or_default();
         now.saturating_sub(window).as_micros() as u64
     });
-    Ok(read_gpus(gpus, &indices, since_us, Fields::of(options), options.health)
-        .into_iter()
-        .unzip())
+    Ok(read_gpus(
+        gpus,
+        &indices,
+        since_us,
+        Fields::of(options),
+        options.health,
+    )
+    .into_iter()
+    .unzip())
 }
 
 /// Localise: in a PID namespace of its own, NVML's host PIDs mean nothing here; the host
