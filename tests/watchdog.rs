@@ -68,12 +68,12 @@ fn write_config(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn metrics(sim: &Sim) -> String {
+pub(crate) fn metrics(sim: &Sim) -> String {
     std::fs::read_to_string(sim.dir.path().join("gpuctl.prom")).unwrap_or_default()
 }
 
 /// `gpuctl-watchdog ARGS` against the scenario, with nothing of systemd in its environment.
-fn command(sim: &Sim, args: &[&str]) -> Command {
+pub(crate) fn command(sim: &Sim, args: &[&str]) -> Command {
     let mut command = Command::new(watchdog_bin());
     sim.watchdog_env(command.args(args));
     command
@@ -86,14 +86,14 @@ fn once(sim: &Sim, args: &[&str]) -> Run {
 }
 
 /// A running daemon; its stderr lines are collected as they come. Killed on drop.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
     started: Instant,
 }
 
 impl Daemon {
-    fn start(sim: &Sim, args: &[&str]) -> Daemon {
+    pub(crate) fn start(sim: &Sim, args: &[&str]) -> Daemon {
         Daemon::start_with(command(sim, args))
     }
 
@@ -145,7 +145,31 @@ impl Daemon {
         }
     }
 
-    fn count(&self, needles: &[&str]) -> usize {
+    /// Waits up to 10 s until `count` lines hold every needle; returns the last of them.
+    pub(crate) fn expect_count(&self, needles: &[&str], count: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Vec<String> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|line| needles.iter().all(|n| line.contains(n)))
+                .cloned()
+                .collect();
+            if found.len() >= count {
+                return found.last().cloned().unwrap_or_default();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {count} log lines with {needles:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub(crate) fn count(&self, needles: &[&str]) -> usize {
         self.lines
             .lock()
             .unwrap()

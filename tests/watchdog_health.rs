@@ -2,14 +2,12 @@
 //! event per Xid naming the processes on the GPU, the Xid log that `gpuctl health` reads,
 //! the health metrics, and a reset that clears it all.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{GIB, Gpu, Proc, Process, Run, Scenario, Sim, watchdog_bin};
+use crate::util::{GIB, Gpu, Proc, Process, Run, Scenario, Sim};
+use crate::watchdog::{Daemon, command, metrics};
 
 fn configure(sim: &Sim) {
     let dir = sim.dir.path();
@@ -20,82 +18,6 @@ fn configure(sim: &Sim) {
         toml::Value::String(dir.join("state").display().to_string()),
     );
     std::fs::write(sim.config_path(), text).unwrap();
-}
-
-fn metrics(sim: &Sim) -> String {
-    std::fs::read_to_string(sim.dir.path().join("gpuctl.prom")).unwrap_or_default()
-}
-
-fn command(sim: &Sim, args: &[&str]) -> Command {
-    let mut command = Command::new(watchdog_bin());
-    sim.watchdog_env(command.args(args));
-    command
-}
-
-/// A running daemon with its stderr lines collected; killed on drop.
-struct Daemon {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Daemon {
-    fn start(sim: &Sim) -> Daemon {
-        let mut child = command(sim, &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start gpuctl-watchdog");
-        let stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Daemon { child, lines }
-    }
-
-    fn count(&self, needles: &[&str]) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| needles.iter().all(|n| line.contains(n)))
-            .count()
-    }
-
-    /// Waits until `count` lines hold every needle; returns the last of them.
-    fn expect(&self, needles: &[&str], count: usize) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let found: Vec<String> = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|line| needles.iter().all(|n| line.contains(n)))
-                .cloned()
-                .collect();
-            if found.len() >= count {
-                return found.last().unwrap().clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fewer than {count} log lines with {needles:?}; log:\n{}",
-                self.lines.lock().unwrap().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -121,9 +43,9 @@ fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset()
     };
     let sim = Sim::new(&scenario(5, &[64]));
     configure(&sim);
-    let daemon = Daemon::start(&sim);
-    daemon.expect(&["watching Xid events on GPUs 0, 1"], 1);
-    let line = daemon.expect(&["GPU 1: Xid 64", "action gpu_reset"], 1);
+    let daemon = Daemon::start(&sim, &[]);
+    daemon.expect_count(&["watching Xid events on GPUs 0, 1"], 1);
+    let line = daemon.expect_count(&["GPU 1: Xid 64", "action gpu_reset"], 1);
     assert!(
         line.contains(&format!("on the GPU: pid {} (", job.pid())),
         "{line}"
@@ -158,7 +80,7 @@ fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset()
 
     // The same Xid again, appended: one more event, the counter at 2 (never a last value).
     sim.write(&scenario(5, &[64, 64]));
-    daemon.expect(&["GPU 1: Xid 64"], 2);
+    daemon.expect_count(&["GPU 1: Xid 64"], 2);
     wait_for("the counter counts both", || {
         metrics(&sim).contains(",xid=\"64\"} 2")
     });
