@@ -1502,20 +1502,6 @@ impl PlacedIn {
     fn spawn(container: &Container, pid: u32, local: u32) -> PlacedIn {
         use std::ffi::CString;
         use std::os::unix::ffi::OsStrExt;
-        #[repr(C)]
-        struct CloneArgs {
-            flags: u64,
-            pidfd: u64,
-            child_tid: u64,
-            parent_tid: u64,
-            exit_signal: u64,
-            stack: u64,
-            stack_size: u64,
-            tls: u64,
-            set_tid: u64,
-            set_tid_size: u64,
-            cgroup: u64,
-        }
         let namespace = std::fs::File::open(format!("/proc/{}/ns/pid", container.init)).unwrap();
         let program = CString::new(testproc_bin().as_os_str().as_bytes()).unwrap();
         let arg0 = CString::new("python3").unwrap();
@@ -1530,37 +1516,8 @@ impl PlacedIn {
             let envp = [env.as_ptr(), std::ptr::null()];
             // The innermost namespace's pid first.
             let tids: [libc::pid_t; 2] = [local as libc::pid_t, pid as libc::pid_t];
-            let args = CloneArgs {
-                flags: 0,
-                pidfd: 0,
-                child_tid: 0,
-                parent_tid: 0,
-                exit_signal: libc::SIGCHLD as u64,
-                stack: 0,
-                stack_size: 0,
-                tls: 0,
-                set_tid: tids.as_ptr() as u64,
-                set_tid_size: 2,
-                cgroup: 0,
-            };
-            // SAFETY: clone3 with a valid clone_args of the size given; the child only calls
-            // execve and _exit.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_clone3,
-                    &args as *const CloneArgs,
-                    std::mem::size_of::<CloneArgs>(),
-                )
-            };
-            if rc == 0 {
-                // SAFETY: valid NUL-terminated arrays prepared above.
-                unsafe {
-                    libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                    libc::_exit(127);
-                }
-            }
-            assert!(rc > 0, "clone3: {}", std::io::Error::last_os_error());
-            rc as u32
+            clone3_exec(&tids, &program, &argv, &envp)
+                .unwrap_or_else(|error| panic!("clone3: {error}"))
         })
         .join()
         .unwrap();

@@ -1093,6 +1093,66 @@ impl Sim {
     }
 }
 
+/// clone3 with `set_tid` (the pids to take, the innermost PID namespace's first), its child
+/// exec'ing `program` with `argv` and `envp`, NUL-terminated arrays prepared beforehand: after
+/// the clone, in a multi-threaded process, the child may only call async-signal-safe
+/// functions. The child's pid, or the kernel's refusal (no CAP_SYS_ADMIN or
+/// CAP_CHECKPOINT_RESTORE, the pid taken, an old kernel).
+pub fn clone3_exec(
+    tids: &[libc::pid_t],
+    program: &std::ffi::CStr,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> std::io::Result<u32> {
+    #[repr(C)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+        cgroup: u64,
+    }
+    let args = CloneArgs {
+        flags: 0,
+        pidfd: 0,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: 0,
+        stack_size: 0,
+        tls: 0,
+        set_tid: tids.as_ptr() as u64,
+        set_tid_size: tids.len() as u64,
+        cgroup: 0,
+    };
+    // SAFETY: clone3 with a valid, fully initialised clone_args of the size given; the child
+    // only calls execve and _exit.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if rc == 0 {
+        // SAFETY: the caller's NUL-terminated arrays, valid until it returns.
+        unsafe {
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(rc as u32)
+}
+
 /// A process started with a chosen pid (clone3 with set_tid, as CRIU does): how a test makes a
 /// pid name another process, the way pid reuse does. Killed and reaped on drop.
 pub struct PidReuser {
@@ -1105,61 +1165,13 @@ impl PidReuser {
     pub fn spawn(pid: u32, mode: &str, argv0: &str) -> Option<PidReuser> {
         use std::ffi::CString;
         use std::os::unix::ffi::OsStrExt;
-        #[repr(C)]
-        struct CloneArgs {
-            flags: u64,
-            pidfd: u64,
-            child_tid: u64,
-            parent_tid: u64,
-            exit_signal: u64,
-            stack: u64,
-            stack_size: u64,
-            tls: u64,
-            set_tid: u64,
-            set_tid_size: u64,
-            cgroup: u64,
-        }
-        // Everything the child needs is prepared before the clone: after it, in a
-        // multi-threaded process, the child may only call async-signal-safe functions.
         let path = CString::new(testproc_bin().as_os_str().as_bytes()).ok()?;
         let arg0 = CString::new(argv0).ok()?;
         let env = CString::new(format!("GPUCTL_TESTPROC_MODE={mode}")).ok()?;
         let argv = [arg0.as_ptr(), std::ptr::null()];
         let envp = [env.as_ptr(), std::ptr::null()];
-        let tid: libc::pid_t = pid as libc::pid_t;
-        let args = CloneArgs {
-            flags: 0,
-            pidfd: 0,
-            child_tid: 0,
-            parent_tid: 0,
-            exit_signal: libc::SIGCHLD as u64,
-            stack: 0,
-            stack_size: 0,
-            tls: 0,
-            set_tid: &tid as *const libc::pid_t as u64,
-            set_tid_size: 1,
-            cgroup: 0,
-        };
-        // SAFETY: clone3 with a valid, fully initialised clone_args of the size given; the
-        // child only calls execve and _exit.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &args as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        if rc == 0 {
-            // SAFETY: the pointers are valid NUL-terminated arrays prepared above.
-            unsafe {
-                libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                libc::_exit(127);
-            }
-        }
-        if rc < 0 {
-            return None;
-        }
-        assert_eq!(rc as u32, pid, "clone3 gave another pid");
+        let rc = clone3_exec(&[pid as libc::pid_t], &path, &argv, &envp).ok()?;
+        assert_eq!(rc, pid, "clone3 gave another pid");
         let reuser = PidReuser { pid };
         // Exec'd when argv[0] shows.
         wait_until(Duration::from_secs(10), || {
