@@ -23,22 +23,6 @@ clock_event_reasons = ["hw_slowdown"]
 
 type Dev = b::nvmlDevice_t;
 
-struct Raw {
-    lib: libloading::Library,
-}
-
-impl Raw {
-    fn open() -> Raw {
-        // SAFETY: loading our own library, which runs no code at load.
-        let lib = unsafe { libloading::Library::new(lib_path()) }.unwrap();
-        Raw { lib }
-    }
-    fn f<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: the caller names the symbol with its C signature.
-        unsafe { *self.lib.get::<T>(name.as_bytes()).unwrap() }
-    }
-}
-
 fn field(dev: &nvml_wrapper::Device<'_>, id: u32) -> Result<u32, NvmlError> {
     let values = dev
         .field_values_for(&[nvml_wrapper::structs::device::FieldId(id)])

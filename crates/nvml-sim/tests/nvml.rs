@@ -555,22 +555,6 @@ fn devdir_child() {
 
 type Dev = *mut std::ffi::c_void;
 
-struct Raw {
-    lib: libloading::Library,
-}
-
-impl Raw {
-    fn open() -> Raw {
-        // SAFETY: loading our own library, which runs no code at load.
-        let lib = unsafe { libloading::Library::new(lib_path()) }.unwrap();
-        Raw { lib }
-    }
-    fn f<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: the caller names the symbol with its C signature.
-        unsafe { *self.lib.get::<T>(name.as_bytes()).unwrap() }
-    }
-}
-
 /// Every process list NVML has, by name: the public exports (every version), both
 /// process-utilization calls and the private table's slots 213-215 (compute, graphics, MPS).
 const LISTS: [&str; 14] = [

@@ -188,3 +188,22 @@ pub fn assert_device_files(dir: &Path, want: &[(&str, (u32, u32))]) {
         }
     }
 }
+
+/// The sim's library opened by hand, for the raw ABI: the calls a wrapper does not make.
+pub struct Raw {
+    pub lib: libloading::Library,
+}
+
+impl Raw {
+    pub fn open() -> Raw {
+        // SAFETY: loading our own library, which runs no code at load.
+        let lib = unsafe { libloading::Library::new(lib_path()) }.unwrap();
+        Raw { lib }
+    }
+
+    /// The export `name`, typed as its C signature.
+    pub fn f<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: the caller names the symbol with its C signature.
+        unsafe { *self.lib.get::<T>(name.as_bytes()).unwrap() }
+    }
+}
