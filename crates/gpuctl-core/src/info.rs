@@ -41,8 +41,6 @@ pub struct Survey {
     /// process's descriptors, which a launcher polling `info --json` would pay each call.
     holders_asked: bool,
     peaks: Option<PeakStore>,
-    /// How long opening NVML took.
-    pub opened: Duration,
 }
 
 impl Survey {
@@ -65,7 +63,6 @@ impl Survey {
             .places(places)
             .holders(holders);
         Ok(Survey {
-            opened: session.opened,
             session,
             reader,
             holders_asked: request.all_holders,

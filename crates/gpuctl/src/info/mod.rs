@@ -31,7 +31,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         all_holders: args.holders,
         timeout: args.timeout,
     })?;
-    let opened = survey.opened;
+    let opened = survey.session.opened;
     let unscanned_above = survey.unscanned_above();
     let mut warned = false;
     let Some(interval) = args.watch else {
