@@ -330,9 +330,10 @@ fn open_up(dir: &Path) {
 }
 
 /// `gpuctl serve` on the host against `sim`, on a socket of its own; stopped on drop.
-struct Service {
+/// (tests/docker.rs runs its containers against it too.)
+pub(crate) struct Service {
     child: Child,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
 }
 
 impl Service {
@@ -341,7 +342,7 @@ impl Service {
         Service::start_at(sim, socket)
     }
 
-    fn start_at(sim: &Sim, socket: PathBuf) -> Service {
+    pub(crate) fn start_at(sim: &Sim, socket: PathBuf) -> Service {
         let child = sim
             .gpuctl(&["serve", "--socket", socket.to_str().unwrap()])
             .stderr(Stdio::null())
