@@ -691,7 +691,9 @@ fn kill_inside_ends_the_containers_process_by_its_local_pid() {
     let sim = Sim::new(
         &Scenario::new()
             .gpus(1, Gpu::h200())
-            .process(Process::new(host).on(0).used(GIB)),
+            // More than verification's slack (1% of the GPU's memory), so that a release
+            // is seen only if the memory really came back.
+            .process(Process::new(host).on(0).used(10 * GIB)),
     );
     let service = Service::start(&sim);
     let run = container.gpuctl_run(
