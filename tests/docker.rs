@@ -395,8 +395,12 @@ impl Container {
         if options.host_pids {
             args.push("--pid=host".into());
         }
-        // gpuctl's environment against this scenario, as the host's runs have it.
+        // gpuctl's environment against this scenario, as the host's runs have it, but for
+        // the socket: inside, the default /run/gpuctl/api.sock, the mount or nothing.
         for (key, value) in sim.gpuctl(&[]).get_envs() {
+            if key == "GPUCTL_SOCKET" {
+                continue;
+            }
             if let Some(value) = value {
                 args.push("-e".into());
                 args.push(format!(
