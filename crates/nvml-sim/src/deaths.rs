@@ -124,10 +124,18 @@ fn write(path: &Path, dead: &BTreeSet<u32>) -> std::io::Result<()> {
     })
 }
 
-/// Starts, once per process, the thread that runs `pass` every [`SHARE_EVERY`]. The library
-/// is pinned first (never unloaded, even by `dlclose`): the thread runs its code for the
-/// process's life. Where it cannot be pinned, no thread is started.
-pub fn start_sharing(pass: fn()) {
+/// The file the sharing thread watches for: the loaded scenario's.
+static WATCHED: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+/// Starts, once per process, the thread that runs `pass` every [`SHARE_EVERY`] while the
+/// file `path` exists (an instance in another namespace asked for it); a later call only
+/// changes the file watched. The thread looks for the file before `pass` takes the sim's
+/// lock, so where nothing asked it never holds that lock (a program that forks while it
+/// did would leave its child's lock taken). The library is pinned first (never unloaded,
+/// even by `dlclose`): the thread runs its code for the process's life. Where it cannot be
+/// pinned, no thread is started.
+pub fn start_sharing(path: PathBuf, pass: fn()) {
+    *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         if !pin_this_library() {
@@ -138,7 +146,14 @@ pub fn start_sharing(pass: fn()) {
             .spawn(move || {
                 loop {
                     std::thread::sleep(SHARE_EVERY);
-                    pass();
+                    let asked = WATCHED
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_deref()
+                        .is_some_and(Path::exists);
+                    if asked {
+                        pass();
+                    }
                 }
             });
     });

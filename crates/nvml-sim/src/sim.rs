@@ -270,7 +270,7 @@ impl Sim {
         if crate::live::in_child_pid_namespace() {
             deaths.ask();
         } else {
-            crate::deaths::start_sharing(share_deaths);
+            crate::deaths::start_sharing(deaths.path.clone(), share_deaths);
         }
         Ok(Sim {
             refcount: 1,
