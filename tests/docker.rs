@@ -710,7 +710,11 @@ fn each_container_sees_and_reclaims_only_its_own_processes() {
         .container
         .gpuctl_run(&["kill", "--pid", &local_trainer, "--timeout", "5s"]);
     assert_eq!(run.code, 0, "kill in A: {}\n{}", run.stdout, run.stderr);
-    assert!(!run.stdout.contains("still held"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("ended (SIGTERM)") && !run.stdout.contains("still held"),
+        "{}",
+        run.stdout
+    );
     assert!(!alive(a.trainer), "A's trainer lives on");
     for &pid in b.orphans.iter().chain([&b.trainer, &host.pid()]) {
         assert!(alive(pid), "{pid} was ended by kill in A");
