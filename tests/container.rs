@@ -286,7 +286,7 @@ fn nspid(pid: u32) -> Option<Vec<u32>> {
     line.split_whitespace().map(|f| f.parse().ok()).collect()
 }
 
-fn children_of(parent: u32) -> Vec<u32> {
+pub(crate) fn children_of(parent: u32) -> Vec<u32> {
     let mut children = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -371,7 +371,7 @@ impl Drop for Service {
 }
 
 /// Every process the JSON document lists, over every GPU: (pid, GPU index, used bytes).
-fn listed(info: &serde_json::Value) -> BTreeSet<(u64, u64, u64)> {
+pub(crate) fn listed(info: &serde_json::Value) -> BTreeSet<(u64, u64, u64)> {
     info["devices"]
         .as_array()
         .unwrap()
@@ -1046,7 +1046,7 @@ fn a_namespace_below_the_callers_is_the_callers() {
 
 /// A directory for the service's socket as /run/gpuctl is: root's, 0755 (containers mount
 /// it; their root can write in it unless the mount is read-only).
-fn rendezvous() -> tempfile::TempDir {
+pub(crate) fn rendezvous() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
@@ -1143,7 +1143,7 @@ fn empty_reply(uuid: &str) -> String {
     .to_string()
 }
 
-fn hints(stderr: &str) -> Vec<&str> {
+pub(crate) fn hints(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains("hint")).collect()
 }
 

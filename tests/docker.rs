@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::container::Service;
+use crate::container::{Service, children_of, hints, listed, rendezvous};
 use crate::util::*;
 
 static DOCKER: Fetch = Fetch::new("fetch-docker");
@@ -321,25 +321,6 @@ fn which_sbin(tool: &str) -> PathBuf {
     .unwrap_or_else(|| PathBuf::from(tool))
 }
 
-fn children_of(parent: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if ppid == Some(parent) {
-            children.push(pid);
-        }
-    }
-    children
-}
-
 fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
@@ -573,42 +554,13 @@ impl Tenant {
     }
 }
 
-/// A directory only root writes in, for the service's socket (as /run/gpuctl is).
-fn socket_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-/// Every process the JSON document lists: (pid, GPU index, used bytes).
-fn listed(info: &serde_json::Value) -> BTreeSet<(u64, u64, u64)> {
-    info["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|gpu| {
-            gpu["processes"].as_array().unwrap().iter().map(move |p| {
-                (
-                    p["pid"].as_u64().unwrap(),
-                    gpu["index"].as_u64().unwrap(),
-                    p["used_bytes"].as_u64().unwrap(),
-                )
-            })
-        })
-        .collect()
-}
-
-fn hints(stderr: &str) -> Vec<&str> {
-    stderr.lines().filter(|l| l.contains("hint")).collect()
-}
-
 /// Containers A and B share two GPUs with a host process. Inside each, `info` lists exactly
 /// its own processes by its own pids, owned by its container as `docker ps` names it;
 /// `clear --wait` in A ends A's orphans and returns once their memory is back; `kill` by
 /// local pid in A ends A's trainer and reports its memory released; B is untouched.
 #[test]
 fn each_container_sees_and_reclaims_only_its_own_processes() {
-    let run_dir = socket_dir();
+    let run_dir = rendezvous();
     let sim = Sim::new(&Scenario::new().gpus(2, Gpu::h200()));
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
     let mounted = Options {
@@ -729,7 +681,7 @@ fn each_container_sees_and_reclaims_only_its_own_processes() {
 /// container, and ended by `kill` there.
 #[test]
 fn a_process_started_by_docker_exec_is_the_containers() {
-    let run_dir = socket_dir();
+    let run_dir = rendezvous();
     let sim = Sim::new(&Scenario::new().gpus(1, Gpu::h200()));
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
     let container = Container::start(
@@ -906,7 +858,7 @@ fn with_the_hosts_pid_namespace_gpuctl_behaves_as_on_the_host() {
 /// nothing: no process it cannot confirm is a target.
 #[test]
 fn without_the_socket_mounted_one_hint_and_nothing_acted_on() {
-    let run_dir = socket_dir();
+    let run_dir = rendezvous();
     let sim = Sim::new(&Scenario::new().gpus(1, Gpu::h200()));
     // A service is running on the host: only the mount is missing.
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
@@ -949,7 +901,7 @@ fn without_the_socket_mounted_one_hint_and_nothing_acted_on() {
 /// client gets a clear exit, and the service answers the next caller.
 #[test]
 fn docker_stop_during_clear_wait_ends_it_cleanly() {
-    let run_dir = socket_dir();
+    let run_dir = rendezvous();
     let sim = Sim::new(&Scenario::new().gpus(1, Gpu::h200()));
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
     let options = || Options {
