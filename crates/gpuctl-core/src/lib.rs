@@ -20,6 +20,7 @@ pub mod fixtures;
 pub mod health;
 pub mod host;
 pub mod info;
+pub mod lease;
 pub mod nvml;
 pub mod owner;
 pub mod pidmap;
