@@ -23,6 +23,7 @@ pub mod info;
 pub mod lease;
 pub mod nvml;
 pub mod owner;
+pub mod pick;
 pub mod pidmap;
 pub mod plan;
 pub mod protect;

@@ -84,6 +84,19 @@ impl SnapshotOptions {
         }
     }
 
+    /// What a launcher reads to pick GPUs (`gpuctl run`, `gpuctl pick`): who holds memory,
+    /// utilization (for a utilization limit) and health (the verdict is the gate), of
+    /// `gpus` (`None`: every GPU); not the name, clocks or temperature.
+    pub fn pick(gpus: Option<Vec<u32>>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus,
+            only_memory_and_processes: true,
+            activity: true,
+            health: true,
+            ..SnapshotOptions::default()
+        }
+    }
+
     /// What a poll for released memory reads, as often as it can: memory and processes of
     /// `gpus` (`None`: every GPU), nothing else.
     pub fn poll(gpus: Option<Vec<u32>>) -> SnapshotOptions {
