@@ -78,6 +78,9 @@ pub struct Holder {
     pub since: Option<u64>,
 }
 
+/// The leases not taken, each UUID with why.
+pub type Missed = Vec<(String, Taken)>;
+
 /// Whether a lease was taken, and if not, why.
 #[derive(Debug)]
 pub enum Taken {
@@ -214,7 +217,7 @@ impl LeaseDir {
         &self,
         uuids: &[String],
         count: Option<usize>,
-    ) -> Result<(Option<Vec<Lease>>, Vec<(String, Taken)>)> {
+    ) -> Result<(Option<Vec<Lease>>, Missed)> {
         let wanted = count.unwrap_or(uuids.len());
         let mut order: Vec<&String> = uuids.iter().collect();
         order.sort();

@@ -267,6 +267,15 @@ impl<'a> Picker<'a> {
         let snapshot = self.reader.take(&self.session.gpus)?;
         let spots = judge(&snapshot, self.named.as_deref(), &self.request.criteria);
         if !self.checked {
+            if let Some(count) = self.request.count
+                && count > spots.len()
+            {
+                return Err(CoreError::Usage(format!(
+                    "{count} GPUs asked for, but only {} {} here",
+                    spots.len(),
+                    if spots.len() == 1 { "is" } else { "are" }
+                )));
+            }
             self.check_min_free(&spots)?;
             self.checked = true;
         }

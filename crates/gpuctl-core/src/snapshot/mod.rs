@@ -97,6 +97,17 @@ impl SnapshotOptions {
         }
     }
 
+    /// What `gpuctl run` samples while its command runs, on the leased `gpus` only: memory
+    /// and utilization (peak and mean for its summary).
+    pub fn sample(gpus: Vec<u32>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus: Some(gpus),
+            only_memory_and_processes: true,
+            activity: true,
+            ..SnapshotOptions::default()
+        }
+    }
+
     /// What a poll for released memory reads, as often as it can: memory and processes of
     /// `gpus` (`None`: every GPU), nothing else.
     pub fn poll(gpus: Option<Vec<u32>>) -> SnapshotOptions {
