@@ -81,6 +81,42 @@ pub struct Holder {
 /// The leases not taken, each UUID with why.
 pub type Missed = Vec<(String, Taken)>;
 
+/// A lease as readers show it (`info`, `info --json`, `top`): which GPU or MIG instance,
+/// and who holds it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Leased {
+    pub uuid: String,
+    /// The MIG GPU instance leased; `None`: the whole GPU.
+    pub gpu_instance: Option<u32>,
+    #[serde(flatten)]
+    pub holder: Holder,
+}
+
+impl Leased {
+    /// "leased by bob (pid 42: gpuctl run -- python train.py) since 2026-11-26T12:00:01Z"
+    pub fn describe(&self) -> String {
+        let holder = &self.holder;
+        let who = holder
+            .user
+            .clone()
+            .or_else(|| holder.uid.map(|uid| format!("uid {uid}")))
+            .unwrap_or_else(|| "someone".into());
+        let mut text = match &holder.command {
+            Some(command) => format!(
+                "leased by {who} (pid {}: {})",
+                holder.pid,
+                crate::text::escape(command)
+            ),
+            None => format!("leased by {who} (pid {})", holder.pid),
+        };
+        if let Some(since) = holder.since {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(since);
+            text.push_str(&format!(" since {}", humantime::format_rfc3339_seconds(at)));
+        }
+        text
+    }
+}
+
 /// Whether a lease was taken, and if not, why.
 #[derive(Debug)]
 pub enum Taken {
@@ -114,6 +150,18 @@ impl LeaseDir {
             Some(path) => LeaseDir::at(Path::new(&path)),
             None => LeaseDir::at(Path::new(DEFAULT_DIR)),
         }
+    }
+
+    /// The lease directory in force where it exists (readers make nothing), checked as
+    /// [`LeaseDir::at`] checks it.
+    pub fn existing() -> Option<LeaseDir> {
+        let path = std::env::var_os(DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from);
+        std::fs::symlink_metadata(&path)
+            .is_ok_and(|meta| meta.is_dir())
+            .then(|| LeaseDir::at(&path).ok())
+            .flatten()
     }
 
     /// The lease directory at `path`, made (mode 1777: anyone may take a free GPU's lease)

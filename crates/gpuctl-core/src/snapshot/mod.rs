@@ -220,6 +220,10 @@ pub struct GpuSnapshot {
     /// The GPU's health verdict, where a reader judged it (`info`, `gpuctl health`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::Verdict>,
+    /// The `gpuctl run` leases held on it or its MIG instances, where a reader asked
+    /// ([`crate::session::Reader::showing_leases`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<crate::lease::Leased>,
 }
 
 /// A process holding a GPU's device file without NVML listing it on that GPU.
