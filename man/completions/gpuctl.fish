@@ -39,6 +39,8 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or 
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "run" -d 'Lease free, healthy GPUs, run a command on them, and leave nothing behind'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "pick" -d 'Print free, healthy GPUs for scripts that launch by other means; takes no lease'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted; with --json, one document per line at each refresh' -r
@@ -163,17 +165,40 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand serve" -l color -d 'When t
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l gpus -d 'How many GPUs to lease (default 1): any that qualify' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l gpu -d 'Lease exactly this GPU or MIG instance (index, UUID, bus id, or GPU/GI as nvidia-smi -L shows them); repeat for several. All of them must qualify' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l min-free -d 'Qualify GPUs with at least this much free memory, as a size (40GiB) or a percentage of the GPU\'s memory (50%), instead of "no process and under 256 MiB in use"' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l max-util -d 'Qualify GPUs whose utilization is under PCT percent (1-100); with --min-free too, both must hold' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l wait -d 'Wait up to DURATION (30s, 10m) for enough GPUs to qualify and be free of leases, saying who holds what it waits for. Not enough by then: exit status 4' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l name -d 'Name the run: a crashed earlier run of this name (its run file left behind) has its leftovers ended first, and a live run of this name is refused' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l json-summary -d 'Also write the summary as one JSON document to FILE (docs/json.md)' -r -F
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l no-enable -d 'Do not add `gpuctl enable`\'s allocator settings to the command\'s environment'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s q -l quiet -d 'No summary on stderr (errors are still said)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l min-free -d 'Qualify GPUs with at least this much free memory, as a size (40GiB) or a percentage of the GPU\'s memory (50%), instead of "no process and under 256 MiB in use"' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l max-util -d 'Qualify GPUs whose utilization is under PCT percent (1-100); with --min-free too, both must hold' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l index -d 'Print each GPU\'s index (0, or 0/3 for a MIG instance) instead of its UUID'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "run" -d 'Lease free, healthy GPUs, run a command on them, and leave nothing behind'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "pick" -d 'Print free, healthy GPUs for scripts that launch by other means; takes no lease'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "prolog" -d 'Before a job: reclaim crashed runs\' leftovers on the job\'s GPUs only, and wait until they are free; if they are not, drain the node with the reason and exit 1 (Slurm then requeues the job)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "epilog" -d 'After a job: end what is left of it (by its cgroup, or by SLURM_JOB_ID in the environment of processes no cgroup ties to a job), check its GPUs\' memory is released, restore the card settings it may have changed, and write its account. On failure, drain the node with the reason and exit 1'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "healthcheck" -d 'Slurm\'s HealthCheckProgram: drain this node when a GPU\'s health verdict needs a reset, a reboot or a drain (the reason names the GPU, the action and the causes); resume it if gpuctl drained it and the GPUs are healthy, and the GPUs a memory reason named free, now. A node drained for any other reason is left alone'
