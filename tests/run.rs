@@ -194,6 +194,29 @@ fn the_free_healthy_gpu_is_chosen_by_uuid() {
 }
 
 #[test]
+fn a_split_gpu_is_leased_by_its_mig_instances() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::h100().mig("3g.40gb", 1).mig("3g.40gb", 2)));
+    let shown = run(
+        &sim,
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$CUDA_VISIBLE_DEVICES $GPUCTL_RUN_GPUS\"",
+        ],
+    );
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    let (visible, names) = shown.stdout.trim().split_once(' ').unwrap();
+    let uuids: Vec<&str> = visible.split(',').collect();
+    assert_eq!(uuids.len(), 2);
+    assert!(uuids.iter().all(|u| u.starts_with("MIG-")), "{visible}");
+    assert_eq!(names, "0/1,0/2");
+}
+
+#[test]
 fn six_concurrent_runs_on_two_gpus_never_share_one_and_all_run() {
     let sim = Sim::new(&h200s(2));
     let marks = sim.dir.path().join("marks");

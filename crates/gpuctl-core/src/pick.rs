@@ -351,13 +351,16 @@ impl<'a> Picker<'a> {
                 let count = self.named.is_none().then_some(wanted);
                 let (taken, missed) = dir.take(&uuids, count)?;
                 if let Some(leases) = taken {
-                    return Ok(leases
+                    // Taken in UUID order; handed out in the GPUs' own order.
+                    let mut leased: Vec<(Spot, Lease)> = leases
                         .into_iter()
                         .filter_map(|lease| {
                             let spot = fit.iter().find(|s| s.uuid.as_ref() == Some(&lease.uuid))?;
                             Some(((*spot).clone(), lease))
                         })
-                        .collect());
+                        .collect();
+                    leased.sort_by_key(|(spot, _)| (spot.place.gpu, spot.place.gpu_instance));
+                    return Ok(leased);
                 }
                 let busy: Vec<String> = missed
                     .iter()
