@@ -95,25 +95,32 @@ pub struct Leased {
 impl Leased {
     /// "leased by bob (pid 42: gpuctl run -- python train.py) since 2026-11-26T12:00:01Z"
     pub fn describe(&self) -> String {
-        let holder = &self.holder;
-        let who = holder
-            .user
-            .clone()
-            .or_else(|| holder.uid.map(|uid| format!("uid {uid}")))
-            .unwrap_or_else(|| "someone".into());
-        let mut text = match &holder.command {
-            Some(command) => format!(
-                "leased by {who} (pid {}: {})",
-                holder.pid,
-                crate::text::escape(command)
-            ),
-            None => format!("leased by {who} (pid {})", holder.pid),
-        };
-        if let Some(since) = holder.since {
+        let mut text = format!("leased by {}", self.holder.describe());
+        if let Some(since) = self.holder.since {
             let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(since);
             text.push_str(&format!(" since {}", humantime::format_rfc3339_seconds(at)));
         }
         text
+    }
+}
+
+impl Holder {
+    /// "bob (pid 42: gpuctl run -- python train.py)", the command escaped.
+    pub fn describe(&self) -> String {
+        let who = self
+            .user
+            .clone()
+            .or_else(|| self.uid.map(|uid| format!("uid {uid}")))
+            .unwrap_or_else(|| "someone".into());
+        match &self.command {
+            Some(command) => format!(
+                "{} (pid {}: {})",
+                crate::text::escape(&who),
+                self.pid,
+                crate::text::escape(command)
+            ),
+            None => format!("{} (pid {})", crate::text::escape(&who), self.pid),
+        }
     }
 }
 

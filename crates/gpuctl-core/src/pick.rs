@@ -368,7 +368,7 @@ impl<'a> Picker<'a> {
                     .map(|(uuid, _)| uuid.clone())
                     .collect();
                 for (uuid, holder) in dir.holders(&busy) {
-                    leased_by.push((uuid, describe_holder(&holder)));
+                    leased_by.push((uuid, holder.describe()));
                 }
                 for (uuid, taken) in missed {
                     match taken {
@@ -407,23 +407,6 @@ impl<'a> Picker<'a> {
         }
         std::thread::sleep(WAIT_POLL.min(limit.saturating_sub(started.elapsed())));
         Ok(())
-    }
-}
-
-/// "bob (pid 42: gpuctl run -- python train.py) since 12:00:01"
-pub fn describe_holder(holder: &crate::lease::Holder) -> String {
-    let who = holder
-        .user
-        .clone()
-        .or_else(|| holder.uid.map(|uid| format!("uid {uid}")))
-        .unwrap_or_else(|| "someone".into());
-    match &holder.command {
-        Some(command) => format!(
-            "{who} (pid {}: {})",
-            holder.pid,
-            crate::text::escape(command)
-        ),
-        None => format!("{who} (pid {})", holder.pid),
     }
 }
 
