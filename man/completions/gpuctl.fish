@@ -176,7 +176,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l color -d 'When to 
 always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l no-enable -d 'Do not add `gpuctl enable`\'s allocator settings to the command\'s environment'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s q -l quiet -d 'No summary on stderr (errors are still said)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s q -l quiet -d 'No summary and no waiting notes on stderr (errors, and leftovers that could not be ended, are still said)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l min-free -d 'Qualify GPUs with at least this much free memory, as a size (40GiB) or a percentage of the GPU\'s memory (50%), instead of "no process and under 256 MiB in use"' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l max-util -d 'Qualify GPUs whose utilization is under PCT percent (1-100); with --min-free too, both must hold' -r

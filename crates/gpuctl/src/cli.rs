@@ -753,7 +753,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_enable: bool,
 
-    /// No summary on stderr (errors are still said).
+    /// No summary and no waiting notes on stderr (errors, and leftovers that could not be
+    /// ended, are still said).
     #[arg(long, short = 'q')]
     pub quiet: bool,
 

@@ -77,7 +77,11 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     };
     let mut picker = Picker::new(&session, request)?;
     let dir = LeaseDir::open()?;
-    let leased = match picker.lease(&dir, &mut |line| say(line)) {
+    let leased = match picker.lease(&dir, &mut |line| {
+        if !quiet {
+            say(line)
+        }
+    }) {
         Ok(leased) => leased,
         Err(PickError::TooFew(why)) => {
             let _ = writeln!(io::stderr().lock(), "gpuctl: {}", text::escape(&why));
