@@ -519,6 +519,14 @@ fn the_lease_directory_resists_another_users_plantings() {
     let refused = Run::from(other.output().unwrap());
     refused.assert_one_line_error(4, "uid 65534's, unreadable to this user");
 
+    // Where a user may not make the directory, one line says who does.
+    let closed = sim.dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cannot = sim.gpuctl_as(NOBODY - 1, &["run", "--", "true"]);
+    cannot.env("GPUCTL_LEASE_DIR", closed.join("leases"));
+    Run::from(cannot.output().unwrap()).assert_one_line_error(1, "root makes it on first use");
+
     // A lease directory another user owns is not trusted.
     let theirs = sim.dir.path().join("theirs");
     std::fs::create_dir(&theirs).unwrap();

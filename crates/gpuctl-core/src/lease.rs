@@ -36,8 +36,10 @@ pub enum LeaseError {
     /// The directory or a lease file cannot be trusted, or was planted by another user.
     #[error("{0}")]
     Unsafe(String),
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
+    /// Said once: the message names the cause itself (`source` would be said again by
+    /// a chain-printing caller).
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
 }
 
 type Result<T> = std::result::Result<T, LeaseError>;
@@ -174,9 +176,19 @@ impl LeaseDir {
     /// The lease directory at `path`, made (mode 1777: anyone may take a free GPU's lease)
     /// if missing.
     pub fn at(path: &Path) -> Result<LeaseDir> {
-        let io = |source| LeaseError::Io {
-            path: path.to_path_buf(),
-            source,
+        let io = |error: io::Error| {
+            if error.kind() == io::ErrorKind::PermissionDenied {
+                return LeaseError::Unsafe(format!(
+                    "cannot make or open the lease directory {}: {error}; root makes it on \
+                     first use (or systemd-tmpfiles at boot, mode 1777), or name another with \
+                     {DIR_ENV}",
+                    path.display()
+                ));
+            }
+            LeaseError::Io {
+                path: path.to_path_buf(),
+                error,
+            }
         };
         let made = match std::fs::DirBuilder::new().mode(0o755).create(path) {
             Ok(()) => true,
@@ -188,10 +200,7 @@ impl LeaseDir {
                         .recursive(true)
                         .mode(0o755)
                         .create(parent)
-                        .map_err(|source| LeaseError::Io {
-                            path: parent.to_path_buf(),
-                            source,
-                        })?;
+                        .map_err(io)?;
                 }
                 match std::fs::DirBuilder::new().mode(0o755).create(path) {
                     Ok(()) => true,
@@ -245,7 +254,7 @@ impl LeaseDir {
             }
             return Err(LeaseError::Io {
                 path: self.path.join(&name),
-                source: error,
+                error,
             });
         }
         // The name must still be this file: had its owner (or root) replaced it meanwhile,
@@ -342,7 +351,7 @@ impl LeaseDir {
         let path = self.path.join(name);
         let io = |errno: Errno| LeaseError::Io {
             path: path.clone(),
-            source: errno.into(),
+            error: errno.into(),
         };
         // O_NONBLOCK: a FIFO planted at the name must not hang the open. No O_TRUNC ever.
         let base = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
@@ -382,9 +391,9 @@ impl LeaseDir {
                 Err(Errno::ENXIO) => return Ok(self.planted(name, "not a regular file")),
                 Err(errno) => return Err(io(errno)),
             };
-            let meta = file.metadata().map_err(|e| LeaseError::Io {
+            let meta = file.metadata().map_err(|error| LeaseError::Io {
                 path: path.clone(),
-                source: e,
+                error,
             })?;
             if !meta.is_file() {
                 return Ok(self.planted(name, "not a regular file"));
