@@ -397,6 +397,27 @@ fn ctrl_c_in_a_terminal_ends_the_command_once_and_gpuctl_reports_it() {
 }
 
 #[test]
+fn top_shows_who_holds_a_lease() {
+    let sim = Sim::new(&h200s(2));
+    let pidfile = sim.dir.path().join("sleep.pid");
+    let script = format!(
+        "echo $$ > {}; exec sleep 60",
+        quote(&pidfile.to_string_lossy())
+    );
+    let holder = Background::start(&sim, &["run", "--gpu", "1", "--", "sh", "-c", &script]);
+    let _sleeper = KillOnDrop(pid_in(&pidfile));
+    let top = Tmux::launch(&sim, "top");
+    let screen = top.wait_for(&format!("[leased by root, pid {}]", holder.pid()));
+    let line = screen
+        .lines()
+        .find(|l| l.contains("leased by"))
+        .unwrap_or_default();
+    assert!(line.trim_start().starts_with("GPU 1"), "{screen}");
+    top.keys(&["q"]);
+    top.wait_for("run exited 0");
+}
+
+#[test]
 fn name_ends_the_workers_of_an_earlier_run_that_was_sigkilled() {
     let sim = Sim::new(&h200s(1));
     let pidfile = sim.dir.path().join("worker.pid");
@@ -584,12 +605,17 @@ struct Tmux {
 
 impl Tmux {
     fn start(sim: &Sim, command: &str) -> Tmux {
+        Tmux::launch(sim, &format!("run -- {command}"))
+    }
+
+    /// `gpuctl ARGS` (`args`: shell words) in the terminal.
+    fn launch(sim: &Sim, args: &str) -> Tmux {
         let dir = tempfile::tempdir().unwrap();
         let tmux = Tmux {
             socket: dir.path().join("tmux.sock"),
             _dir: dir,
         };
-        let gpuctl = gpuctl(sim, &["run"]);
+        let gpuctl = gpuctl(sim, &[]);
         let mut line = String::from("env");
         for (key, value) in gpuctl.get_envs() {
             if let Some(value) = value {
@@ -601,7 +627,7 @@ impl Tmux {
             }
         }
         line.push_str(&format!(
-            " {} run -- {command}; echo \"run exited $?\"; exec sleep 600",
+            " {} {args}; echo \"run exited $?\"; exec sleep 600",
             quote(&gpuctl.get_program().to_string_lossy())
         ));
         tmux.tmux(&[
