@@ -387,7 +387,7 @@ fn the_exit_status_is_the_commands_and_signals_are_forwarded() {
 }
 
 #[test]
-fn ctrl_c_in_a_terminal_ends_the_command_once_and_gpuctl_reports_it() {
+fn ctrl_c_in_a_terminal_ends_the_command_and_gpuctl_reports_it() {
     let sim = Sim::new(&h200s(1));
     let tmux = Tmux::start(&sim, "sh -c 'echo started; sleep 60'");
     tmux.wait_for("started");
