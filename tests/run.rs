@@ -112,12 +112,26 @@ fn sigkill(pid: u32) {
 }
 
 /// A process the test started through a command (known by the pid it wrote), killed on
-/// drop whatever the test's outcome.
-struct KillOnDrop(u32);
+/// drop whatever the test's outcome: only while its pid still names it (its start time).
+struct KillOnDrop {
+    pid: u32,
+    start_ticks: Option<u64>,
+}
+
+impl KillOnDrop {
+    fn new(pid: u32) -> KillOnDrop {
+        KillOnDrop {
+            pid,
+            start_ticks: crate::util::start_ticks(pid),
+        }
+    }
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        sigkill(self.0);
+        if self.start_ticks.is_some() && crate::util::start_ticks(self.pid) == self.start_ticks {
+            sigkill(self.pid);
+        }
     }
 }
 
@@ -405,7 +419,7 @@ fn top_shows_who_holds_a_lease() {
         quote(&pidfile.to_string_lossy())
     );
     let holder = Background::start(&sim, &["run", "--gpu", "1", "--", "sh", "-c", &script]);
-    let _sleeper = KillOnDrop(pid_in(&pidfile));
+    let _sleeper = KillOnDrop::new(pid_in(&pidfile));
     let top = Tmux::launch(&sim, "top");
     let screen = top.wait_for(&format!("[leased by root, pid {}]", holder.pid()));
     let line = screen
@@ -421,13 +435,19 @@ fn top_shows_who_holds_a_lease() {
 fn name_ends_the_workers_of_an_earlier_run_that_was_sigkilled() {
     let sim = Sim::new(&h200s(1));
     let pidfile = sim.dir.path().join("worker.pid");
+    let shellfile = sim.dir.path().join("command.pid");
+    // The command becomes `sleep 60` (exec): gpuctl's child, recorded from the start.
     let script = format!(
-        "GPUCTL_TESTPROC_MODE=sleep {} dataloader-worker & echo $! > {}; sleep 60",
+        "GPUCTL_TESTPROC_MODE=sleep {} dataloader-worker & echo $! > {}; echo $$ > {}; \
+         exec sleep 60",
         quote(&testproc_bin().to_string_lossy()),
-        quote(&pidfile.to_string_lossy())
+        quote(&pidfile.to_string_lossy()),
+        quote(&shellfile.to_string_lossy())
     );
     let first = Background::start(&sim, &["run", "--name", "job", "--", "sh", "-c", &script]);
     let worker = pid_in(&pidfile);
+    let command = pid_in(&shellfile);
+    let _left = [KillOnDrop::new(worker), KillOnDrop::new(command)];
     let record = runtime_dir(&sim).join("gpuctl-trainer/job.run.json");
     wait_until(Duration::from_secs(10), || {
         std::fs::read_to_string(&record).is_ok_and(|text| text.contains(&worker.to_string()))
@@ -435,22 +455,21 @@ fn name_ends_the_workers_of_an_earlier_run_that_was_sigkilled() {
     // A live run of the name is refused.
     run(&sim, &["run", "--name", "job", "--", "true"])
         .assert_one_line_error(1, "run \"job\" is already running");
-    let shell = crate::util::start_ticks(first.pid()).map(|_| first.pid());
     sigkill(first.pid());
     drop(first);
-    assert!(shell.is_some());
     assert!(alive(worker), "the worker died with gpuctl");
+    assert!(alive(command), "the command died with gpuctl");
     let second = run(&sim, &["run", "--name", "job", "--", "true"]);
     assert_eq!(second.code, 0, "{}", second.stderr);
     assert!(
         second
             .stderr
-            .contains("the previous run of \"job\" crashed"),
+            .contains("the previous run of \"job\" crashed and left 2 processes alive"),
         "{}",
         second.stderr
     );
     wait_exited(worker);
-    // The first run's shell ("sleep 60" under it) was ended too.
+    wait_exited(command);
     assert!(
         !second.stderr.contains("could not be ended"),
         "{}",
@@ -470,7 +489,7 @@ fn the_lease_is_released_when_gpuctl_run_is_sigkilled() {
     let sleeper = pid_in(&pidfile);
     let refused = run(&sim, &["run", "--", "true"]);
     refused.assert_one_line_error(4, &format!("leased by root (pid {}", holder.pid()));
-    let _sleeper = KillOnDrop(sleeper);
+    let _sleeper = KillOnDrop::new(sleeper);
     // Shown on the GPU's title line, and in info --json.
     let shown = run(&sim, &["info"]);
     let title = shown
