@@ -358,8 +358,10 @@ impl LeaseDir {
         for _ in 0..8 {
             // An existing file first, without O_CREAT: protected_regular refuses O_CREAT on
             // another user's file in a sticky directory, even to root.
+            // Read-only where it is another user's, or the directory is mounted read-only
+            // (a container given the host's /run/gpuctl): a lock needs no write access.
             let opened = match openat(&self.dir, name, base | OFlag::O_RDWR, Mode::empty()) {
-                Err(Errno::EACCES | Errno::EPERM) => {
+                Err(Errno::EACCES | Errno::EPERM | Errno::EROFS) => {
                     openat(&self.dir, name, base | OFlag::O_RDONLY, Mode::empty())
                 }
                 other => other,
