@@ -18,6 +18,7 @@ mod kill_clear;
 mod mig;
 mod nvidia_smi;
 mod output;
+mod run;
 mod schema;
 mod settings;
 mod slurm;

@@ -37,8 +37,14 @@ _gpuctl() {
             gpuctl,kill)
                 cmd="gpuctl__subcmd__kill"
                 ;;
+            gpuctl,pick)
+                cmd="gpuctl__subcmd__pick"
+                ;;
             gpuctl,reset)
                 cmd="gpuctl__subcmd__reset"
+                ;;
+            gpuctl,run)
+                cmd="gpuctl__subcmd__run"
                 ;;
             gpuctl,serve)
                 cmd="gpuctl__subcmd__serve"
@@ -70,8 +76,14 @@ _gpuctl() {
             gpuctl__subcmd__help,kill)
                 cmd="gpuctl__subcmd__help__subcmd__kill"
                 ;;
+            gpuctl__subcmd__help,pick)
+                cmd="gpuctl__subcmd__help__subcmd__pick"
+                ;;
             gpuctl__subcmd__help,reset)
                 cmd="gpuctl__subcmd__help__subcmd__reset"
+                ;;
+            gpuctl__subcmd__help,run)
+                cmd="gpuctl__subcmd__help__subcmd__run"
                 ;;
             gpuctl__subcmd__help,serve)
                 cmd="gpuctl__subcmd__help__subcmd__serve"
@@ -122,7 +134,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset health fraction enable top slurm serve help"
+            opts="-h -V --color --help --version info kill clear reset health fraction enable top slurm serve run pick help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -260,7 +272,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset health fraction enable top slurm serve help"
+            opts="info kill clear reset health fraction enable top slurm serve run pick help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -371,7 +383,35 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__help__subcmd__pick)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__help__subcmd__reset)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__run)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -553,6 +593,32 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__pick)
+            opts="-h --min-free --max-util --index --json --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --min-free)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-util)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__reset)
             opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --gpu-reset --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -561,6 +627,52 @@ _gpuctl() {
             fi
             case "${prev}" in
                 --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__run)
+            opts="-q -h --gpus --gpu --min-free --max-util --wait --name --no-enable --quiet --json-summary --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpus)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-free)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-util)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --json-summary)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

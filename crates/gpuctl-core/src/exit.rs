@@ -15,16 +15,16 @@ pub enum Exit {
     /// What the program needs of the machine is missing: NVML or the NVIDIA driver (the
     /// trainer: CUDA).
     Unavailable = 3,
-    /// GPUs not free: by `clear --wait`'s deadline, after the trainer's startup cleanup, or
+    /// GPUs not free: by `clear --wait`'s deadline, too few for `run` or `pick`, after the trainer's startup cleanup, or
     /// stale processes left by `gpuctl-watchdog --once`.
     NotClean = 4,
     /// The trainer ran out of memory even at micro-batch 1.
     OutOfMemory = 5,
     /// `gpuctl health`: a GPU needs an action (its health verdict is not `none`).
     NeedsAction = 6,
-    /// `enable -- COMMAND`: found but could not be executed (as shells report it).
+    /// `enable -- COMMAND`, `run`: found but could not be executed (as shells report it).
     CommandNotExecutable = 126,
-    /// `enable -- COMMAND`: not found.
+    /// `enable -- COMMAND`, `run`: not found.
     CommandNotFound = 127,
 }
 
@@ -65,7 +65,8 @@ pub const GPUCTL: Table = &[
     ),
     (
         Exit::NotClean,
-        "clear --wait: the GPUs were not free by the deadline",
+        "clear --wait: the GPUs were not free by the deadline; run, pick: too few GPUs free, \
+         healthy and (run) unleased, at once or by --wait's deadline",
     ),
     (
         Exit::NeedsAction,
@@ -75,12 +76,12 @@ pub const GPUCTL: Table = &[
     ),
     (
         Exit::CommandNotExecutable,
-        "enable -- COMMAND: the command could not be executed (otherwise enable -- COMMAND \
-         exits with the command's own status)",
+        "enable -- COMMAND, run: the command could not be executed (otherwise they exit \
+         with the command's own status, 128+N when signal N ended it)",
     ),
     (
         Exit::CommandNotFound,
-        "enable -- COMMAND: the command was not found",
+        "enable -- COMMAND, run: the command was not found",
     ),
 ];
 

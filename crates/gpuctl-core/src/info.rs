@@ -59,6 +59,7 @@ impl Survey {
             .transpose()?;
         let reader = session
             .reader(SnapshotOptions::info(None))
+            .showing_leases()
             .judging_health(&session.loaded)
             .places(places)
             .holders(holders);

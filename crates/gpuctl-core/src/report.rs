@@ -210,3 +210,62 @@ pub struct WatchdogFinding {
     pub since_unix: f64,
     pub reason: String,
 }
+
+/// Version of `gpuctl run --json-summary`'s document.
+pub const RUN_SCHEMA: u32 = 1;
+
+/// What `gpuctl run` did: its GPUs and what was seen of them while the command ran, how the
+/// command ended, and the leftovers ended after it.
+#[derive(Debug, Serialize)]
+pub struct RunSummary {
+    pub schema: u32,
+    pub command: Vec<String>,
+    pub name: Option<String>,
+    pub gpus: Vec<RunGpu>,
+    /// From the command's start to its main process's end.
+    pub wall_seconds: f64,
+    /// From gpuctl's start to the command's start (reading, judging, leasing).
+    pub start_seconds: f64,
+    /// Its exit code, or `None` where a signal ended it (`signal`).
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Descendants found alive when the command's main process ended.
+    pub leftovers: usize,
+    /// What was done with each, one line each.
+    pub leftover_lines: Vec<String>,
+    /// How many could not be ended or their memory was not seen released.
+    pub leftovers_failed: usize,
+    /// Pids of leftovers stuck in D state: their GPU needs a reset.
+    pub needs_reset: Vec<u32>,
+}
+
+/// One leased GPU or MIG instance of a run.
+#[derive(Debug, Serialize)]
+pub struct RunGpu {
+    pub index: u32,
+    pub gpu_instance: Option<u32>,
+    pub uuid: Option<String>,
+    /// The most memory seen in use on it while the command ran.
+    pub peak_used_bytes: Option<u64>,
+    pub mean_utilization_pct: Option<f64>,
+    pub samples: u64,
+}
+
+/// Version of `gpuctl pick --json`'s document.
+pub const PICK_SCHEMA: u32 = 1;
+
+/// `gpuctl pick --json`: the GPUs that qualify, none leased.
+#[derive(Debug, Serialize)]
+pub struct PickDocument {
+    pub schema: u32,
+    pub gpus: Vec<Picked>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Picked {
+    pub index: u32,
+    pub gpu_instance: Option<u32>,
+    /// "0", or "0/3" for a MIG instance.
+    pub name: String,
+    pub uuid: Option<String>,
+}

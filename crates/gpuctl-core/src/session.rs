@@ -216,6 +216,8 @@ pub struct Reader {
     view: Option<ProcView>,
     /// The configuration each read's health verdicts are judged under, where asked.
     health: Option<Loaded>,
+    /// Shows who holds each GPU's `gpuctl run` lease.
+    leases: bool,
 }
 
 /// A snapshot with the evidence classification reads: its processes' lineages.
@@ -246,6 +248,7 @@ impl Reader {
             facts: None,
             view: None,
             health: None,
+            leases: false,
         }
     }
 
@@ -317,6 +320,13 @@ impl Reader {
         self
     }
 
+    /// Shows who holds each GPU's and MIG instance's `gpuctl run` lease, read from the
+    /// kernel's lock table on every read (`info`, `top`).
+    pub fn showing_leases(mut self) -> Reader {
+        self.leases = true;
+        self
+    }
+
     /// One snapshot of `gpus`, as this reader reads it.
     pub fn take(&mut self, gpus: &Gpus) -> Result<Snapshot> {
         let view = self.view()?;
@@ -348,6 +358,9 @@ impl Reader {
         if let Some(loaded) = &self.health {
             crate::checkup::Judge::load(Some(loaded)).annotate(&mut snapshot);
         }
+        if self.leases {
+            show_leases(&mut snapshot);
+        }
         Ok(snapshot)
     }
 
@@ -373,6 +386,35 @@ impl Reader {
             path: "/proc/uptime".into(),
             source,
         })
+    }
+}
+
+/// Each GPU's leases and its MIG instances', from the lease directory where there is one.
+fn show_leases(snapshot: &mut Snapshot) {
+    let Some(dir) = crate::lease::LeaseDir::existing() else {
+        return;
+    };
+    let mut uuids: Vec<(u32, Option<u32>, String)> = Vec::new();
+    for gpu in &snapshot.devices {
+        uuids.extend(gpu.uuid.clone().map(|uuid| (gpu.index, None, uuid)));
+        for mig in &gpu.mig_devices {
+            if let Some(uuid) = &mig.uuid {
+                uuids.push((gpu.index, mig.gpu_instance_id, uuid.clone()));
+            }
+        }
+    }
+    let names: Vec<String> = uuids.iter().map(|(_, _, uuid)| uuid.clone()).collect();
+    for (uuid, holder) in dir.holders(&names) {
+        let Some((index, gpu_instance, _)) = uuids.iter().find(|(_, _, u)| *u == uuid) else {
+            continue;
+        };
+        if let Some(gpu) = snapshot.devices.iter_mut().find(|g| g.index == *index) {
+            gpu.leases.push(crate::lease::Leased {
+                uuid,
+                gpu_instance: *gpu_instance,
+                holder,
+            });
+        }
     }
 }
 

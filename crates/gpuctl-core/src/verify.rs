@@ -169,7 +169,7 @@ pub fn wait_until_free(
 
 /// A MIG instance of `gpu`: free as a GPU is, on the instance's memory and processes. An
 /// instance that is not there (the layout changed) is not free.
-fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) -> GpuState {
+pub fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) -> GpuState {
     let mig = gpu
         .mig_devices
         .iter()
@@ -184,7 +184,7 @@ fn instance_state(gpu: &GpuSnapshot, instance: u32, min_free: Option<Amount>) ->
     state(gpu.index, Some(instance), processes, memory, min_free)
 }
 
-fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
+pub fn gpu_state(gpu: &GpuSnapshot, min_free: Option<Amount>) -> GpuState {
     let memory = gpu.memory.map(|m| Room {
         total: m.total_bytes,
         used: m.used_bytes,

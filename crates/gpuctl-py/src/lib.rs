@@ -147,6 +147,43 @@ struct KeptSurvey {
     survey: Survey,
 }
 
+/// The UUIDs of `n` GPUs or MIG instances that qualify now, as `gpuctl pick` picks them (no
+/// lease taken); too few: `gpuctl.Error` with the CLI's exit status 4.
+#[pyfunction]
+#[pyo3(signature = (n, min_free, max_util))]
+fn pick(
+    py: Python<'_>,
+    n: usize,
+    min_free: Option<String>,
+    max_util: Option<u32>,
+) -> PyResult<Vec<String>> {
+    use gpuctl_core::pick::{Criteria, PickError, PickRequest, Picker};
+    outside_gil(py, || {
+        let min_free = min_free
+            .map(|text| {
+                gpuctl_core::units::parse_amount(&text)
+                    .map_err(|why| Failure::usage(format!("min_free: {why}")))
+            })
+            .transpose()?;
+        let session = gpuctl_core::session::Session::open()?;
+        let request = PickRequest {
+            count: Some(n),
+            criteria: Criteria { min_free, max_util },
+            ..PickRequest::default()
+        };
+        let mut picker = Picker::new(&session, request)?;
+        match picker.pick(&mut |_| {}) {
+            Ok(spots) => Ok(spots.into_iter().filter_map(|s| s.uuid).collect()),
+            Err(PickError::TooFew(why)) => Err(Failure {
+                exit: Exit::NotClean,
+                message: why,
+            }),
+            Err(PickError::Core(error)) => Err(error.into()),
+            Err(PickError::Lease(error)) => Err(Failure::failed(error.to_string())),
+        }
+    })
+}
+
 /// `gpuctl info --json`'s document, as a JSON string, and each GPU's processes' owners as
 /// the CLI's table labels them (None where no owner is known).
 #[pyfunction]
@@ -610,6 +647,7 @@ fn _gpuctl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RunLock>()?;
     m.add_class::<Reclaimed>()?;
     m.add_function(wrap_pyfunction!(snapshot_json, m)?)?;
+    m.add_function(wrap_pyfunction!(pick, m)?)?;
     m.add_function(wrap_pyfunction!(clear, m)?)?;
     m.add_function(wrap_pyfunction!(kill, m)?)?;
     m.add_function(wrap_pyfunction!(enable_settings, m)?)?;

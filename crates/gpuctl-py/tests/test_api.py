@@ -152,3 +152,26 @@ def test_fraction_is_the_share_the_cli_reports(sim, scenario):
     assert gpuctl.fraction(gpu=1) == 0.25
     shown = json.loads(sim.cli("fraction", "--gpu", "1", "--json").stdout)
     assert shown["gpus"][0]["fraction"] == 0.25
+
+
+def test_pick_returns_the_free_healthy_devices_and_takes_no_lease(sim, scenario, procs):
+    busy = procs.sleeper()
+    sim.write(Scenario(gpus=3).process(busy.pid, gpu=0, used=2 * GIB).remap_pending(1))
+    (device,) = gpuctl.pick(1)
+    assert isinstance(device, gpuctl.Device) and device.index == 2
+    assert device.uuid == sim.cli("pick", "1").stdout.strip()
+    # Nothing is held: picked again, the same GPU.
+    assert [d.index for d in gpuctl.pick()] == [2]
+    # With room enough asked for instead, the busy GPU qualifies; the broken one never.
+    assert [d.index for d in gpuctl.pick(2, min_free="40GiB")] == [0, 2]
+    try:
+        gpuctl.pick(2)
+        raise AssertionError("two GPUs picked where one qualifies")
+    except gpuctl.Error as error:
+        assert error.exit_code == 4 and "2 GPUs wanted, 1 free and healthy" in str(error)
+    for bad in [dict(n=0), dict(n=1, max_util=0), dict(n=1, min_free="200GiB"), dict(n="1")]:
+        try:
+            gpuctl.pick(**bad)
+            raise AssertionError(f"{bad} accepted")
+        except gpuctl.UsageError:
+            pass

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpuctl_core::act::Signal;
 use gpuctl_core::cardset::ResetItem;
 use gpuctl_core::exit;
+use gpuctl_core::pick::Criteria;
 use gpuctl_core::reclaim::{ClearRequest, Ending, KillRequest, ResetRequest};
 use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::units::{self, Amount};
@@ -29,7 +30,8 @@ Environment:
   GPUCTL_NVML_TIMEOUT  how long NVML may take to answer for one GPU (default 10s, or the
                    configuration's nvml_timeout)
   GPUCTL_SOCKET    the host service's socket (default /run/gpuctl/api.sock): asked in a
-                   container's own PID namespace, and where `gpuctl serve` listens";
+                   container's own PID namespace, and where `gpuctl serve` listens
+  GPUCTL_LEASE_DIR where `gpuctl run` keeps its GPU leases (default /run/gpuctl/leases)";
 
 /// See who holds GPU memory on shared NVIDIA servers, and get it back safely.
 #[derive(Debug, Parser)]
@@ -178,6 +180,37 @@ pub enum Command {
     /// for 1 s is dropped. Socket: --socket, else GPUCTL_SOCKET, else /run/gpuctl/api.sock;
     /// under systemd socket activation (gpuctl-api.socket) the inherited socket is used.
     Serve(ServeArgs),
+
+    /// Lease free, healthy GPUs, run a command on them, and leave nothing behind.
+    ///
+    /// A GPU qualifies (or a MIG instance, where a GPU is split) when its health verdict is
+    /// none, it is free as `clear --wait` judges free (no process and under 256 MiB in use;
+    /// or by --min-free and --max-util where given), and no other run holds its lease. The
+    /// lease is a lock on a file named by the GPU's UUID in GPUCTL_LEASE_DIR (default
+    /// /run/gpuctl/leases); the kernel drops it when gpuctl dies, even by SIGKILL. Several
+    /// GPUs are leased all or nothing, so two runs can never deadlock holding one each.
+    /// Without --wait, too few GPUs is refused at once (exit status 4), saying why each
+    /// other GPU does not qualify and who holds its lease.
+    ///
+    /// The command runs with CUDA_VISIBLE_DEVICES set to the leased UUIDs (MIG UUIDs for
+    /// instances), CUDA_DEVICE_ORDER=PCI_BUS_ID, GPUCTL_RUN_GPUS naming them as nvidia-smi
+    /// does (0,1 or 0/3), and `gpuctl enable`'s allocator settings unless --no-enable (the
+    /// caller's own values are kept). gpuctl stays its parent and a child subreaper:
+    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded, and its exit status is the
+    /// command's (128+N for signal N). When the command's main process exits, every
+    /// descendant still alive (even one that left with setsid) is a leftover, ended as
+    /// `gpuctl kill` ends processes: by identity, SIGTERM then SIGKILL, never a protected
+    /// program, its memory verified released. Then the leases are released and a summary
+    /// goes to stderr: the GPUs, wall time, peak memory and mean utilization, leftovers.
+    Run(RunArgs),
+
+    /// Print free, healthy GPUs for scripts that launch by other means; takes no lease.
+    ///
+    /// The same candidates as `gpuctl run` (health verdict none, free as `clear --wait`
+    /// judges free, or by --min-free and --max-util), N of them, by UUID one per line
+    /// (or index with --index). Nothing is held: another launcher may pick the same GPUs
+    /// at the same moment. To hold them while a command runs, use `gpuctl run`.
+    Pick(PickArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -667,6 +700,110 @@ pub struct TopArgs {
 pub enum GroupBy {
     User,
     Owner,
+}
+
+/// What `gpuctl run` and `gpuctl pick` require of a GPU beyond health, defined once.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CandidateArgs {
+    /// Qualify GPUs with at least this much free memory, as a size (40GiB) or a percentage
+    /// of the GPU's memory (50%), instead of "no process and under 256 MiB in use".
+    #[arg(long, value_name = "SIZE", value_parser = parse_amount)]
+    pub min_free: Option<Amount>,
+
+    /// Qualify GPUs whose utilization is under PCT percent (1-100); with --min-free too,
+    /// both must hold.
+    #[arg(long, value_name = "PCT", value_parser = parse_percent)]
+    pub max_util: Option<u32>,
+}
+
+impl CandidateArgs {
+    pub fn criteria(&self) -> Criteria {
+        Criteria {
+            min_free: self.min_free,
+            max_util: self.max_util,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// How many GPUs to lease (default 1): any that qualify.
+    #[arg(long = "gpus", value_name = "N", value_parser = parse_count, conflicts_with = "gpus")]
+    pub count: Option<usize>,
+
+    /// Lease exactly this GPU or MIG instance (index, UUID, bus id, or GPU/GI as nvidia-smi
+    /// -L shows them); repeat for several. All of them must qualify.
+    #[arg(long = "gpu", value_name = "GPU")]
+    pub gpus: Vec<String>,
+
+    #[command(flatten)]
+    pub candidates: CandidateArgs,
+
+    /// Wait up to DURATION (30s, 10m) for enough GPUs to qualify and be free of leases,
+    /// saying who holds what it waits for. Not enough by then: exit status 4.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+
+    /// Name the run: a crashed earlier run of this name (its run file left behind) has its
+    /// leftovers ended first, and a live run of this name is refused.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Do not add `gpuctl enable`'s allocator settings to the command's environment.
+    #[arg(long)]
+    pub no_enable: bool,
+
+    /// No summary and no waiting notes on stderr (errors, and leftovers that could not be
+    /// ended, are still said).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+
+    /// Also write the summary as one JSON document to FILE (docs/json.md).
+    #[arg(long, value_name = "FILE")]
+    pub json_summary: Option<std::path::PathBuf>,
+
+    /// The command and its arguments (after `--` where an argument starts with `-`).
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PickArgs {
+    /// How many GPUs to print.
+    #[arg(value_name = "N", value_parser = parse_count, default_value = "1")]
+    pub count: usize,
+
+    #[command(flatten)]
+    pub candidates: CandidateArgs,
+
+    /// Print each GPU's index (0, or 0/3 for a MIG instance) instead of its UUID.
+    #[arg(long)]
+    pub index: bool,
+
+    #[command(flatten)]
+    pub output: JsonArg,
+}
+
+/// A number of GPUs: at least one.
+fn parse_count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("ask for at least one GPU".into()),
+        Ok(count) => Ok(count),
+        Err(_) => Err(format!("'{text}' is not a number of GPUs")),
+    }
+}
+
+/// A percentage from 1 to 100.
+fn parse_percent(text: &str) -> Result<u32, String> {
+    match text.trim().trim_end_matches('%').parse::<u32>() {
+        Ok(pct) if (1..=100).contains(&pct) => Ok(pct),
+        _ => Err(format!("'{text}': give a percentage from 1 to 100")),
+    }
 }
 
 /// A duration above zero.

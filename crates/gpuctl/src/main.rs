@@ -6,6 +6,7 @@ mod policy;
 mod reclaim;
 mod render;
 mod reset;
+mod run;
 mod serve;
 mod slurm;
 mod top;
@@ -55,6 +56,8 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(&args, color),
         Command::Slurm(command) => slurm::run(&command),
         Command::Serve(args) => serve::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Pick(args) => run::pick(&args),
     };
     // In a container whose host service could not be asked: one line naming what to mount,
     // escaped (it quotes GPUCTL_SOCKET and what the service said).

@@ -138,6 +138,46 @@ fn fraction_table(document: &FractionDocument, style: &Style) -> String {
     out
 }
 
+/// `gpuctl enable`'s settings for this caller's environment (the caller's own values kept),
+/// with the share of the first of `named` GPUs (or, with none named, the user or default
+/// one): what `enable` prints or runs a command with, and `gpuctl run` adds.
+pub fn allocator_env(
+    loaded: &config::Loaded,
+    gpus: Option<&Gpus>,
+    named: &[String],
+) -> Result<(Vec<settings::EnvSetting>, Option<FractionInForce>)> {
+    let request = ShareRequest {
+        gpus: named.to_vec(),
+        ..ShareRequest::for_caller()
+    };
+    let named = gpus.filter(|_| !named.is_empty());
+    let fraction = session::shares(loaded, named, &request)?
+        .into_iter()
+        .next()
+        .and_then(|found| found.share);
+    let env = settings::enable_env(
+        &|name| std::env::var(name).ok(),
+        fraction.as_ref().map(|f| f.value),
+    );
+    Ok((env, fraction))
+}
+
+/// A command that could not be started (`enable -- COMMAND`, `run`): said on one line, and
+/// the shells' status: 127 when it was not found, else 126.
+pub fn cannot_run(program: &std::ffi::OsStr, error: &io::Error) -> Exit {
+    let code = if error.kind() == io::ErrorKind::NotFound {
+        Exit::CommandNotFound
+    } else {
+        Exit::CommandNotExecutable
+    };
+    let program = program.to_string_lossy();
+    eprintln!(
+        "gpuctl: cannot run {}: {error}",
+        gpuctl_core::text::escape(&program)
+    );
+    code
+}
+
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
     let loaded = config::load()?;
     let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
@@ -148,20 +188,7 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
         Some(gpus) => gpus.resolve(&args.gpus)?,
         None => Vec::new(),
     };
-    // The share of the first selected GPU, or, with no GPU named, the user or default one.
-    let request = ShareRequest {
-        gpus: args.gpus.clone(),
-        ..ShareRequest::for_caller()
-    };
-    let named = nvml.as_ref().filter(|_| !args.gpus.is_empty());
-    let fraction = session::shares(&loaded, named, &request)?
-        .into_iter()
-        .next()
-        .and_then(|found| found.share);
-    let env = settings::enable_env(
-        &|name| std::env::var(name).ok(),
-        fraction.as_ref().map(|f| f.value),
-    );
+    let (env, fraction) = allocator_env(&loaded, nvml.as_ref(), &args.gpus)?;
 
     let persistence = match (&nvml, args.persistence) {
         (Some(gpus), true) => Some(cardset::enable_persistence(gpus, &indices)),
@@ -190,13 +217,7 @@ pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
             .args(&args.command[1..])
             .envs(env.iter().filter(|s| !s.kept).map(|s| (s.name, &s.value)))
             .exec();
-        let code = if error.kind() == io::ErrorKind::NotFound {
-            Exit::CommandNotFound
-        } else {
-            Exit::CommandNotExecutable
-        };
-        eprintln!("gpuctl: cannot run {}: {error}", program.to_string_lossy());
-        return Ok(code);
+        return Ok(cannot_run(program, &error));
     }
 
     let document = EnableDocument {

@@ -335,7 +335,7 @@ pub struct Cause {
 }
 
 impl Cause {
-    fn new(kind: CauseKind, action: Action, message: String) -> Cause {
+    pub(crate) fn new(kind: CauseKind, action: Action, message: String) -> Cause {
         Cause {
             kind,
             action,

@@ -4,6 +4,7 @@
 mod cache;
 pub mod devfiles;
 mod lineage;
+pub mod tree;
 
 pub use cache::FactCache;
 pub use lineage::{LeaderState, Lineage, Relative, Relatives};

@@ -41,6 +41,9 @@ pub struct Cleanup {
     pub freed_bytes: u64,
     /// Leftovers that could not be ended or whose memory was not released.
     pub failures: Vec<String>,
+    /// Leftovers that outlived SIGKILL in uninterruptible sleep (D state): stuck in the
+    /// driver, so their GPU needs a reset.
+    pub needs_reset: Vec<u32>,
 }
 
 /// Ends the previous run's processes that are still alive, each planned with the guard of
@@ -48,10 +51,34 @@ pub struct Cleanup {
 /// verify the memory came back), and by the same plan and TERM-then-KILL for the rest.
 /// `log` gets one line per thing done.
 pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String)) -> Cleanup {
+    end(&previous.name, &previous.processes, true, protect, log)
+}
+
+/// Ends what a run left behind when its main process exited (`gpuctl run`: every
+/// descendant still alive), by the same road as [`clean_up`]: `processes` as observed
+/// (pid and start time), planned with the guard of `gpuctl clear` (protected programs and
+/// other users' processes are left and said), those on a GPU verified released through
+/// NVML. `run` names the run in each target's reason.
+pub fn end_leftovers(
+    run: &str,
+    processes: &[Recorded],
+    protect: &Protect,
+    log: &mut dyn FnMut(String),
+) -> Cleanup {
+    end(run, processes, false, protect, log)
+}
+
+/// `crashed`: `processes` are a previous run's, found by its run file.
+fn end(
+    run: &str,
+    processes: &[Recorded],
+    crashed: bool,
+    protect: &Protect,
+    log: &mut dyn FnMut(String),
+) -> Cleanup {
     let mut cleanup = Cleanup::default();
     let own = std::process::id();
-    let alive: Vec<&Recorded> = previous
-        .processes
+    let alive: Vec<&Recorded> = processes
         .iter()
         .filter(|p| p.pid != own)
         .filter(|p| Identity::observe(p.pid).is_ok_and(|id| id.start_ticks == p.start_ticks))
@@ -73,32 +100,37 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
     }
     cleanup.leftovers = alive.len();
     if alive.is_empty() {
-        if cleanup.failures.is_empty() {
+        if cleanup.failures.is_empty() && crashed {
             log(format!(
-                "the previous run of {:?} did not finish cleanly; none of its {} processes is \
-                 left",
-                previous.name,
-                previous.processes.len()
+                "the previous run of {run:?} did not finish cleanly; none of its {} processes \
+                 is left",
+                processes.len()
             ));
         }
         return cleanup;
     }
-    log(format!(
-        "the previous run of {:?} crashed and left {} process{} alive: {}",
-        previous.name,
-        alive.len(),
-        if alive.len() == 1 { "" } else { "es" },
-        alive
-            .iter()
-            .map(|p| format!("pid {} ({})", p.pid, p.role))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    let listed = alive
+        .iter()
+        .map(|p| format!("pid {} ({})", p.pid, p.role))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let plural = if alive.len() == 1 { "" } else { "es" };
+    log(if crashed {
+        format!(
+            "the previous run of {run:?} crashed and left {} process{plural} alive: {listed}",
+            alive.len()
+        )
+    } else {
+        format!(
+            "the command left {} process{plural} behind: {listed}",
+            alive.len()
+        )
+    });
     let how = Escalation::then_kill(Signal::TERM, Duration::from_secs(5));
     // The same guard as `gpuctl clear`: the built-in and configured protected commands and
     // users are never signalled, nor another user's process unless this is root.
     let guard = Guard::for_this_process(Protection::configured(protect));
-    let on_gpu = reclaim_on_gpu(&previous.name, &alive, &guard, &how, &mut cleanup, log);
+    let on_gpu = reclaim_on_gpu(run, &alive, &guard, &how, &mut cleanup, log);
     // The rest hold no GPU memory (or NVML could not tell): ended all the same, as they are
     // this run name's own processes, identified by pid and start time.
     let rest: Vec<&Recorded> = alive
@@ -106,7 +138,7 @@ pub fn clean_up(previous: &Record, protect: &Protect, log: &mut dyn FnMut(String
         .copied()
         .filter(|p| !on_gpu.contains(&p.pid))
         .collect();
-    end_off_gpu(&previous.name, &rest, &guard, &how, &mut cleanup, log);
+    end_off_gpu(run, &rest, &guard, &how, &mut cleanup, log);
     cleanup
 }
 
@@ -181,6 +213,7 @@ fn reclaim_on_gpu(
                 .skipped()
                 .map_or_else(|| outcome.summary(), str::to_string)
         );
+        let line = stuck(outcome.target.pid, line, &mut cleanup.needs_reset);
         if outcome.succeeded() {
             cleanup.freed_bytes += held;
         } else {
@@ -269,10 +302,32 @@ fn end_off_gpu(
             "pid {} ({}), not on a GPU: {what}",
             recorded.pid, recorded.role
         );
+        let line = if done {
+            line
+        } else {
+            stuck(recorded.pid, line, &mut cleanup.needs_reset)
+        };
         if !done {
             cleanup.failures.push(line.clone());
         }
         log(line);
+    }
+}
+
+/// `line`, and why, where `pid` is still alive in uninterruptible sleep (D state): a process
+/// stuck in the driver that SIGKILL cannot end holds its GPU until the GPU is reset.
+fn stuck(pid: u32, line: String, needs_reset: &mut Vec<u32>) -> String {
+    let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().next().map(str::to_string)
+        });
+    if state.as_deref() == Some("D") {
+        needs_reset.push(pid);
+        format!("{line}; it is in D state (uninterruptible, in the driver): its GPU needs a reset")
+    } else {
+        line
     }
 }
 

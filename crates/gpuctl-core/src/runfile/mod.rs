@@ -22,7 +22,7 @@ use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 
 mod cleanup;
-pub use cleanup::{Cleanup, clean_up, processes};
+pub use cleanup::{Cleanup, clean_up, end_leftovers, processes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recorded {

@@ -84,6 +84,30 @@ impl SnapshotOptions {
         }
     }
 
+    /// What a launcher reads to pick GPUs (`gpuctl run`, `gpuctl pick`): who holds memory,
+    /// utilization (for a utilization limit) and health (the verdict is the gate), of
+    /// `gpus` (`None`: every GPU); not the name, clocks or temperature.
+    pub fn pick(gpus: Option<Vec<u32>>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus,
+            only_memory_and_processes: true,
+            activity: true,
+            health: true,
+            ..SnapshotOptions::default()
+        }
+    }
+
+    /// What `gpuctl run` samples while its command runs, on the leased `gpus` only: memory
+    /// and utilization (peak and mean for its summary).
+    pub fn sample(gpus: Vec<u32>) -> SnapshotOptions {
+        SnapshotOptions {
+            gpus: Some(gpus),
+            only_memory_and_processes: true,
+            activity: true,
+            ..SnapshotOptions::default()
+        }
+    }
+
     /// What a poll for released memory reads, as often as it can: memory and processes of
     /// `gpus` (`None`: every GPU), nothing else.
     pub fn poll(gpus: Option<Vec<u32>>) -> SnapshotOptions {
@@ -196,6 +220,10 @@ pub struct GpuSnapshot {
     /// The GPU's health verdict, where a reader judged it (`info`, `gpuctl health`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::Verdict>,
+    /// The `gpuctl run` leases held on it or its MIG instances, where a reader asked
+    /// ([`crate::session::Reader::showing_leases`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<crate::lease::Leased>,
 }
 
 /// A process holding a GPU's device file without NVML listing it on that GPU.

@@ -249,6 +249,7 @@ impl GpuSnapshot {
             outside_namespace_bytes: None,
             health_readings: None,
             health: None,
+            leases: Vec::new(),
         }
     }
 

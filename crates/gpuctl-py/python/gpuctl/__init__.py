@@ -41,6 +41,7 @@ __all__ = [
     "enable",
     "fraction",
     "kill",
+    "pick",
     "snapshot",
 ]
 
@@ -265,6 +266,27 @@ def snapshot(gpus=None) -> Snapshot:
     the processes holding memory on them: ``gpuctl info``."""
     document, owners = _gpuctl.snapshot_json(_names(gpus, "gpus"))
     return Snapshot(_json.loads(document), owners)
+
+
+def pick(n: int = 1, min_free=None, max_util=None) -> list:
+    """``n`` GPUs (or MIG instances) that qualify now, as :class:`Device` s: ``gpuctl pick``.
+    A GPU qualifies when its health verdict is ``none`` and it is free as ``clear`` with
+    ``wait`` judges free (no process, under 256 MiB in use), or, with ``min_free`` (bytes,
+    a size such as ``"40GiB"`` or a share such as ``"50%"``) and ``max_util`` (percent),
+    by those instead. A MIG instance is the Device of its GPU, showing only that instance.
+    No lease is taken: another launcher may pick the same GPUs at the same moment; ``gpuctl
+    run`` holds them while a command runs. Too few qualify: :class:`Error` with
+    ``exit_code`` 4."""
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise UsageError(f"n: {n!r} is not a number of GPUs")
+    if n < 1:
+        raise UsageError("n: ask for at least one GPU")
+    if min_free is not None and (not isinstance(min_free, (int, str)) or isinstance(min_free, bool)):
+        raise UsageError(f"min_free: {min_free!r} is not a number of bytes or a size")
+    if max_util is not None and (not isinstance(max_util, int) or isinstance(max_util, bool)):
+        raise UsageError(f"max_util: {max_util!r} is not a percentage")
+    uuids = _gpuctl.pick(n, None if min_free is None else str(min_free), max_util)
+    return snapshot(gpus=uuids).devices
 
 
 def clear(gpus=None, wait: float | None = None, dry_run: bool = False) -> Report:

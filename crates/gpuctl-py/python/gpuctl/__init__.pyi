@@ -85,6 +85,11 @@ class Report:
     def to_dict(self) -> dict: ...
 
 def snapshot(gpus: Union[None, GpuName, Iterable[GpuName]] = None) -> Snapshot: ...
+def pick(
+    n: int = 1,
+    min_free: Union[None, int, str] = None,
+    max_util: Optional[int] = None,
+) -> list[Device]: ...
 def clear(
     gpus: Union[None, GpuName, Iterable[GpuName]] = None,
     wait: Optional[float] = None,

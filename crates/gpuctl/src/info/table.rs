@@ -216,6 +216,12 @@ fn gpu_block(
     title.extend(gpu.name.clone());
     title.extend(gpu.pci_bus_id.clone());
     title.extend(gpu.uuid.clone());
+    title.extend(
+        gpu.leases
+            .iter()
+            .filter(|lease| lease.gpu_instance.is_none())
+            .map(|lease| lease.describe()),
+    );
     // Wrapped, never cut: the UUID is copied from here into --gpu and CUDA_VISIBLE_DEVICES.
     let title = wrap_title(&title, dot, style.width);
     out.push_str(&style.paint(Color::Bold, &title));
@@ -293,7 +299,7 @@ fn gpu_block(
     if !gpu.mig_devices.is_empty() {
         // A MIG GPU: each instance with its memory and its processes.
         for mig in &gpu.mig_devices {
-            mig_block(out, mig, style, dot);
+            mig_block(out, mig, &gpu.leases, style, dot);
         }
     } else {
         let unattributed = gpu
@@ -341,7 +347,13 @@ fn device_file(gpu: &GpuSnapshot) -> String {
 }
 
 /// One MIG device: profile, instance ids, UUID, memory, then its processes.
-fn mig_block(out: &mut String, mig: &MigDevice, style: &Style, dot: &str) {
+fn mig_block(
+    out: &mut String,
+    mig: &MigDevice,
+    leases: &[gpuctl_core::lease::Leased],
+    style: &Style,
+    dot: &str,
+) {
     let mut title = vec![format!(
         "MIG {}",
         mig.profile.as_deref().map_or("?".into(), render::safe)
@@ -349,6 +361,14 @@ fn mig_block(out: &mut String, mig: &MigDevice, style: &Style, dot: &str) {
     title.extend(mig.gpu_instance_id.map(|id| format!("GI {id}")));
     title.extend(mig.compute_instance_id.map(|id| format!("CI {id}")));
     title.extend(mig.uuid.clone());
+    title.extend(
+        leases
+            .iter()
+            .filter(|lease| {
+                lease.gpu_instance.is_some() && lease.gpu_instance == mig.gpu_instance_id
+            })
+            .map(|lease| lease.describe()),
+    );
     let mut line = format!("  {}", title.join(dot));
     if let Some(memory) = mig.memory {
         let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;

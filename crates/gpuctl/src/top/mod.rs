@@ -66,6 +66,7 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
         // while its start time is the same.
         reader: session
             .reader(SnapshotOptions::info(None))
+            .showing_leases()
             .places(places)
             .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
             .host_only()

@@ -303,6 +303,26 @@ fn gpu_lines(
             palette.fg(Color::Red).add_modifier(Modifier::BOLD),
         ));
     }
+    // `gpuctl run` leases on the GPU or its instances: who holds each (info shows the rest).
+    for lease in &gpu.leases {
+        let who = lease.holder.user.clone().unwrap_or_else(|| {
+            lease
+                .holder
+                .uid
+                .map_or("someone".into(), |uid| format!("uid {uid}"))
+        });
+        let place = lease
+            .gpu_instance
+            .map_or(String::new(), |gi| format!("GI {gi} "));
+        spans.push(Span::styled(
+            format!(
+                "  [{place}leased by {}, pid {}]",
+                gpuctl_core::text::escape(&who),
+                lease.holder.pid
+            ),
+            palette.fg(Color::Cyan),
+        ));
+    }
     if gpu.status == GpuStatus::Error {
         let reason = gpu
             .error
