@@ -21,12 +21,16 @@ on every OOM. This one halves the micro-batch and doubles the accumulation inste
 
 from __future__ import annotations
 
+import collections
 import csv
 import functools
 import os
+import re
 import sys
 import threading
 import time
+import types
+import warnings
 
 import torch
 
@@ -34,6 +38,8 @@ import gpuctl
 from gpuctl import Error, RunningError, _gpuctl
 
 __all__ = [
+    "Leak",
+    "MemoryLeakWarning",
     "MemoryMonitor",
     "OOMRecovery",
     "OutOfMemoryAtOne",
@@ -215,24 +221,363 @@ class RunGuard:
             self._lock = None
 
 
+# --------------------------------------------------------------------------- Leak census
+
+
+class MemoryLeakWarning(UserWarning):
+    """A container or attribute that keeps tensors with autograd history, and so their
+    graphs, from step to step (:meth:`MemoryMonitor.step`). Warned once per source."""
+
+
+def _bytes_text(n: float) -> str:
+    """Bytes for people: ``48 MiB``, ``1.5 GiB``, ``12 B``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if abs(value) >= 10 else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+class Leak:
+    """One source of a leak: the attribute, variable or container (``source``, e.g.
+    ``Net.reconstruction_targets``) that holds ``tensors`` tensors with autograd history
+    (``kind``: ``list``, ``dict``, ``tensor``...), ``bytes`` in them and in the saved
+    tensors of their graphs, growing by ``bytes_per_step``; ``remedy`` says what to change."""
+
+    __slots__ = ("source", "kind", "tensors", "bytes", "bytes_per_step", "graph_nodes", "step", "remedy")
+
+    def __init__(self, source, kind, tensors, nbytes, bytes_per_step, graph_nodes, step, remedy) -> None:
+        self.source = source
+        self.kind = kind
+        self.tensors = tensors
+        self.bytes = nbytes
+        self.bytes_per_step = bytes_per_step
+        self.graph_nodes = graph_nodes
+        self.step = step
+        self.remedy = remedy
+
+    def __str__(self) -> str:
+        tensors = f"{self.tensors} tensor" + ("" if self.tensors == 1 else "s")
+        return (f"{self.source} ({self.kind}, {tensors}, +{_bytes_text(self.bytes_per_step)}/step) keeps tensors "
+                f"with autograd history, and their graphs, from step to step: {self.remedy}")
+
+    def __repr__(self) -> str:
+        return (f"Leak(source={self.source!r}, kind={self.kind!r}, tensors={self.tensors}, bytes={self.bytes}, "
+                f"bytes_per_step={self.bytes_per_step:.0f})")
+
+
+# What nn.Module keeps of its own in __dict__ (hooks, the parameter table): never a user's
+# store. `_buffers` and `_modules` are walked (a buffer with a grad_fn is a leak too).
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) - {"_buffers", "_modules"}
+_LIBRARY_ROOTS = tuple({os.path.dirname(os.__file__)} | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))})
+_THIS_FILE = __file__
+_SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type, types.ModuleType, types.FunctionType,
+            types.BuiltinFunctionType, types.MethodType, types.CodeType, types.FrameType, property, staticmethod,
+            classmethod)
+_user_types: dict = {}
+
+
+def _library_file(path) -> bool:
+    return bool(path) and (path.startswith(_LIBRARY_ROOTS) or path == _THIS_FILE or "<frozen" in path)
+
+
+def _users_class(cls) -> bool:
+    """A class of the user's program (its module's file outside the standard library and
+    site-packages): its instances' attributes are walked; a library's objects are not."""
+    known = _user_types.get(cls)
+    if known is None:
+        module = sys.modules.get(getattr(cls, "__module__", None) or "")
+        known = module is not None and not _library_file(getattr(module, "__file__", None) or "<frozen>")
+        _user_types[cls] = known
+    return known
+
+
+def _storage(tensor):
+    """(key, bytes) of a tensor's storage; the key dedupes views of one storage."""
+    try:
+        storage = tensor.untyped_storage()
+        return (storage.device, storage.data_ptr()), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested: no plain storage
+        return id(tensor), tensor.numel() * tensor.element_size()
+
+
+# The `_saved_*` attributes of each kind of graph node (read once per kind).
+_saved_names: dict = {}
+
+
+class _Reading:
+    """One source's share of a census."""
+
+    __slots__ = ("kind", "tensors", "bytes", "nodes", "scalars", "bounded")
+
+    def __init__(self, kind: str, bounded: bool) -> None:
+        self.kind = kind
+        self.tensors = 0
+        self.bytes = 0
+        self.nodes = 0
+        self.scalars = True
+        self.bounded = bounded
+
+
+class _Census:
+    """The tensors with autograd history that the program holds after a step, by source.
+
+    Walked from the roots a training loop holds its objects by (the locals of the frames
+    that called :meth:`MemoryMonitor.step`, and the globals of the user's modules) through
+    containers, modules, optimizers and the user's own objects, never into library objects,
+    within a visit and a time budget. Each tensor found is charged to the attribute or
+    variable of the nearest named object (``Net.targets``, ``losses in train()``,
+    ``__main__.history``), with its storage and the storages its graph saved for backward.
+    """
+
+    def __init__(self, frame, budget_visits: int, deadline: float) -> None:
+        self.readings: dict = {}
+        self.visits = 0
+        self.complete = True
+        self._budget = budget_visits
+        self._deadline = deadline
+        self._seen: set = set()
+        self._storages: set = set()
+        self._nodes: set = set()
+        self._node_refs: list = []  # the nodes walked, alive until the census ends: ids stay unique
+        stack = []
+        globals_seen = set()
+        while frame is not None:
+            code = frame.f_code
+            if not _library_file(code.co_filename):
+                where = f"in {code.co_name}()" if code.co_name != "<module>" else None
+                for name, value in list(frame.f_locals.items()) if where else ():
+                    stack.append((value, f"{name} {where}", value))
+                if id(frame.f_globals) not in globals_seen:
+                    globals_seen.add(id(frame.f_globals))
+                    module = frame.f_globals.get("__name__", "?")
+                    for name, value in list(frame.f_globals.items()):
+                        if not name.startswith("__"):
+                            stack.append((value, f"{module}.{name}", value))
+            frame = frame.f_back
+        stack.reverse()  # the innermost frame's locals first: a model is named from there
+        self._walk(stack)
+
+    def _walk(self, stack) -> None:
+        seen, readings = self._seen, self.readings
+        while stack:
+            obj, source, holder = stack.pop()
+            if isinstance(obj, _SCALARS) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            self.visits += 1
+            if self.visits % 1024 == 0 and (self.visits > self._budget or time.perf_counter() > self._deadline):
+                self.complete = False
+                return
+            if isinstance(obj, torch.Tensor):
+                if obj.grad_fn is not None and not obj.is_meta:
+                    reading = readings.get(source)
+                    if reading is None:
+                        bounded = isinstance(holder, collections.deque) and holder.maxlen is not None
+                        kind = "tensor" if holder is obj else type(holder).__name__
+                        reading = readings[source] = _Reading(kind, bounded)
+                    self._charge(reading, obj)
+                continue
+            if isinstance(obj, torch.nn.Module):
+                name = type(obj).__name__
+                for key, value in list(vars(obj).items()):
+                    if key == "_modules" or key == "_buffers":
+                        for sub, child in list(value.items()):
+                            if child is not None:
+                                stack.append((child, f"{name}.{sub}", child))
+                    elif key not in _MODULE_INTERNALS:
+                        stack.append((value, f"{name}.{key}", value))
+            elif isinstance(obj, torch.optim.Optimizer):
+                stack.append((obj.state, f"{type(obj).__name__}.state", obj.state))
+            elif isinstance(obj, dict):
+                self._items(stack, obj.values(), len(obj), source, holder)
+            elif isinstance(obj, (list, tuple, collections.deque, set, frozenset)):
+                self._items(stack, obj, len(obj), source, holder)
+            elif _users_class(type(obj)):
+                attributes = getattr(obj, "__dict__", None)
+                if isinstance(attributes, dict):
+                    name = type(obj).__name__
+                    for key, value in list(attributes.items()):
+                        stack.append((value, f"{name}.{key}", value))
+
+    @staticmethod
+    def _items(stack, items, length, source, holder) -> None:
+        if length > 4096:
+            # A large container of plain data (a dataset's index, a vocabulary): walked
+            # only if its ends hold something a tensor could hide in.
+            probe = list(items)
+            ends = probe[:64] + probe[-64:]
+            if all(isinstance(v, _SCALARS) for v in ends):
+                return
+            items = probe
+        for value in items:
+            if not isinstance(value, _SCALARS):
+                stack.append((value, source, holder))
+
+    def _charge(self, reading: _Reading, tensor) -> None:
+        reading.tensors += 1
+        if tensor.dim() != 0:
+            reading.scalars = False
+        key, nbytes = _storage(tensor)
+        if key not in self._storages:
+            self._storages.add(key)
+            reading.bytes += nbytes
+        # The graph behind it: its nodes, and what they saved for backward. Below a node
+        # whose saved tensors backward freed, backward freed every node's: not read again
+        # (reading a freed one raises, which costs more than the rest of the census).
+        nodes = [(tensor.grad_fn, True)]
+        while nodes:
+            node, alive = nodes.pop()
+            if node is None or id(node) in self._nodes:
+                continue
+            self._nodes.add(id(node))
+            self._node_refs.append(node)
+            reading.nodes += 1
+            self.visits += 1
+            if self.visits > self._budget:
+                self.complete = False
+                return
+            if alive:
+                alive = self._saved_bytes(reading, node)
+            nodes.extend((next_node, alive) for next_node, _ in node.next_functions)
+
+    def _saved_bytes(self, reading: _Reading, node) -> bool:
+        """Charges what ``node`` saved for backward; False once backward freed it."""
+        names = _saved_names.get(type(node))
+        if names is None:
+            names = _saved_names[type(node)] = tuple(a for a in dir(type(node)) if a.startswith("_saved_"))
+        for name in names:
+            try:
+                value = getattr(node, name)
+            except Exception:  # noqa: BLE001 - "saved tensors ... have already been freed"
+                return False
+            for saved in (value,) if isinstance(value, torch.Tensor) else \
+                    value if isinstance(value, (tuple, list)) else ():
+                if isinstance(saved, torch.Tensor):
+                    key, nbytes = _storage(saved)
+                    if key not in self._storages:
+                        self._storages.add(key)
+                        reading.bytes += nbytes
+        return True
+
+
 # ------------------------------------------------------------------------ MemoryMonitor
 
 
+def _remedy(source: str, reading) -> str:
+    name = source.split(" in ")[0].rsplit(".", 1)[-1]
+    if reading.scalars:
+        if reading.kind == "tensor":
+            return f"log the loss as a number with .item() ({name} = loss.item()), or keep loss.detach()"
+        return (f"log losses as numbers with .item() ({name}.append(loss.item())), or keep loss.detach(); "
+                f"or compute them under torch.no_grad()")
+    if reading.kind == "tensor":
+        return f"store it with .detach() ({name} = x.detach(), .detach().cpu() off the GPU), or compute it under torch.no_grad()"
+    return (f"store them with .detach() ({name}.append(x.detach()), .detach().cpu() off the GPU), or compute "
+            f"them under torch.no_grad()")
+
+
 class MemoryMonitor:
-    """Memory at milestones: what torch's caching allocator has allocated, reserved and
-    peaked at on ``device``, and what NVML says this process holds on its GPUs (None where
-    NVML is unavailable). Each :meth:`milestone` is a row of ``trace`` (CSV) when given."""
+    """Memory at milestones, and a leak census every few steps.
+
+    :meth:`milestone` logs what torch's caching allocator has allocated, reserved and peaked
+    at on ``device``, its fragmentation, and what NVML says this process holds on its GPUs
+    (None where NVML is unavailable); each is a row of ``trace`` (CSV) when given.
+
+    :meth:`step`, called once per optimizer step, takes a census of the tensors with
+    autograd history the program still holds every ``check_every`` steps (default 10). A
+    source (an attribute, variable or container) that grows in two censuses running is a
+    leak: it warns once with :class:`MemoryLeakWarning`, naming the source and what to
+    change, and :attr:`leaks` holds it. A ``collections.deque`` with a ``maxlen`` is bounded
+    and never a leak. A census stops at ``census_limit_s`` seconds or ``census_visits``
+    objects (and is then not judged); when the censuses have taken more than
+    ``census_share`` of the time of the steps (5 %; None: never), they are spaced twice as
+    far apart (up to 64 × ``check_every``).
+    """
 
     FIELDS = ("time", "label", "allocated_bytes", "reserved_bytes", "peak_bytes", "nvml_bytes")
+    # Censuses a source must grow in, one after the other, to be a leak: a container that
+    # fills once (a warm-up) and stays is not one.
+    GROWTH_CENSUSES = 2
 
-    def __init__(self, trace=None, device=None) -> None:
+    def __init__(self, trace=None, device=None, *, check_every: int = 10, census_limit_s: float = 0.5,
+                 census_visits: int = 200_000, census_share: float | None = 0.05) -> None:
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
+            raise gpuctl.UsageError(f"MemoryMonitor: check_every {check_every!r} must be a whole number of at least 1")
         self.trace = None if trace is None else os.fspath(trace)
         self.device = device
         self.rows: list[dict] = []
+        self.check_every = check_every
+        self.census_limit_s = float(census_limit_s)
+        self.census_visits = int(census_visits)
+        self.census_share = census_share
+        self.steps = 0
+        #: The leaks found, one per source, in the order they were found.
+        self.leaks: list[Leak] = []
+        #: Seconds the censuses took, and the seconds of the steps between them.
+        self.census_seconds = 0.0
+        self.step_seconds = 0.0
+        self._interval = check_every
+        self._next_census = check_every
+        self._last_step_at = None
+        self._since_census = 0.0
+        self._previous: dict = {}  # source -> (reading, step, censuses grown in a row)
+        self._warned: set = set()
         self._started = time.monotonic()
         if self.trace is not None:
             with open(self.trace, "w", newline="") as f:
                 csv.writer(f).writerow(self.FIELDS)
+
+    def step(self) -> list:
+        """Counts one optimizer step; every ``check_every`` steps, takes the census. Returns
+        the leaks newly found (each also warned as a :class:`MemoryLeakWarning`)."""
+        now = time.perf_counter()
+        if self._last_step_at is not None:
+            self._since_census += now - self._last_step_at
+        self._last_step_at = now
+        self.steps += 1
+        if self.steps < self._next_census:
+            return []
+        census = _Census(sys._getframe(1), self.census_visits, now + self.census_limit_s)
+        found = self._judge(census) if census.complete else []
+        cost = time.perf_counter() - now
+        self.census_seconds += cost
+        self.step_seconds += self._since_census
+        if not census.complete:
+            _log(f"leak census at step {self.steps} stopped at its limit ({census.visits} objects, "
+                 f"{cost:.2f} s): this one is not judged")
+        if (self.census_share is not None and self.census_seconds > self.census_share * self.step_seconds
+                and self._interval < 64 * self.check_every):
+            self._interval *= 2
+            _log(f"the leak censuses took {self.census_seconds * 1e3:.0f} ms, more than "
+                 f"{self.census_share:.0%} of the {self.step_seconds * 1e3:.0f} ms of steps: one every "
+                 f"{self._interval} steps from now")
+        self._since_census = 0.0
+        self._next_census = self.steps + self._interval
+        self._last_step_at = time.perf_counter()  # the census is not the next step's time
+        return found
+
+    def _judge(self, census: _Census) -> list:
+        found = []
+        current = {}
+        for source, reading in census.readings.items():
+            grown = 0
+            before = self._previous.get(source)
+            if before is not None:
+                last, at, streak = before
+                grew = (reading.tensors > last.tensors or reading.bytes > last.bytes or reading.nodes > last.nodes)
+                grown = streak + 1 if grew else 0
+                if grown >= self.GROWTH_CENSUSES and not reading.bounded and source not in self._warned:
+                    rate = max(0.0, (reading.bytes - last.bytes) / max(1, self.steps - at))
+                    leak = Leak(source, reading.kind, reading.tensors, reading.bytes, rate, reading.nodes, self.steps,
+                                _remedy(source, reading))
+                    self._warned.add(source)
+                    self.leaks.append(leak)
+                    found.append(leak)
+                    warnings.warn(str(leak), MemoryLeakWarning, stacklevel=3)
+            current[source] = (reading, self.steps, grown)
+        self._previous = current
+        return found
 
     def _nvml_bytes(self):
         try:
