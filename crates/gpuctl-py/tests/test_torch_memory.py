@@ -5,13 +5,18 @@ processes, and estimate against a counted peak."""
 from __future__ import annotations
 
 import collections
+import os
+import pwd
+import subprocess
 import warnings
 
 import pytest
 import torch
 
 import gpuctl
-from gpuctl.torch import MemoryLeakWarning, MemoryMonitor
+from conftest import GIB, alive, wait_until
+from gpuctl.torch import (MemoryLeakWarning, MemoryMonitor, OOMRecovery, OutOfMemoryAtOne, explain_oom,
+                          find_executable_micro_batch)
 
 
 class Net(torch.nn.Module):
@@ -94,3 +99,105 @@ def test_the_census_runs_every_check_every_steps_and_refuses_a_bad_interval():
     assert monitor._next_census == 35  # censuses at 7, 14, 21 and 28
     with pytest.raises(gpuctl.UsageError, match="check_every 0 must be a whole number of at least 1"):
         MemoryMonitor(check_every=0)
+
+
+# torch 2.11's message for an allocation that failed, as a CUDA run prints it.
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+             "1.50 GiB is free. Including non-PyTorch memory, this process has 66.50 GiB memory in use. Of the "
+             "allocated memory 60.00 GiB is allocated by PyTorch, and 6.00 GiB is reserved by PyTorch but "
+             "unallocated. If reserved but unallocated memory is large try setting "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+
+# Another user's job: a process of uid 65534 whose parent (a shell of that job, here a
+# Python process) lives on. It is not this test's child, as another user's job is not.
+ANOTHER_USERS_JOB = r"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os.setgid(65534)
+    os.setuid(65534)
+    os.execv("/bin/sleep", ["sleep", "600"])
+print(pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def another_users_job(procs):
+    assert os.geteuid() == 0, "this test starts a process as another user (uid 65534): run it as root"
+    shell = procs.python(ANOTHER_USERS_JOB)
+    pid = procs.stray(int(shell.stdout.readline()))
+    wait_until(lambda: "\nUid:\t65534\t" in open(f"/proc/{pid}/status").read() and
+               open(f"/proc/{pid}/comm").read().strip() == "sleep", what="the other user's job to start")
+    return pid
+
+
+def test_explain_oom_names_another_users_job_and_an_orphaned_worker(sim, scenario, crashed_run, another_users_job,
+                                                                    monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    worker, sibling = crashed_run(2)  # a crashed run's DataLoader workers, still on the GPU
+    other = another_users_job
+    sim.write(scenario.process(os.getpid(), gpu=0, used=60 * GIB, sm_pct=90)
+              .process(worker, gpu=0, used=8 * GIB, sm_pct=0)
+              .process(sibling, gpu=0, used=1 * GIB, sm_pct=0)
+              .process(other, gpu=0, used=10 * GIB, sm_pct=50))
+    other_user = pwd.getpwuid(65534).pw_name
+
+    text = explain_oom(torch.cuda.OutOfMemoryError(TORCH_OOM))
+    lines = text.splitlines()
+    assert lines[0].startswith("out of memory on cuda:0: tried to allocate 2.00 GiB (GPU 0, NVIDIA H100 80GB HBM3, GPU-")
+    assert lines[0].endswith("found through NVML's index (CUDA_VISIBLE_DEVICES is not set))"), lines[0]
+    # torch's figures, read from its message where CUDA is not up here.
+    assert "this process: 60.00 GiB allocated by torch, 66.00 GiB reserved (fragmentation 9%)" in text
+    assert "this process holds 60.00 GiB of it" in text
+    # Every other process, largest first, with its user and what gpuctl clear finds of it.
+    listed = [line for line in lines if line.startswith("  pid ")]
+    assert listed[0].startswith(f"  pid {other} {other_user} 10.00 GiB: sleep 600 (live (sleeping))"), listed
+    assert listed[1].startswith(f"  pid {worker} root 8.00 GiB: ") and "(orphaned: " in listed[1], listed
+    assert listed[2].startswith(f"  pid {sibling} root 1.00 GiB: ") and len(listed) == 3, listed
+    # The remedies: clear frees the orphan, the other user is asked, this process's own
+    # size, and the fragmentation: 2 GiB asked for, 6 GiB reserved but unallocated.
+    remedies = text.split("what to do:\n")[1]
+    assert f"pid {worker} (root, 8.00 GiB) is an orphaned worker of a run that ended: `gpuctl clear` frees it" in remedies
+    assert f"pid {other} (10.00 GiB) is {other_user}'s live job: ask {other_user} before anything" in remedies
+    assert "the allocator is fragmented: it holds 6.00 GiB reserved but unallocated" in remedies
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in remedies and "gpuctl.enable()" in remedies
+    assert "OOMRecovery(model, batch_size, micro_batch=\"auto\")" in remedies
+    assert alive(worker) and alive(sibling), "explaining ends nothing"
+
+    # A request larger than the reserved-but-unallocated memory is no fragmentation.
+    assert f"pid {sibling} (root, 1.00 GiB) is an orphaned worker" in remedies
+    assert "fragmented" not in explain_oom(TORCH_OOM.replace("allocate 2.00 GiB", "allocate 8.00 GiB"))
+
+    # What OOMRecovery and the decorator raise at micro-batch 1 carries the same account.
+    model = torch.nn.Linear(4, 4)
+    rec = OOMRecovery(model, batch_size=2, micro_batch=1, inject_oom_above=0, log=lambda line: None)
+    with pytest.raises(OutOfMemoryAtOne) as raised:
+        rec.step(torch.randn(2, 4), lambda mb: model(mb).sum())
+    assert f"pid {worker} (root, 8.00 GiB) is an orphaned worker" in str(raised.value)
+
+    @find_executable_micro_batch(batch_size=4, inject_oom_above=0, log=lambda line: None)
+    def never_fits(micro_batch, accumulation):
+        return None
+
+    with pytest.raises(torch.cuda.OutOfMemoryError) as final:
+        never_fits()
+    assert "injected by gpuctl" in str(final.value) and f"is {other_user}'s live job" in str(final.value)
+
+
+def test_explain_oom_maps_the_cuda_device_through_cuda_visible_devices(sim, scenario, procs, monkeypatch):
+    job = procs.sleeper()
+    sim.write(scenario.process(job.pid, gpu=1, used=4 * GIB, sm_pct=50))
+    uuid = gpuctl.snapshot().devices[1].uuid
+    for visible, device in (("1", 0), ("0,1", "cuda:1"), (uuid[:12], 0), (f"{uuid},0", torch.device("cuda", 0))):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        text = explain_oom("CUDA out of memory. Tried to allocate 1.00 GiB.", device=device)
+        assert f"(GPU 1, NVIDIA H100 80GB HBM3, {uuid}, found through CUDA_VISIBLE_DEVICES={visible})" in text, text
+        assert f"  pid {job.pid} root 4.00 GiB: sleep 600" in text
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert "(CUDA_VISIBLE_DEVICES=1 makes no cuda:1 visible)" in explain_oom(TORCH_OOM, device=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-nothing-like-it")
+    assert "no GPU NVML lists matches 'GPU-nothing-like-it'" in explain_oom(TORCH_OOM)
+    with pytest.raises(gpuctl.UsageError, match="explain_oom: device 'cpu' is not a CUDA device"):
+        explain_oom(TORCH_OOM, device="cpu")

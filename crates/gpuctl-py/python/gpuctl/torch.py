@@ -45,6 +45,7 @@ __all__ = [
     "OutOfMemoryAtOne",
     "RunGuard",
     "RunningError",
+    "explain_oom",
     "find_executable_micro_batch",
     "is_out_of_memory",
     "logits_bytes",
@@ -477,6 +478,56 @@ def _remedy(source: str, reading) -> str:
             f"them under torch.no_grad()")
 
 
+def _cuda_up() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _fragmentation(allocated, reserved):
+    """1 − allocated/reserved: the share of what the caching allocator holds that no tensor
+    uses (0 when it holds nothing)."""
+    if allocated is None or not reserved:
+        return None if reserved is None else 0.0
+    return max(0.0, 1.0 - allocated / reserved)
+
+
+def _allocator(device) -> dict:
+    """torch's caching allocator on a CUDA ``device``: allocated, reserved and peak bytes,
+    fragmentation, allocation retries and the largest free block it holds."""
+    stats = torch.cuda.memory_stats(device)
+    allocated = stats.get("allocated_bytes.all.current", torch.cuda.memory_allocated(device))
+    reserved = stats.get("reserved_bytes.all.current", torch.cuda.memory_reserved(device))
+    largest = None
+    try:
+        index = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        largest = max((block["size"] for segment in torch.cuda.memory_snapshot() if segment["device"] == index
+                       for block in segment["blocks"] if block["state"] == "inactive"), default=0)
+    except (RuntimeError, KeyError, TypeError, ValueError):
+        pass
+    return {
+        "allocated": allocated,
+        "reserved": reserved,
+        "peak": stats.get("allocated_bytes.all.peak", torch.cuda.max_memory_allocated(device)),
+        "fragmentation": _fragmentation(allocated, reserved),
+        "retries": stats.get("num_alloc_retries"),
+        "largest_free_block": largest,
+    }
+
+
+def _fragmented(request, allocated, reserved):
+    """The fragmentation sentence, where an allocation of ``request`` bytes failed although
+    the allocator held more than that reserved but unallocated; else None."""
+    if request is None or allocated is None or reserved is None:
+        return None
+    idle = reserved - allocated
+    if request >= idle:
+        return None
+    return (f"the allocator is fragmented: it holds {_gib(idle)} reserved but unallocated, more than the "
+            f"{_gib(request)} asked for, in pieces too small for it. Set "
+            f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts (gpuctl.enable() "
+            f"does, keeping your own settings; or start the run with `gpuctl enable python train.py`)")
+
+
 class MemoryMonitor:
     """Memory at milestones, and a leak census every few steps.
 
@@ -495,7 +546,8 @@ class MemoryMonitor:
     far apart (up to 64 × ``check_every``).
     """
 
-    FIELDS = ("time", "label", "allocated_bytes", "reserved_bytes", "peak_bytes", "nvml_bytes")
+    FIELDS = ("time", "label", "allocated_bytes", "reserved_bytes", "peak_bytes", "nvml_bytes", "fragmentation",
+              "num_alloc_retries", "largest_free_block_bytes")
     # Censuses a source must grow in, one after the other, to be a leak: a container that
     # fills once (a warm-up) and stays is not one.
     GROWTH_CENSUSES = 2
@@ -588,20 +640,31 @@ class MemoryMonitor:
         return sum(held)
 
     def milestone(self, label: str) -> dict:
-        """Logs and returns one row of figures, labelled ``label`` ("epoch 3")."""
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        """Logs and returns one row of figures, labelled ``label`` ("epoch 3"):
+        ``fragmentation`` is 1 − allocated/reserved of torch's caching allocator,
+        ``num_alloc_retries`` the allocations it had to retry after freeing its cache, and
+        ``largest_free_block_bytes`` the largest block it holds free (None on a CPU)."""
+        cuda = _cuda_up()
         device = self.device if self.device is not None else (torch.cuda.current_device() if cuda else None)
+        allocator = _allocator(device) if cuda else {}
         row = {
             "time": round(time.monotonic() - self._started, 3),
             "label": label,
-            "allocated_bytes": torch.cuda.memory_allocated(device) if cuda else None,
-            "reserved_bytes": torch.cuda.memory_reserved(device) if cuda else None,
-            "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+            "allocated_bytes": allocator.get("allocated"),
+            "reserved_bytes": allocator.get("reserved"),
+            "peak_bytes": allocator.get("peak"),
             "nvml_bytes": self._nvml_bytes(),
+            "fragmentation": allocator.get("fragmentation"),
+            "num_alloc_retries": allocator.get("retries"),
+            "largest_free_block_bytes": allocator.get("largest_free_block"),
         }
         self.rows.append(row)
-        _log(f"{label}: allocated {_gib(row['allocated_bytes'])}, reserved {_gib(row['reserved_bytes'])}, "
-             f"peak {_gib(row['peak_bytes'])}, NVML {_gib(row['nvml_bytes'])}")
+        line = (f"{label}: allocated {_gib(row['allocated_bytes'])}, reserved {_gib(row['reserved_bytes'])}, "
+                f"peak {_gib(row['peak_bytes'])}, NVML {_gib(row['nvml_bytes'])}")
+        if row["fragmentation"] is not None:
+            line += (f", fragmentation {row['fragmentation']:.0%} ({row['num_alloc_retries']} allocation retries, "
+                     f"largest free block {_gib(row['largest_free_block_bytes'])})")
+        _log(line)
         if self.trace is not None:
             with open(self.trace, "a", newline="") as f:
                 csv.writer(f).writerow(["" if row[k] is None else row[k] for k in self.FIELDS])
@@ -652,6 +715,191 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and any(t in str(error) for t in _OOM_TEXTS)
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _amount(pattern: str, text: str):
+    """Bytes from a figure of torch's OOM message (``2.00 GiB``) that ``pattern`` finds."""
+    found = re.search(pattern, text)
+    if not found:
+        return None
+    return int(float(found.group(1)) * _UNITS.get(found.group(2), 1))
+
+
+def _cuda_index(device, text: str) -> int:
+    if device is None:
+        found = re.search(r"GPU (\d+) has a total capacity", text)
+        if found:
+            return int(found.group(1))
+        return torch.cuda.current_device() if _cuda_up() else 0
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        raise gpuctl.UsageError(f"explain_oom: device {device!r} is not a CUDA device")
+    return parsed.index if parsed.index is not None else (torch.cuda.current_device() if _cuda_up() else 0)
+
+
+def _nvml_device(index: int, devices):
+    """The NVML GPU behind CUDA device ``index``, and how it was found. With CUDA up, by
+    the UUID CUDA gives it; without, as CUDA would read CUDA_VISIBLE_DEVICES (indices or
+    UUIDs, unique prefixes included, up to its first invalid entry), else NVML's index."""
+    if _cuda_up() and index < torch.cuda.device_count():
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        for device in devices:
+            ids = [device.uuid or ""] + [m.uuid or "" for m in device.mig_devices]
+            if any(i.lower().endswith(uuid.lower()) for i in ids if i):
+                return device, f"CUDA's UUID {uuid}"
+        return None, f"no GPU NVML lists has the UUID CUDA gives cuda:{index} ({uuid})"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        found = next((d for d in devices if d.index == index), None)
+        return found, "NVML's index (CUDA_VISIBLE_DEVICES is not set)" if found else f"NVML has no GPU {index}"
+    entries = [e.strip() for e in visible.split(",")] if visible.strip() else []
+    if index >= len(entries):
+        return None, f"CUDA_VISIBLE_DEVICES={visible} makes no cuda:{index} visible"
+    entry = entries[index]
+    if entry.isdigit():
+        found = next((d for d in devices if d.index == int(entry)), None)
+        return found, f"CUDA_VISIBLE_DEVICES={visible}" if found else f"NVML has no GPU {entry} (CUDA_VISIBLE_DEVICES={visible})"
+    for device in devices:
+        ids = [device.uuid or ""] + [m.uuid or "" for m in device.mig_devices]
+        if any(i and i.startswith(entry) for i in ids):
+            return device, f"CUDA_VISIBLE_DEVICES={visible}"
+    return None, f"no GPU NVML lists matches {entry!r} of CUDA_VISIBLE_DEVICES={visible}"
+
+
+def _clear_would(index: int) -> dict:
+    """What `gpuctl clear` would do on NVML GPU ``index``, by pid: ("frees", reason),
+    ("cannot", why not) or ("reports", reason)."""
+    document = gpuctl.clear(gpus=[index], dry_run=True).to_dict()
+    found = {}
+    for outcome in document.get("outcomes", []):
+        reason = "; ".join(outcome.get("reasons") or []) or "a leftover"
+        if outcome.get("action") == "skip":
+            found[outcome["pid"]] = ("cannot", reason, outcome.get("skipped") or "skipped")
+        else:
+            found[outcome["pid"]] = ("frees", reason, None)
+    for finding in document.get("reported", []):
+        identity = finding.get("identity") or {}
+        if identity.get("pid") is not None and identity["pid"] not in found:
+            found[identity["pid"]] = ("reports", finding.get("reason") or finding.get("kind"), None)
+    return found
+
+
+def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: int | None = None,
+                logits_dtype=torch.float32) -> str:
+    """An out-of-memory error turned into what to do, in a few lines.
+
+    ``error`` is the exception (or its text); ``device`` the CUDA device it happened on
+    (``0``, ``"cuda:1"``; default: the one torch's message names, else the current one).
+    From torch (where CUDA is up): the request, this process's allocated and reserved
+    memory and their fragmentation. From gpuctl's snapshot of that GPU (the CUDA device
+    mapped to NVML's through its UUID; without CUDA, through CUDA_VISIBLE_DEVICES): every
+    other process on it with its pid, user, owner, memory, and what `gpuctl clear` finds of
+    it. Then the remedy: `gpuctl clear` for an orphaned or zombie holder, whom to ask for
+    another user's live job, OOMRecovery or a smaller micro-batch for this process's own
+    size (with one sample's logits where ``seq_len`` and ``vocab_size`` are given), and
+    ``expandable_segments`` where the allocator is fragmented. Never raises for what it
+    cannot read: it says so in the text.
+    """
+    text = str(error) if error is not None else ""
+    index = _cuda_index(device, text)
+    request = _amount(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", text)
+    lines, todo = [], []
+    allocated = reserved = retries = None
+    if _cuda_up() and index < torch.cuda.device_count():
+        figures = _allocator(index)
+        allocated, reserved, retries = figures["allocated"], figures["reserved"], figures["retries"]
+    else:  # torch's own message still says what the allocator held
+        allocated = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated by PyTorch", text)
+        idle = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is reserved by PyTorch but unallocated", text)
+        reserved = None if allocated is None or idle is None else allocated + idle
+    asked = f": tried to allocate {_gib(request)}" if request is not None else ""
+    head = f"out of memory on cuda:{index}{asked}"
+    if allocated is not None:
+        frag = _fragmentation(allocated, reserved)
+        lines.append(f"this process: {_gib(allocated)} allocated by torch, {_gib(reserved)} reserved"
+                     + (f" (fragmentation {frag:.0%}" + (f", {retries} allocation retries)" if retries is not None else ")")
+                        if frag is not None else ""))
+    me = os.getpid()
+    mine = 0
+    try:
+        devices = gpuctl.snapshot().devices
+        gpu, how = _nvml_device(index, devices)
+    except gpuctl.Error as failure:
+        gpu, how = None, f"gpuctl could not read the GPUs: {failure}"
+    if gpu is None:
+        head += f" ({how})"
+    else:
+        head += f" (GPU {gpu.index}, {gpu.name or 'unnamed'}, {gpu.uuid}, found through {how})"
+        used, total = gpu.memory_used, gpu.memory_total
+        others = [p for p in gpu.processes if p.pid != me]
+        mine = sum(p.used_bytes or 0 for p in gpu.processes if p.pid == me)
+        lines.append(f"GPU {gpu.index}: {_gib(used)} used of {_gib(total)}; this process holds {_gib(mine)} of it")
+        try:
+            verdicts = _clear_would(gpu.index)
+        except gpuctl.Error as failure:
+            verdicts = {}
+            lines.append(f"(gpuctl clear could not judge the processes: {failure})")
+        children = set(_children())
+        for p in sorted(others, key=lambda p: -(p.used_bytes or 0)):
+            who = p.user or "unknown user"
+            owner = f", {p.owner}" if p.owner else ""
+            verdict = verdicts.get(p.pid)
+            finding = verdict[1] if verdict else ("a child of this process" if p.pid in children else
+                                                  f"live ({p.state})" if p.state else "live")
+            lines.append(f"  pid {p.pid} {who}{owner} {_gib(p.used_bytes)}: {_command(p.command)} ({finding})")
+            size = _gib(p.used_bytes)
+            what = ("an orphaned worker of a run that ended" if verdict and "orphan" in verdict[1] else
+                    "a zombie holder" if verdict and "zombie" in verdict[1] else "a leftover of a run that ended")
+            if verdict and verdict[0] == "frees":
+                todo.append(f"pid {p.pid} ({who}, {size}) is {what}: `gpuctl clear` frees it")
+            elif verdict and verdict[0] == "cannot":
+                todo.append(f"pid {p.pid} ({who}, {size}) is {what}, which `gpuctl clear` cannot end for you "
+                            f"({verdict[2]}): ask {who} or an administrator to run it")
+            elif verdict and verdict[0] == "reports":
+                todo.append(f"pid {p.pid} ({who}, {size}), which `gpuctl clear` leaves: {verdict[1]}")
+            elif p.pid in children:
+                todo.append(f"pid {p.pid} ({size}) is this process's own child (a DataLoader worker?): it should "
+                            f"not hold GPU memory: keep CUDA out of workers (no .cuda() in the Dataset)")
+            elif p.user is not None and p.user == _user_name():
+                todo.append(f"pid {p.pid} ({size}) is another live process of yours{owner}: end it if it is done "
+                            f"(`gpuctl kill --pid {p.pid}`), or run on another GPU (gpuctl info)")
+            else:
+                job = f" ({p.owner})" if p.owner else ""
+                todo.append(f"pid {p.pid} ({size}) is {who}'s live job{job}: ask {who} before anything, or run on "
+                            f"a GPU with room (gpuctl info)")
+    own = (f"this process's own size ({_gib(allocated if allocated is not None else mine or None)}): "
+           f"OOMRecovery(model, batch_size, micro_batch=\"auto\") keeps the effective batch with a smaller "
+           f"micro-batch (gpuctl.torch.estimate gives the largest that fits), or lower the micro-batch")
+    if seq_len and vocab_size:
+        own += (f"; one sample's logits take {_gib(logits_bytes(1, seq_len, vocab_size, logits_dtype))} "
+                f"(logits_bytes(1, {seq_len}, {vocab_size}))")
+    todo.append(own)
+    fragmented = _fragmented(request, allocated, reserved)
+    if fragmented:
+        todo.insert(0, fragmented)
+    return "\n".join([head] + lines + ["what to do:"] + [f"  - {t}" for t in todo])
+
+
+def _command(command) -> str:
+    """A process's command on one line: whitespace collapsed, control and bidirectional
+    characters shown as ?, cut at 60 characters."""
+    if not command:
+        return "?"
+    text = re.sub(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]", "?", " ".join(command.split()))
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _user_name():
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return None
 
 
 class OutOfMemoryAtOne(Error):
@@ -750,7 +998,8 @@ class OOMRecovery:
             except Exception as error:  # noqa: BLE001 - only OOMs are handled, the rest re-raised
                 if not is_out_of_memory(error):
                     raise
-                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                text = str(error)
+                message = text.splitlines()[0] if text else type(error).__name__
                 # The step's outputs go with the frame's locals; its gradients are dropped.
                 loss = chunk = total = None
                 error = None
@@ -758,14 +1007,14 @@ class OOMRecovery:
                 if torch.cuda.is_available() and torch.cuda.is_initialized():
                     torch.cuda.empty_cache()
                 if self._micro_batch == 1:
-                    raise OutOfMemoryAtOne(self._unrecoverable(message)) from None
+                    raise OutOfMemoryAtOne(self._unrecoverable(message, text)) from None
                 self._micro_batch = max(1, self._micro_batch // 2)
                 self.recoveries += 1
                 self._log(f"out of memory at step {self.steps} ({message}); micro-batch halved to "
                           f"{self._micro_batch}, {-(-samples // self._micro_batch)} accumulation steps "
                           f"for the same batch of {samples}")
 
-    def _unrecoverable(self, message: str) -> str:
+    def _unrecoverable(self, message: str, text: str) -> str:
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
         figures = f"parameters {_gib(params)}, their gradients {_gib(params)}"
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -786,7 +1035,8 @@ class OOMRecovery:
         return (f"out of memory at step {self.steps} even with micro-batch 1 ({message}); memory: {figures}. "
                 f"One sample does not fit: try mixed precision (torch.autocast with bfloat16 halves "
                 f"activations), gradient checkpointing, a smaller model{logits}, or free the GPU of "
-                f"other processes (gpuctl info){limit}")
+                f"other processes (gpuctl info){limit}\n"
+                + explain_oom(text, seq_len=self.seq_len, vocab_size=self.vocab_size, logits_dtype=self.logits_dtype))
 
 
 def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | None = None, *,
@@ -797,7 +1047,8 @@ def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | Non
     batch_size`` (the last accumulation step may be short when the micro-batch does not
     divide the batch); on a CUDA OOM it is called again with the micro-batch halved and the
     accumulation doubled, where Accelerate's halves the batch itself. At micro-batch 1 the
-    OOM is raised. ``inject_oom_above`` raises the OOM for micro-batches above it (tests)."""
+    OOM is raised as a ``torch.cuda.OutOfMemoryError`` whose text adds :func:`explain_oom`'s
+    account of the GPU. ``inject_oom_above`` raises the OOM for micro-batches above it (tests)."""
     if int(batch_size) < 1:
         raise gpuctl.UsageError(f"find_executable_micro_batch: batch_size {batch_size} must be at least 1")
 
@@ -813,8 +1064,10 @@ def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | Non
                             f"CUDA out of memory (injected by gpuctl: micro-batch {micro} > {inject_oom_above})")
                     return function(micro, accumulation, *args, **kwargs)
                 except Exception as error:  # noqa: BLE001 - only OOMs are handled
-                    if not is_out_of_memory(error) or micro == 1:
+                    if not is_out_of_memory(error):
                         raise
+                    if micro == 1:
+                        raise torch.cuda.OutOfMemoryError(f"{error}\n{explain_oom(error)}") from error
                     error = None
                     if torch.cuda.is_available() and torch.cuda.is_initialized():
                         torch.cuda.empty_cache()
