@@ -5,6 +5,7 @@ processes, and estimate against a counted peak."""
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import pwd
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 import gpuctl
 from conftest import GIB, alive, wait_until
-from gpuctl.torch import (MemoryLeakWarning, MemoryMonitor, OOMRecovery, OutOfMemoryAtOne, explain_oom,
+from gpuctl.torch import (MemoryLeakWarning, MemoryMonitor, OOMRecovery, OutOfMemoryAtOne, estimate, explain_oom,
                           find_executable_micro_batch)
 
 
@@ -201,3 +202,93 @@ def test_explain_oom_maps_the_cuda_device_through_cuda_visible_devices(sim, scen
     assert "no GPU NVML lists matches 'GPU-nothing-like-it'" in explain_oom(TORCH_OOM)
     with pytest.raises(gpuctl.UsageError, match="explain_oom: device 'cpu' is not a CUDA device"):
         explain_oom(TORCH_OOM, device="cpu")
+
+
+def counted_peak(model, batch, optimizer, loss_fn):
+    """A real training step's peak on the CPU, counted from the CPU allocator's own
+    allocation and release events (torch's profiler), on top of what was allocated
+    before it: parameters, optimizer state (a first step made it) and the batch."""
+    loss_fn(model, batch).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    before = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *state, batch])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+        loss_fn(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    events = sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    assert events, "the profiler recorded no allocation"
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return before + peak
+
+
+def mean_output(model, batch):
+    return model(batch).float().mean()
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
+@pytest.mark.parametrize("name", ["mlp", "transformer block"])
+def test_estimate_is_within_15_percent_of_a_counted_peak(name):
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+                                    torch.nn.GELU(), torch.nn.Linear(1024, 256))
+        shape, sizes = (256,), (4, 512, 2048)
+    else:
+        model = torch.nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, batch_first=True,
+                                                 dropout=0.0)
+        shape, sizes = (64, 128), (4, 32, 96)
+    before = [p.detach().clone() for p in model.parameters()]
+    found = estimate(model, torch.randn(2, *shape), optimizer="adamw")
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert found.parameters_bytes == found.gradients_bytes == params
+    assert found.optimizer_bytes >= 2 * params  # AdamW: two moments per parameter
+    assert found.activations_per_sample_bytes > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "the model is left as it was"
+    assert all(p.grad is None for p in model.parameters())
+    for n in sizes:
+        work = copy.deepcopy(model)
+        real = counted_peak(work, torch.randn(n, *shape), torch.optim.AdamW(work.parameters(), lr=1e-3), mean_output)
+        assert abs(found.peak_bytes(n) / real - 1) <= 0.15, f"{name} at {n}: estimated {found.peak_bytes(n)}, counted {real}"
+    # The largest micro-batch that fits is the last whose peak does.
+    budget = found.peak_bytes(sizes[-1])
+    fits = found.largest_micro_batch(budget)
+    assert fits >= sizes[-1] and found.peak_bytes(fits) <= budget < found.peak_bytes(fits + 1)
+    assert found.largest_micro_batch(found.peak_bytes(1) - 1) == 0
+
+
+def test_estimate_in_bfloat16_halves_the_parameters_and_refuses_an_unknown_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    full = estimate(model, torch.randn(1, 64), optimizer="sgd")
+    half = estimate(model, torch.randn(1, 64), optimizer=None, dtype="bf16")
+    assert half.parameters_bytes * 2 == full.parameters_bytes and full.optimizer_bytes == 0
+    assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(gpuctl.UsageError, match="estimate: optimizer 'lion'"):
+        estimate(model, torch.randn(2, 64), optimizer="lion")
+
+
+def test_oom_recovery_auto_starts_at_the_estimate():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    found = estimate(model, torch.randn(2, 256))
+    # Room for 400 samples' activations and a half.
+    free = found.peak_bytes(400) + found.activations_per_sample_bytes // 2
+    logged = []
+    rec = OOMRecovery(model, batch_size=1024, micro_batch="auto", estimate=found, free_bytes=free, log=logged.append)
+    assert rec.micro_batch == found.largest_micro_batch(free) == 400
+    assert logged == [f"micro-batch 400 from the estimate: a step's peak {found.peak_bytes(400) / 2**30:.2f} GiB of "
+                      f"{free / 2**30:.2f} GiB free ({found.activations_per_sample_bytes // 1024} KiB of activations "
+                      f"per sample); 3 accumulation steps for the batch of 1024"]
+    # A step goes on from there, in micro-batches of 400.
+    seen = []
+    rec.step(torch.randn(1024, 256), lambda mb: seen.append(mb.shape[0]) or model(mb).mean())
+    assert seen == [400, 400, 224]
+    # Without an estimate, "auto" is the whole batch, as before; a batch smaller than the
+    # estimate's micro-batch is the micro-batch.
+    assert OOMRecovery(model, batch_size=64).micro_batch == 64
+    assert OOMRecovery(model, batch_size=16, estimate=found, free_bytes=free, log=logged.append).micro_batch == 16

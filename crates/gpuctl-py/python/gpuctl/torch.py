@@ -31,6 +31,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -38,6 +39,7 @@ import gpuctl
 from gpuctl import Error, RunningError, _gpuctl
 
 __all__ = [
+    "Estimate",
     "Leak",
     "MemoryLeakWarning",
     "MemoryMonitor",
@@ -45,6 +47,7 @@ __all__ = [
     "OutOfMemoryAtOne",
     "RunGuard",
     "RunningError",
+    "estimate",
     "explain_oom",
     "find_executable_micro_batch",
     "is_out_of_memory",
@@ -938,20 +941,25 @@ class OOMRecovery:
     raises :class:`OutOfMemoryAtOne` with the figures and what to change.
 
     Enter each step with the gradients cleared (``optimizer.zero_grad()``): on an OOM the
-    step's gradients are dropped. ``micro_batch="auto"`` starts at the batch size and lets
-    the first OOMs find the largest one that fits. ``seq_len``, ``vocab_size`` and
+    step's gradients are dropped. ``micro_batch="auto"`` starts at the largest micro-batch
+    that ``estimate`` (from :func:`estimate`) fits in ``free_bytes`` (default, on a CUDA
+    model: the device's free memory plus what torch has reserved), else at the batch size,
+    and lets the first OOMs find the largest one that fits. ``seq_len``, ``vocab_size`` and
     ``logits_dtype`` (optional) let the micro-batch-1 message say what one sample's logits
     take. ``inject_oom_above=N`` raises the OOM path for micro-batches above N (after their
     backward, as a real OOM in backward would), so recovery is tested on a CPU.
     """
 
-    def __init__(self, model, batch_size: int, micro_batch="auto", *, inject_oom_above: int | None = None,
-                 seq_len: int | None = None, vocab_size: int | None = None, logits_dtype=torch.float32,
-                 log=_log) -> None:
+    def __init__(self, model, batch_size: int, micro_batch="auto", *, estimate: Estimate | None = None,
+                 free_bytes: int | None = None, inject_oom_above: int | None = None, seq_len: int | None = None,
+                 vocab_size: int | None = None, logits_dtype=torch.float32, log=_log) -> None:
         if int(batch_size) < 1:
             raise gpuctl.UsageError(f"OOMRecovery: batch_size {batch_size} must be at least 1")
+        if estimate is not None and not isinstance(estimate, Estimate):
+            raise gpuctl.UsageError(f"OOMRecovery: estimate {type(estimate).__name__}: give gpuctl.torch.estimate(...)'s")
+        self.estimate = estimate
         if micro_batch == "auto":
-            micro_batch = batch_size
+            micro_batch = self._from_estimate(model, int(batch_size), free_bytes, log)
         elif not isinstance(micro_batch, int) or isinstance(micro_batch, bool) or micro_batch < 1:
             raise gpuctl.UsageError(f"OOMRecovery: micro_batch {micro_batch!r}: give \"auto\" or a size of at least 1")
         self.model = model
@@ -964,6 +972,22 @@ class OOMRecovery:
         self.recoveries = 0
         self.steps = 0
         self._log = log
+
+    def _from_estimate(self, model, batch_size: int, free_bytes, log) -> int:
+        if self.estimate is None:
+            return batch_size
+        if free_bytes is None:
+            device = next((p.device for p in model.parameters()), torch.device("cpu"))
+            if device.type != "cuda":
+                log(f"micro-batch {batch_size} (the batch): no free memory known on {device} (give free_bytes=)")
+                return batch_size
+            free_bytes = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+        fits = self.estimate.largest_micro_batch(int(free_bytes))
+        micro = max(1, min(batch_size, fits))
+        log(f"micro-batch {micro} from the estimate: a step's peak {_gib(self.estimate.peak_bytes(micro))} of "
+            f"{_gib(free_bytes)} free ({_bytes_text(self.estimate.activations_per_sample_bytes)} of activations per "
+            f"sample); {-(-batch_size // micro)} accumulation steps for the batch of {batch_size}")
+        return micro
 
     @property
     def micro_batch(self) -> int:
@@ -1038,6 +1062,247 @@ class OOMRecovery:
                 f"other processes (gpuctl info){limit}\n"
                 + explain_oom(text, seq_len=self.seq_len, vocab_size=self.vocab_size, logits_dtype=self.logits_dtype))
 
+
+# ----------------------------------------------------------------------------- estimate
+
+
+class Estimate:
+    """The memory of one training step, measured at micro-batches 1 and 2.
+
+    The step's live tensor bytes are recorded at each allocation and release, at both
+    micro-batches: each moment of the step is a line, ``c + n × d`` bytes at micro-batch
+    ``n``, and the step's peak at ``n`` is the highest of those lines (the moment of the
+    peak moves with ``n``: the end of backward for a small batch, the start for a large
+    one). ``parameters_bytes``, ``gradients_bytes``, ``optimizer_bytes`` (its state),
+    ``activations_per_sample_bytes`` (the steepest line's slope: what each sample adds at
+    the large-batch peak) and ``fixed_bytes`` (that line's intercept); ``how``: where it was
+    measured."""
+
+    __slots__ = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_per_sample_bytes",
+                 "fixed_bytes", "measured", "how", "_lines")
+
+    def __init__(self, parameters, gradients, optimizer, lines, measured, how) -> None:
+        self.parameters_bytes = int(parameters)
+        self.gradients_bytes = int(gradients)
+        self.optimizer_bytes = int(optimizer)
+        self._lines = lines
+        self.fixed_bytes, self.activations_per_sample_bytes = max(lines, key=lambda line: (line[1], line[0]))
+        self.measured = dict(measured)
+        self.how = how
+
+    def peak_bytes(self, micro_batch: int) -> int:
+        """The step's peak at ``micro_batch`` samples."""
+        return max(c + d * int(micro_batch) for c, d in self._lines)
+
+    def largest_micro_batch(self, free_bytes: int) -> int:
+        """The largest micro-batch whose step fits in ``free_bytes`` (0: not even one)."""
+        if self.peak_bytes(1) > free_bytes:
+            return 0
+        slopes = [(free_bytes - c) // d for c, d in self._lines if d > 0]
+        return max(1, int(min(slopes))) if slopes else 1 << 30
+
+    def __str__(self) -> str:
+        return (f"parameters {_gib(self.parameters_bytes)}, gradients {_gib(self.gradients_bytes)}, optimizer state "
+                f"{_gib(self.optimizer_bytes)}, activations {_bytes_text(self.activations_per_sample_bytes)} per "
+                f"sample; a step's peak {_gib(self.peak_bytes(1))} at micro-batch 1 ({self.how})")
+
+    def __repr__(self) -> str:
+        return (f"Estimate(parameters_bytes={self.parameters_bytes}, gradients_bytes={self.gradients_bytes}, "
+                f"optimizer_bytes={self.optimizer_bytes}, activations_per_sample_bytes="
+                f"{self.activations_per_sample_bytes}, fixed_bytes={self.fixed_bytes})")
+
+
+def _lines(one: list, two: list) -> list:
+    """The (intercept, slope) lines through each moment of the step at micro-batches 1 and
+    2, less those another line is above at every micro-batch of 1 and more."""
+    if len(one) != len(two):
+        # The two steps did not allocate in the same order: their peaks alone.
+        one, two = [max(one)], [max(two)]
+    lines = sorted({(a - (b - a), b - a) for a, b in zip(one, two)}, key=lambda line: (-line[1], -line[0]))
+    kept = []
+    for c, d in lines:  # by slope, steepest first: kept only if higher at micro-batch 1
+        if not kept or c + d > max(kc + kd for kc, kd in kept):
+            kept.append((c, d))
+    return kept
+
+
+def _tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+
+
+class _AllocationCounter:
+    """The bytes of tensor storage alive, counted from every operator's outputs (a
+    TorchDispatchMode: forward, backward and the optimizer alike) and each storage's
+    release (a finalizer), starting from the storages alive before; ``peak`` is the most."""
+
+    def __init__(self, resident) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+        self.live = 0
+        self.peak = 0
+        self.timeline: list = []
+        self._known: set = set()
+        for tensor in resident:
+            self._track(tensor, finalize=False)
+        self.peak = self.live
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for tensor in _tensors_in(out):
+                    counter._track(tensor)
+                return out
+
+        self.mode = Mode()
+
+    def _track(self, tensor, finalize: bool = True) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        key = id(storage)
+        if key in self._known:
+            return
+        nbytes = storage.nbytes()
+        self._known.add(key)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        self.timeline.append(self.live)
+        if finalize:
+            weakref.finalize(storage, self._release, key, nbytes)
+
+    def _release(self, key, nbytes) -> None:
+        self._known.discard(key)
+        self.live -= nbytes
+        self.timeline.append(self.live)
+
+
+def _rows(sample, n: int):
+    """``n`` rows of a sample batch (repeated where it has fewer)."""
+    size = _size(sample)
+    if size >= n:
+        return _slice(sample, 0, n)
+    index = torch.arange(n) % size
+
+    def take(t):
+        return t.index_select(0, index.to(t.device)) if isinstance(t, torch.Tensor) else t
+    if isinstance(sample, torch.Tensor):
+        return take(sample)
+    if isinstance(sample, dict):
+        return {k: take(v) for k, v in sample.items()}
+    return type(sample)(take(v) for v in sample)
+
+
+def _default_loss(model, batch):
+    out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+    if hasattr(out, "loss") and isinstance(out.loss, torch.Tensor):
+        return out.loss
+    tensor = next(_tensors_in(out), None)
+    if tensor is None:
+        raise gpuctl.UsageError("estimate: the model returned no tensor: give loss_fn=lambda model, batch: ...")
+    return tensor.float().mean()
+
+
+_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+
+
+def _bytes_of(tensors) -> int:
+    seen, total = set(), 0
+    for tensor in tensors:
+        key, nbytes = _storage(tensor)
+        if key not in seen:
+            seen.add(key)
+            total += nbytes
+    return total
+
+
+def estimate(model, sample, optimizer="adamw", dtype=None, *, loss_fn=None) -> Estimate:
+    """The peak memory of one training step, per sample, before a run.
+
+    A copy of ``model`` (cast to ``dtype`` where given: its floating parameters, and the
+    sample's floating tensors) takes
+    training steps on ``sample`` (a batch, as :class:`OOMRecovery` takes them; a batch of
+    one is repeated) at micro-batch 1 and 2 with ``optimizer`` (``"adamw"``, ``"adam"``,
+    ``"sgd"``, None, or a callable that makes one from the parameters), after a first step
+    that creates the optimizer's state, on the model's device, counting the bytes of every
+    operator's output storage until it is freed (the CUDA allocator's rounding and cache
+    are not in it). Each moment of the step is fitted to a line in the micro-batch
+    (:class:`Estimate`). ``loss_fn(model, batch)`` gives the loss (default: the mean of the model's
+    output, or its ``.loss``). The model itself is left as it was.
+    """
+    import copy
+
+    if isinstance(optimizer, str) and optimizer.lower() not in _OPTIMIZERS:
+        raise gpuctl.UsageError(f"estimate: optimizer {optimizer!r}: give \"adamw\", \"adam\", \"sgd\", None or a "
+                                f"callable that makes one from the parameters")
+    _size(sample)  # a batch with one size along dim 0, or a clear error
+    work = copy.deepcopy(model)
+    if dtype is not None:
+        dtype = getattr(torch, {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)) \
+            if isinstance(dtype, str) else dtype
+        for parameter in work.parameters():
+            if parameter.is_floating_point():
+                parameter.data = parameter.data.to(dtype)
+    work.train()
+    parameters = [p for p in work.parameters()]
+    trained = [p for p in parameters if p.requires_grad]
+    if optimizer is None:
+        made = None
+    elif isinstance(optimizer, str):
+        made = getattr(torch.optim, _OPTIMIZERS[optimizer.lower()])(trained, lr=1e-3)
+    else:
+        made = optimizer(trained)
+    loss_of = loss_fn or _default_loss
+    device = parameters[0].device if parameters else torch.device("cpu")
+
+    def to(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+    def moved(batch):
+        if isinstance(batch, dict):
+            return {k: to(v) for k, v in batch.items()}
+        return to(batch) if isinstance(batch, torch.Tensor) else type(batch)(to(v) for v in batch)
+
+    def step(batch):
+        loss_of(work, batch).backward()
+        if made is not None:
+            made.step()
+        for p in trained:
+            p.grad = None
+
+    step(moved(_rows(sample, 1)))  # the first step creates the optimizer's state
+    state = [t for s in (made.state.values() if made is not None else ()) for t in _tensors_in(s)]
+    timelines, measured = {}, {}
+
+    def measure(n):
+        batch = moved(_rows(sample, n))
+        counter = _AllocationCounter(parameters + state + list(_tensors_in(batch)))
+        with counter.mode:
+            step(batch)
+        timelines[n], measured[n] = counter.timeline or [counter.live], counter.peak
+
+    measure(1)
+    measure(2)
+    first = 1
+    if len(timelines[1]) != len(timelines[2]):
+        # Micro-batch 1 took another road through the operators (a squeezed batch
+        # dimension): the line is fitted from micro-batches 2 and 3.
+        measure(3)
+        first = 2
+    one, two = timelines[first], timelines[first + 1]
+    lines = [(c - d * (first - 1), d) for c, d in _lines(one, two)]
+    return Estimate(parameters=_bytes_of(parameters), gradients=_bytes_of(trained), optimizer=_bytes_of(state),
+                    lines=lines, measured=measured, how=f"tensor storage counted on {device}")
 
 def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | None = None, *,
                                 inject_oom_above: int | None = None, log=_log):
