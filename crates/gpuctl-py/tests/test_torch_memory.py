@@ -292,3 +292,36 @@ def test_oom_recovery_auto_starts_at_the_estimate():
     # estimate's micro-batch is the micro-batch.
     assert OOMRecovery(model, batch_size=64).micro_batch == 64
     assert OOMRecovery(model, batch_size=16, estimate=found, free_bytes=free, log=logged.append).micro_batch == 16
+
+
+def test_the_type_stub_declares_every_public_name_with_its_parameters():
+    import ast
+    import inspect
+
+    import gpuctl.torch as module
+
+    stub = ast.parse(open(os.path.join(os.path.dirname(module.__file__), "torch.pyi")).read())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            declared[node.name] = node
+        elif isinstance(node, ast.ImportFrom):
+            declared.update({alias.asname or alias.name: node for alias in node.names})
+    missing = [name for name in module.__all__ if name not in declared]
+    assert missing == [], f"torch.pyi lacks {missing}"
+
+    def parameters(function):
+        args = function.args
+        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self"]
+
+    for name in module.__all__:
+        node, runtime = declared[name], getattr(module, name)
+        if isinstance(node, ast.ClassDef):
+            init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            if init is None or runtime.__init__ is object.__init__:
+                continue
+            node, runtime = init, runtime.__init__
+        elif not isinstance(node, ast.FunctionDef):
+            continue
+        expected = [p for p in inspect.signature(runtime).parameters if p != "self"]
+        assert parameters(node) == expected, f"torch.pyi's {name}: {parameters(node)} != {expected}"
