@@ -95,6 +95,44 @@ def test_a_detached_loop_and_a_bounded_buffer_get_no_warning(keep):
     assert monitor.steps == 80 and monitor.census_seconds > 0
 
 
+def make_history():
+    """A logger whose history lives in a closure: no frame or global names the list."""
+    history = []
+
+    def record(output):
+        history.append(output)
+
+    return record
+
+
+def test_a_leak_in_a_closure_is_found_by_the_sweep_through_gc_referrers():
+    torch.manual_seed(0)
+    model = Net("nothing")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    monitor = MemoryMonitor(check_every=5, sweep_every=1, census_share=None, census_limit_s=30)
+    record = make_history()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(20):
+            out = model(torch.randn(8, 32))
+            out.pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            record(out * 1.0)
+            monitor.step()
+    warned = [str(w.message) for w in caught if issubclass(w.category, MemoryLeakWarning)]
+    assert len(warned) == 1 and warned[0].startswith(
+        "history (closure of make_history.<locals>.record) (list, 15 tensors, +1.0 KiB/step)"), warned
+    assert "(history.append(x.detach())" in warned[0]
+    # Without the sweep the census does not look inside closures: nothing is said.
+    monitor = MemoryMonitor(check_every=5, sweep_every=None, census_share=None)
+    record = make_history()
+    for _ in range(20):
+        record(model(torch.randn(8, 32)) * 1.0)
+        monitor.step()
+    assert monitor.leaks == []
+
+
 def test_the_census_runs_every_check_every_steps_and_refuses_a_bad_interval():
     monitor, _ = train_loop("nothing", steps=30, check_every=7, census_share=None)
     assert monitor._next_census == 35  # censuses at 7, 14, 21 and 28

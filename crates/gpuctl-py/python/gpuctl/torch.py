@@ -24,6 +24,8 @@ from __future__ import annotations
 import collections
 import csv
 import functools
+import gc
+import itertools
 import os
 import re
 import sys
@@ -334,8 +336,11 @@ class _Census:
     ``__main__.history``), with its storage and the storages its graph saved for backward.
     """
 
-    def __init__(self, frame, budget_visits: int, deadline: float) -> None:
+    def __init__(self, frame, budget_visits: int, deadline: float, known=frozenset()) -> None:
         self.readings: dict = {}
+        # Sources already warned of: their tensors are counted, their graphs not walked
+        # again (a leak found costs the census no more as it grows).
+        self._known_leaks = known
         self.visits = 0
         self.complete = True
         self._budget = budget_visits
@@ -380,7 +385,7 @@ class _Census:
                         bounded = isinstance(holder, collections.deque) and holder.maxlen is not None
                         kind = "tensor" if holder is obj else type(holder).__name__
                         reading = readings[source] = _Reading(kind, bounded)
-                    self._charge(reading, obj)
+                    self._charge(reading, obj, source not in self._known_leaks)
                 continue
             if isinstance(obj, torch.nn.Module):
                 name = type(obj).__name__
@@ -418,7 +423,7 @@ class _Census:
             if not isinstance(value, _SCALARS):
                 stack.append((value, source, holder))
 
-    def _charge(self, reading: _Reading, tensor) -> None:
+    def _charge(self, reading: _Reading, tensor, graph: bool) -> None:
         reading.tensors += 1
         if tensor.dim() != 0:
             reading.scalars = False
@@ -426,24 +431,116 @@ class _Census:
         if key not in self._storages:
             self._storages.add(key)
             reading.bytes += nbytes
-        # The graph behind it: its nodes, and what they saved for backward. Below a node
-        # whose saved tensors backward freed, backward freed every node's: not read again
-        # (reading a freed one raises, which costs more than the rest of the census).
-        nodes = [(tensor.grad_fn, True)]
+        if not graph:
+            return
+        # The graph behind it: its nodes, and what they saved for backward. A node whose
+        # saved tensors backward freed ends the walk there: that backward ran through
+        # every node below it and freed them too (a graph kept after its backward, as a
+        # logged loss's, costs one node per census, not the model's depth).
+        nodes = [tensor.grad_fn]
         while nodes:
-            node, alive = nodes.pop()
+            node = nodes.pop()
             if node is None or id(node) in self._nodes:
                 continue
             self._nodes.add(id(node))
             self._node_refs.append(node)
-            reading.nodes += 1
             self.visits += 1
             if self.visits > self._budget:
                 self.complete = False
                 return
-            if alive:
-                alive = self._saved_bytes(reading, node)
-            nodes.extend((next_node, alive) for next_node, _ in node.next_functions)
+            if not self._saved_bytes(reading, node):
+                continue
+            reading.nodes += 1
+            nodes.extend(next_node for next_node, _ in node.next_functions)
+
+    def sweep(self) -> None:
+        """The tensors with autograd history the walk did not reach (held in a closure, a
+        library's object, a hook's state), found among every object the garbage collector
+        tracks, and named through their referrers: ``gc.get_referrers`` up to an object's
+        attribute, a module's global, a closure's variable, within three levels."""
+        self.readings = {}
+        objects = gc.get_objects()
+        kinds = {t for t in set(map(type, objects)) if issubclass(t, torch.Tensor)}
+        found = [t for t in itertools.compress(objects, map(kinds.__contains__, map(type, objects)))
+                 if id(t) not in self._seen and t.grad_fn is not None and not t.is_meta]
+        del objects
+        if not found:
+            return
+        named = self._names(found)
+        for tensor in found:
+            source, holder = named.get(id(tensor)) or (f"an unnamed tensor at {id(tensor):#x}", tensor)
+            reading = self.readings.get(source)
+            if reading is None:
+                bounded = isinstance(holder, collections.deque) and holder.maxlen is not None
+                kind = "tensor" if holder is tensor else type(holder).__name__
+                reading = self.readings[source] = _Reading(kind, bounded)
+            self._charge(reading, tensor, source not in self._known_leaks)
+            if time.perf_counter() > self._deadline:
+                self.complete = False
+                return
+
+    def _names(self, found: list) -> dict:
+        """id(tensor) -> (source, holder) for the tensors ``found``: up their referrers,
+        one ``gc.get_referrers`` for all of them per level (each call walks every object
+        the collector tracks), to an instance's attribute, a module's global or a
+        closure's variable."""
+        modules = {id(m.__dict__): m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)}
+        # A chain per object being traced: [object, the tensors it covers, holder, key].
+        chains = {id(t): [t, [t], t, None] for t in found}
+        named: dict = {}
+        for _ in range(4):
+            if not chains or time.perf_counter() > self._deadline:
+                break
+            objects = [chain[0] for chain in chains.values()]
+            referrers = gc.get_referrers(*objects)
+            ours = {id(objects), id(referrers), id(found)} | {id(c) for c in chains.values()}
+            following: dict = {}
+            for referrer in referrers:
+                if id(referrer) in ours or isinstance(referrer, types.FrameType):
+                    continue
+                for child in gc.get_referents(referrer):
+                    chain = chains.get(id(child))
+                    if chain is None or id(child) in following or any(id(t) in named for t in chain[1][:1]):
+                        continue
+                    held, key = chain[2], chain[3]
+                    if isinstance(referrer, dict):
+                        key = next((k for k, v in referrer.items() if v is child), key)
+                        module = modules.get(id(referrer))
+                        if module is not None:
+                            self._resolve(named, chain, f"{module.__name__}.{key}")
+                        else:  # an instance's __dict__ or a dict of the user's: one level up
+                            following[id(child)] = (referrer, chain[1], held, key)
+                    elif isinstance(referrer, types.FunctionType):
+                        closure = referrer.__closure__ or ()
+                        cell = next((c for c in closure if c is child), None)
+                        if cell is None and isinstance(child, tuple) and child is closure:
+                            cell = next((c for c in closure if c is chain[3]), None)
+                        if cell is not None:
+                            name = referrer.__code__.co_freevars[closure.index(cell)]
+                            self._resolve(named, chain, f"{name} (closure of {referrer.__qualname__})")
+                    elif type(referrer).__name__ == "cell":
+                        following[id(child)] = (referrer, chain[1], held, key)
+                    elif isinstance(referrer, tuple) and type(child).__name__ == "cell":
+                        following[id(child)] = (referrer, chain[1], held, child)  # a function's __closure__
+                    elif isinstance(referrer, (list, tuple, set, frozenset, collections.deque)):
+                        following[id(child)] = (referrer, chain[1], referrer, None)
+                    elif getattr(referrer, "__dict__", None) is child and key is not None:
+                        self._resolve(named, chain, f"{type(referrer).__name__}.{key}")
+                    elif isinstance(getattr(referrer, "__dict__", None), dict):
+                        attribute = next((k for k, v in vars(referrer).items() if v is child), None)
+                        if attribute is not None:
+                            self._resolve(named, chain, f"{type(referrer).__name__}.{attribute}")
+            chains = {}
+            for obj, covers, held, key in following.values():
+                if not any(id(t) in named for t in covers[:1]):
+                    merged = chains.setdefault(id(obj), [obj, [], held, key])
+                    merged[1].extend(covers)
+        return named
+
+    @staticmethod
+    def _resolve(named: dict, chain, source: str) -> None:
+        for tensor in chain[1]:
+            named.setdefault(id(tensor), (source, chain[2]))
 
     def _saved_bytes(self, reading: _Reading, node) -> bool:
         """Charges what ``node`` saved for backward; False once backward freed it."""
@@ -469,7 +566,10 @@ class _Census:
 
 
 def _remedy(source: str, reading) -> str:
-    name = source.split(" in ")[0].rsplit(".", 1)[-1]
+    if " (closure of " in source or " in " in source:
+        name = source.split(" ")[0]  # "history (closure of f)", "losses in train()"
+    else:
+        name = source.rsplit(".", 1)[-1]  # "Net.reconstruction_targets", "__main__.losses"
     if reading.scalars:
         if reading.kind == "tensor":
             return f"log the loss as a number with .item() ({name} = loss.item()), or keep loss.detach()"
@@ -543,7 +643,10 @@ class MemoryMonitor:
     source (an attribute, variable or container) that grows in two censuses running is a
     leak: it warns once with :class:`MemoryLeakWarning`, naming the source and what to
     change, and :attr:`leaks` holds it. A ``collections.deque`` with a ``maxlen`` is bounded
-    and never a leak. A census stops at ``census_limit_s`` seconds or ``census_visits``
+    and never a leak. Every ``sweep_every`` censuses (10; None: never) a sweep looks for the
+    tensors the census could not reach, among every object the garbage collector tracks
+    (one held in a closure, say), and names them through ``gc.get_referrers``. A census
+    stops at ``census_limit_s`` seconds or ``census_visits``
     objects (and is then not judged); when the censuses have taken more than
     ``census_share`` of the time of the steps (5 %; None: never), they are spaced twice as
     far apart (up to 64 × ``check_every``).
@@ -556,7 +659,7 @@ class MemoryMonitor:
     GROWTH_CENSUSES = 2
 
     def __init__(self, trace=None, device=None, *, check_every: int = 10, census_limit_s: float = 0.5,
-                 census_visits: int = 200_000, census_share: float | None = 0.05) -> None:
+                 census_visits: int = 200_000, census_share: float | None = 0.05, sweep_every: int | None = 10) -> None:
         if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
             raise gpuctl.UsageError(f"MemoryMonitor: check_every {check_every!r} must be a whole number of at least 1")
         self.trace = None if trace is None else os.fspath(trace)
@@ -566,6 +669,9 @@ class MemoryMonitor:
         self.census_limit_s = float(census_limit_s)
         self.census_visits = int(census_visits)
         self.census_share = census_share
+        self.sweep_every = sweep_every
+        self._censuses = 0
+        self._previous_swept: dict = {}
         self.steps = 0
         #: The leaks found, one per source, in the order they were found.
         self.leaks: list[Leak] = []
@@ -593,8 +699,16 @@ class MemoryMonitor:
         self.steps += 1
         if self.steps < self._next_census:
             return []
-        census = _Census(sys._getframe(1), self.census_visits, now + self.census_limit_s)
-        found = self._judge(census) if census.complete else []
+        census = _Census(sys._getframe(1), self.census_visits, now + self.census_limit_s, self._warned)
+        found = []
+        if census.complete:
+            found, self._previous = self._judge(census.readings, self._previous)
+            if self.sweep_every and self._censuses % self.sweep_every == 0:
+                census.sweep()
+                if census.complete:
+                    swept, self._previous_swept = self._judge(census.readings, self._previous_swept)
+                    found += swept
+        self._censuses += 1
         cost = time.perf_counter() - now
         self.census_seconds += cost
         self.step_seconds += self._since_census
@@ -612,12 +726,14 @@ class MemoryMonitor:
         self._last_step_at = time.perf_counter()  # the census is not the next step's time
         return found
 
-    def _judge(self, census: _Census) -> list:
+    def _judge(self, readings: dict, previous: dict):
+        """The leaks among ``readings``, against the ``previous`` ones; and the readings to
+        keep for next time."""
         found = []
         current = {}
-        for source, reading in census.readings.items():
+        for source, reading in readings.items():
             grown = 0
-            before = self._previous.get(source)
+            before = previous.get(source)
             if before is not None:
                 last, at, streak = before
                 grew = (reading.tensors > last.tensors or reading.bytes > last.bytes or reading.nodes > last.nodes)
@@ -631,8 +747,7 @@ class MemoryMonitor:
                     found.append(leak)
                     warnings.warn(str(leak), MemoryLeakWarning, stacklevel=3)
             current[source] = (reading, self.steps, grown)
-        self._previous = current
-        return found
+        return found, current
 
     def _nvml_bytes(self):
         try:

@@ -53,6 +53,7 @@ class MemoryMonitor:
     census_limit_s: float
     census_visits: int
     census_share: Optional[float]
+    sweep_every: Optional[int]
     steps: int
     leaks: list[Leak]
     census_seconds: float
@@ -66,6 +67,7 @@ class MemoryMonitor:
         census_limit_s: float = 0.5,
         census_visits: int = 200_000,
         census_share: Optional[float] = 0.05,
+        sweep_every: Optional[int] = 10,
     ) -> None: ...
     def step(self) -> list[Leak]: ...
     def milestone(self, label: str) -> dict[str, Any]: ...
