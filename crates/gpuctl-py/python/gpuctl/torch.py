@@ -280,7 +280,7 @@ _THIS_FILE = __file__
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type, types.ModuleType, types.FunctionType,
             types.BuiltinFunctionType, types.MethodType, types.CodeType, types.FrameType, property, staticmethod,
             classmethod)
-_user_types: dict = {}
+_user_types: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _library_file(path) -> bool:
@@ -307,7 +307,8 @@ def _storage(tensor):
         return id(tensor), tensor.numel() * tensor.element_size()
 
 
-# The `_saved_*` attributes of each kind of graph node (read once per kind).
+# The `_saved_*` attributes of each kind of graph node (read once per kind; the kinds are
+# torch's generated classes, a fixed set).
 _saved_names: dict = {}
 
 
@@ -963,6 +964,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
             verdicts = {}
             lines.append(f"(gpuctl clear could not judge the processes: {failure})")
         children = set(_children())
+        freeable = []
         for p in sorted(others, key=lambda p: -(p.used_bytes or 0)):
             who = p.user or "unknown user"
             owner = f", {p.owner}" if p.owner else ""
@@ -974,7 +976,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
             what = ("an orphaned worker of a run that ended" if verdict and "orphan" in verdict[1] else
                     "a zombie holder" if verdict and "zombie" in verdict[1] else "a leftover of a run that ended")
             if verdict and verdict[0] == "frees":
-                todo.append(f"pid {p.pid} ({who}, {size}) is {what}: `gpuctl clear` frees it")
+                freeable.append(f"pid {p.pid} ({who}, {size}) is {what}: `gpuctl clear` frees it")
             elif verdict and verdict[0] == "cannot":
                 todo.append(f"pid {p.pid} ({who}, {size}) is {what}, which `gpuctl clear` cannot end for you "
                             f"({verdict[2]}): ask {who} or an administrator to run it")
@@ -990,6 +992,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
                 job = f" ({p.owner})" if p.owner else ""
                 todo.append(f"pid {p.pid} ({size}) is {who}'s live job{job}: ask {who} before anything, or run on "
                             f"a GPU with room (gpuctl info)")
+        todo[:0] = freeable  # what frees memory at once, first
     own = (f"this process's own size ({_gib(allocated if allocated is not None else mine or None)}): "
            f"OOMRecovery(model, batch_size, micro_batch=\"auto\") keeps the effective batch with a smaller "
            f"micro-batch (gpuctl.torch.estimate gives the largest that fits), or lower the micro-batch")
