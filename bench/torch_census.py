@@ -5,12 +5,14 @@ training step.
 A model of 100 modules (50 blocks of Linear(WIDTH, WIDTH) and GELU), AdamW, batch 32, on
 the CPU with one thread. Prints medians over alternated repeats of:
 1. a plain training loop (forward, backward, optimizer step) against the same loop calling
-   `MemoryMonitor.step()` with check_every=10 and the census never spaced out
-   (census_share=None), so each census's full cost is in the figure;
-2. the census alone: its mean time per census, and that time over check_every steps as a
-   share of one step (the figure the issue's 5 % target is about);
-3. the same with a leak in progress (the model keeps every step's output, graph and all)
-   after --leak-steps steps: the census then walks each kept graph.
+   `MemoryMonitor.step()` with check_every=10, the census never spaced out
+   (census_share=None) and no sweep (sweep_every=None);
+2. that census alone (the walk from the frames): its mean time per census, and that time
+   over check_every steps as a share of one step (the figure the 5 % target is about);
+3. the sweep through the garbage collector's objects (sweep_every=1, less the walk), and
+   what it adds at the default sweep_every=10;
+4. the census with a leak in progress (the model keeps every step's output, graph and
+   all) after --leak-steps steps.
 
 Run it with the Python of a venv where the wheel is installed and torch importable (the one
 scripts/test makes, ~/.cache/gpuctl/py-tests-torch-2.11.0), after scripts/wheel:
@@ -59,7 +61,7 @@ def run(model, optimizer, batches, monitor):
     return time.perf_counter() - started
 
 
-def measure(width, steps, repeats, keep=False, warm_steps=0):
+def measure(width, steps, repeats, keep=False, warm_steps=0, sweep_every=None):
     torch.manual_seed(0)
     model = Blocks(width, keep)
     modules = sum(1 for _ in model.modules()) - 1
@@ -73,7 +75,7 @@ def measure(width, steps, repeats, keep=False, warm_steps=0):
         warnings.simplefilter("ignore", MemoryLeakWarning)
         for _ in range(repeats):
             plain.append(run(model, optimizer, batches, None) / steps)
-            monitor = MemoryMonitor(check_every=CHECK_EVERY, census_share=None)
+            monitor = MemoryMonitor(check_every=CHECK_EVERY, census_share=None, sweep_every=sweep_every)
             monitored.append(run(model, optimizer, batches, monitor) / steps)
             censuses = steps // CHECK_EVERY
             per_census = monitor.census_seconds / censuses
@@ -98,6 +100,10 @@ def main() -> None:
     print(f"  plain loop {plain * 1e3:.2f} ms/step, with MemoryMonitor.step {monitored * 1e3:.2f} ms/step: "
           f"{(monitored / plain - 1) * 100:+.2f} %")
     print(f"  census {census * 1e3:.3f} ms each, {share * 100:.2f} % of a step at check_every={CHECK_EVERY}")
+    _, _, _, swept, swept_share, _ = measure(args.width, args.steps, args.repeats, sweep_every=1)
+    sweep, sweep_share = swept - census, swept_share - share
+    print(f"  sweep through the collector's objects {sweep * 1e3:.3f} ms each; at sweep_every=10 it adds "
+          f"{sweep_share / 10 * 100:.2f} % of a step: {(share + sweep_share / 10) * 100:.2f} % in all")
     _, plain, monitored, census, share, kept = measure(args.width, args.steps, args.repeats, keep=True,
                                                        warm_steps=args.leak_steps)
     print(f"  with a leak in progress ({kept} outputs kept, graphs and all): census {census * 1e3:.3f} ms each, "

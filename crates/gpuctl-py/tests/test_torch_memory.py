@@ -133,6 +133,17 @@ def test_a_leak_in_a_closure_is_found_by_the_sweep_through_gc_referrers():
     assert monitor.leaks == []
 
 
+def test_a_sweep_cut_off_by_the_limit_is_not_taken_again(capfd):
+    model = torch.nn.Linear(4, 4)
+    monitor = MemoryMonitor(check_every=1, sweep_every=1, census_share=None, census_limit_s=1e-9)
+    record = make_history()
+    for _ in range(3):
+        record(model(torch.randn(2, 4)))
+        monitor.step()
+    assert monitor.sweep_every is None and monitor.leaks == []
+    assert "sweep through every object stopped at its limit (1e-09 s) at step 1: no more sweeps" in capfd.readouterr().err
+
+
 def test_the_census_runs_every_check_every_steps_and_refuses_a_bad_interval():
     monitor, _ = train_loop("nothing", steps=30, check_every=7, census_share=None)
     assert monitor._next_census == 35  # censuses at 7, 14, 21 and 28

@@ -709,6 +709,12 @@ class MemoryMonitor:
                 if census.complete:
                     swept, self._previous_swept = self._judge(census.readings, self._previous_swept)
                     found += swept
+                else:
+                    # A program too large to sweep within the limit: no sweep again.
+                    _log(f"the leak census's sweep through every object stopped at its limit "
+                         f"({self.census_limit_s} s) at step {self.steps}: no more sweeps in this run")
+                    self.sweep_every = None
+                    census.complete = True
         self._censuses += 1
         cost = time.perf_counter() - now
         self.census_seconds += cost
