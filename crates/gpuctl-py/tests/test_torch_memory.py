@@ -69,6 +69,7 @@ def train_loop(keep: str, steps: int = 80, **monitor_options):
 def test_the_seeds_leak_is_named_with_its_attribute_and_detach():
     monitor, warned = train_loop("outputs")
     assert len(warned) == 1, "one warning per source, however long the leak goes on"
+    assert warned[0].filename == __file__, "the warning points at the line that called step()"
     message = str(warned[0].message)
     assert message.startswith("Net.reconstruction_targets (list, "), message
     assert "/step)" in message and ".detach()" in message and "torch.no_grad()" in message
@@ -142,6 +143,25 @@ def test_a_sweep_cut_off_by_the_limit_is_not_taken_again(capfd):
         monitor.step()
     assert monitor.sweep_every is None and monitor.leaks == []
     assert "sweep through every object stopped at its limit (1e-09 s) at step 1: no more sweeps" in capfd.readouterr().err
+
+
+class Hostile:
+    """An object of the user's whose attributes cannot be read."""
+
+    @property
+    def __dict__(self):
+        raise RuntimeError("attributes are not for reading")
+
+
+def test_a_census_that_fails_never_ends_the_training_run(capfd):
+    hostile = Hostile()  # noqa: F841 - a local of the loop, where the census looks
+    monitor = MemoryMonitor(check_every=2)
+    for _ in range(6):
+        assert monitor.step() == []
+    assert monitor.steps == 6
+    err = capfd.readouterr().err
+    assert err.count("the leak census failed at step 2 (RuntimeError: attributes are not for reading): "
+                     "no more censuses in this run") == 1, err
 
 
 def test_the_census_runs_every_check_every_steps_and_refuses_a_bad_interval():

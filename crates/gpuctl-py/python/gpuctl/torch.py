@@ -700,22 +700,13 @@ class MemoryMonitor:
         self.steps += 1
         if self.steps < self._next_census:
             return []
-        census = _Census(sys._getframe(1), self.census_visits, now + self.census_limit_s, self._warned)
-        found = []
-        if census.complete:
-            found, self._previous = self._judge(census.readings, self._previous)
-            if self.sweep_every and self._censuses % self.sweep_every == 0:
-                census.sweep()
-                if census.complete:
-                    swept, self._previous_swept = self._judge(census.readings, self._previous_swept)
-                    found += swept
-                else:
-                    # A program too large to sweep within the limit: no sweep again.
-                    _log(f"the leak census's sweep through every object stopped at its limit "
-                         f"({self.census_limit_s} s) at step {self.steps}: no more sweeps in this run")
-                    self.sweep_every = None
-                    census.complete = True
-        self._censuses += 1
+        try:
+            found, census = self._census(now)
+        except Exception as error:  # noqa: BLE001 - the census must never end the training run
+            _log(f"the leak census failed at step {self.steps} ({type(error).__name__}: {error}): "
+                 f"no more censuses in this run")
+            self._next_census = float("inf")
+            return []
         cost = time.perf_counter() - now
         self.census_seconds += cost
         self.step_seconds += self._since_census
@@ -732,6 +723,25 @@ class MemoryMonitor:
         self._next_census = self.steps + self._interval
         self._last_step_at = time.perf_counter()  # the census is not the next step's time
         return found
+
+    def _census(self, now: float):
+        census = _Census(sys._getframe(2), self.census_visits, now + self.census_limit_s, self._warned)
+        found = []
+        if census.complete:
+            found, self._previous = self._judge(census.readings, self._previous)
+            if self.sweep_every and self._censuses % self.sweep_every == 0:
+                census.sweep()
+                if census.complete:
+                    swept, self._previous_swept = self._judge(census.readings, self._previous_swept)
+                    found += swept
+                else:
+                    # A program too large to sweep within the limit: no sweep again.
+                    _log(f"the leak census's sweep through every object stopped at its limit "
+                         f"({self.census_limit_s} s) at step {self.steps}: no more sweeps in this run")
+                    self.sweep_every = None
+                    census.complete = True
+        self._censuses += 1
+        return found, census
 
     def _judge(self, readings: dict, previous: dict):
         """The leaks among ``readings``, against the ``previous`` ones; and the readings to
@@ -752,7 +762,7 @@ class MemoryMonitor:
                     self._warned.add(source)
                     self.leaks.append(leak)
                     found.append(leak)
-                    warnings.warn(str(leak), MemoryLeakWarning, stacklevel=3)
+                    warnings.warn(str(leak), MemoryLeakWarning, stacklevel=4)  # the line that called step()
             current[source] = (reading, self.steps, grown)
         return found, current
 
