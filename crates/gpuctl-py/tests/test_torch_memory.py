@@ -331,6 +331,20 @@ def test_estimate_is_within_15_percent_of_a_counted_peak(name):
     assert found.largest_micro_batch(found.peak_bytes(1) - 1) == 0
 
 
+def test_estimate_on_the_meta_device_counts_what_the_cpu_does_without_the_memory():
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+    torch.manual_seed(0)
+    on_cpu = estimate(mlp(), torch.randn(2, 256))
+    with torch.device("meta"):
+        model = mlp()  # built where no memory is taken: a model too large for this machine would be too
+    on_meta = estimate(model, torch.randn(1, 256, device="meta"))
+    assert repr(on_meta) == repr(on_cpu)
+    assert [on_meta.peak_bytes(n) for n in (1, 64, 4096)] == [on_cpu.peak_bytes(n) for n in (1, 64, 4096)]
+    assert on_meta.how == "tensor storage counted on meta"
+
+
 def test_estimate_in_bfloat16_halves_the_parameters_and_refuses_an_unknown_optimizer():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     full = estimate(model, torch.randn(1, 64), optimizer="sgd")

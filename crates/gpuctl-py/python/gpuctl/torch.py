@@ -302,7 +302,9 @@ def _storage(tensor):
     """(key, bytes) of a tensor's storage; the key dedupes views of one storage."""
     try:
         storage = tensor.untyped_storage()
-        return (storage.device, storage.data_ptr()), storage.nbytes()
+        pointer = storage.data_ptr()
+        # No data (the meta device): the storage object itself is the identity.
+        return ((storage.device, pointer) if pointer else id(storage)), storage.nbytes()
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested: no plain storage
         return id(tensor), tensor.numel() * tensor.element_size()
 
@@ -1320,11 +1322,9 @@ class _AllocationCounter:
 
 
 def _rows(sample, n: int):
-    """``n`` rows of a sample batch (repeated where it has fewer)."""
-    size = _size(sample)
-    if size >= n:
-        return _slice(sample, 0, n)
-    index = torch.arange(n) % size
+    """``n`` rows of a sample batch (repeated where it has fewer), in tensors of their own:
+    a view of a larger sample would charge the whole sample's storage to every micro-batch."""
+    index = torch.arange(n) % _size(sample)
 
     def take(t):
         return t.index_select(0, index.to(t.device)) if isinstance(t, torch.Tensor) else t
@@ -1366,7 +1366,8 @@ def estimate(model, sample, optimizer="adamw", dtype=None, *, loss_fn=None) -> E
     training steps on ``sample`` (a batch, as :class:`OOMRecovery` takes them; a batch of
     one is repeated) at micro-batch 1 and 2 with ``optimizer`` (``"adamw"``, ``"adam"``,
     ``"sgd"``, None, or a callable that makes one from the parameters), after a first step
-    that creates the optimizer's state, on the model's device, counting the bytes of every
+    that creates the optimizer's state, on the model's device (a model built on the meta
+    device is counted without memory or arithmetic), counting the bytes of every
     operator's output storage until it is freed (the CUDA allocator's rounding and cache
     are not in it). Each moment of the step is fitted to a line in the micro-batch
     (:class:`Estimate`). ``loss_fn(model, batch)`` gives the loss (default: the mean of the model's
