@@ -1,8 +1,9 @@
 //! `gpuctl serve` and its clients in real kernel namespaces: `unshare --pid --fork
 //! --mount-proc` stands in for a container without the host's PID namespace (Docker's
 //! default, a pod without hostPID). Processes are started inside with nsenter, NVML is
-//! nvml-sim (which, inside, lists the host PIDs as the driver does), and the service runs
-//! on the host on a socket of each test's own.
+//! nvml-sim (which, inside, lists the host PIDs as the driver does, and learns of their
+//! deaths from the service's instance on the host, through the file beside the scenario),
+//! and the service runs on the host on a socket of each test's own.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -10,8 +11,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::util::*;
@@ -287,7 +286,7 @@ fn nspid(pid: u32) -> Option<Vec<u32>> {
     line.split_whitespace().map(|f| f.parse().ok()).collect()
 }
 
-fn children_of(parent: u32) -> Vec<u32> {
+pub(crate) fn children_of(parent: u32) -> Vec<u32> {
     let mut children = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -331,9 +330,10 @@ fn open_up(dir: &Path) {
 }
 
 /// `gpuctl serve` on the host against `sim`, on a socket of its own; stopped on drop.
-struct Service {
+/// (tests/docker.rs runs its containers against it too.)
+pub(crate) struct Service {
     child: Child,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
 }
 
 impl Service {
@@ -342,7 +342,7 @@ impl Service {
         Service::start_at(sim, socket)
     }
 
-    fn start_at(sim: &Sim, socket: PathBuf) -> Service {
+    pub(crate) fn start_at(sim: &Sim, socket: PathBuf) -> Service {
         let child = sim
             .gpuctl(&["serve", "--socket", socket.to_str().unwrap()])
             .stderr(Stdio::null())
@@ -370,58 +370,8 @@ impl Drop for Service {
     }
 }
 
-/// Plays the driver inside the namespaces: the sim there cannot see host pids, so each
-/// listed process that ended is dropped from the scenario, as the driver drops a process
-/// whose context is gone.
-struct Driver {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Driver {
-    fn play(sim: &Sim, processes: Vec<Process>, pids: Vec<u32>, gpus: usize) -> Driver {
-        let stop = Arc::new(AtomicBool::new(false));
-        let scenario_path = sim.scenario_path();
-        let dir = sim.dir.path().to_path_buf();
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            let mut ended = BTreeSet::new();
-            while !flag.load(Ordering::Relaxed) {
-                let now: BTreeSet<usize> = (0..pids.len()).filter(|&i| !alive(pids[i])).collect();
-                if now != ended {
-                    ended = now;
-                    let live = (0..pids.len())
-                        .filter(|i| !ended.contains(i))
-                        .map(|i| processes[i].clone());
-                    let text = Scenario::new()
-                        .gpus(gpus, Gpu::h200())
-                        .processes(live)
-                        .to_string();
-                    let tmp = dir.join("scenario.toml.driver");
-                    std::fs::write(&tmp, text).unwrap();
-                    std::fs::rename(&tmp, &scenario_path).unwrap();
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        Driver {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// Every process the JSON document lists, over every GPU: (pid, GPU index, used bytes).
-fn listed(info: &serde_json::Value) -> BTreeSet<(u64, u64, u64)> {
+pub(crate) fn listed(info: &serde_json::Value) -> BTreeSet<(u64, u64, u64)> {
     info["devices"]
         .as_array()
         .unwrap()
@@ -498,15 +448,8 @@ fn each_container_sees_and_clears_only_its_own_processes() {
             .iter()
             .map(|&pid| Process::new(pid).on(0).used(GIB)),
     );
-    let mut pids = vec![a.trainer_host, b.trainer_host, host.pid()];
-    pids.extend(a.orphans.iter().chain(&b.orphans));
-    let sim = Sim::new(
-        &Scenario::new()
-            .gpus(2, Gpu::h200())
-            .processes(processes.clone()),
-    );
+    let sim = Sim::new(&Scenario::new().gpus(2, Gpu::h200()).processes(processes));
     let service = Service::start(&sim);
-    let _driver = Driver::play(&sim, processes, pids, 2);
 
     // Inside A: A's trainer and orphans, by A's pids; B's and the host's memory as sums.
     let info = a.container.info(&sim, &service.socket);
@@ -588,16 +531,9 @@ fn a_rootless_container_sees_its_processes_with_its_own_uids() {
             .iter()
             .map(|&pid| Process::new(pid).on(0).used(GIB)),
     );
-    let mut pids = vec![tenant.trainer_host];
-    pids.extend(&tenant.orphans);
-    let sim = Sim::new(
-        &Scenario::new()
-            .gpus(1, Gpu::h200())
-            .processes(processes.clone()),
-    );
+    let sim = Sim::new(&Scenario::new().gpus(1, Gpu::h200()).processes(processes));
     open_up(sim.dir.path());
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
-    let _driver = Driver::play(&sim, processes, pids, 1);
     // On the host, its processes are nobody's.
     let host_uid = std::fs::metadata(format!("/proc/{}", tenant.trainer_host))
         .unwrap()
@@ -745,26 +681,41 @@ fn without_the_service_processes_are_unconfirmed_with_one_hint() {
 }
 
 /// `kill` inside acts on the container's own process, by its local pid, through the
-/// service's confirmation.
+/// service's confirmation, and sees its memory released as the driver reports it: nvml-sim
+/// inside learns of the death from the service's instance on the host (no test plays the
+/// driver here).
 #[test]
 fn kill_inside_ends_the_containers_process_by_its_local_pid() {
     let container = Container::start();
     let (_trainer, host, local) = container.trainer();
-    let process = Process::new(host).on(0).used(GIB);
     let sim = Sim::new(
         &Scenario::new()
             .gpus(1, Gpu::h200())
-            .process(process.clone()),
+            // More than verification's slack (1% of the GPU's memory), so that a release
+            // is seen only if the memory really came back.
+            .process(Process::new(host).on(0).used(10 * GIB)),
     );
     let service = Service::start(&sim);
-    let _driver = Driver::play(&sim, vec![process], vec![host], 1);
     let run = container.gpuctl_run(
         &sim,
         &service.socket,
-        &["kill", "--pid", &local.to_string(), "--timeout", "2s"],
+        &[
+            "kill",
+            "--pid",
+            &local.to_string(),
+            "--timeout",
+            "2s",
+            "--json",
+        ],
     );
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert!(!alive(host), "the trainer lives on");
+    let report: serde_json::Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    let outcome = &report["outcomes"][0];
+    assert_eq!(outcome["pid"], local, "{report}");
+    assert_eq!(outcome["left_gpu"], true, "{report}");
+    assert_eq!(outcome["memory_released"], true, "{report}");
 }
 
 fn which(tool: &str) -> PathBuf {
@@ -1095,7 +1046,7 @@ fn a_namespace_below_the_callers_is_the_callers() {
 
 /// A directory for the service's socket as /run/gpuctl is: root's, 0755 (containers mount
 /// it; their root can write in it unless the mount is read-only).
-fn rendezvous() -> tempfile::TempDir {
+pub(crate) fn rendezvous() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
@@ -1192,7 +1143,7 @@ fn empty_reply(uuid: &str) -> String {
     .to_string()
 }
 
-fn hints(stderr: &str) -> Vec<&str> {
+pub(crate) fn hints(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains("hint")).collect()
 }
 
@@ -1206,14 +1157,9 @@ fn a_socket_bound_by_another_container_or_a_host_user_is_not_believed() {
     let attacker = Container::start();
     let (_trainer, trainer_host, trainer_local) = victim.trainer();
     let process = Process::new(trainer_host).on(0).used(3 * GIB);
-    let sim = Sim::new(
-        &Scenario::new()
-            .gpus(1, Gpu::h200())
-            .process(process.clone()),
-    );
+    let sim = Sim::new(&Scenario::new().gpus(1, Gpu::h200()).process(process));
     let run_dir = rendezvous();
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
-    let _driver = Driver::play(&sim, vec![process], vec![trainer_host], 1);
     // The genuine service is believed.
     let info = victim.info(&sim, &service.socket);
     assert_eq!(info["host_service"]["answered"], true, "{info}");

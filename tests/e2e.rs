@@ -3,6 +3,7 @@
 mod util;
 
 mod container;
+mod docker;
 mod exit_codes;
 mod health;
 mod holders;

@@ -336,8 +336,7 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
         .args(["--pid", "--fork", "true"])
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("skipped: cannot create a PID namespace here (needs root and unshare)");
-        return;
+        panic!("cannot run here: cannot create a PID namespace here (needs root and unshare)");
     }
     let holder = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(
@@ -362,6 +361,14 @@ fn in_another_pid_namespace_every_process_is_unconfirmed() {
         .unwrap();
     let run = crate::util::Run::from(output);
     assert_eq!(run.code, 0, "{}", run.stderr);
+    // Hermetic: it asked the test's own socket (where nothing listens), not a service this
+    // machine may run on the default path.
+    assert!(
+        run.stderr
+            .contains(sim.no_service_socket().to_str().unwrap()),
+        "{}",
+        run.stderr
+    );
     let doc: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(doc["host_pid_namespace"], false);
     let p = &device(&doc, 0)["processes"][0];

@@ -219,8 +219,9 @@ fn protected_daemons_are_skipped() {
     // The real program: a root-owned executable named nvidia-persistenced in root-owned
     // directories (a copy of the test process; only root can make one).
     if !is_root() {
-        eprintln!("skipped: needs root to install a root-owned program in a root-owned directory");
-        return;
+        panic!(
+            "cannot run here: needs root to install a root-owned program in a root-owned directory"
+        );
     }
     let installed = RootOwnedProgram::install("nvidia-persistenced");
     let daemon = Proc::spawn_program_ready(installed.path(), "sleep", "nvidia-persistenced", &[]);
@@ -318,8 +319,7 @@ fn a_protected_name_alone_buys_no_protection() {
 fn other_users_processes_are_skipped_for_a_non_root_caller() {
     if !is_root() || !Path::new("/usr/bin/setpriv").exists() && !Path::new("/bin/setpriv").exists()
     {
-        eprintln!("skipped: needs root and setpriv to run processes as other users");
-        return;
+        panic!("cannot run here: needs root and setpriv to run processes as other users");
     }
     const OTHER: u32 = 65534;
     const CALLER: u32 = 65533;
@@ -653,8 +653,7 @@ fn a_pid_reused_after_the_snapshot_is_refused() {
     let Some(reuser) = PidReuser::spawn(pid, "sleep", "python3") else {
         master.write_all(b"n\n").unwrap();
         let _ = child.wait_with_output();
-        eprintln!("skipped: the kernel does not let this test choose a pid (clone3 set_tid)");
-        return;
+        panic!("cannot run here: the kernel does not let this test choose a pid (clone3 set_tid)");
     };
     master.write_all(b"y\n").unwrap();
     let output = child.wait_with_output().expect("gpuctl output");

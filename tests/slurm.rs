@@ -207,8 +207,7 @@ impl Drop for SlurmCgroup {
 fn epilog_ends_the_jobs_leftovers_and_restores_its_gpus() {
     let job = 4_000_000 + u64::from(std::process::id());
     let Some(cgroup) = SlurmCgroup::create(job) else {
-        eprintln!("skipped: cannot create a cgroup v1 freezer hierarchy here (needs root)");
-        return;
+        panic!("cannot run here: cannot create a cgroup v1 freezer hierarchy here (needs root)");
     };
     let leftover = Proc::sleeper("python3", &["train.py", "--job", "leftover"]);
     cgroup.add(leftover.pid());

@@ -132,6 +132,11 @@ impl Sim {
         self.dir.path().join("dev")
     }
 
+    /// The socket gpuctl asks for the host service (GPUCTL_SOCKET): nothing listens there.
+    pub fn no_service_socket(&self) -> PathBuf {
+        self.dir.path().join("no-service.sock")
+    }
+
     pub fn state_path(&self) -> PathBuf {
         self.dir.path().join("state.json")
     }
@@ -172,6 +177,10 @@ impl Sim {
             .env("GPUCTL_CONFIG", self.config_path())
             // Where a scenario's `device_dir` puts the device files, when it says so.
             .env("GPUCTL_DEV_DIR", self.dev_dir())
+            // No host service but the test's own: gpuctl run in a PID namespace asks the
+            // socket here (where none listens unless the test starts one), never a
+            // `gpuctl serve` this machine may run on /run/gpuctl/api.sock.
+            .env("GPUCTL_SOCKET", self.no_service_socket())
             .env_remove("NO_COLOR")
             .env_remove("COLUMNS")
             .stdin(Stdio::null());

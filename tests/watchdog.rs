@@ -312,8 +312,7 @@ fn a_crash_and_a_zombie_holder_seen_while_healthy_are_reclaimed_within_the_bound
 #[test]
 fn another_users_crash_and_zombie_holder_are_seen_within_a_second() {
     if !is_root() {
-        eprintln!("skipped: needs root to run processes as another user");
-        return;
+        panic!("cannot run here: needs root to run processes as another user");
     }
     let (mut run, mut holder, sim) = healthy_run_and_holder(Some(65534));
     configure_with_grace(&sim, "40s", "mode = \"reclaim\"", "");
@@ -1556,8 +1555,7 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     use crate::util::{PidReuser, RootOwnedProgram, Strays, TestCgroup, background_workers_of};
     use crate::util::{background_workers_of_env, start_ticks};
     if !is_root() {
-        eprintln!("skipped: needs root (root-owned programs, other users' processes)");
-        return;
+        panic!("cannot run here: needs root (root-owned programs, other users' processes)");
     }
     let seconds: u64 = std::env::var("GPUCTL_SOAK_SECONDS")
         .ok()

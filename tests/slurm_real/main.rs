@@ -313,11 +313,13 @@ fn drain_and_resume(mode: &Mode) {
     assert_eq!(c.node_state(), ("IDLE".to_string(), String::new()));
 }
 
-/// The slurm.conf lines the README tells admins to add are the ones the clusters here run
-/// (packaging/slurm/slurm.conf.example, which the harness builds its configuration from).
+/// The slurm.conf lines the guide (docs/guide/slurm.md) tells admins to add are the ones the
+/// clusters here run (packaging/slurm/slurm.conf.example, which the harness builds its
+/// configuration from).
 fn readme_gives_the_lines_the_harness_runs() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let guide =
+        std::fs::read_to_string(root.join("docs/guide/slurm.md")).expect("docs/guide/slurm.md");
     let example = std::fs::read_to_string(root.join("packaging/slurm/slurm.conf.example"))
         .expect("slurm.conf.example");
     let lines: Vec<&str> = example
@@ -327,8 +329,8 @@ fn readme_gives_the_lines_the_harness_runs() {
     assert!(lines.len() >= 4, "{example}");
     let block = format!("```\n{}\n```", lines.join("\n"));
     assert!(
-        readme.contains(&block),
-        "README.md's Slurm section must show, as one block:\n{block}"
+        guide.contains(&block),
+        "docs/guide/slurm.md must show, as one block:\n{block}"
     );
 }
 

@@ -583,16 +583,15 @@ fn parse_fraction_for_command_lines() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Trust: these need root (to own files as root and give them away); skipped otherwise.
+// Trust: these need root (to own files as root and give them away); elsewhere they fail
+// saying so, never pass unchecked.
 
 fn skip_unless_root(test: &str) -> bool {
-    if is_root() {
-        return false;
-    }
-    println!(
-        "skipping {test}: needs root (run the tests as root to check the sudo-like file checks)"
+    assert!(
+        is_root(),
+        "cannot run {test} here: needs root (run the tests as root to check the sudo-like file checks)"
     );
-    true
+    false
 }
 
 const POLICY: &str = "[fraction]\ndefault = 0.5\n";

@@ -3,6 +3,7 @@
 //! The cdylib exports the NVML C ABI; the rlib gives the launcher binary the scenario
 //! parser. Nothing here depends on the rest of the gpuctl workspace.
 
+pub mod deaths;
 pub mod devdir;
 pub mod exports;
 pub mod hash;

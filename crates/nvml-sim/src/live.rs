@@ -11,8 +11,8 @@
 //!
 //! Inside a PID namespace of its own (a container without the host's), the scenario's pids
 //! are the host's, which this namespace cannot see, and the driver still lists them: each
-//! listed process is then reported alive, as listed. A test that ends one plays the
-//! driver by dropping it from the scenario.
+//! listed process is then reported alive unless an instance on the host shared its death
+//! ([`crate::deaths`]); `Sim` asks that file, not this cache, there.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

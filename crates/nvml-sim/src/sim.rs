@@ -1,10 +1,12 @@
 //! The library's global state: the loaded scenario, the state file, liveness.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::deaths::Deaths;
 use crate::live::LiveCache;
 use crate::scenario::{self, Feature, Gpu, MAX_GPUS, ProcKind, Scenario};
 use crate::state::{FileSig, GpuState, StateStore, file_sig};
@@ -223,6 +225,11 @@ pub struct Sim {
     pub scenario: Arc<Scenario>,
     pub state: StateStore,
     live: LiveCache,
+    /// The deaths the host's instances share (read in a PID namespace of its own, kept up
+    /// to date on the host).
+    deaths: Deaths,
+    /// The deaths file could not be written (said once).
+    deaths_unwritable: bool,
     /// Per GPU: the last computed view and when; reused for at most the liveness TTL.
     /// Shared with callers: several queries per GPU per poll read the same answer.
     views: Vec<Option<(Instant, Arc<GpuNow>)>>,
@@ -259,6 +266,12 @@ impl Sim {
             return Err(code);
         }
         let state = StateStore::new(state_path(&scenario));
+        let deaths = Deaths::new(crate::deaths::path_for(&path));
+        if crate::live::in_child_pid_namespace() {
+            deaths.ask();
+        } else {
+            crate::deaths::start_sharing(deaths.path.clone(), share_deaths);
+        }
         Ok(Sim {
             refcount: 1,
             path,
@@ -267,6 +280,8 @@ impl Sim {
             scenario: Arc::new(scenario),
             state,
             live: LiveCache::default(),
+            deaths,
+            deaths_unwritable: false,
             views: Vec::new(),
             alive: None,
             checked_at: None,
@@ -487,13 +502,19 @@ impl Sim {
             return Arc::clone(alive);
         }
         let processes = &self.scenario.processes;
-        self.live.refresh(processes.iter().map(|p| p.pid), now);
-        let alive: Arc<Vec<bool>> = Arc::new(
-            processes
-                .iter()
-                .map(|p| self.live.is_alive(p.pid, now))
-                .collect(),
-        );
+        let alive: Arc<Vec<bool>> = if crate::live::in_child_pid_namespace() {
+            // Host pids: dead only where an instance on the host saw them die.
+            let dead = self.deaths.current();
+            Arc::new(processes.iter().map(|p| !dead.contains(&p.pid)).collect())
+        } else {
+            self.live.refresh(processes.iter().map(|p| p.pid), now);
+            Arc::new(
+                processes
+                    .iter()
+                    .map(|p| self.live.is_alive(p.pid, now))
+                    .collect(),
+            )
+        };
         self.alive = Some((now, Arc::clone(&alive)));
         alive
     }
@@ -538,7 +559,37 @@ impl Sim {
     }
 
     pub fn is_alive(&mut self, pid: u32) -> bool {
+        if crate::live::in_child_pid_namespace() {
+            return !self.deaths.current().contains(&pid);
+        }
         self.live.is_alive(pid, Instant::now())
+    }
+
+    /// On the host: writes which of the scenario's processes are dead to the file beside
+    /// it, where an instance in another PID namespace asked for it (see [`crate::deaths`]).
+    fn share_deaths_now(&mut self) {
+        if !self.deaths.asked() {
+            return;
+        }
+        self.refresh();
+        let alive = self.alive_now(Instant::now());
+        let dead: BTreeSet<u32> = self
+            .scenario
+            .processes
+            .iter()
+            .zip(alive.iter())
+            .filter(|(_, alive)| !**alive)
+            .map(|(p, _)| p.pid)
+            .collect();
+        if let Err(e) = self.deaths.share(&dead) {
+            if !self.deaths_unwritable {
+                eprintln!(
+                    "nvml-sim: {}: cannot share the deaths seen on the host: {e}",
+                    self.deaths.path.display()
+                );
+            }
+            self.deaths_unwritable = true;
+        }
     }
 
     /// The checks every setting goes through, in the driver's order.
@@ -555,5 +606,12 @@ impl Sim {
             return Err(NVML_ERROR_NO_PERMISSION);
         }
         Ok(())
+    }
+}
+
+/// One pass of the host's sharing thread: the loaded scenario's deaths, if one is loaded.
+fn share_deaths() {
+    if let Some(sim) = lock().as_mut() {
+        sim.share_deaths_now();
     }
 }
