@@ -947,10 +947,14 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
     request = _amount(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", text)
     lines, todo = [], []
     allocated = reserved = retries = None
+    figures = None
     if _cuda_up() and index < torch.cuda.device_count():
-        figures = _allocator(index)
-        allocated, reserved, retries = figures["allocated"], figures["reserved"], figures["retries"]
-    else:  # torch's own message still says what the allocator held
+        try:
+            figures = _allocator(index)
+            allocated, reserved, retries = figures["allocated"], figures["reserved"], figures["retries"]
+        except RuntimeError:  # CUDA itself in error: what torch's message says, below
+            figures = None
+    if figures is None:  # torch's own message still says what the allocator held
         allocated = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated by PyTorch", text)
         idle = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is reserved by PyTorch but unallocated", text)
         reserved = None if allocated is None or idle is None else allocated + idle
@@ -966,7 +970,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
     try:
         devices = gpuctl.snapshot().devices
         gpu, how = _nvml_device(index, devices)
-    except gpuctl.Error as failure:
+    except Exception as failure:  # noqa: BLE001 - an explanation, never a second error
         gpu, how = None, f"gpuctl could not read the GPUs: {failure}"
     if gpu is None:
         head += f" ({how})"
@@ -978,7 +982,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
         lines.append(f"GPU {gpu.index}: {_gib(used)} used of {_gib(total)}; this process holds {_gib(mine)} of it")
         try:
             verdicts = _clear_would(gpu.index)
-        except gpuctl.Error as failure:
+        except Exception as failure:  # noqa: BLE001 - an explanation, never a second error
             verdicts = {}
             lines.append(f"(gpuctl clear could not judge the processes: {failure})")
         children = set(_children())
@@ -1022,6 +1026,14 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
     if fragmented:
         todo.insert(0, fragmented)
     return "\n".join([head] + lines + ["what to do:"] + [f"  - {t}" for t in todo])
+
+
+def _explained(text: str, **keywords) -> str:
+    """explain_oom for an error path: its failure is said, never raised over the OOM."""
+    try:
+        return explain_oom(text, **keywords)
+    except Exception as failure:  # noqa: BLE001
+        return f"(gpuctl.torch.explain_oom could not explain it: {type(failure).__name__}: {failure})"
 
 
 def _command(command) -> str:
@@ -1196,7 +1208,7 @@ class OOMRecovery:
                 f"One sample does not fit: try mixed precision (torch.autocast with bfloat16 halves "
                 f"activations), gradient checkpointing, a smaller model{logits}, or free the GPU of "
                 f"other processes (gpuctl info){limit}\n"
-                + explain_oom(text, seq_len=self.seq_len, vocab_size=self.vocab_size, logits_dtype=self.logits_dtype))
+                + _explained(text, seq_len=self.seq_len, vocab_size=self.vocab_size, logits_dtype=self.logits_dtype))
 
 
 # ----------------------------------------------------------------------------- estimate
@@ -1467,7 +1479,7 @@ def find_executable_micro_batch(batch_size: int, starting_micro_batch: int | Non
                     if not is_out_of_memory(error):
                         raise
                     if micro == 1:
-                        raise torch.cuda.OutOfMemoryError(f"{error}\n{explain_oom(error)}") from error
+                        raise torch.cuda.OutOfMemoryError(f"{error}\n{_explained(str(error))}") from error
                     error = None
                     if torch.cuda.is_available() and torch.cuda.is_initialized():
                         torch.cuda.empty_cache()
