@@ -256,6 +256,24 @@ def test_explain_oom_names_another_users_job_and_an_orphaned_worker(sim, scenari
     assert "injected by gpuctl" in str(final.value) and f"is {other_user}'s live job" in str(final.value)
 
 
+def test_oom_recovery_says_when_the_allocator_was_fragmented():
+    model = torch.nn.Linear(4, 4)
+    failures = [torch.cuda.OutOfMemoryError(TORCH_OOM)]
+
+    def loss(mb):
+        if failures:
+            raise failures.pop()
+        return model(mb).sum()
+
+    logged = []
+    rec = OOMRecovery(model, batch_size=8, micro_batch=8, log=logged.append)
+    rec.step(torch.randn(8, 4), loss)
+    assert rec.micro_batch == 4 and len(logged) == 1
+    assert logged[0].startswith("out of memory at step 0 (CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert "for the same batch of 8; the allocator is fragmented: it holds 6.00 GiB reserved but unallocated" in logged[0]
+    assert "expandable_segments:True" in logged[0]
+
+
 def test_explain_oom_maps_the_cuda_device_through_cuda_visible_devices(sim, scenario, procs, monkeypatch):
     job = procs.sleeper()
     sim.write(scenario.process(job.pid, gpu=1, used=4 * GIB, sm_pct=50))

@@ -1028,6 +1028,16 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
     return "\n".join([head] + lines + ["what to do:"] + [f"  - {t}" for t in todo])
 
 
+def _fragmented_in(text: str) -> str:
+    """``; `` and the fragmentation sentence where torch's OOM message shows the request
+    below the memory it held reserved but unallocated; else nothing."""
+    request = _amount(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", text)
+    allocated = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated by PyTorch", text)
+    idle = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is reserved by PyTorch but unallocated", text)
+    sentence = _fragmented(request, allocated, None if allocated is None or idle is None else allocated + idle)
+    return f"; {sentence}" if sentence else ""
+
+
 def _explained(text: str, **keywords) -> str:
     """explain_oom for an error path: its failure is said, never raised over the OOM."""
     try:
@@ -1184,7 +1194,7 @@ class OOMRecovery:
                 self.recoveries += 1
                 self._log(f"out of memory at step {self.steps} ({message}); micro-batch halved to "
                           f"{self._micro_batch}, {-(-samples // self._micro_batch)} accumulation steps "
-                          f"for the same batch of {samples}")
+                          f"for the same batch of {samples}" + _fragmented_in(text))
 
     def _unrecoverable(self, message: str, text: str) -> str:
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
