@@ -248,11 +248,14 @@ class Leak:
     """One source of a leak: the attribute, variable or container (``source``, e.g.
     ``Net.reconstruction_targets``) that holds ``tensors`` tensors with autograd history
     (``kind``: ``list``, ``dict``, ``tensor``...), ``bytes`` in them and in the saved
-    tensors of their graphs, growing by ``bytes_per_step``; ``remedy`` says what to change."""
+    tensors of their graphs, growing by ``bytes_per_step`` (and ``nodes_per_step`` graph
+    nodes); ``remedy`` says what to change."""
 
-    __slots__ = ("source", "kind", "tensors", "bytes", "bytes_per_step", "graph_nodes", "step", "remedy")
+    __slots__ = ("source", "kind", "tensors", "bytes", "bytes_per_step", "graph_nodes", "step", "remedy",
+                 "nodes_per_step")
 
-    def __init__(self, source, kind, tensors, nbytes, bytes_per_step, graph_nodes, step, remedy) -> None:
+    def __init__(self, source, kind, tensors, nbytes, bytes_per_step, graph_nodes, step, remedy,
+                 nodes_per_step=0.0) -> None:
         self.source = source
         self.kind = kind
         self.tensors = tensors
@@ -261,11 +264,16 @@ class Leak:
         self.graph_nodes = graph_nodes
         self.step = step
         self.remedy = remedy
+        self.nodes_per_step = nodes_per_step
 
     def __str__(self) -> str:
         tensors = f"{self.tensors} tensor" + ("" if self.tensors == 1 else "s")
-        return (f"{self.source} ({self.kind}, {tensors}, +{_bytes_text(self.bytes_per_step)}/step) keeps tensors "
-                f"with autograd history, and their graphs, from step to step: {self.remedy}")
+        growth = f"+{_bytes_text(self.bytes_per_step)}/step"
+        if self.nodes_per_step >= 1 and self.bytes_per_step < 1024:
+            # A graph that grows as a chain (a running value updated without .detach()).
+            growth += f", +{self.nodes_per_step:.0f} graph nodes/step"
+        return (f"{self.source} ({self.kind}, {tensors}, {growth}) keeps tensors with autograd history, and "
+                f"their graphs, from step to step: {self.remedy}")
 
     def __repr__(self) -> str:
         return (f"Leak(source={self.source!r}, kind={self.kind!r}, tensors={self.tensors}, bytes={self.bytes}, "
@@ -575,7 +583,8 @@ def _remedy(source: str, reading) -> str:
         name = source.rsplit(".", 1)[-1]  # "Net.reconstruction_targets", "__main__.losses"
     if reading.scalars:
         if reading.kind == "tensor":
-            return f"log the loss as a number with .item() ({name} = loss.item()), or keep loss.detach()"
+            return (f"keep it as a number with .item() ({name} = value.item()), or store value.detach(); "
+                    f"or compute it under torch.no_grad()")
         return (f"log losses as numbers with .item() ({name}.append(loss.item())), or keep loss.detach(); "
                 f"or compute them under torch.no_grad()")
     if reading.kind == "tensor":
@@ -755,12 +764,15 @@ class MemoryMonitor:
             before = previous.get(source)
             if before is not None:
                 last, at, streak = before
-                grew = (reading.tensors > last.tensors or reading.bytes > last.bytes or reading.nodes > last.nodes)
+                # More tensors, or a longer graph behind them: bytes alone grow and shrink with
+                # the batch (a variable sequence length) and say nothing of a leak.
+                grew = reading.tensors > last.tensors or reading.nodes > last.nodes
                 grown = streak + 1 if grew else 0
                 if grown >= self.GROWTH_CENSUSES and not reading.bounded and source not in self._warned:
-                    rate = max(0.0, (reading.bytes - last.bytes) / max(1, self.steps - at))
+                    steps = max(1, self.steps - at)
+                    rate = max(0.0, (reading.bytes - last.bytes) / steps)
                     leak = Leak(source, reading.kind, reading.tensors, reading.bytes, rate, reading.nodes, self.steps,
-                                _remedy(source, reading))
+                                _remedy(source, reading), (reading.nodes - last.nodes) / steps)
                     self._warned.add(source)
                     self.leaks.append(leak)
                     found.append(leak)

@@ -42,6 +42,7 @@ class Leak:
     bytes: int
     bytes_per_step: float
     graph_nodes: int
+    nodes_per_step: float
     step: int
     remedy: str
 
