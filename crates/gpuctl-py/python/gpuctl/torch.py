@@ -655,7 +655,7 @@ class MemoryMonitor:
     source (an attribute, variable or container) that grows in two censuses running is a
     leak: it warns once with :class:`MemoryLeakWarning`, naming the source and what to
     change, and :attr:`leaks` holds it. A ``collections.deque`` with a ``maxlen`` is bounded
-    and never a leak. Every ``sweep_every`` censuses (10; None: never) a sweep looks for the
+    and never a leak. Every ``sweep_every``-th census (10; None: never) a sweep looks for the
     tensors the census could not reach, among every object the garbage collector tracks
     (one held in a closure, say), and names them through ``gc.get_referrers``. A census
     stops at ``census_limit_s`` seconds or ``census_visits``
@@ -740,7 +740,9 @@ class MemoryMonitor:
         found = []
         if census.complete:
             found, self._previous = self._judge(census.readings, self._previous)
-            if self.sweep_every and self._censuses % self.sweep_every == 0:
+            # The sweep closes each run of sweep_every censuses: never the first census,
+            # whose cost would space the cheap ones out before they start.
+            if self.sweep_every and (self._censuses + 1) % self.sweep_every == 0:
                 census.sweep()
                 if census.complete:
                     swept, self._previous_swept = self._judge(census.readings, self._previous_swept)
