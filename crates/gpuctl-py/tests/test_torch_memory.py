@@ -9,6 +9,8 @@ import copy
 import os
 import pwd
 import subprocess
+import sys
+import types
 import warnings
 
 import pytest
@@ -152,6 +154,22 @@ def test_a_leak_in_a_closure_is_found_by_the_sweep_through_gc_referrers():
         record(model(torch.randn(8, 32)) * 1.0)
         monitor.step()
     assert monitor.leaks == []
+
+
+def test_the_sweep_names_a_global_of_a_module_no_frame_is_in(monkeypatch):
+    cache = types.ModuleType("leaky_cache")
+    cache.HISTORY = []
+    monkeypatch.setitem(sys.modules, "leaky_cache", cache)
+    model = torch.nn.Linear(4, 4)
+    monitor = MemoryMonitor(check_every=2, sweep_every=1, census_share=None, census_limit_s=30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(8):
+            sys.modules["leaky_cache"].HISTORY.append(model(torch.randn(2, 4)))
+            monitor.step()
+    assert [leak.source for leak in monitor.leaks] == ["leaky_cache.HISTORY"]
+    assert [str(w.message).split(" keeps ")[0] for w in caught] == [
+        "leaky_cache.HISTORY (list, 6 tensors, +64 B/step, +2 graph nodes/step)"]  # output and saved input
 
 
 def test_a_sweep_cut_off_by_the_limit_is_not_taken_again(capfd):

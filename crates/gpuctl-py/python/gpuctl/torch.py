@@ -504,7 +504,9 @@ class _Census:
                 break
             objects = [chain[0] for chain in chains.values()]
             referrers = gc.get_referrers(*objects)
-            ours = {id(objects), id(referrers), id(found)} | {id(c) for c in chains.values()}
+            # This function's own lists refer to the objects too: never a holder.
+            ours = {id(objects), id(referrers), id(found)} | {id(c) for c in chains.values()} \
+                | {id(c[1]) for c in chains.values()} | {id(v) for v in named.values()}
             following: dict = {}
             for referrer in referrers:
                 if id(referrer) in ours or isinstance(referrer, types.FrameType):
@@ -546,6 +548,7 @@ class _Census:
                 if not any(id(t) in named for t in covers[:1]):
                     merged = chains.setdefault(id(obj), [obj, [], held, key])
                     merged[1].extend(covers)
+            following = referrers = objects = None  # not to be found as holders next level
         return named
 
     @staticmethod
