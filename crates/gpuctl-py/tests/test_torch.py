@@ -252,7 +252,8 @@ def test_memory_monitor_logs_what_nvml_says_this_process_holds(sim, scenario, tm
     with open(tmp_path / "mem.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows == [{"time": str(row["time"]), "label": "epoch 3", "allocated_bytes": "",
-                     "reserved_bytes": "", "peak_bytes": "", "nvml_bytes": str(512 * MIB)}]
+                     "reserved_bytes": "", "peak_bytes": "", "nvml_bytes": str(512 * MIB), "fragmentation": "",
+                     "num_alloc_retries": "", "largest_free_block_bytes": ""}]
     if importlib.util.find_spec("matplotlib") is None:
         with pytest.raises(gpuctl.Error, match="needs matplotlib"):
             monitor.plot(tmp_path / "mem.png")
