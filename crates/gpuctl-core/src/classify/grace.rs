@@ -426,6 +426,7 @@ impl HistoryTracker {
                 .map(|(id, since)| (*id, now.saturating_duration_since(*since)))
                 .collect(),
             stuck_for: self.stuck_for.clone(),
+            idle: PidMap::default(),
         }
     }
 

@@ -134,6 +134,7 @@ mod tests {
             gpus: vec![0],
             bytes: Some(1 << 30),
             reason: format!("{} {pid}", kind.name()),
+            idle: None,
         }
     }
 

@@ -1,0 +1,282 @@
+use super::*;
+use crate::classify::{History, Kind, Policy, classify};
+use crate::fixtures;
+use crate::host::ProcState;
+use crate::snapshot::{GpuSnapshot, Utilization};
+
+const GIB: u64 = 1 << 30;
+const MIN: u64 = 60_000;
+
+const CRITERIA: IdleCriteria = IdleCriteria {
+    after: Duration::from_secs(3600),
+    min_memory: GIB,
+    util_below: 1,
+};
+
+fn id(pid: u32, ticks: u64) -> Identity {
+    Identity::new(pid, ticks)
+}
+
+fn sample(identity: Identity, gib: u64, sm: Option<u32>) -> Sample {
+    Sample {
+        identity,
+        bytes: gib * GIB,
+        sm_pct: sm,
+        source: if sm.is_some() {
+            Source::Process
+        } else {
+            Source::Unknown
+        },
+    }
+}
+
+/// Samples `samples` every minute from `from_min` to `to_min` (inclusive).
+fn run(tracker: &mut IdleTracker, from_min: u64, to_min: u64, samples: &[Sample]) {
+    for minute in from_min..=to_min {
+        tracker.observe(samples, &CRITERIA, minute * MIN, true);
+    }
+}
+
+#[test]
+fn idle_is_reached_after_the_window_and_not_before() {
+    let a = id(10, 500);
+    let mut tracker = IdleTracker::default();
+    run(&mut tracker, 0, 59, &[sample(a, 4, Some(0))]);
+    assert!(tracker.idle(&CRITERIA, 59 * MIN).is_empty(), "59 min < 1 h");
+    run(&mut tracker, 60, 60, &[sample(a, 4, Some(0))]);
+    let idle = tracker.idle(&CRITERIA, 60 * MIN);
+    let facts = idle.get(&a).expect("idle after an hour");
+    assert_eq!(facts.idle_since, 0);
+    assert_eq!(facts.idle_seconds, 3600);
+    assert_eq!(facts.memory_bytes, 4 * GIB);
+    assert_eq!(facts.measured_pct, 100);
+    assert_eq!(facts.utilization, Source::Process);
+}
+
+#[test]
+fn a_single_busy_sample_ends_the_spell_and_the_next_one_starts_over() {
+    let a = id(10, 500);
+    let mut tracker = IdleTracker::default();
+    run(&mut tracker, 0, 70, &[sample(a, 4, Some(0))]);
+    assert!(tracker.idle(&CRITERIA, 70 * MIN).contains_key(&a));
+    run(&mut tracker, 71, 71, &[sample(a, 4, Some(35))]);
+    assert!(tracker.idle(&CRITERIA, 71 * MIN).is_empty(), "busy ends it");
+    run(&mut tracker, 72, 131, &[sample(a, 4, Some(0))]);
+    assert!(
+        tracker.idle(&CRITERIA, 131 * MIN).is_empty(),
+        "59 min since"
+    );
+    run(&mut tracker, 132, 132, &[sample(a, 4, Some(0))]);
+    let facts = tracker.idle(&CRITERIA, 132 * MIN)[&a];
+    assert_eq!(facts.idle_since, 72 * 60);
+}
+
+#[test]
+fn memory_under_min_memory_is_not_idle() {
+    let a = id(10, 500);
+    let mut tracker = IdleTracker::default();
+    let small = Sample {
+        bytes: GIB - 1,
+        ..sample(a, 0, Some(0))
+    };
+    run(&mut tracker, 0, 120, &[small]);
+    assert!(tracker.idle(&CRITERIA, 120 * MIN).is_empty());
+}
+
+#[test]
+fn a_pid_reused_with_a_new_start_time_starts_its_own_window() {
+    let old = id(10, 500);
+    let new = id(10, 9000);
+    let mut tracker = IdleTracker::default();
+    run(&mut tracker, 0, 50, &[sample(old, 4, Some(0))]);
+    // The old process exits; its pid is taken by a new one.
+    run(&mut tracker, 51, 70, &[sample(new, 4, Some(0))]);
+    assert!(tracker.idle(&CRITERIA, 70 * MIN).is_empty(), "new: 19 min");
+    assert_eq!(tracker.windows().len(), 1, "the old window is gone");
+    run(&mut tracker, 71, 111, &[sample(new, 4, Some(0))]);
+    let idle = tracker.idle(&CRITERIA, 111 * MIN);
+    assert_eq!(idle[&new].idle_since, 51 * 60);
+    assert!(!idle.contains_key(&old));
+}
+
+#[test]
+fn unknown_utilization_neither_ends_a_spell_nor_counts_as_measured() {
+    let a = id(10, 500);
+    let mut tracker = IdleTracker::default();
+    run(&mut tracker, 0, 40, &[sample(a, 4, Some(0))]);
+    run(&mut tracker, 41, 60, &[sample(a, 4, None)]);
+    let facts = tracker.idle(&CRITERIA, 60 * MIN)[&a];
+    assert_eq!(facts.measured_pct, 66, "40 of 60 minutes measured");
+    assert_eq!(facts.utilization, Source::Unknown);
+    // Mostly unknown: nothing shows it idle.
+    run(&mut tracker, 61, 130, &[sample(a, 4, None)]);
+    assert!(tracker.idle(&CRITERIA, 130 * MIN).is_empty());
+    // Only unknown from the start: never idle.
+    let b = id(11, 600);
+    let mut unknown = IdleTracker::default();
+    run(&mut unknown, 0, 300, &[sample(b, 4, None)]);
+    assert!(unknown.idle(&CRITERIA, 300 * MIN).is_empty());
+}
+
+#[test]
+fn a_restart_keeps_the_window_and_the_unseen_gap_is_not_measured() {
+    let a = id(10, 500);
+    let mut before = IdleTracker::default();
+    run(&mut before, 0, 40, &[sample(a, 4, Some(0))]);
+    let kept = serde_json::to_string(&before.windows()).unwrap();
+    let windows: Vec<Window> = serde_json::from_str(&kept).unwrap();
+    let mut after = IdleTracker::from_windows(windows);
+    // Down for 5 minutes, then sampled again.
+    let accounted = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, 45 * MIN, true);
+    assert_eq!(accounted.len(), 1, "a 5-minute gap is still accounted");
+    run(&mut after, 46, 60, &[sample(a, 4, Some(0))]);
+    let facts = after.idle(&CRITERIA, 60 * MIN)[&a];
+    assert_eq!(facts.idle_since, 0, "the spell survived the restart");
+    assert_eq!(
+        facts.measured_pct, 100,
+        "each sample covers the time since the last"
+    );
+    // A gap longer than MAX_ACCOUNTED_GAP_MS adds nothing to the accounting.
+    let late = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, 80 * MIN, true);
+    assert!(late.is_empty());
+}
+
+#[test]
+fn accounting_counts_held_and_idle_byte_seconds_since_the_last_sample() {
+    let (a, b) = (id(10, 500), id(11, 600));
+    let mut tracker = IdleTracker::default();
+    let first = tracker.observe(
+        &[sample(a, 2, Some(0)), sample(b, 1, Some(80))],
+        &CRITERIA,
+        0,
+        true,
+    );
+    assert!(first.is_empty(), "nothing before the first sample");
+    let second = tracker.observe(
+        &[sample(a, 2, Some(0)), sample(b, 1, Some(80))],
+        &CRITERIA,
+        10_000,
+        true,
+    );
+    let of = |who: Identity| *second.iter().find(|h| h.identity == who).unwrap();
+    assert_eq!(of(a).byte_seconds, (20 * GIB) as f64);
+    assert!(of(a).idle);
+    assert_eq!(of(b).byte_seconds, (10 * GIB) as f64);
+    assert!(!of(b).idle);
+}
+
+#[test]
+fn an_incomplete_read_keeps_the_windows_it_does_not_list() {
+    let (a, b) = (id(10, 500), id(11, 600));
+    let mut tracker = IdleTracker::default();
+    tracker.observe(
+        &[sample(a, 2, Some(0)), sample(b, 2, Some(0))],
+        &CRITERIA,
+        0,
+        true,
+    );
+    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, MIN, false);
+    assert_eq!(tracker.windows().len(), 2);
+    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, 2 * MIN, true);
+    assert_eq!(tracker.windows().len(), 1);
+}
+
+fn gpu_with(processes: Vec<crate::snapshot::GpuProcess>, util: Option<u32>) -> GpuSnapshot {
+    GpuSnapshot {
+        utilization: util.map(|gpu_pct| Utilization {
+            gpu_pct,
+            memory_pct: 0,
+        }),
+        ..fixtures::gpu(0, processes)
+    }
+}
+
+fn confirmed(pid: u32, sm: Option<u32>) -> crate::snapshot::GpuProcess {
+    fixtures::process(pid)
+        .used_gib(2)
+        .sm_pct(sm)
+        .confirmed()
+        .state(ProcState::Sleeping)
+        .started(1000 + pid as u64)
+        .build()
+}
+
+#[test]
+fn without_per_process_samples_the_only_holder_takes_the_gpus_utilization() {
+    let alone = Snapshot::of(vec![gpu_with(vec![confirmed(10, None)], Some(0))]);
+    let s = samples(&alone);
+    assert_eq!((s[0].sm_pct, s[0].source), (Some(0), Source::Device));
+    assert_eq!(s[0].low(1), Some(true));
+    let shared = Snapshot::of(vec![gpu_with(
+        vec![confirmed(10, None), confirmed(11, None)],
+        Some(0),
+    )]);
+    let s = samples(&shared);
+    assert_eq!(s[0].source, Source::Unknown);
+    assert_eq!(s[0].low(1), None);
+    let measured = Snapshot::of(vec![gpu_with(vec![confirmed(10, Some(7))], Some(50))]);
+    let s = samples(&measured);
+    assert_eq!((s[0].sm_pct, s[0].source), (Some(7), Source::Process));
+    assert_eq!(s[0].low(1), Some(false));
+}
+
+#[test]
+fn a_process_on_two_gpus_is_one_sample_and_busy_on_either_is_busy() {
+    let snapshot = Snapshot::of(vec![
+        gpu_with(vec![confirmed(10, Some(0))], None),
+        GpuSnapshot {
+            index: 1,
+            ..gpu_with(vec![confirmed(10, Some(40))], None)
+        },
+    ]);
+    let s = samples(&snapshot);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].bytes, 4 * GIB);
+    assert_eq!(s[0].low(1), Some(false));
+}
+
+#[test]
+fn the_idle_finding_comes_from_the_history_and_says_what_it_knows() {
+    let snapshot = Snapshot::of(vec![gpu_with(
+        vec![confirmed(10, Some(0)), confirmed(11, Some(0))],
+        None,
+    )]);
+    let facts = IdleFacts {
+        idle_since: 1_700_000_000,
+        idle_seconds: 3 * 3600 + 12 * 60,
+        memory_bytes: 2 * GIB,
+        measured_pct: 100,
+        utilization: Source::Process,
+    };
+    let history = History {
+        idle: [(Identity::new(10, 1010), facts)].into_iter().collect(),
+        ..History::default()
+    };
+    let findings = classify(
+        &snapshot,
+        &Default::default(),
+        Some(&history),
+        &Policy::default(),
+    );
+    let idle: Vec<_> = findings.iter().filter(|f| f.kind == Kind::Idle).collect();
+    assert_eq!(idle.len(), 1, "{findings:?}");
+    assert_eq!(idle[0].identity, Some(Identity::new(10, 1010)));
+    assert_eq!(idle[0].idle, Some(facts));
+    assert!(
+        idle[0].reason.starts_with("idle for 3h12m: holds 2.0 GiB"),
+        "{}",
+        idle[0].reason
+    );
+    assert_eq!(Kind::Idle.remedy(), crate::classify::Remedy::Report);
+    // Without history (the CLI), nothing is idle.
+    let none = classify(&snapshot, &Default::default(), None, &Policy::default());
+    assert!(none.iter().all(|f| f.kind != Kind::Idle));
+}
+
+#[test]
+fn short_durations_read_as_info_shows_them() {
+    assert_eq!(short_duration(11_520), "3h12m");
+    assert_eq!(short_duration(2_700), "45m");
+    assert_eq!(short_duration(20), "20s");
+    assert_eq!(short_duration(7_200), "2h00m");
+}
