@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Facts, Held, Verdict};
 use crate::act::Identity;
+use crate::owner::OwnerMatch;
 use crate::pidmap::PidMap;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{GpuProcess, Snapshot};
 use crate::units;
 
 /// `[idle]`'s thresholds, as the window reads them.
@@ -284,10 +285,52 @@ pub fn samples(snapshot: &Snapshot) -> Vec<Sample> {
     out
 }
 
-/// The rule: a process whose window says idle (history only the watchdog keeps).
+/// `[idle] action = "reclaim"`: idle for `after` (`reclaim_after`), and neither an exempt
+/// user's nor an exempt owner's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleReclaim {
+    pub after: Duration,
+    pub exempt_users: Vec<String>,
+    pub exempt_owners: Vec<OwnerMatch>,
+}
+
+impl IdleReclaim {
+    /// Why `process` is exempt, if it is.
+    pub fn exempt(&self, process: &GpuProcess) -> Option<String> {
+        let host = &process.host;
+        if let Some(user) = host
+            .user
+            .as_deref()
+            .filter(|user| self.exempt_users.iter().any(|u| u == user))
+        {
+            return Some(format!("user {user} is exempt (idle.exempt_users)"));
+        }
+        let owner = host.owner.as_ref()?;
+        self.exempt_owners
+            .iter()
+            .find(|wanted| wanted.matches(owner))
+            .map(|wanted| format!("owner {wanted} is exempt (idle.exempt_owners)"))
+    }
+}
+
+/// The rule: a process whose window says idle (history only the watchdog keeps). Reported;
+/// with `[idle] action = "reclaim"`, reclaimed once idle for `reclaim_after` unless exempt.
 pub(super) fn judge(facts: &Facts, held: &Held) -> Option<(Verdict, String)> {
     let idle = facts.history?.idle.get(&held.identity)?;
-    Some((Verdict::Report, reason(idle)))
+    let mut reason = reason(idle);
+    let verdict = match &facts.policy.idle_reclaim {
+        Some(rule) if idle.idle_seconds >= rule.after.as_secs() => {
+            match rule.exempt(held.process) {
+                Some(why) => {
+                    reason.push_str(&format!("; not ended: {why}"));
+                    Verdict::Report
+                }
+                None => Verdict::Reclaim,
+            }
+        }
+        _ => Verdict::Report,
+    };
+    Some((verdict, reason))
 }
 
 /// "idle for 3h12m: holds 40 GiB with SM under 1 % (...)".

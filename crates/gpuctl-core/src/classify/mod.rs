@@ -180,6 +180,9 @@ pub struct Policy {
     pub fraction: Option<Arc<Loaded>>,
     /// The stuck-GPU check's thresholds; `None`: no check.
     pub stuck: Option<stuck::StuckCriteria>,
+    /// `[idle] action = "reclaim"`: which idle processes get a reclaim verdict; `None`:
+    /// idle processes are only reported.
+    pub idle_reclaim: Option<idle::IdleReclaim>,
 }
 
 impl Default for Policy {
@@ -190,6 +193,7 @@ impl Default for Policy {
             unattributed_min_bytes: 256 * 1024 * 1024,
             fraction: None,
             stuck: None,
+            idle_reclaim: None,
         }
     }
 }

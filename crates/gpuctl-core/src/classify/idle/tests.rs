@@ -280,3 +280,93 @@ fn short_durations_read_as_info_shows_them() {
     assert_eq!(short_duration(20), "20s");
     assert_eq!(short_duration(7_200), "2h00m");
 }
+
+#[test]
+fn with_action_reclaim_an_idle_process_is_due_after_reclaim_after_unless_exempt() {
+    use crate::classify::grace::{Rules, Watch};
+    use crate::owner::Owner;
+    let unit = |pid: u32, user: &str, unit: &str| {
+        fixtures::process(pid)
+            .used_gib(2)
+            .sm_pct(0)
+            .confirmed()
+            .user(user)
+            .state(ProcState::Sleeping)
+            .started(1000 + pid as u64)
+            .owner(Some(Owner::SystemdUnit { unit: unit.into() }))
+            .build()
+    };
+    let snapshot = Snapshot::of(vec![gpu_with(
+        vec![
+            unit(10, "alice", "notebook.service"),
+            unit(11, "bob", "notebook.service"),
+            unit(12, "alice", "vllm.service"),
+        ],
+        None,
+    )]);
+    let idle_for = |seconds: u64| IdleFacts {
+        idle_since: 1_700_000_000,
+        idle_seconds: seconds,
+        memory_bytes: 2 * GIB,
+        measured_pct: 100,
+        utilization: Source::Process,
+    };
+    let history = |seconds: u64| History {
+        idle: [10, 11, 12]
+            .map(|pid| (Identity::new(pid, 1000 + pid as u64), idle_for(seconds)))
+            .into_iter()
+            .collect(),
+        ..History::default()
+    };
+    let policy = Policy {
+        idle_reclaim: Some(IdleReclaim {
+            after: Duration::from_secs(8 * 3600),
+            exempt_users: vec!["bob".into()],
+            exempt_owners: vec!["unit:vllm.service".parse().unwrap()],
+        }),
+        ..Policy::default()
+    };
+    let rules = Rules {
+        grace: Duration::from_secs(60),
+        interval: Duration::from_secs(5),
+        reclaim: &[],
+        once: false,
+    };
+    let due_of = |seconds: u64, policy: &Policy| {
+        let findings = classify(
+            &snapshot,
+            &Default::default(),
+            Some(&history(seconds)),
+            policy,
+        );
+        let judged =
+            Watch::default().judge(&findings, &rules, |_| None, None, std::time::Instant::now());
+        let due: Vec<u32> = judged
+            .due
+            .iter()
+            .map(|(f, _)| f.identity.unwrap().pid)
+            .collect();
+        (findings, due)
+    };
+    let (_, early) = due_of(8 * 3600 - 1, &policy);
+    assert!(early.is_empty(), "not before reclaim_after: {early:?}");
+    let (findings, due) = due_of(8 * 3600, &policy);
+    assert_eq!(due, [10], "bob is exempt, and so is vllm.service");
+    let reason = |pid: u32| {
+        findings
+            .iter()
+            .find(|f| f.identity.map(|i| i.pid) == Some(pid))
+            .unwrap()
+            .reason
+            .clone()
+    };
+    assert!(reason(11).contains("user bob is exempt"), "{}", reason(11));
+    assert!(
+        reason(12).contains("owner unit:vllm.service is exempt"),
+        "{}",
+        reason(12)
+    );
+    // Report (no reclaim rule): nothing is ever due.
+    let (_, none) = due_of(100 * 3600, &Policy::default());
+    assert!(none.is_empty());
+}
