@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Facts, Held, Verdict};
 use crate::act::Identity;
+use crate::config::{IdleAction, IdlePolicy};
 use crate::owner::OwnerMatch;
 use crate::pidmap::PidMap;
 use crate::snapshot::{GpuProcess, Snapshot};
@@ -28,6 +29,17 @@ pub struct IdleCriteria {
     pub min_memory: u64,
     /// SM utilization under this percentage counts as idle.
     pub util_below: u32,
+}
+
+impl IdleCriteria {
+    /// The window's thresholds of `[idle]`.
+    pub fn of(policy: &IdlePolicy) -> IdleCriteria {
+        IdleCriteria {
+            after: policy.after,
+            min_memory: policy.min_memory,
+            util_below: policy.util_below,
+        }
+    }
 }
 
 /// Where a process's utilization came from.
@@ -295,6 +307,20 @@ pub struct IdleReclaim {
 }
 
 impl IdleReclaim {
+    /// With `[idle] action = "reclaim"`, which idle processes are ended; `None` otherwise.
+    pub fn of(policy: &IdlePolicy) -> Option<IdleReclaim> {
+        (policy.action == IdleAction::Reclaim).then(|| IdleReclaim {
+            after: policy.reclaim_after,
+            exempt_users: policy.exempt_users.clone(),
+            // Checked when the file was read.
+            exempt_owners: policy
+                .exempt_owners
+                .iter()
+                .filter_map(|owner| owner.parse().ok())
+                .collect(),
+        })
+    }
+
     /// Why `process` is exempt, if it is.
     pub fn exempt(&self, process: &GpuProcess) -> Option<String> {
         let host = &process.host;

@@ -174,29 +174,6 @@ impl Default for IdlePolicy {
 }
 
 impl IdlePolicy {
-    /// The window's thresholds.
-    pub fn criteria(&self) -> crate::classify::idle::IdleCriteria {
-        crate::classify::idle::IdleCriteria {
-            after: self.after,
-            min_memory: self.min_memory,
-            util_below: self.util_below,
-        }
-    }
-
-    /// With `action = "reclaim"`, which idle processes are ended; `None` otherwise.
-    pub fn reclaim_rule(&self) -> Option<crate::classify::idle::IdleReclaim> {
-        (self.action == IdleAction::Reclaim).then(|| crate::classify::idle::IdleReclaim {
-            after: self.reclaim_after,
-            exempt_users: self.exempt_users.clone(),
-            // Checked when the file was read.
-            exempt_owners: self
-                .exempt_owners
-                .iter()
-                .filter_map(|owner| owner.parse().ok())
-                .collect(),
-        })
-    }
-
     /// What no one key can say: the keys that go together. One line, naming the key.
     fn check(&self) -> Result<(), String> {
         if self.action == IdleAction::Notify && self.notify_command.is_empty() {
