@@ -470,7 +470,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__info)
-            opts="-h --gpu --json --watch --timeout --by --holders --color --help"
+            opts="-h --gpu --json --watch --timeout --by --holders --idle --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -206,11 +206,14 @@ pub struct WatchdogFinding {
     pub uuids: Vec<String>,
     /// The process, for process findings.
     pub pid: Option<u32>,
+    /// The process's start time (clock ticks since boot): with `pid`, its identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
     /// Unix time the watchdog first saw it so.
     pub since_unix: f64,
     pub reason: String,
     /// For an `idle` finding: since when, the memory, how much of the window was measured
     /// and where the utilization came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle: Option<crate::classify::idle::IdleFacts>,
+    pub idle: Option<crate::snapshot::IdleFacts>,
 }

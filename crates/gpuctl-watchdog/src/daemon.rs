@@ -210,6 +210,7 @@ impl Daemon {
             signals::sleep(wake.saturating_duration_since(Instant::now()));
         }
         self.notify.send("STOPPING=1");
+        self.idle.save_now(&self.log);
         self.event(Priority::Info, "stopping", &[("ACTION", "stop".into())]);
         Exit::Ok
     }

@@ -120,7 +120,12 @@ impl IdleWatch {
         let max_series = settings.watchdog.metrics_max_owners;
         let samples = idle::samples(snapshot);
         let now_ms = (units::unix_seconds() * 1000.0) as u64;
-        let accounted = self.tracker.observe(&samples, &criteria, now_ms, complete);
+        let covers = settings
+            .watch_options()
+            .utilization_window
+            .unwrap_or_default();
+        let clock = (now_ms, covers.as_millis() as u64);
+        let accounted = self.tracker.observe(&samples, &criteria, clock, complete);
         if !accounted.is_empty() {
             let processes = processes_of(snapshot);
             for held in &accounted {
@@ -239,6 +244,12 @@ impl IdleWatch {
             let fields = [("ACTION", action.to_string()), ("REASON", f.reason.clone())];
             log.log(priority, &message, &fields_of(snapshot, id, &fields));
         }
+    }
+
+    /// Writes the windows now (the daemon stops: nothing of them is lost).
+    pub fn save_now(&mut self, log: &Logger) {
+        self.saved = None;
+        self.save(log);
     }
 
     /// Writes the windows when a spell began or ended since the last write, or every

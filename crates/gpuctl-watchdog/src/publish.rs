@@ -402,6 +402,7 @@ pub fn finding_entry(snapshot: &Snapshot, f: &Finding, since_unix: f64) -> Watch
             })
             .collect(),
         pid: f.identity.map(|id| id.pid),
+        start_ticks: f.identity.map(|id| id.start_ticks),
         // Seconds are enough, and keep the file unchanged while nothing changes.
         since_unix: since_unix.floor(),
         reason: f.reason.clone(),
@@ -569,6 +570,7 @@ mod timing {
                         used_bytes: Some(1 << 30),
                         kind: ProcessType::Compute,
                         sm_util_pct: None,
+                        idle: None,
                         gpu_instance_id: None,
                         compute_instance_id: None,
                         host: host.clone(),

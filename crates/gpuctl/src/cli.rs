@@ -629,6 +629,13 @@ pub struct InfoArgs {
     /// for and no one looked. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
+
+    /// Only the processes the watchdog finds idle (memory held with SM under
+    /// `[idle] util_below` for `[idle] after`), longest idle first: how long, since when, the
+    /// memory, how much of the window was measured. Read from the watchdog's findings, so it
+    /// works as soon as gpuctl starts. With --json, the document's processes are those.
+    #[arg(long, conflicts_with_all = ["by", "holders"])]
+    pub idle: bool,
 }
 
 #[derive(Debug, Clone, Default, Args)]

@@ -18,6 +18,7 @@ use crate::config::{IdleAction, IdlePolicy};
 use crate::owner::OwnerMatch;
 use crate::pidmap::PidMap;
 use crate::snapshot::{GpuProcess, Snapshot};
+pub use crate::snapshot::{IdleFacts, IdleSource};
 use crate::units;
 
 /// `[idle]`'s thresholds, as the window reads them.
@@ -42,29 +43,6 @@ impl IdleCriteria {
     }
 }
 
-/// Where a process's utilization came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    /// The driver's per-process samples (`nvmlDeviceGetProcessUtilization`).
-    Process,
-    /// The driver gives no per-process samples, and the process is its GPU's only holder:
-    /// the device's utilization is the process's.
-    Device,
-    /// No per-process samples and other holders on the GPU: not known.
-    Unknown,
-}
-
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Process => "process",
-            Source::Device => "device",
-            Source::Unknown => "unknown",
-        }
-    }
-}
-
 /// One process's utilization at one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
@@ -74,7 +52,7 @@ pub struct Sample {
     /// Highest SM utilization known on its GPUs; `None`: none known.
     pub sm_pct: Option<u32>,
     /// Where it came from: `Unknown` when some GPU of it gives none.
-    pub source: Source,
+    pub source: IdleSource,
 }
 
 impl Sample {
@@ -83,7 +61,7 @@ impl Sample {
     pub fn low(&self, util_below: u32) -> Option<bool> {
         match (self.sm_pct, self.source) {
             (Some(pct), _) if pct >= util_below => Some(false),
-            (_, Source::Unknown) | (None, _) => None,
+            (_, IdleSource::Unknown) | (None, _) => None,
             (Some(_), _) => Some(true),
         }
     }
@@ -101,26 +79,13 @@ pub struct Window {
     /// The last sample's time, memory and source.
     pub last_ms: u64,
     pub bytes: u64,
-    pub source: Source,
+    pub source: IdleSource,
 }
 
 impl Window {
     fn identity(&self) -> Identity {
         Identity::new(self.pid, self.start_ticks)
     }
-}
-
-/// What the `idle` finding says of a process: since when, the memory, how much of the
-/// window was measured, and where its utilization came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdleFacts {
-    /// Seconds since the epoch.
-    pub idle_since: u64,
-    pub idle_seconds: u64,
-    pub memory_bytes: u64,
-    /// Of the window, the share measured (percent): the rest had no utilization known.
-    pub measured_pct: u32,
-    pub utilization: Source,
 }
 
 /// What one sample adds to the accounting of one process: memory held over the time since
@@ -166,14 +131,16 @@ impl IdleTracker {
     }
 
     /// Moves every window on to the samples taken at `now_ms`, and returns what each
-    /// sample adds to the accounting. `complete`: the read listed every GPU, so a process
-    /// not sampled is gone and its window is dropped (a pid reused by a new process is
-    /// another identity, with a window of its own).
+    /// sample adds to the accounting. `covers_ms`: how far back a sample's utilization
+    /// reaches (the window it was read over): time between two samples beyond it (the
+    /// watchdog was down) is not measured. `complete`: the read listed every GPU, so a
+    /// process not sampled is gone and its window is dropped (a pid reused by a new process
+    /// is another identity, with a window of its own).
     pub fn observe(
         &mut self,
         samples: &[Sample],
         criteria: &IdleCriteria,
-        now_ms: u64,
+        (now_ms, covers_ms): (u64, u64),
         complete: bool,
     ) -> Vec<Accounted> {
         let mut accounted = Vec::with_capacity(samples.len());
@@ -202,7 +169,7 @@ impl IdleTracker {
             let measured_ms = match (since_ms, previous) {
                 (Some(since), Some(w)) if w.since_ms == Some(since) => {
                     // What this sample covers: since the last one, within the spell.
-                    let covered = now_ms.saturating_sub(w.last_ms.max(since));
+                    let covered = now_ms.saturating_sub(w.last_ms.max(since)).min(covers_ms);
                     w.measured_ms + if low.is_some() { covered } else { 0 }
                 }
                 _ => 0,
@@ -270,9 +237,9 @@ pub fn samples(snapshot: &Snapshot) -> Vec<Sample> {
             };
             let identity = Identity::new(process.pid, ticks);
             let (sm_pct, source) = match (process.sm_util_pct, gpu.utilization) {
-                (Some(pct), _) => (Some(pct), Source::Process),
-                (None, Some(util)) if holders == 1 => (Some(util.gpu_pct), Source::Device),
-                (None, _) => (None, Source::Unknown),
+                (Some(pct), _) => (Some(pct), IdleSource::Process),
+                (None, Some(util)) if holders == 1 => (Some(util.gpu_pct), IdleSource::Device),
+                (None, _) => (None, IdleSource::Unknown),
             };
             let index = *at.entry(identity).or_insert_with(|| {
                 out.push(Sample {
@@ -288,9 +255,9 @@ pub fn samples(snapshot: &Snapshot) -> Vec<Sample> {
             entry.sm_pct = entry.sm_pct.max(sm_pct);
             // Unknown on one GPU makes it unknown; the device's reading beats the process's.
             entry.source = match (entry.source, source) {
-                (Source::Unknown, _) | (_, Source::Unknown) => Source::Unknown,
-                (Source::Device, _) | (_, Source::Device) => Source::Device,
-                _ => Source::Process,
+                (IdleSource::Unknown, _) | (_, IdleSource::Unknown) => IdleSource::Unknown,
+                (IdleSource::Device, _) | (_, IdleSource::Device) => IdleSource::Device,
+                _ => IdleSource::Process,
             };
         }
     }
@@ -345,7 +312,8 @@ pub(super) fn judge(facts: &Facts, held: &Held) -> Option<(Verdict, String)> {
     let idle = facts.history?.idle.get(&held.identity)?;
     let mut reason = reason(idle);
     let verdict = match &facts.policy.idle_reclaim {
-        Some(rule) if idle.idle_seconds >= rule.after.as_secs() => {
+        // Whole seconds: never before `reclaim_after`.
+        Some(rule) if Duration::from_secs(idle.idle_seconds) >= rule.after => {
             match rule.exempt(held.process) {
                 Some(why) => {
                     reason.push_str(&format!("; not ended: {why}"));
@@ -368,9 +336,9 @@ pub fn reason(idle: &IdleFacts) -> String {
         units::bytes(idle.memory_bytes),
         idle.measured_pct,
         match idle.utilization {
-            Source::Process => "per process",
-            Source::Device => "of the GPU, its only holder",
-            Source::Unknown => "unknown at the last sample",
+            IdleSource::Process => "per process",
+            IdleSource::Device => "of the GPU, its only holder",
+            IdleSource::Unknown => "unknown at the last sample",
         }
     )
 }

@@ -120,6 +120,7 @@ mod tests {
             used_bytes: Some(1 << 30),
             kind: ProcessType::Compute,
             sm_util_pct: Some(0),
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(host),

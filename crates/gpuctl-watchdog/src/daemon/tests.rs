@@ -69,6 +69,7 @@ fn seen() -> Seen {
             used_bytes: Some(gib << 30),
             kind: ProcessType::Compute,
             sm_util_pct: Some(0),
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(host),

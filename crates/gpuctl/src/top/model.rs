@@ -589,6 +589,7 @@ mod tests {
                 used_bytes: Some(1 << 30),
                 kind: ProcessType::Compute,
                 sm_util_pct: None,
+                idle: None,
                 gpu_instance_id: instance,
                 compute_instance_id: instance.map(|_| 0),
                 host: std::sync::Arc::new(HostProcess {

@@ -23,9 +23,9 @@ fn sample(identity: Identity, gib: u64, sm: Option<u32>) -> Sample {
         bytes: gib * GIB,
         sm_pct: sm,
         source: if sm.is_some() {
-            Source::Process
+            IdleSource::Process
         } else {
-            Source::Unknown
+            IdleSource::Unknown
         },
     }
 }
@@ -33,7 +33,7 @@ fn sample(identity: Identity, gib: u64, sm: Option<u32>) -> Sample {
 /// Samples `samples` every minute from `from_min` to `to_min` (inclusive).
 fn run(tracker: &mut IdleTracker, from_min: u64, to_min: u64, samples: &[Sample]) {
     for minute in from_min..=to_min {
-        tracker.observe(samples, &CRITERIA, minute * MIN, true);
+        tracker.observe(samples, &CRITERIA, (minute * MIN, MIN), true);
     }
 }
 
@@ -50,7 +50,7 @@ fn idle_is_reached_after_the_window_and_not_before() {
     assert_eq!(facts.idle_seconds, 3600);
     assert_eq!(facts.memory_bytes, 4 * GIB);
     assert_eq!(facts.measured_pct, 100);
-    assert_eq!(facts.utilization, Source::Process);
+    assert_eq!(facts.utilization, IdleSource::Process);
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn unknown_utilization_neither_ends_a_spell_nor_counts_as_measured() {
     run(&mut tracker, 41, 60, &[sample(a, 4, None)]);
     let facts = tracker.idle(&CRITERIA, 60 * MIN)[&a];
     assert_eq!(facts.measured_pct, 66, "40 of 60 minutes measured");
-    assert_eq!(facts.utilization, Source::Unknown);
+    assert_eq!(facts.utilization, IdleSource::Unknown);
     // Mostly unknown: nothing shows it idle.
     run(&mut tracker, 61, 130, &[sample(a, 4, None)]);
     assert!(tracker.idle(&CRITERIA, 130 * MIN).is_empty());
@@ -127,17 +127,15 @@ fn a_restart_keeps_the_window_and_the_unseen_gap_is_not_measured() {
     let windows: Vec<Window> = serde_json::from_str(&kept).unwrap();
     let mut after = IdleTracker::from_windows(windows);
     // Down for 5 minutes, then sampled again.
-    let accounted = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, 45 * MIN, true);
+    let accounted = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, (45 * MIN, MIN), true);
     assert_eq!(accounted.len(), 1, "a 5-minute gap is still accounted");
     run(&mut after, 46, 60, &[sample(a, 4, Some(0))]);
     let facts = after.idle(&CRITERIA, 60 * MIN)[&a];
     assert_eq!(facts.idle_since, 0, "the spell survived the restart");
-    assert_eq!(
-        facts.measured_pct, 100,
-        "each sample covers the time since the last"
-    );
+    // The first sample after the gap reaches back one minute: 4 of 60 minutes unmeasured.
+    assert_eq!(facts.measured_pct, 93);
     // A gap longer than MAX_ACCOUNTED_GAP_MS adds nothing to the accounting.
-    let late = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, 80 * MIN, true);
+    let late = after.observe(&[sample(a, 4, Some(0))], &CRITERIA, (80 * MIN, MIN), true);
     assert!(late.is_empty());
 }
 
@@ -148,14 +146,14 @@ fn accounting_counts_held_and_idle_byte_seconds_since_the_last_sample() {
     let first = tracker.observe(
         &[sample(a, 2, Some(0)), sample(b, 1, Some(80))],
         &CRITERIA,
-        0,
+        (0, MIN),
         true,
     );
     assert!(first.is_empty(), "nothing before the first sample");
     let second = tracker.observe(
         &[sample(a, 2, Some(0)), sample(b, 1, Some(80))],
         &CRITERIA,
-        10_000,
+        (10_000, MIN),
         true,
     );
     let of = |who: Identity| *second.iter().find(|h| h.identity == who).unwrap();
@@ -172,12 +170,12 @@ fn an_incomplete_read_keeps_the_windows_it_does_not_list() {
     tracker.observe(
         &[sample(a, 2, Some(0)), sample(b, 2, Some(0))],
         &CRITERIA,
-        0,
+        (0, MIN),
         true,
     );
-    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, MIN, false);
+    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, (MIN, MIN), false);
     assert_eq!(tracker.windows().len(), 2);
-    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, 2 * MIN, true);
+    tracker.observe(&[sample(a, 2, Some(0))], &CRITERIA, (2 * MIN, MIN), true);
     assert_eq!(tracker.windows().len(), 1);
 }
 
@@ -205,18 +203,18 @@ fn confirmed(pid: u32, sm: Option<u32>) -> crate::snapshot::GpuProcess {
 fn without_per_process_samples_the_only_holder_takes_the_gpus_utilization() {
     let alone = Snapshot::of(vec![gpu_with(vec![confirmed(10, None)], Some(0))]);
     let s = samples(&alone);
-    assert_eq!((s[0].sm_pct, s[0].source), (Some(0), Source::Device));
+    assert_eq!((s[0].sm_pct, s[0].source), (Some(0), IdleSource::Device));
     assert_eq!(s[0].low(1), Some(true));
     let shared = Snapshot::of(vec![gpu_with(
         vec![confirmed(10, None), confirmed(11, None)],
         Some(0),
     )]);
     let s = samples(&shared);
-    assert_eq!(s[0].source, Source::Unknown);
+    assert_eq!(s[0].source, IdleSource::Unknown);
     assert_eq!(s[0].low(1), None);
     let measured = Snapshot::of(vec![gpu_with(vec![confirmed(10, Some(7))], Some(50))]);
     let s = samples(&measured);
-    assert_eq!((s[0].sm_pct, s[0].source), (Some(7), Source::Process));
+    assert_eq!((s[0].sm_pct, s[0].source), (Some(7), IdleSource::Process));
     assert_eq!(s[0].low(1), Some(false));
 }
 
@@ -246,7 +244,7 @@ fn the_idle_finding_comes_from_the_history_and_says_what_it_knows() {
         idle_seconds: 3 * 3600 + 12 * 60,
         memory_bytes: 2 * GIB,
         measured_pct: 100,
-        utilization: Source::Process,
+        utilization: IdleSource::Process,
     };
     let history = History {
         idle: [(Identity::new(10, 1010), facts)].into_iter().collect(),
@@ -309,7 +307,7 @@ fn with_action_reclaim_an_idle_process_is_due_after_reclaim_after_unless_exempt(
         idle_seconds: seconds,
         memory_bytes: 2 * GIB,
         measured_pct: 100,
-        utilization: Source::Process,
+        utilization: IdleSource::Process,
     };
     let history = |seconds: u64| History {
         idle: [10, 11, 12]
