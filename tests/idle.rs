@@ -120,6 +120,15 @@ fn only_the_idle_process_is_marked_after_the_window_and_a_busy_sample_wakes_it()
     );
     assert!(idle_only.stdout.contains("4.0 GiB"), "{}", idle_only.stdout);
     let doc = sim.json(&["info", "--idle"]);
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema/info-v1.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    crate::schema::validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{e}"));
+    crate::schema::conforms(&schema, &doc).unwrap_or_else(|e| panic!("{e}"));
     let listed = doc["devices"][0]["processes"].as_array().unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["idle"]["measured_pct"], 100);

@@ -449,9 +449,20 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
             .map(|user| text::safe(user).into_owned())
             .or_else(|| host.uid.map(|uid| uid.to_string()))
             .unwrap_or_else(|| "?".into()),
-        state: host
-            .state
-            .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
+        // Idle by the watchdog's window: how long, in place of the process state.
+        state: match process.idle {
+            Some(idle) => format!(
+                "idle {}",
+                gpuctl_core::classify::idle::short_duration(
+                    (gpuctl_core::units::unix_seconds() as u64)
+                        .saturating_sub(idle.idle_since)
+                        .max(idle.idle_seconds)
+                )
+            ),
+            None => host
+                .state
+                .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
+        },
         owner: host.owner.as_ref().map_or_else(
             || "-".to_string(),
             |owner| text::safe(&owner.label()).into_owned(),
