@@ -160,13 +160,19 @@ impl IdleWatch {
                     _ => "its window is no longer measured enough".to_string(),
                 }
             };
+            let fields = [("ACTION", "woke".to_string()), ("REASON", why.clone())];
+            let fields = fields_of(snapshot, *id, &fields);
+            let user = fields
+                .iter()
+                .find(|(k, _)| *k == "USER")
+                .map(|(_, v)| v.as_str());
             let message = format!(
-                "pid {} is no longer idle after {}: {why}",
+                "pid {} ({}) is no longer idle after {}: {why}",
                 id.pid,
+                user.unwrap_or("?"),
                 idle::short_duration(was.idle_seconds)
             );
-            let fields = [("ACTION", "woke".to_string()), ("REASON", why.clone())];
-            log.log(Priority::Info, &message, &fields_of(snapshot, *id, &fields));
+            log.log(Priority::Info, &message, &fields);
         }
         self.idle = idle.clone();
         self.save(log);
