@@ -335,3 +335,44 @@ fn the_window_survives_a_watchdog_restart() {
         restarted.elapsed()
     );
 }
+
+#[test]
+fn without_per_process_samples_a_sole_holder_is_judged_by_its_gpu_and_a_shared_gpu_is_unknown() {
+    let alone = Proc::spawn_ready("sleep", "python3", &["-m", "ipykernel"]);
+    let (first, second) = (
+        Proc::spawn_ready("sleep", "python3", &["a.py"]),
+        Proc::spawn_ready("sleep", "python3", &["b.py"]),
+    );
+    // The driver gives no per-process samples on either GPU (nvmlDeviceGetProcessUtilization
+    // answers NOT_SUPPORTED); the GPU's utilization is its processes' sum, 0 here.
+    let no_samples = || Gpu::h200().unsupported(&["process_utilization"]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(no_samples())
+            .gpu(no_samples())
+            .process(Process::new(alone.pid()).on(0).used(4 * GIB).sm(0))
+            .process(Process::new(first.pid()).on(1).used(4 * GIB).sm(0))
+            .process(Process::new(second.pid()).on(1).used(4 * GIB).sm(0)),
+    );
+    configure(&sim, "", "after = \"1s\"");
+    let daemon = Daemon::start(&sim, &[]);
+    let line = daemon.expect_count(&["ACTION=idle"], 1);
+    assert!(line.contains(&format!("PID={} ", alone.pid())), "{line}");
+    assert!(
+        line.contains("utilization of the GPU, its only holder"),
+        "{line}"
+    );
+    wait_more_loops(&sim, 8);
+    // Two holders of a GPU with no per-process samples: unknown, never called idle.
+    assert_eq!(daemon.count(&["ACTION=idle"]), 1, "only the sole holder");
+    let doc = sim.json(&["info"]);
+    let idle = &doc["devices"][0]["processes"][0]["idle"];
+    assert_eq!(idle["utilization"], "device", "{doc}");
+    assert!(
+        doc["devices"][1]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p.get("idle").is_none())
+    );
+}
