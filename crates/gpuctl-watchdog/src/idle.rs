@@ -347,3 +347,58 @@ fn labels_of(process: &GpuProcess) -> (Vec<String>, Vec<String>) {
     };
     (vec![user], owner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(name: &str) -> Vec<String> {
+        vec![name.to_string()]
+    }
+
+    #[test]
+    fn series_past_the_cap_count_in_other_and_none_ever_goes_down() {
+        let mut users = BTreeMap::new();
+        let add = |held: f64, idle: f64| ByteSeconds { held, idle };
+        let other = || labels("other");
+        Accounts::add(&mut users, labels("alice"), other(), 2, add(10.0, 4.0));
+        Accounts::add(&mut users, labels("bob"), other(), 2, add(5.0, 0.0));
+        // The cap is reached: carol counts in "other", and stays there.
+        Accounts::add(&mut users, labels("carol"), other(), 2, add(7.0, 7.0));
+        Accounts::add(&mut users, labels("carol"), other(), 2, add(1.0, 1.0));
+        // Known series keep growing past the cap.
+        Accounts::add(&mut users, labels("alice"), other(), 2, add(2.0, 0.0));
+        assert_eq!(users.len(), 3, "{users:?}");
+        assert_eq!(users[&labels("alice")], add(12.0, 4.0));
+        assert_eq!(users[&labels("other")], add(8.0, 8.0));
+        assert!(!users.contains_key(&labels("carol")));
+        assert!(users.values().all(|v| v.idle <= v.held));
+    }
+
+    #[test]
+    fn the_windows_file_is_read_back_and_an_oversized_or_broken_one_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, logged) = Logger::buffered();
+        let window = Window {
+            pid: 10,
+            start_ticks: 500,
+            since_ms: Some(1_000),
+            measured_ms: 60_000,
+            last_ms: 61_000,
+            bytes: 4 << 30,
+            source: idle::IdleSource::Process,
+        };
+        let path = dir.path().join(FILE_NAME);
+        let text = serde_json::json!({ "windows": [window] }).to_string();
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(read(&path, &log), vec![window]);
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(read(&path, &log).is_empty());
+        let big = vec![b' '; MAX_FILE_BYTES as usize + 1];
+        std::fs::write(&path, big).unwrap();
+        assert!(read(&path, &log).is_empty());
+        let said = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
+        assert!(said.contains("over the limit"), "{said}");
+        assert_eq!(said.matches("start afresh").count(), 2, "{said}");
+    }
+}
