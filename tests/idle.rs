@@ -376,3 +376,68 @@ fn without_per_process_samples_a_sole_holder_is_judged_by_its_gpu_and_a_shared_g
             .all(|p| p.get("idle").is_none())
     );
 }
+
+#[test]
+fn the_epilog_writes_the_jobs_idle_summary_and_slurm_account_shows_it() {
+    // A job's process, tied to job 4242 by its environment (no job cgroup here), idle.
+    let worker = Proc::spawn_with("sleep", "python3", &["-m", "ipykernel"], |command| {
+        use std::os::unix::process::CommandExt;
+        command
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_STEP_ID", "0")
+            .process_group(0);
+    });
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read(format!("/proc/{}/environ", worker.pid()))
+            .is_ok_and(|e| e.windows(17).any(|w| w == b"SLURM_JOB_ID=4242"))
+    });
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::h200())
+            .process(Process::new(worker.pid()).used(4 * GIB).sm(0)),
+    );
+    configure(&sim, "", "after = \"1s\"");
+    let mut daemon = Daemon::start(&sim, &[]);
+    daemon.expect_count(&["ACTION=idle"], 1);
+    wait_more_loops(&sim, 5);
+    assert_eq!(daemon.stop(), 0, "stopping writes the usage");
+    let run = crate::slurm::run_script(
+        &sim,
+        "epilog.sh",
+        &[("SLURM_JOB_ID", "4242"), ("SLURM_JOB_GPUS", "0")],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let log = std::fs::read_to_string(sim.dir.path().join("state/slurm.log")).unwrap();
+    let summary = log
+        .lines()
+        .find(|l| l.contains("job 4242: 1 GPU"))
+        .unwrap_or_else(|| panic!("no summary line: {log}"));
+    assert!(summary.contains("peak 4.0 GiB on a GPU"), "{summary}");
+    assert!(summary.contains("mean SM 0.0%"), "{summary}");
+    assert!(summary.contains("GiB-h held idle of"), "{summary}");
+    let doc = sim.json(&["slurm", "account", "--job", "4242"]);
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{doc}");
+    let usage = &jobs[0]["usage"];
+    assert!(usage["idle_seconds"].as_u64().unwrap() >= 1, "{usage}");
+    let (idle, held) = (
+        usage["idle_gib_hours"].as_f64().unwrap(),
+        usage["held_gib_hours"].as_f64().unwrap(),
+    );
+    assert!(idle > 0.0 && idle <= held, "{usage}");
+    let table = sim.run(&["slurm", "account"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(table.stdout.contains("IDLE GiB-h"), "{}", table.stdout);
+    assert!(
+        table.stdout.lines().any(|l| l.starts_with("4242 ")),
+        "{}",
+        table.stdout
+    );
+    let missing = sim.run(&["slurm", "account", "--job", "9"]);
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(
+        missing.stderr.contains("no account for job 9"),
+        "{}",
+        missing.stderr
+    );
+}

@@ -17,6 +17,7 @@ use gpuctl_core::config::IdleAction;
 use gpuctl_core::host;
 use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::pidmap::{PidMap, PidSet};
+use gpuctl_core::snapshot::usage::{self, JobUsage};
 use gpuctl_core::snapshot::{GpuProcess, Snapshot};
 use gpuctl_core::units;
 
@@ -83,6 +84,9 @@ pub struct IdleWatch {
     /// The spells (process, since) whose notify_command ran.
     notified: PidSet<(Identity, u64)>,
     pub accounts: Accounts,
+    /// Each Slurm job's usage, for its epilog (`slurm-usage.json`).
+    jobs: BTreeMap<String, JobUsage>,
+    state_dir: Option<PathBuf>,
 }
 
 impl IdleWatch {
@@ -97,12 +101,15 @@ impl IdleWatch {
             idle: PidMap::default(),
             notified: PidSet::default(),
             accounts: Accounts::default(),
+            jobs: state_dir.map(usage::read).unwrap_or_default(),
+            state_dir: state_dir.map(Path::to_path_buf),
         }
     }
 
     /// A reload's state directory.
     pub fn set_state_dir(&mut self, state_dir: Option<&Path>) {
         self.path = state_dir.map(|dir| dir.join(FILE_NAME));
+        self.state_dir = state_dir.map(Path::to_path_buf);
         self.saved = None;
     }
 
@@ -128,10 +135,29 @@ impl IdleWatch {
         let accounted = self.tracker.observe(&samples, &criteria, clock, complete);
         if !accounted.is_empty() {
             let processes = processes_of(snapshot);
+            // Per Slurm job this pass: the longest interval, and whether all was idle.
+            let mut pass_jobs: BTreeMap<String, (f64, bool)> = BTreeMap::new();
+            let now_unix = now_ms / 1000;
             for held in &accounted {
                 let Some(process) = processes.get(&held.identity) else {
                     continue;
                 };
+                let job = process.host.owner.as_ref().and_then(OwnerMatch::of);
+                if let Some(key) = job.filter(|o| o.kind() == "slurm").map(|o| o.to_string()) {
+                    let usage = self.jobs.entry(key.clone()).or_default();
+                    usage.held_byte_seconds += held.byte_seconds;
+                    if held.idle {
+                        usage.idle_byte_seconds += held.byte_seconds;
+                    }
+                    if let Some(pct) = held.sm_pct {
+                        usage.sm_pct_seconds += f64::from(pct) * held.seconds;
+                        usage.measured_seconds += held.seconds;
+                    }
+                    usage.last_seen_unix = now_unix;
+                    let entry = pass_jobs.entry(key).or_insert((0.0, true));
+                    entry.0 = entry.0.max(held.seconds);
+                    entry.1 &= held.idle;
+                }
                 let add = ByteSeconds {
                     held: held.byte_seconds,
                     idle: if held.idle { held.byte_seconds } else { 0.0 },
@@ -141,6 +167,11 @@ impl IdleWatch {
                 Accounts::add(&mut self.accounts.users, user, other(), max_series, add);
                 let other = vec!["other".to_string(), "other".to_string()];
                 Accounts::add(&mut self.accounts.owners, owner, other, max_series, add);
+            }
+            for (key, (seconds, all_idle)) in pass_jobs {
+                if let Some(usage) = self.jobs.get_mut(&key).filter(|_| all_idle) {
+                    usage.idle_seconds += seconds;
+                }
             }
         }
         let idle = self.tracker.idle(&criteria, now_ms);
@@ -273,6 +304,11 @@ impl IdleWatch {
         };
         if !due {
             return;
+        }
+        if let Some(dir) = &self.state_dir {
+            usage::bound(&mut self.jobs, units::unix_seconds() as u64);
+            // Best effort: an epilog without it says only what the peaks say.
+            let _ = usage::write(dir, &self.jobs);
         }
         let text =
             serde_json::to_vec(&serde_json::json!({ "windows": windows })).unwrap_or_default();

@@ -93,8 +93,12 @@ impl Window {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Accounted {
     pub identity: Identity,
+    /// The time since its last sample.
+    pub seconds: f64,
     pub byte_seconds: f64,
     pub idle: bool,
+    /// Its SM utilization over that time, where measured (not unknown).
+    pub sm_pct: Option<u32>,
 }
 
 /// The most windows kept (the state file is bounded by it): a host runs far fewer GPU
@@ -156,8 +160,10 @@ impl IdleTracker {
             if let Some(gap) = gap.filter(|gap| *gap <= MAX_ACCOUNTED_GAP_MS) {
                 accounted.push(Accounted {
                     identity: sample.identity,
+                    seconds: gap as f64 / 1000.0,
                     byte_seconds: sample.bytes as f64 * gap as f64 / 1000.0,
                     idle: low == Some(true),
+                    sm_pct: sample.sm_pct.filter(|_| low.is_some()),
                 });
             }
             let candidate = sample.bytes >= criteria.min_memory && low != Some(false);

@@ -7,6 +7,7 @@ pub mod peaks;
 mod read;
 mod steps;
 pub mod totals;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
