@@ -441,3 +441,58 @@ fn the_epilog_writes_the_jobs_idle_summary_and_slurm_account_shows_it() {
         missing.stderr
     );
 }
+
+#[test]
+fn a_gpu_given_to_a_job_with_none_of_its_processes_on_it_is_allocated_unused() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::h200()).gpu(Gpu::h200()));
+    configure(&sim, "", "after = \"1s\"");
+    let prolog = crate::slurm::run_script(
+        &sim,
+        "prolog.sh",
+        &[("SLURM_JOB_ID", "5151"), ("SLURM_JOB_GPUS", "0,1")],
+    );
+    assert_eq!(prolog.code, 0, "{prolog:?}");
+    let daemon = Daemon::start(&sim, &[]);
+    let unused = |gpu: u32| format!("gpuctl_gpu_allocated_unused{{gpu=\"{gpu}\",uuid=");
+    wait_until(Duration::from_secs(10), || {
+        let text = metrics(&sim);
+        text.contains(&unused(0)) && text.contains(&unused(1))
+    });
+    assert!(
+        metrics(&sim).contains("job=\"5151\"} 1"),
+        "{}",
+        metrics(&sim)
+    );
+    let line = daemon.expect_count(&["ACTION=allocated-unused"], 2);
+    assert!(line.contains("SLURM_JOB_ID=5151"), "{line}");
+    // The job starts a process on GPU 1 (its environment names the job): GPU 0 only.
+    let worker = Proc::spawn_with("sleep", "python3", &["train.py"], |command| {
+        use std::os::unix::process::CommandExt;
+        command.env("SLURM_JOB_ID", "5151").process_group(0);
+    });
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read(format!("/proc/{}/environ", worker.pid()))
+            .is_ok_and(|e| e.windows(17).any(|w| w == b"SLURM_JOB_ID=5151"))
+    });
+    sim.write(
+        &Scenario::new()
+            .gpu(Gpu::h200())
+            .gpu(Gpu::h200())
+            .process(Process::new(worker.pid()).on(1).used(4 * GIB).sm(50)),
+    );
+    wait_until(Duration::from_secs(10), || {
+        !metrics(&sim).contains(&unused(1))
+    });
+    assert!(metrics(&sim).contains(&unused(0)), "{}", metrics(&sim));
+    // The epilog removes the record: nothing is allocated any more.
+    let epilog = crate::slurm::run_script(&sim, "epilog.sh", &[("SLURM_JOB_ID", "5151")]);
+    assert_eq!(epilog.code, 0, "{epilog:?}");
+    wait_until(Duration::from_secs(10), || {
+        !metrics(&sim).contains(&unused(0))
+    });
+    assert_eq!(
+        daemon.count(&["ACTION=allocated-unused"]),
+        2,
+        "each said once"
+    );
+}

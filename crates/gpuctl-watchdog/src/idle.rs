@@ -15,7 +15,7 @@ use gpuctl_core::classify::idle::{self, IdleCriteria, IdleFacts, IdleTracker, Wi
 use gpuctl_core::classify::{Finding, Kind};
 use gpuctl_core::config::IdleAction;
 use gpuctl_core::host;
-use gpuctl_core::owner::OwnerMatch;
+use gpuctl_core::owner::{Owner, OwnerMatch};
 use gpuctl_core::pidmap::{PidMap, PidSet};
 use gpuctl_core::snapshot::usage::{self, JobUsage};
 use gpuctl_core::snapshot::{GpuProcess, Snapshot};
@@ -50,6 +50,9 @@ pub struct ByteSeconds {
 pub struct Accounts {
     pub users: BTreeMap<Vec<String>, ByteSeconds>,
     pub owners: BTreeMap<Vec<String>, ByteSeconds>,
+    /// GPUs given to a Slurm job (its prolog's record) on which none of its processes has
+    /// run for `[idle] after`: index, UUID, job.
+    pub allocated_unused: Vec<(u32, String, u64)>,
 }
 
 impl Accounts {
@@ -87,6 +90,8 @@ pub struct IdleWatch {
     /// Each Slurm job's usage, for its epilog (`slurm-usage.json`).
     jobs: BTreeMap<String, JobUsage>,
     state_dir: Option<PathBuf>,
+    /// The allocated-unused GPUs already logged (job, UUID).
+    said_unused: std::collections::BTreeSet<(u64, String)>,
 }
 
 impl IdleWatch {
@@ -103,6 +108,7 @@ impl IdleWatch {
             accounts: Accounts::default(),
             jobs: state_dir.map(usage::read).unwrap_or_default(),
             state_dir: state_dir.map(Path::to_path_buf),
+            said_unused: Default::default(),
         }
     }
 
@@ -206,8 +212,65 @@ impl IdleWatch {
             log.log(Priority::Info, &message, &fields);
         }
         self.idle = idle.clone();
+        self.allocated_unused(snapshot, &criteria, log);
         self.save(log);
         idle
+    }
+
+    /// The GPUs the prologs recorded for a job, given at least `after` ago, on which no
+    /// process of the job runs: in the metrics, and logged once each.
+    fn allocated_unused(&mut self, snapshot: &Snapshot, criteria: &IdleCriteria, log: &Logger) {
+        let Some(dir) = &self.state_dir else { return };
+        let now = units::unix_seconds() as u64;
+        let mut unused = Vec::new();
+        for allocation in usage::allocations(dir) {
+            if now.saturating_sub(allocation.since_unix) < criteria.after.as_secs() {
+                continue;
+            }
+            for (index, uuid) in &allocation.gpus {
+                let on_it = snapshot.devices.iter().flat_map(|g| {
+                    let whole = (g.uuid.as_deref() == Some(uuid.as_str())).then_some(&g.processes);
+                    let slice = g
+                        .mig_devices
+                        .iter()
+                        .find(|m| m.uuid.as_deref() == Some(uuid));
+                    whole
+                        .into_iter()
+                        .chain(slice.map(|m| &m.processes))
+                        .flatten()
+                });
+                let used = on_it.into_iter().any(|p| match &p.host.owner {
+                    Some(Owner::SlurmJob {
+                        job_id,
+                        uid,
+                        from_environ,
+                        ..
+                    }) => *job_id == allocation.job && (!from_environ || *uid == allocation.uid),
+                    _ => false,
+                });
+                if !used {
+                    unused.push((*index, uuid.clone(), allocation.job));
+                }
+            }
+        }
+        self.said_unused
+            .retain(|(job, uuid)| unused.iter().any(|(_, u, j)| j == job && u == uuid));
+        for (index, uuid, job) in &unused {
+            if self.said_unused.insert((*job, uuid.clone())) {
+                let message = format!(
+                    "GPU {index} ({uuid}) is allocated to Slurm job {job} and none of its \
+                     processes has run on it for {}",
+                    humantime::format_duration(criteria.after)
+                );
+                let fields = [
+                    ("ACTION", "allocated-unused".to_string()),
+                    ("GPU_UUID", uuid.clone()),
+                    ("SLURM_JOB_ID", job.to_string()),
+                ];
+                log.log(Priority::Notice, &message, &fields);
+            }
+        }
+        self.accounts.allocated_unused = unused;
     }
 
     /// With `action = "notify"` (or `"reclaim"` with a command): `notify_command` once per

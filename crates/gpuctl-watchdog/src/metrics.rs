@@ -420,6 +420,24 @@ pub fn render(m: &Metrics) -> String {
         true,
     ));
     let name = family(
+        "gpuctl_gpu_allocated_unused",
+        "gauge",
+        "1 for a GPU given to a Slurm job (its prolog's record) on which none of the job's \
+         processes has run for idle.after.",
+    );
+    blocks.push(
+        m.idle
+            .allocated_unused
+            .iter()
+            .map(|(gpu, uuid, job)| {
+                format!(
+                    "{name}{{gpu=\"{gpu}\",uuid=\"{}\",job=\"{job}\"}} 1",
+                    escape(uuid)
+                )
+            })
+            .collect(),
+    );
+    let name = family(
         "gpuctl_findings",
         "gauge",
         "Current findings of each kind (impostor: a process claiming a protected name that is not it).",

@@ -96,9 +96,85 @@ pub fn write(dir: &Path, jobs: &BTreeMap<String, JobUsage>) -> io::Result<()> {
     crate::files::replace(&dir.join(FILE_NAME), &text, 0o644, false)
 }
 
+/// The directory of the prologs' records of each job's GPUs, one file per job.
+pub const ALLOCATIONS_DIR: &str = "slurm-allocations";
+
+/// The most records read: a node runs a few jobs at once.
+pub const MAX_ALLOCATIONS: usize = 4096;
+
+/// A job's GPUs as its prolog recorded them: the watchdog reports each GPU on which none of
+/// the job's processes runs (`gpuctl_gpu_allocated_unused`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub job: u64,
+    /// The job's user: processes of this uid that only their environment ties to the job
+    /// count as the job's.
+    pub uid: Option<u32>,
+    /// Index and UUID of each GPU (a MIG instance's own UUID for a slice).
+    pub gpus: Vec<(u32, String)>,
+    pub since_unix: u64,
+}
+
+/// Records `allocation` (the prolog): one file per job, replaced whole.
+pub fn record_allocation(dir: &Path, allocation: &Allocation) -> io::Result<()> {
+    let dir = dir.join(ALLOCATIONS_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let text = serde_json::to_vec(allocation).map_err(io::Error::other)?;
+    crate::files::replace(
+        &dir.join(format!("{}.json", allocation.job)),
+        &text,
+        0o644,
+        false,
+    )
+}
+
+/// Removes job `job`'s record (the epilog); a missing one is no error.
+pub fn remove_allocation(dir: &Path, job: u64) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(ALLOCATIONS_DIR).join(format!("{job}.json"))) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// The records in `dir` (at most [`MAX_ALLOCATIONS`]; a file that is not a record is
+/// skipped).
+pub fn allocations(dir: &Path) -> Vec<Allocation> {
+    let Ok(entries) = std::fs::read_dir(dir.join(ALLOCATIONS_DIR)) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .take(MAX_ALLOCATIONS)
+        .filter(|e| {
+            e.metadata()
+                .is_ok_and(|m| m.is_file() && m.len() <= 64 << 10)
+        })
+        .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_allocation_is_recorded_read_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let allocation = Allocation {
+            job: 12,
+            uid: Some(1000),
+            gpus: vec![(0, "GPU-a".into()), (3, "MIG-b".into())],
+            since_unix: 5,
+        };
+        assert!(allocations(dir.path()).is_empty());
+        record_allocation(dir.path(), &allocation).unwrap();
+        std::fs::write(dir.path().join(ALLOCATIONS_DIR).join("junk.json"), "x").unwrap();
+        assert_eq!(allocations(dir.path()), vec![allocation]);
+        remove_allocation(dir.path(), 12).unwrap();
+        remove_allocation(dir.path(), 12).unwrap();
+        assert!(allocations(dir.path()).is_empty());
+    }
 
     fn seen(at: u64) -> JobUsage {
         JobUsage {

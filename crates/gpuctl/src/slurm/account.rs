@@ -203,6 +203,14 @@ impl Account {
             usage: usage.as_ref().map(AccountUsage::of),
         };
         log.record(&summary(&line));
+        if let Some(dir) = &log.dir
+            && let Err(error) = usage::remove_allocation(dir, self.job.id)
+        {
+            log.record(&format!(
+                "job {}: its GPUs' record not removed: {error}",
+                self.job.id
+            ));
+        }
         let Ok(text) = serde_json::to_string(&line) else {
             return;
         };
