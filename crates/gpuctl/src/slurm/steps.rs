@@ -44,8 +44,12 @@ pub fn prolog(job: &Job, wait: Duration, session: &Session, log: &Log) -> Result
         .map(|w| w.gpus.into_iter().filter(|g| !g.free).collect())
         .unwrap_or_default();
     let seen = held_by(session, &not_free);
-    record_allocation(job, session, log);
-    Ok(blame(&not_free, &outcomes, seen.as_ref()))
+    let problems = blame(&not_free, &outcomes, seen.as_ref());
+    // Only a job that starts: a failed prolog's job is requeued, and may get other GPUs.
+    if problems.is_empty() {
+        record_allocation(job, session, log);
+    }
+    Ok(problems)
 }
 
 /// The job's GPUs, recorded for the watchdog: a GPU on which none of the job's processes
