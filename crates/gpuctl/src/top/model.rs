@@ -614,6 +614,24 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_process_shows_how_long_in_its_state() {
+        use gpuctl_core::snapshot::{IdleFacts, IdleSource};
+        let mut shot = snapshot(&[(10, 500, None), (20, 600, None)]);
+        let now = gpuctl_core::units::unix_seconds() as u64;
+        shot.devices[0].processes[0].idle = Some(IdleFacts {
+            idle_since: now - (3 * 3600 + 12 * 60),
+            idle_seconds: 3 * 3600,
+            memory_bytes: 1 << 30,
+            measured_pct: 100,
+            utilization: IdleSource::Process,
+        });
+        let rows = rows_of(&shot, None);
+        let state = |pid: u32| rows.iter().find(|r| r.pid == pid).unwrap().state.clone();
+        assert!(state(10).starts_with("idle 3h1"), "{}", state(10));
+        assert!(!state(20).starts_with("idle"), "{}", state(20));
+    }
+
+    #[test]
     fn a_mark_is_of_the_process_shown_not_of_a_later_one_with_its_pid() {
         let mut m = Model::new(true, 0);
         m.update(snapshot(&[(10, 500, None), (20, 600, None)]), None);
