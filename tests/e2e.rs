@@ -13,6 +13,7 @@ mod hostile_misc;
 mod hostile_owner;
 mod hostile_protect;
 mod hostile_reuse;
+mod idle;
 mod info;
 mod kill_clear;
 mod mig;

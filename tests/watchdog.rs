@@ -186,13 +186,18 @@ impl Daemon {
         );
     }
 
+    /// SIGHUP: the configuration read again.
+    pub(crate) fn reload(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
     fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
     }
 
     /// SIGTERM, and the exit status within 10 s.
-    fn stop(&mut self) -> i32 {
+    pub(crate) fn stop(&mut self) -> i32 {
         self.signal(libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -389,7 +394,7 @@ fn wait_for_loops(sim: &Sim, n: u64) {
 /// did not happen had that many chances to. Loops start at least `interval` apart, so this
 /// also lets (n - 1) intervals pass. Counted from the first write of the metrics file after
 /// the call, as the counter read now may lag the daemon.
-fn wait_more_loops(sim: &Sim, n: u64) {
+pub(crate) fn wait_more_loops(sim: &Sim, n: u64) {
     let before = loops(sim);
     let mut from = before;
     wait_until(Duration::from_secs(10), || {

@@ -94,6 +94,9 @@ _gpuctl() {
             gpuctl__subcmd__help,top)
                 cmd="gpuctl__subcmd__help__subcmd__top"
                 ;;
+            gpuctl__subcmd__help__subcmd__slurm,account)
+                cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__account"
+                ;;
             gpuctl__subcmd__help__subcmd__slurm,epilog)
                 cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__epilog"
                 ;;
@@ -102,6 +105,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__help__subcmd__slurm,prolog)
                 cmd="gpuctl__subcmd__help__subcmd__slurm__subcmd__prolog"
+                ;;
+            gpuctl__subcmd__slurm,account)
+                cmd="gpuctl__subcmd__slurm__subcmd__account"
                 ;;
             gpuctl__subcmd__slurm,epilog)
                 cmd="gpuctl__subcmd__slurm__subcmd__epilog"
@@ -114,6 +120,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__slurm,prolog)
                 cmd="gpuctl__subcmd__slurm__subcmd__prolog"
+                ;;
+            gpuctl__subcmd__slurm__subcmd__help,account)
+                cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__account"
                 ;;
             gpuctl__subcmd__slurm__subcmd__help,epilog)
                 cmd="gpuctl__subcmd__slurm__subcmd__help__subcmd__epilog"
@@ -440,8 +449,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__slurm)
-            opts="prolog epilog healthcheck"
+            opts="prolog epilog healthcheck account"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__slurm__subcmd__account)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -510,7 +533,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__info)
-            opts="-h --gpu --json --watch --timeout --by --holders --color --help"
+            opts="-h --gpu --json --watch --timeout --by --holders --idle --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -714,12 +737,34 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm)
-            opts="-h --color --help prolog epilog healthcheck help"
+            opts="-h --color --help prolog epilog healthcheck account help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__account)
+            opts="-h --job --json --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --job)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
@@ -776,8 +821,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm__subcmd__help)
-            opts="prolog epilog healthcheck help"
+            opts="prolog epilog healthcheck account help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__slurm__subcmd__help__subcmd__account)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

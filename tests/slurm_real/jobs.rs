@@ -176,6 +176,11 @@ fn assert_idle(mode: &Mode) {
 pub fn job_is_named_accounted_and_cleaned_up(mode: &Mode) {
     let job = mode.start_job(true);
     let child = job.child.expect("child");
+    // The prolog's record of the job's GPUs, while the job runs.
+    let recorded = mode
+        .state_dir()
+        .join(format!("slurm-allocations/{}.json", job.id))
+        .exists();
     mode.set_scenario(
         &[
             OnGpu {
@@ -246,6 +251,15 @@ pub fn job_is_named_accounted_and_cleaned_up(mode: &Mode) {
     let (ended, reclaimed) = if env { (1, 2048 * MIB) } else { (0, 0) };
     assert_eq!(account["leftovers_ended"], ended, "{account}");
     assert_eq!(account["reclaimed_bytes"], reclaimed, "{account}");
+    // The epilog's summary line, and the prolog's record of the job's GPUs removed.
+    let log = mode.slurm_log();
+    let summary = format!("epilog: job {}: 1 GPU, peak 3.0 GiB on a GPU", job.id);
+    assert!(log.contains(&summary), "{summary}: {log}");
+    assert!(recorded, "the prolog recorded job {}'s GPUs", job.id);
+    let record = mode
+        .state_dir()
+        .join(format!("slurm-allocations/{}.json", job.id));
+    assert!(!record.exists(), "the epilog removed {}", record.display());
     mode.set_scenario(&[], &[]);
 }
 

@@ -103,6 +103,7 @@ impl ProcessFixture {
             used_bytes: self.used_bytes,
             kind: ProcessType::Compute,
             sm_util_pct: self.sm_util_pct,
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(self.host),

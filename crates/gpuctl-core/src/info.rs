@@ -71,9 +71,13 @@ impl Survey {
         })
     }
 
-    /// One snapshot as `info` shows it (peak marks observed and recorded).
+    /// One snapshot as `info` shows it (peak marks observed and recorded, the processes
+    /// the watchdog finds idle marked).
     pub fn take(&mut self) -> Result<Snapshot> {
         let mut snapshot = self.reader.take(&self.session.gpus)?;
+        if let Some(findings) = self.watchdog_findings() {
+            mark_idle(&mut snapshot, &findings);
+        }
         if let Some(store) = &self.peaks {
             let marks = store.observe(&snapshot);
             for gpu in &mut snapshot.devices {
@@ -107,4 +111,43 @@ pub fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFind
     let dir = config::watchdog_state_dir(loaded)?;
     let bytes = std::fs::read(watchdog_findings_path(&dir)).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+/// Marks each process the watchdog finds idle (the same process: pid and start time) with
+/// what it found, so that every reader shows idleness the watchdog's window measured, even
+/// one that has just started.
+pub fn mark_idle(snapshot: &mut Snapshot, findings: &WatchdogFindings) {
+    for f in findings.findings.iter().filter(|f| f.kind == "idle") {
+        let (Some(pid), Some(ticks), Some(idle)) = (f.pid, f.start_ticks, f.idle) else {
+            continue;
+        };
+        let processes = snapshot.devices.iter_mut().flat_map(|g| {
+            g.processes.iter_mut().chain(
+                g.mig_devices
+                    .iter_mut()
+                    .flat_map(|m| m.processes.iter_mut()),
+            )
+        });
+        for process in processes {
+            if process.pid == pid && process.host.start_ticks == Some(ticks) {
+                process.idle = Some(idle);
+            }
+        }
+    }
+}
+
+/// The processes `snapshot` shows idle, once each (a process on two GPUs is one), longest
+/// idle first: what `gpuctl info --idle` lists.
+pub fn idle_processes(snapshot: &Snapshot) -> Vec<(&crate::snapshot::GpuProcess, Vec<u32>)> {
+    let mut out: Vec<(&crate::snapshot::GpuProcess, Vec<u32>)> = Vec::new();
+    for gpu in &snapshot.devices {
+        for process in gpu.processes.iter().filter(|p| p.idle.is_some()) {
+            match out.iter_mut().find(|(p, _)| p.pid == process.pid) {
+                Some((_, gpus)) => gpus.push(gpu.index),
+                None => out.push((process, vec![gpu.index])),
+            }
+        }
+    }
+    out.sort_by_key(|(p, _)| (p.idle.map(|i| i.idle_since), p.pid));
+    out
 }

@@ -198,7 +198,7 @@ pub struct WatchdogFindings {
 /// share, a stuck GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WatchdogFinding {
-    /// `orphaned`, `zombie_holder`, `stopped`, `above_fraction`, `stuck` (see
+    /// `orphaned`, `zombie_holder`, `stopped`, `above_fraction`, `stuck`, `idle` (see
     /// [`crate::classify::Kind::name`]).
     pub kind: String,
     pub gpus: Vec<u32>,
@@ -206,9 +206,16 @@ pub struct WatchdogFinding {
     pub uuids: Vec<String>,
     /// The process, for process findings.
     pub pid: Option<u32>,
+    /// The process's start time (clock ticks since boot): with `pid`, its identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
     /// Unix time the watchdog first saw it so.
     pub since_unix: f64,
     pub reason: String,
+    /// For an `idle` finding: since when, the memory, how much of the window was measured
+    /// and where the utilization came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::snapshot::IdleFacts>,
 }
 
 /// Version of `gpuctl run --json-summary`'s document.

@@ -101,6 +101,12 @@ fn the_example_file_is_valid() {
                     ("43".to_string(), gpuctl_core::health::Action::None),
                 ]),
             },
+            // The defaults, with a command and an exempt owner as the example names them.
+            idle: config::IdlePolicy {
+                notify_command: vec!["/usr/local/bin/tell-user".to_string()],
+                exempt_owners: vec!["unit:vllm.service".to_string()],
+                ..config::IdlePolicy::default()
+            },
         }
     );
     // And through the file-reading path, with its checks.
@@ -128,7 +134,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -144,7 +150,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health)"
+        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import gpuctl
 from conftest import GIB, MIB, Scenario, alive, wait_until
@@ -61,6 +62,32 @@ def test_snapshot_to_dict_is_the_document_of_gpuctl_info_json(sim, scenario, pro
     only = gpuctl.snapshot(gpus=1)
     assert [d.index for d in only.devices] == [1]
     assert [p.pid for p in only.devices[0].processes] == [b.pid]
+
+
+def test_a_process_the_watchdog_finds_idle_carries_what_it_found(sim, scenario, procs):
+    """Process.idle comes from the watchdog's findings file (the same process: pid and start
+    time), so a snapshot taken by a program that has just started shows it."""
+    from conftest import start_ticks
+    idle, busy = procs.sleeper(), procs.sleeper()
+    sim.write(scenario.process(idle.pid, used=4 * GIB).process(busy.pid, used=GIB, sm_pct=40))
+    state = sim.dir / "watchdog-state"
+    state.mkdir(exist_ok=True)
+    sim.config_path.write_text(f'[watchdog]\nstate_dir = "{state}"\n')
+    facts = {"idle_since": int(time.time()) - 7200, "idle_seconds": 7200, "memory_bytes": 4 * GIB,
+             "measured_pct": 100, "utilization": "process"}
+    finding = {"kind": "idle", "gpus": [0], "uuids": [""], "pid": idle.pid, "start_ticks": start_ticks(idle.pid),
+               "since_unix": facts["idle_since"], "reason": "idle for 2h00m", "idle": facts}
+    # The same pid with another start time is another process: not marked.
+    stale = dict(finding, pid=busy.pid, start_ticks=start_ticks(busy.pid) + 1)
+    (state / "findings.json").write_text(json.dumps(
+        {"written_unix": time.time(), "interval_s": 5.0, "findings": [finding, stale]}))
+    try:
+        # Other GPUs than the kept survey's: opened afresh, with this configuration.
+        by_pid = {p.pid: p for p in gpuctl.snapshot(gpus=[0, 1]).devices[0].processes}
+        assert by_pid[idle.pid].idle == facts
+        assert by_pid[busy.pid].idle is None
+    finally:
+        sim.config_path.unlink()
 
 
 def test_device_health_is_gpuctl_healths_verdict(sim, scenario):

@@ -19,6 +19,7 @@ use gpuctl_core::units::{self, bytes};
 
 use crate::events::{self, FindingLog, fields_of};
 use crate::health::HealthWatch;
+use crate::idle::IdleWatch;
 use crate::link::Link;
 use crate::log::{Logger, Priority};
 use crate::metrics::Metrics;
@@ -40,20 +41,13 @@ struct Seen {
     holders_scanned: bool,
 }
 
-/// What one pass found: the rules' judgement over time, the stuck GPUs (reported only),
-/// and the current findings per kind, impostors last (the metrics).
+/// What one pass found: the rules' judgement over time, the stuck GPUs and idle processes
+/// (reported; idle ones due by `[idle]` are in the judgement), and the current findings per
+/// kind, impostors last (the metrics).
 struct Judged {
     judgement: Judgement,
-    stuck: Vec<Finding>,
+    reported: Vec<Finding>,
     counts: Vec<(&'static str, usize)>,
-}
-
-impl std::ops::Deref for Judged {
-    type Target = Judgement;
-
-    fn deref(&self) -> &Judgement {
-        &self.judgement
-    }
 }
 
 /// The last device-file holder scan: it reads every process's descriptors, so it runs at
@@ -101,6 +95,7 @@ pub struct Daemon {
     holders: Option<HoldersSeen>,
     /// Xid events, the Xid log and each GPU's health verdict.
     health: HealthWatch,
+    idle: IdleWatch,
 }
 
 impl Daemon {
@@ -115,6 +110,7 @@ impl Daemon {
         // (see gpuctl_core::host::FactCache), else a read of its stat; leaders and parents
         // are read as often.
         let health = HealthWatch::new(settings.xid_actions.clone());
+        let idle = IdleWatch::new(settings.watchdog.state_path(), &log);
         let grace_quarter = settings.watchdog.grace / 4;
         let refresh = grace_quarter.min(Duration::from_secs(1));
         Daemon {
@@ -141,6 +137,7 @@ impl Daemon {
             peaks,
             holders: None,
             health,
+            idle,
         }
     }
 
@@ -213,6 +210,7 @@ impl Daemon {
             signals::sleep(wake.saturating_duration_since(Instant::now()));
         }
         self.notify.send("STOPPING=1");
+        self.idle.save_now(&self.log);
         self.event(Priority::Info, "stopping", &[("ACTION", "stop".into())]);
         Exit::Ok
     }
@@ -229,6 +227,7 @@ impl Daemon {
             Ok(settings) => {
                 self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
                 self.health.set_catalog(settings.xid_actions.clone());
+                self.idle.set_state_dir(settings.watchdog.state_path());
                 self.settings = settings;
                 self.event(
                     Priority::Notice,
@@ -289,8 +288,8 @@ impl Daemon {
         self.reader.set_purpose(SnapshotOptions {
             // Only when some GPU has holders_threshold unattributed (checked by the snapshot).
             holders: holders_due.then(|| self.settings.holders.clone()),
-            // Utilization and power too, for the stuck-GPU check.
-            ..SnapshotOptions::watch(self.settings.policy.stuck.is_some())
+            // SM per process since the last pass; utilization and power: stuck and idle.
+            ..self.settings.watch_options()
         });
         let mut look = match self.reader.look(gpus) {
             Ok(look) => look,
@@ -380,18 +379,22 @@ impl Daemon {
     /// those due by the rules over time (`classify::grace`).
     fn judge(&mut self, seen: &Seen, once: bool) -> Judged {
         let (snapshot, now) = (&seen.look.snapshot, seen.now);
+        let (settings, complete, log) = (&self.settings, seen.incomplete.is_none(), &self.log);
         let history = (!once).then(|| {
-            self.history.update(
+            let mut history = self.history.update(
                 snapshot,
                 now,
-                seen.incomplete.is_some(),
-                self.settings.policy.stuck.as_ref(),
+                !complete,
+                settings.policy.stuck.as_ref(),
                 |pid| Identity::observe(pid).ok(),
-            )
+            );
+            history.idle = self.idle.observe(snapshot, settings, complete, log);
+            history
         });
-        let findings = seen.look.classify(history.as_ref(), &self.settings.policy);
+        let findings = seen.look.classify(history.as_ref(), &settings.policy);
         self.findings_log
-            .findings(&self.log, &self.settings.watchdog, snapshot, &findings);
+            .findings(log, &settings.watchdog, snapshot, &findings);
+        self.idle.notify(snapshot, &findings, settings, log);
         let impostors = self
             .findings_log
             .impostors(&self.log, &self.settings.guard, snapshot);
@@ -427,13 +430,13 @@ impl Daemon {
                 &fields_of(snapshot, id, &fields),
             );
         }
-        let stuck = findings
+        let reported = findings
             .into_iter()
-            .filter(|f| f.kind == Kind::Stuck)
+            .filter(|f| matches!(f.kind, Kind::Stuck | Kind::Idle))
             .collect();
         Judged {
             judgement,
-            stuck,
+            reported,
             counts,
         }
     }
@@ -443,7 +446,7 @@ impl Daemon {
     /// or the snapshot is incomplete.
     fn act(&mut self, seen: &Seen, judged: &Judged, once: bool, pass: &mut Pass) {
         let (snapshot, now) = (&seen.look.snapshot, seen.now);
-        let request = self.settings.findings_request(judged.due.clone());
+        let request = self.settings.findings_request(judged.judgement.due.clone());
         let why_left = self.settings.leaves_alone(seen.incomplete.as_deref());
         let mut to_run: Vec<Due> = Vec::new();
         for due in request.targets(snapshot) {
@@ -479,11 +482,7 @@ impl Daemon {
     fn report(&mut self, seen: &Seen, judged: &Judged) {
         let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let holders = self.holders.as_ref().map(|h| h.per_gpu.as_slice());
-        let found = (
-            &judged.judgement,
-            judged.stuck.as_slice(),
-            judged.counts.as_slice(),
-        );
+        let found = (&judged.judgement, &judged.reported[..], &judged.counts[..]);
         publish::observed(
             &mut self.metrics,
             snapshot,
@@ -492,11 +491,12 @@ impl Daemon {
             &self.settings.watchdog,
         );
         self.metrics.health = self.health.metrics.clone();
+        self.metrics.idle = self.idle.accounts.clone();
         if seen.incomplete.is_none() {
             self.metrics.last_good_poll = Some(units::unix_seconds());
         }
         self.status = Status {
-            stale: judged.stale_ids.len(),
+            stale: judged.judgement.stale_ids.len(),
             incomplete: seen.incomplete.as_deref(),
             acts: self.settings.acts(),
             dry_run: self.settings.dry_run,
@@ -507,7 +507,7 @@ impl Daemon {
         let Some(dir) = self.settings.watchdog.state_path().map(PathBuf::from) else {
             return;
         };
-        let found = (&judged.judgement, judged.stuck.as_slice());
+        let found = (&judged.judgement, judged.reported.as_slice());
         let findings = publish::finding_entries(snapshot, found, &self.watch, &self.history, now);
         let interval = self.settings.watchdog.interval;
         self.publisher

@@ -103,6 +103,15 @@ impl FindingLog {
                 .reclaim_kind()
                 .is_some_and(|k| watchdog.reclaim.contains(&k));
             let (priority, action, note) = match (f.verdict, covered) {
+                // Becoming idle, once; and again when it becomes due for reclaim.
+                _ if f.kind == Kind::Idle => match f.verdict {
+                    Verdict::Report => (Priority::Notice, "idle", String::new()),
+                    Verdict::Reclaim => (
+                        Priority::Warning,
+                        "idle",
+                        "; idle for idle.reclaim_after: reclaimed (idle.action = reclaim)".into(),
+                    ),
+                },
                 (Verdict::Reclaim, true) => (
                     Priority::Warning,
                     "stale",

@@ -4,6 +4,7 @@
 mod daemon;
 mod events;
 mod health;
+mod idle;
 mod link;
 mod log;
 mod metrics;

@@ -1,8 +1,11 @@
 //! The Prometheus textfile (node-exporter's textfile collector): written whole to a temporary
 //! file in the same directory and renamed over the old one, so a scrape never reads half.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+
+use crate::idle::ByteSeconds;
 
 /// One GPU's series; only GPUs read in the last loop are written.
 #[derive(Clone, PartialEq)]
@@ -64,6 +67,8 @@ pub struct Metrics {
     pub interval_seconds: f64,
     /// Each GPU's health, and the Xid counters.
     pub health: crate::health::HealthMetrics,
+    /// Memory held, and held idle, per user and per owner (counters).
+    pub idle: crate::idle::Accounts,
 }
 
 impl Metrics {
@@ -84,6 +89,8 @@ impl Metrics {
             findings,
             interval_seconds,
             health,
+            // Counters that move while memory is held: per loop, as the loop counter.
+            idle: _,
         } = self;
         *nvml_up == other.nvml_up
             && *gpus == other.gpus
@@ -359,6 +366,77 @@ pub fn render(m: &Metrics) -> String {
         &m.owners,
         &|h| h.used_bytes,
     ));
+    let mut byte_seconds = |name: &str,
+                            help: &str,
+                            keys: &[&str],
+                            rows: &BTreeMap<Vec<String>, ByteSeconds>,
+                            idle: bool| {
+        let name = family(name, "counter", help);
+        rows.iter()
+            .map(|(labels, value)| {
+                let mut line = format!("{name}{{");
+                for (i, (key, label)) in keys.iter().zip(labels).enumerate() {
+                    let comma = if i == 0 { "" } else { "," };
+                    let _ = write!(line, "{comma}{key}=\"{}\"", escape(label));
+                }
+                let value = if idle { value.idle } else { value.held };
+                let _ = write!(line, "}} {value:.0}");
+                line
+            })
+            .collect::<Vec<_>>()
+    };
+    let (users, owners) = (&m.idle.users, &m.idle.owners);
+    blocks.push(byte_seconds(
+        "gpuctl_user_memory_byte_seconds_total",
+        "GPU memory held by each user's processes over time (increase() over a window gives \
+         byte-seconds held; at most watchdog.metrics_max_owners users, later ones in \
+         user=\"other\").",
+        &["user"],
+        users,
+        false,
+    ));
+    blocks.push(byte_seconds(
+        "gpuctl_user_idle_memory_byte_seconds_total",
+        "GPU memory held by each user's processes while their SM utilization was under \
+         idle.util_below (measured), over time.",
+        &["user"],
+        users,
+        true,
+    ));
+    blocks.push(byte_seconds(
+        "gpuctl_owner_memory_byte_seconds_total",
+        "GPU memory held by each owner over time (at most watchdog.metrics_max_owners owners, \
+         later ones in owner=\"other\").",
+        &["owner_kind", "owner"],
+        owners,
+        false,
+    ));
+    blocks.push(byte_seconds(
+        "gpuctl_owner_idle_memory_byte_seconds_total",
+        "GPU memory held by each owner while its processes' SM utilization was under \
+         idle.util_below (measured), over time.",
+        &["owner_kind", "owner"],
+        owners,
+        true,
+    ));
+    let name = family(
+        "gpuctl_gpu_allocated_unused",
+        "gauge",
+        "1 for a GPU given to a Slurm job (its prolog's record) on which none of the job's \
+         processes has run for idle.after.",
+    );
+    blocks.push(
+        m.idle
+            .allocated_unused
+            .iter()
+            .map(|(gpu, uuid, job)| {
+                format!(
+                    "{name}{{gpu=\"{gpu}\",uuid=\"{}\",job=\"{job}\"}} 1",
+                    escape(uuid)
+                )
+            })
+            .collect(),
+    );
     let name = family(
         "gpuctl_findings",
         "gauge",

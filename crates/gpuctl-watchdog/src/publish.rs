@@ -129,12 +129,12 @@ impl Publisher {
 pub fn observed(
     metrics: &mut Metrics,
     snapshot: &Snapshot,
-    (judgement, stuck, counts): (&Judgement, &[Finding], &[(&'static str, usize)]),
+    (judgement, reported, counts): (&Judgement, &[Finding], &[(&'static str, usize)]),
     holders: Option<&[(u32, usize)]>,
     watchdog: &Watchdog,
 ) {
     metrics.nvml_up = true;
-    metrics.gpus = gpu_metrics(snapshot, &judgement.stale, stuck);
+    metrics.gpus = gpu_metrics(snapshot, &judgement.stale, reported);
     if let Some(holders) = holders {
         for gpu in &mut metrics.gpus {
             gpu.holders = holders
@@ -182,10 +182,10 @@ pub fn unanswered(snapshot: &Snapshot) -> Option<String> {
 
 /// The findings file's entries (`gpuctl info` shows them): leftovers and processes above
 /// their share with since when their spell began, stuck GPUs with since when they looked
-/// stuck.
+/// stuck, idle processes with since when they were idle.
 pub fn finding_entries(
     snapshot: &Snapshot,
-    (judgement, stuck): (&Judgement, &[Finding]),
+    (judgement, reported): (&Judgement, &[Finding]),
     watch: &Watch,
     history: &HistoryTracker,
     now: Instant,
@@ -205,7 +205,13 @@ pub fn finding_entries(
         let since = f.identity.and_then(|id| watch.over.since(&id));
         findings.push(finding_entry(snapshot, f, unix_at(since)));
     }
-    for f in stuck {
+    for f in reported.iter().filter(|f| f.kind == Kind::Idle) {
+        let since = f
+            .idle
+            .map_or(units::unix_seconds(), |i| i.idle_since as f64);
+        findings.push(finding_entry(snapshot, f, since));
+    }
+    for f in reported.iter().filter(|f| f.kind == Kind::Stuck) {
         let lasted = f
             .gpus
             .first()
@@ -217,9 +223,18 @@ pub fn finding_entries(
     findings
 }
 
-/// Each GPU's series: `stale` the leftovers found (due or not yet), `stuck` the stuck-GPU
-/// findings.
-pub fn gpu_metrics(snapshot: &Snapshot, stale: &[Finding], stuck: &[Finding]) -> Vec<GpuMetrics> {
+/// Each GPU's series: `stale` the leftovers found (due or not yet), `reported` the stuck-GPU
+/// findings (and idle ones, which concern processes).
+pub fn gpu_metrics(
+    snapshot: &Snapshot,
+    stale: &[Finding],
+    reported: &[Finding],
+) -> Vec<GpuMetrics> {
+    let stuck = |index: u32| {
+        reported
+            .iter()
+            .any(|f| f.kind == Kind::Stuck && f.gpus.contains(&index))
+    };
     let stale_per_gpu = |index: u32| stale.iter().filter(|f| f.gpus.contains(&index)).count();
     snapshot
         .devices
@@ -232,7 +247,7 @@ pub fn gpu_metrics(snapshot: &Snapshot, stale: &[Finding], stuck: &[Finding]) ->
             total_bytes: g.memory.map(|m| m.total_bytes),
             processes: g.processes.len(),
             stale: stale_per_gpu(g.index),
-            stuck: stuck.iter().any(|f| f.gpus.contains(&g.index)),
+            stuck: stuck(g.index),
             unattributed_bytes: g.memory.and_then(|m| m.unattributed_bytes),
             // Filled by the daemon, which keeps a scan's result for a minute.
             holders: None,
@@ -387,9 +402,11 @@ pub fn finding_entry(snapshot: &Snapshot, f: &Finding, since_unix: f64) -> Watch
             })
             .collect(),
         pid: f.identity.map(|id| id.pid),
+        start_ticks: f.identity.map(|id| id.start_ticks),
         // Seconds are enough, and keep the file unchanged while nothing changes.
         since_unix: since_unix.floor(),
         reason: f.reason.clone(),
+        idle: f.idle,
     }
 }
 
@@ -553,6 +570,7 @@ mod timing {
                         used_bytes: Some(1 << 30),
                         kind: ProcessType::Compute,
                         sm_util_pct: None,
+                        idle: None,
                         gpu_instance_id: None,
                         compute_instance_id: None,
                         host: host.clone(),

@@ -6,13 +6,15 @@ use std::time::Duration;
 use gpuctl_core::CoreError;
 use gpuctl_core::act::{Escalation, Signal};
 use gpuctl_core::classify::grace::Rules;
+use gpuctl_core::classify::idle::IdleReclaim;
 use gpuctl_core::classify::stuck::StuckCriteria;
 use gpuctl_core::classify::{Finding, Policy, Remedy};
-use gpuctl_core::config::{self, ReclaimKind, Watchdog, WatchdogMode};
+use gpuctl_core::config::{self, IdlePolicy, ReclaimKind, Watchdog, WatchdogMode};
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
 use gpuctl_core::reclaim::FindingsRequest;
 use gpuctl_core::snapshot::HolderScan;
+use gpuctl_core::snapshot::{ACTIVITY_WINDOW, SnapshotOptions};
 use gpuctl_watchdog::cli::{Cli, Mode};
 
 /// The configuration in force, with the command line's overrides applied.
@@ -31,6 +33,8 @@ pub struct Settings {
     pub holders: HolderScan,
     /// `[health] xid_actions`, in place of NVIDIA's Xid catalog's actions.
     pub xid_actions: std::collections::BTreeMap<u32, gpuctl_core::health::Action>,
+    /// `[idle]`: the window and the ladder.
+    pub idle: IdlePolicy,
 }
 
 impl Settings {
@@ -74,6 +78,7 @@ impl Settings {
                 util_pct: watchdog.stuck_util_pct,
                 power_fraction: watchdog.stuck_power_fraction,
             }),
+            idle_reclaim: IdleReclaim::of(&loaded.idle()),
             ..Policy::default()
         };
         let nvml_timeout = gpuctl_core::nvml::timeout(None, loaded.nvml_timeout())?;
@@ -97,7 +102,19 @@ impl Settings {
             source,
             holders,
             xid_actions: loaded.xid_actions(),
+            idle: loaded.idle(),
         })
+    }
+
+    /// What each pass reads: who holds memory, each process's SM utilization since the
+    /// last pass (at least over the activity window, the evidence of life orphans are
+    /// judged by), and each GPU's utilization (the stuck check, and an idle process that is
+    /// its GPU's only holder where the driver gives no per-process samples).
+    pub fn watch_options(&self) -> SnapshotOptions {
+        SnapshotOptions {
+            utilization_window: Some(self.watchdog.interval.max(ACTIVITY_WINDOW)),
+            ..SnapshotOptions::watch(true)
+        }
     }
 
     pub fn acts(&self) -> bool {
@@ -145,7 +162,8 @@ impl Settings {
     pub fn summary(&self) -> String {
         let w = &self.watchdog;
         format!(
-            "mode {}{}, interval {}, grace {}, term_timeout {}, reclaim [{}], enforce_fraction {}",
+            "mode {}{}, interval {}, grace {}, term_timeout {}, reclaim [{}], enforce_fraction {}, \
+             idle {} after {}",
             w.mode.as_str(),
             if self.dry_run { " (dry run)" } else { "" },
             humantime::format_duration(w.interval),
@@ -156,7 +174,9 @@ impl Settings {
                 .map(|k| kind_name(*k))
                 .collect::<Vec<_>>()
                 .join(", "),
-            w.enforce_fraction
+            w.enforce_fraction,
+            self.idle.action.as_str(),
+            humantime::format_duration(self.idle.after)
         )
     }
 }

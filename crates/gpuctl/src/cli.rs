@@ -273,6 +273,22 @@ pub enum SlurmCommand {
     /// resume it if gpuctl drained it and the GPUs are healthy, and the GPUs a memory
     /// reason named free, now. A node drained for any other reason is left alone.
     Healthcheck(SlurmHealthcheckArgs),
+
+    /// The per-job accounts the epilog wrote (slurm-jobs.jsonl in the watchdog's state
+    /// directory), oldest first: GPUs, peak memory, mean SM, and the time and GiB-hours
+    /// held idle as the watchdog measured them. Exit status 1 when --job names a job with
+    /// no account.
+    Account(SlurmAccountArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmAccountArgs {
+    /// Only this job's account.
+    #[arg(long, value_name = "JOBID")]
+    pub job: Option<u64>,
+
+    #[command(flatten)]
+    pub output: JsonArg,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -662,6 +678,13 @@ pub struct InfoArgs {
     /// for and no one looked. With --json, each device then carries `holders`.
     #[arg(long)]
     pub holders: bool,
+
+    /// Only the processes the watchdog finds idle (memory held with SM under
+    /// `[idle] util_below` for `[idle] after`), longest idle first: how long, since when, the
+    /// memory, how much of the window was measured. Read from the watchdog's findings, so it
+    /// works as soon as gpuctl starts. With --json, the document's processes are those.
+    #[arg(long, conflicts_with_all = ["by", "holders"])]
+    pub idle: bool,
 }
 
 #[derive(Debug, Clone, Default, Args)]

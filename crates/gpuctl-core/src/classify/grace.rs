@@ -232,6 +232,13 @@ impl Watch {
             .filter(|f| due_now(&self.stale, f))
             .map(|f| (f.clone(), Remedy::Reclaim))
             .collect();
+        // An idle process with a reclaim verdict waited out its `reclaim_after` already.
+        due.extend(
+            findings
+                .iter()
+                .filter(|f| f.kind == super::Kind::Idle && f.verdict == Verdict::Reclaim)
+                .map(|f| (f.clone(), Remedy::Reclaim)),
+        );
 
         // Above its share: warned of once it lasted the grace, and due (ended only where
         // the fraction is enforced, which the caller decides).
@@ -426,6 +433,7 @@ impl HistoryTracker {
                 .map(|(id, since)| (*id, now.saturating_duration_since(*since)))
                 .collect(),
             stuck_for: self.stuck_for.clone(),
+            idle: PidMap::default(),
         }
     }
 

@@ -197,6 +197,7 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Vec<Finding> {
                 gpus: vec![gpu.index],
                 bytes: None,
                 reason,
+                idle: None,
             })
         })
         .collect()

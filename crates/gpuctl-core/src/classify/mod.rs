@@ -14,6 +14,7 @@
 mod above_fraction;
 pub mod grace;
 pub mod holders;
+pub mod idle;
 mod orphaned;
 mod state;
 pub mod stuck;
@@ -51,6 +52,9 @@ pub enum Kind {
     /// A GPU busy at low power with steady memory for long: a job hung in a collective
     /// (the watchdog's history only).
     Stuck,
+    /// Holds at least `[idle] min_memory` with SM under `util_below` for the whole of
+    /// `after` (the watchdog's history only): a live process doing nothing with its memory.
+    Idle,
 }
 
 /// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
@@ -68,7 +72,7 @@ pub enum Remedy {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Orphaned,
         Kind::ZombieHolder,
         Kind::Stopped,
@@ -77,6 +81,7 @@ impl Kind {
         Kind::AboveFraction,
         Kind::UnlistedHolder,
         Kind::Stuck,
+        Kind::Idle,
     ];
 
     /// Its name in JSON, the journal and metrics.
@@ -90,6 +95,7 @@ impl Kind {
             Kind::AboveFraction => "above_fraction",
             Kind::UnlistedHolder => "unlisted_holder",
             Kind::Stuck => "stuck",
+            Kind::Idle => "idle",
         }
     }
 
@@ -101,7 +107,8 @@ impl Kind {
                 Remedy::Reclaim
             }
             Kind::AboveFraction => Remedy::Enforce,
-            Kind::Uninterruptible | Kind::Unattributed | Kind::Stuck => Remedy::Report,
+            // The `[idle]` ladder (report, notify, reclaim) is the watchdog's own.
+            Kind::Uninterruptible | Kind::Unattributed | Kind::Stuck | Kind::Idle => Remedy::Report,
         }
     }
 
@@ -115,7 +122,8 @@ impl Kind {
             | Kind::Unattributed
             | Kind::AboveFraction
             | Kind::UnlistedHolder
-            | Kind::Stuck => None,
+            | Kind::Stuck
+            | Kind::Idle => None,
         }
     }
 }
@@ -141,6 +149,9 @@ pub struct Finding {
     /// GPU memory it holds (summed over its GPUs), where known.
     pub bytes: Option<u64>,
     pub reason: String,
+    /// For an `idle` finding: since when, the memory, how much of the window was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<idle::IdleFacts>,
 }
 
 /// What the watchdog has seen over time; the CLI has none.
@@ -152,6 +163,8 @@ pub struct History {
     pub stopped_for: PidMap<Identity, Duration>,
     /// How long each GPU (by index) has looked stuck ([`stuck::StuckTracker`]).
     pub stuck_for: PidMap<u32, Duration>,
+    /// The processes idle by their window ([`idle::IdleTracker`]).
+    pub idle: PidMap<Identity, idle::IdleFacts>,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +180,9 @@ pub struct Policy {
     pub fraction: Option<Arc<Loaded>>,
     /// The stuck-GPU check's thresholds; `None`: no check.
     pub stuck: Option<stuck::StuckCriteria>,
+    /// `[idle] action = "reclaim"`: which idle processes get a reclaim verdict; `None`:
+    /// idle processes are only reported.
+    pub idle_reclaim: Option<idle::IdleReclaim>,
 }
 
 impl Default for Policy {
@@ -177,6 +193,7 @@ impl Default for Policy {
             unattributed_min_bytes: 256 * 1024 * 1024,
             fraction: None,
             stuck: None,
+            idle_reclaim: None,
         }
     }
 }
@@ -210,6 +227,7 @@ impl Held<'_> {
             gpus: self.gpus.clone(),
             bytes: self.bytes,
             reason,
+            idle: None,
         }
     }
 }
@@ -229,6 +247,7 @@ const RULES: &[Rule] = &[
     Rule::Process(Kind::Stopped, state::stopped),
     Rule::Process(Kind::Orphaned, orphaned::judge),
     Rule::Process(Kind::AboveFraction, above_fraction::judge),
+    Rule::Process(Kind::Idle, idle::judge),
     Rule::Gpu(unattributed::judge),
     Rule::GpuMany(holders::judge),
     Rule::Gpu(stuck::judge),
@@ -257,7 +276,11 @@ pub fn classify(
             if let Rule::Process(kind, judge) = rule
                 && let Some((verdict, reason)) = judge(&facts, h)
             {
-                findings.push(h.finding(*kind, verdict, reason));
+                let mut finding = h.finding(*kind, verdict, reason);
+                if *kind == Kind::Idle {
+                    finding.idle = history.and_then(|h| h.idle.get(&finding.identity?).copied());
+                }
+                findings.push(finding);
             }
         }
     }

@@ -103,6 +103,7 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Option<Finding> {
         // The steady memory is in the reason; the finding holds none of its own.
         bytes: None,
         reason: reason(gpu, lasted),
+        idle: None,
     })
 }
 

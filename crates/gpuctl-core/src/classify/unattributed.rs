@@ -15,6 +15,7 @@ pub(super) fn judge(facts: &Facts, gpu: &GpuSnapshot) -> Option<Finding> {
                  yet, or a process in another PID namespace; if it stays with no processes \
                  on the GPU, reset the GPU"
             .into(),
+        idle: None,
     })
 }
 

@@ -321,3 +321,43 @@ pub(super) fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::
         .filter(|n| *n >= 1)
         .ok_or_else(|| de::Error::custom(format!("{value} is not an integer of at least 1")))
 }
+
+/// A size: "1GiB", "512MiB", or a number of bytes (a key with a default).
+pub(super) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    size_opt(d).map(|size| size.unwrap_or(0))
+}
+
+/// A percentage, 1 to 100 (a threshold that 0 would make meaningless).
+pub(super) fn percent_positive<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let value = i64::deserialize(d)?;
+    u32::try_from(value)
+        .ok()
+        .filter(|pct| (1..=100).contains(pct))
+        .ok_or_else(|| de::Error::custom(format!("{value} is not a percentage from 1 to 100")))
+}
+
+/// A command: an absolute path, then its arguments, none of them empty.
+pub(super) fn command<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let words = Vec::<String>::deserialize(d)?;
+    if let Some(program) = words.first()
+        && !program.starts_with('/')
+    {
+        return Err(de::Error::custom(format!(
+            "'{program}' is not an absolute path: give the command's full path first"
+        )));
+    }
+    if words.iter().any(|w| w.is_empty() || w.contains('\0')) {
+        return Err(de::Error::custom("a command's words must not be empty"));
+    }
+    Ok(words)
+}
+
+/// Owner selectors (`unit:vllm.service`, `slurm:123`, ...), each checked.
+pub(super) fn owners<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let words = Vec::<String>::deserialize(d)?;
+    for word in &words {
+        word.parse::<crate::owner::OwnerMatch>()
+            .map_err(de::Error::custom)?;
+    }
+    Ok(words)
+}

@@ -28,15 +28,26 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         };
         invalid(error.span(), None, message)
     })?;
-    toml::from_str::<Config>(text).map_err(|error| {
-        let span = error.span();
-        let key = span
-            .clone()
-            .and_then(|span| find_path(tree.get_ref(), &span))
-            .map(|path| render_path(&path));
-        let message = explain(error.message(), key.as_deref());
-        invalid(span, key, message)
-    })
+    toml::from_str::<Config>(text)
+        .map_err(|error| {
+            let span = error.span();
+            let key = span
+                .clone()
+                .and_then(|span| find_path(tree.get_ref(), &span))
+                .map(|path| render_path(&path));
+            let message = explain(error.message(), key.as_deref());
+            invalid(span, key, message)
+        })
+        .and_then(|config| {
+            // Keys that go together: the line of the `[idle]` table.
+            match config.idle.check() {
+                Ok(()) => Ok(config),
+                Err(message) => {
+                    let span = tree.get_ref().get("idle").map(|table| table.span());
+                    Err(invalid(span, Some("idle".into()), message))
+                }
+            }
+        })
 }
 
 /// The 1-based line holding byte `offset`.

@@ -120,6 +120,7 @@ mod tests {
             used_bytes: Some(1 << 30),
             kind: ProcessType::Compute,
             sm_util_pct: Some(0),
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(host),
@@ -134,6 +135,7 @@ mod tests {
             gpus: vec![0],
             bytes: Some(1 << 30),
             reason: format!("{} {pid}", kind.name()),
+            idle: None,
         }
     }
 

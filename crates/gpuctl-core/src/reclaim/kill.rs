@@ -366,6 +366,7 @@ mod tests {
             used_bytes: Some(1 << 30),
             kind: ProcessType::Compute,
             sm_util_pct: None,
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(HostProcess {

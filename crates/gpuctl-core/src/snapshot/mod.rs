@@ -7,6 +7,7 @@ pub mod peaks;
 mod read;
 mod steps;
 pub mod totals;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -127,6 +128,43 @@ pub struct HolderScan {
     /// Scan only when some GPU has at least this much memory no listed process accounts
     /// for; `None`: always.
     pub above_unattributed: Option<u64>,
+}
+
+/// What the `idle` finding says of a process (the watchdog's window, `classify::idle`):
+/// since when, the memory, how much of the window was measured, and where its utilization
+/// came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct IdleFacts {
+    /// Seconds since the epoch.
+    pub idle_since: u64,
+    pub idle_seconds: u64,
+    pub memory_bytes: u64,
+    /// Of the window, the share measured (percent): the rest had no utilization known.
+    pub measured_pct: u32,
+    pub utilization: IdleSource,
+}
+
+/// Where a process's utilization came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleSource {
+    /// The driver's per-process samples (`nvmlDeviceGetProcessUtilization`).
+    Process,
+    /// The driver gives no per-process samples, and the process is its GPU's only holder:
+    /// the device's utilization is the process's.
+    Device,
+    /// No per-process samples and other holders on the GPU: not known.
+    Unknown,
+}
+
+impl IdleSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            IdleSource::Process => "process",
+            IdleSource::Device => "device",
+            IdleSource::Unknown => "unknown",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -281,6 +319,9 @@ pub struct GpuProcess {
     /// Highest per-process SM utilization sampled in the window; 0 when the driver has no
     /// sample for it, `None` where the driver does not report per-process utilization.
     pub sm_util_pct: Option<u32>,
+    /// Idle by the watchdog's window, where a reader was shown it (`info`, `top`, Python).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleFacts>,
     /// The MIG GPU and compute instance it runs in, on a MIG-enabled GPU.
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,

@@ -128,6 +128,7 @@ pub(super) fn join(
                 used_bytes: p.used_bytes,
                 kind: p.kind,
                 sm_util_pct: p.sm_util_pct,
+                idle: None,
                 gpu_instance_id: p.gpu_instance_id,
                 compute_instance_id: p.compute_instance_id,
                 host: as_listed(

@@ -81,6 +81,13 @@ class Process:
     def age_seconds(self) -> float | None:
         return self._doc["age_seconds"]
 
+    @property
+    def idle(self) -> dict | None:
+        """What the watchdog's ``[idle]`` window found, when it finds the process idle:
+        ``idle_since``, ``idle_seconds``, ``memory_bytes``, ``measured_pct`` and
+        ``utilization`` (docs/json.md); None otherwise."""
+        return self._doc.get("idle")
+
     def to_dict(self) -> dict:
         """This process's entry of ``gpuctl info --json``."""
         return self._doc

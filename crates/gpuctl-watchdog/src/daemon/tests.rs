@@ -47,6 +47,7 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
             above_unattributed: Some(1 << 30),
         },
         xid_actions: Default::default(),
+        idle: Default::default(),
     };
     let (logger, logged) = crate::log::Logger::buffered();
     (Daemon::new(settings, logger, Notifier::from_env()), logged)
@@ -68,6 +69,7 @@ fn seen() -> Seen {
             used_bytes: Some(gib << 30),
             kind: ProcessType::Compute,
             sm_util_pct: Some(0),
+            idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             host: Arc::new(host),
@@ -101,6 +103,7 @@ fn seen() -> Seen {
 
 fn due(judged: &Judged) -> Vec<(u32, Kind, Remedy)> {
     judged
+        .judgement
         .due
         .iter()
         .map(|(f, remedy)| (f.identity.unwrap().pid, f.kind, *remedy))
@@ -120,8 +123,12 @@ fn judge_holds_findings_for_the_grace_then_names_their_remedy() {
             && logged.contains("reclaimed if it stays so for 1h"),
         "{logged}"
     );
-    assert_eq!(judged.stale.len(), 1, "the zombie holder is stale");
-    assert!(judged.over_ids.iter().any(|id| id.pid == 11));
+    assert_eq!(
+        judged.judgement.stale.len(),
+        1,
+        "the zombie holder is stale"
+    );
+    assert!(judged.judgement.over_ids.iter().any(|id| id.pid == 11));
     assert!(due(&judged).is_empty(), "nothing is due before the grace");
 
     let mut at_once = daemon(Duration::ZERO, Some("[fraction]\ndefault = 0.5\n"));
@@ -139,7 +146,7 @@ fn judge_holds_findings_for_the_grace_then_names_their_remedy() {
 fn judge_checks_no_share_without_a_fraction_policy() {
     let mut daemon = daemon(Duration::ZERO, None);
     let judged = daemon.judge(&seen(), true);
-    assert!(judged.over_ids.is_empty());
+    assert!(judged.judgement.over_ids.is_empty());
     assert_eq!(due(&judged), [(10, Kind::ZombieHolder, Remedy::Reclaim)]);
 }
 

@@ -36,7 +36,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     let mut warned = false;
     let Some(interval) = args.watch else {
         let taking = Instant::now();
-        let snapshot = take(&mut survey, &mut warned)?;
+        let snapshot = take(&mut survey, &mut warned, args.idle)?;
         let taken = taking.elapsed();
         let rendering = Instant::now();
         let by = group_by(args);
@@ -44,7 +44,10 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         render::emit(
             args.output.json,
             &document(&snapshot, by, watchdog.clone()),
-            || view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
+            || match args.idle {
+                true => table::idle_view(&snapshot, &style),
+                false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
+            },
         )?;
         if std::env::var_os(TIMINGS_ENV).is_some_and(|v| !v.is_empty()) {
             let reads = snapshot.read_times;
@@ -69,7 +72,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
     };
     let mut out = io::stdout().lock();
     loop {
-        let snapshot = take(&mut survey, &mut warned)?;
+        let snapshot = take(&mut survey, &mut warned, args.idle)?;
         let (by, watchdog) = (group_by(args), survey.watchdog_findings());
         if args.output.json {
             let mut line = serde_json::to_string(&document(&snapshot, by, watchdog))?;
@@ -78,15 +81,18 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         } else if style.terminal {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
-            let frame = view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style)
-                .replace('\n', "\x1b[K\n");
+            let frame = match args.idle {
+                true => table::idle_view(&snapshot, &style),
+                false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
+            }
+            .replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
-            writeln!(
-                out,
-                "{}",
-                view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style)
-            )?;
+            let text = match args.idle {
+                true => table::idle_view(&snapshot, &style),
+                false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
+            };
+            writeln!(out, "{text}")?;
         }
         out.flush()?;
         std::thread::sleep(interval);
@@ -95,8 +101,17 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
 
 /// A snapshot from `survey`; the peak store's warning said once (`warned`), not every frame
 /// of --watch.
-fn take(survey: &mut Survey, warned: &mut bool) -> Result<Snapshot> {
-    let snapshot = survey.take()?;
+fn take(survey: &mut Survey, warned: &mut bool, idle_only: bool) -> Result<Snapshot> {
+    let mut snapshot = survey.take()?;
+    if idle_only {
+        // `--idle`: only the processes the watchdog finds idle.
+        for gpu in &mut snapshot.devices {
+            gpu.processes.retain(|p| p.idle.is_some());
+            for instance in &mut gpu.mig_devices {
+                instance.processes.retain(|p| p.idle.is_some());
+            }
+        }
+    }
     if let Some(warning) = survey.peaks_warning()
         && !std::mem::replace(warned, true)
     {

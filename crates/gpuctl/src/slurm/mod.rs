@@ -31,6 +31,7 @@ pub fn run(command: &SlurmCommand) -> Result<Exit> {
         SlurmCommand::Prolog(args) => prolog(args.wait, args.no_drain),
         SlurmCommand::Epilog(args) => epilog(args.timeout, args.no_drain),
         SlurmCommand::Healthcheck(args) => healthcheck(args.node.as_deref(), args.plan.dry_run),
+        SlurmCommand::Account(args) => account::show(args.job, args.output.json),
     }
 }
 

@@ -12,6 +12,7 @@ use gpuctl_core::nvml::Place;
 use gpuctl_core::reclaim::{
     self, ClearRequest, Cleared, Ending, KillRequest, Killed, ResetRequest, Session,
 };
+use gpuctl_core::snapshot::usage;
 use gpuctl_core::units;
 use gpuctl_core::verify::GpuState;
 
@@ -43,7 +44,51 @@ pub fn prolog(job: &Job, wait: Duration, session: &Session, log: &Log) -> Result
         .map(|w| w.gpus.into_iter().filter(|g| !g.free).collect())
         .unwrap_or_default();
     let seen = held_by(session, &not_free);
-    Ok(blame(&not_free, &outcomes, seen.as_ref()))
+    let problems = blame(&not_free, &outcomes, seen.as_ref());
+    // Only a job that starts: a failed prolog's job is requeued, and may get other GPUs.
+    if problems.is_empty() {
+        record_allocation(job, session, log);
+    }
+    Ok(problems)
+}
+
+/// The job's GPUs, recorded for the watchdog: a GPU on which none of the job's processes
+/// runs is reported (`gpuctl_gpu_allocated_unused`). Best effort: said in slurm.log.
+fn record_allocation(job: &Job, session: &Session, log: &Log) {
+    let Some(dir) = &log.dir else { return };
+    let recorded = (|| -> Result<()> {
+        let places = session.places(&job.gpus)?.unwrap_or_default();
+        let uuids = session.gpus.uuids()?;
+        let seen = session.look_at(&places);
+        let gpus = places
+            .iter()
+            .filter_map(|place| {
+                let uuid = match (place.gpu_instance, &seen) {
+                    (Some(gi), Some(seen)) => seen
+                        .devices
+                        .iter()
+                        .find(|d| d.index == place.gpu)?
+                        .mig_devices
+                        .iter()
+                        .find(|m| m.gpu_instance_id == Some(gi))?
+                        .uuid
+                        .clone()?,
+                    _ => uuids.get(place.gpu as usize).cloned().flatten()?,
+                };
+                Some((place.gpu, uuid))
+            })
+            .collect();
+        let allocation = usage::Allocation {
+            job: job.id,
+            uid: job.uid,
+            gpus,
+            since_unix: units::unix_seconds() as u64,
+        };
+        Ok(usage::record_allocation(dir, &allocation)?)
+    })();
+    if let Err(error) = recorded {
+        log.record(&format!("job {}: its GPUs not recorded: {error:#}", job.id));
+    }
 }
 
 /// End the job's leftovers (each given `timeout` after SIGTERM), check its GPUs are

@@ -129,8 +129,11 @@ fn run_loop(
         }
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
-            let snapshot = reader.read(holders)?;
+            let mut snapshot = reader.read(holders)?;
             let watchdog = gpuctl_core::info::watchdog_findings(Some(&session.loaded));
+            if let Some(findings) = &watchdog {
+                gpuctl_core::info::mark_idle(&mut snapshot, findings);
+            }
             model.update(snapshot, watchdog);
             next_read = Instant::now() + interval;
             dirty = true;

@@ -449,9 +449,20 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
             .map(|user| text::safe(user).into_owned())
             .or_else(|| host.uid.map(|uid| uid.to_string()))
             .unwrap_or_else(|| "?".into()),
-        state: host
-            .state
-            .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
+        // Idle by the watchdog's window: how long, in place of the process state.
+        state: match process.idle {
+            Some(idle) => format!(
+                "idle {}",
+                gpuctl_core::classify::idle::short_duration(
+                    (gpuctl_core::units::unix_seconds() as u64)
+                        .saturating_sub(idle.idle_since)
+                        .max(idle.idle_seconds)
+                )
+            ),
+            None => host
+                .state
+                .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
+        },
         owner: host.owner.as_ref().map_or_else(
             || "-".to_string(),
             |owner| text::safe(&owner.label()).into_owned(),
@@ -589,6 +600,7 @@ mod tests {
                 used_bytes: Some(1 << 30),
                 kind: ProcessType::Compute,
                 sm_util_pct: None,
+                idle: None,
                 gpu_instance_id: instance,
                 compute_instance_id: instance.map(|_| 0),
                 host: std::sync::Arc::new(HostProcess {
@@ -599,6 +611,24 @@ mod tests {
             })
             .collect();
         Snapshot::of(vec![gpu])
+    }
+
+    #[test]
+    fn an_idle_process_shows_how_long_in_its_state() {
+        use gpuctl_core::snapshot::{IdleFacts, IdleSource};
+        let mut shot = snapshot(&[(10, 500, None), (20, 600, None)]);
+        let now = gpuctl_core::units::unix_seconds() as u64;
+        shot.devices[0].processes[0].idle = Some(IdleFacts {
+            idle_since: now - (3 * 3600 + 12 * 60),
+            idle_seconds: 3 * 3600,
+            memory_bytes: 1 << 30,
+            measured_pct: 100,
+            utilization: IdleSource::Process,
+        });
+        let rows = rows_of(&shot, None);
+        let state = |pid: u32| rows.iter().find(|r| r.pid == pid).unwrap().state.clone();
+        assert!(state(10).starts_with("idle 3h1"), "{}", state(10));
+        assert!(!state(20).starts_with("idle"), "{}", state(20));
     }
 
     #[test]

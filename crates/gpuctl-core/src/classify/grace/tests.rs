@@ -211,6 +211,7 @@ fn finding(kind: super::super::Kind, id: Option<Identity>) -> Finding {
         gpus: vec![0],
         bytes: Some(1 << 30),
         reason: kind.name().to_string(),
+        idle: None,
     }
 }
 
