@@ -42,7 +42,8 @@ impl Container {
 
     /// `unshare --user --map-root-user --pid --fork --mount-proc`, run by `uid` (not root):
     /// root inside is `uid` outside; the host's `dir` is mounted read-only inside, as the
-    /// README mounts the service's directory (`-v /run/gpuctl:/run/gpuctl:ro`).
+    /// guide mounts the service's directory (docs/guide/containers.md:
+    /// `-v /run/gpuctl:/run/gpuctl:ro`).
     fn rootless_with_read_only(uid: u32, dir: &Path) -> Container {
         Container::start_as(Some(uid), Some(dir))
     }
@@ -567,8 +568,8 @@ fn a_rootless_container_sees_its_processes_with_its_own_uids() {
     assert!(alive(tenant.trainer_host), "the live job was ended");
     assert_ne!(run.code, 0, "GPU 0 still holds the trainer: {}", run.stdout);
 
-    // The same service's socket in a directory the container has writable (the README's
-    // old `-v /run/gpuctl:/run/gpuctl`): nothing proves it is the host's, so it is not asked.
+    // The same service's socket in a directory the container has writable (the mount the
+    // docs once showed, `-v /run/gpuctl:/run/gpuctl`): nothing proves it is the host's, so it is not asked.
     let writable = rendezvous();
     let elsewhere = Service::start_at(&sim, writable.path().join("api.sock"));
     let run = tenant

@@ -864,7 +864,7 @@ fn live_scenario_edits_and_process_deaths_show_in_both_on_the_next_call() {
     assert_eq!(info["devices"][0]["processes"], serde_json::json!([]));
 }
 
-/// The README's rehearsal: a site epilog that parses nvidia-smi, run by `nvml-sim run` with
+/// The rehearsal of docs/guide/rehearse.md: a site epilog that parses nvidia-smi, run by `nvml-sim run` with
 /// the nvidia-smi it finds (on PATH, else the cached one), on the 8-GPU example and on an
 /// idle server.
 #[test]

@@ -170,7 +170,7 @@ fn a_reason_gives_sizes_in_the_tables_units() {
     );
 }
 
-/// `scripts/demo` as root, in the README's words: users, owners a Slurm job, a systemd unit
+/// `scripts/demo` as root, in docs/guide/rehearse.md's words: users, owners a Slurm job, a systemd unit
 /// and a container, and `--by user` with a row per user.
 #[test]
 fn the_demo_shows_a_teams_server() {

@@ -412,7 +412,7 @@ impl Cluster {
             mode = self.tracking.name(),
             first_job = first_job_id(),
         );
-        // gpuctl's lines as the README gives them to admins (packaging/slurm's example),
+        // gpuctl's lines as docs/guide/slurm.md gives them to admins (packaging/slurm's example),
         // with the scripts behind this cluster's wrappers and the test's interval.
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/slurm/slurm.conf.example");

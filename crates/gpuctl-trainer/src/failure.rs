@@ -3,7 +3,7 @@
 
 use gpuctl_core::exit::Exit;
 
-/// A failure, with its exit status (documented in --help and the README).
+/// A failure, with its exit status (documented in --help and docs/guide/trainer.md).
 #[derive(Debug)]
 pub enum Failure {
     Failed(String),

@@ -1,5 +1,5 @@
 //! gpuctl-trainer: a reference trainer on tch (libtorch) that uses gpuctl-core in-process.
-//! See the README's "gpuctl-trainer" section for the options, the run file and exit codes.
+//! See docs/guide/trainer.md for the options, the run file and exit codes.
 
 mod alloc;
 mod checkpoint;

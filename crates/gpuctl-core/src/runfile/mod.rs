@@ -32,7 +32,7 @@ pub struct Recorded {
     pub role: String,
 }
 
-/// The run file's content (documented in the trainer's README section).
+/// The run file's content (documented in docs/guide/trainer.md).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub version: u32,

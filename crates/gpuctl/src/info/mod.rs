@@ -1,7 +1,10 @@
 //! `gpuctl info`: every GPU and every process holding memory on it. gpuctl-core's
 //! `info::Survey` gathers (NVML, /proc, peak marks, the watchdog's findings); this module
-//! watches, and `table.rs` renders.
+//! watches, and `table.rs` renders (`processes.rs` its process rows, `idle.rs` the `--idle`
+//! view).
 
+mod idle;
+mod processes;
 mod table;
 
 use std::io::{self, Write};
@@ -45,7 +48,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
             args.output.json,
             &document(&snapshot, by, watchdog.clone()),
             || match args.idle {
-                true => table::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             },
         )?;
@@ -82,14 +85,14 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
             let frame = match args.idle {
-                true => table::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             }
             .replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
             let text = match args.idle {
-                true => table::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             };
             writeln!(out, "{text}")?;

@@ -1,0 +1,94 @@
+//! `gpuctl info --idle`: the processes the watchdog's `[idle]` window finds idle, one row
+//! each.
+
+use std::time::{Duration, SystemTime};
+
+use gpuctl_core::Snapshot;
+use gpuctl_core::classify::idle;
+use gpuctl_core::snapshot::IdleFacts;
+use gpuctl_core::units;
+
+use super::processes::host_cells;
+use crate::render::{self, Color, Style};
+
+/// How long a process has been idle, now ("3h12m").
+pub(super) fn idle_for(idle: &IdleFacts) -> String {
+    let now = units::unix_seconds() as u64;
+    idle::short_duration(now.saturating_sub(idle.idle_since).max(idle.idle_seconds))
+}
+
+/// `info --idle`: the idle processes only, longest idle first, one row each.
+pub fn idle_view(snapshot: &Snapshot, style: &Style) -> String {
+    let idle = gpuctl_core::info::idle_processes(snapshot);
+    if idle.is_empty() {
+        return "no idle processes (as the watchdog's [idle] window finds them)\n".to_string();
+    }
+    let rows: Vec<[String; 9]> = idle
+        .iter()
+        .map(|(process, gpus)| {
+            let facts = process
+                .idle
+                .unwrap_or_else(|| unreachable!("listed as idle"));
+            let cells = host_cells(&process.host);
+            [
+                process.pid.to_string(),
+                cells.user,
+                units::gpu_list(gpus),
+                units::bytes(facts.memory_bytes),
+                idle_for(&facts),
+                humantime::format_rfc3339_seconds(
+                    SystemTime::UNIX_EPOCH + Duration::from_secs(facts.idle_since),
+                )
+                .to_string(),
+                format!("{}%", facts.measured_pct),
+                facts.utilization.name().to_string(),
+                format!("{}  {}", cells.owner, cells.command),
+            ]
+        })
+        .collect();
+    let headers = [
+        "PID",
+        "USER",
+        "GPU",
+        "MEMORY",
+        "IDLE",
+        "SINCE",
+        "MEASURED",
+        "SM FROM",
+        "OWNER  COMMAND",
+    ]
+    .map(str::to_string);
+    let widths: Vec<usize> = (0..8)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([headers[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String; 9]| {
+        let mut text = String::from(" ");
+        for (i, cell) in cells.iter().enumerate() {
+            text.push(' ');
+            match i {
+                8 => text.push_str(cell),
+                0 | 3 | 4 | 6 => text.push_str(&render::pad_left(cell, widths[i])),
+                _ => text.push_str(&render::pad(cell, widths[i])),
+            }
+            text.push(' ');
+        }
+        let text = text.trim_end().to_string();
+        match style.width {
+            Some(width) => render::cut(&text, width.saturating_sub(1), style.unicode),
+            None => text,
+        }
+    };
+    let mut out = style.paint(Color::Dim, &line(&headers));
+    out.push('\n');
+    for row in &rows {
+        out.push_str(&line(row));
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,191 @@
+//! The process rows of `gpuctl info`'s view: one table per GPU or MIG instance, and the
+//! cells shown of a process's host facts, which the device-file holders and `--idle` share.
+
+use gpuctl_core::host::HostProcess;
+use gpuctl_core::snapshot::GpuProcess;
+use gpuctl_core::units;
+
+use super::idle::idle_for;
+use crate::render::{self, Color, Style};
+
+struct Row {
+    pid: String,
+    user: String,
+    memory: String,
+    sm: String,
+    age: String,
+    state: String,
+    owner: String,
+    command: String,
+    state_color: Option<Color>,
+    dim: bool,
+    /// The command cell is our text, not a command line: cut at its end.
+    ours: bool,
+}
+
+pub(super) fn process_table(
+    out: &mut String,
+    processes: &[GpuProcess],
+    unattributed: Option<u64>,
+    style: &Style,
+) {
+    let mut rows: Vec<Row> = processes.iter().map(row).collect();
+    if let Some(bytes) = unattributed {
+        rows.push(Row {
+            pid: "-".into(),
+            user: "-".into(),
+            memory: units::bytes(bytes),
+            sm: "-".into(),
+            age: "-".into(),
+            state: "-".into(),
+            owner: "unattributed".into(),
+            command: "memory in use that no process accounts for".into(),
+            state_color: None,
+            dim: true,
+            ours: true,
+        });
+    }
+    let headers = [
+        "PID", "USER", "MEMORY", "SM", "AGE", "STATE", "OWNER", "COMMAND",
+    ];
+    let width = |pick: fn(&Row) -> &str, header: &str, cap: usize| {
+        rows.iter()
+            .map(|r| pick(r).chars().count())
+            .chain([header.len()])
+            .max()
+            .unwrap_or(0)
+            .min(cap)
+    };
+    let w_pid = width(|r| &r.pid, "PID", 10);
+    let w_user = width(|r| &r.user, "USER", 12);
+    let w_mem = width(|r| &r.memory, "MEMORY", 10);
+    let w_sm = width(|r| &r.sm, "SM", 4);
+    let w_age = width(|r| &r.age, "AGE", 7);
+    let w_state = width(|r| &r.state, "STATE", 12);
+    let w_owner = width(|r| &r.owner, "OWNER", 28);
+    let fixed = 2 + w_pid + w_user + w_mem + w_sm + w_age + w_state + w_owner + 2 * 7;
+    // Without a terminal nothing is cut; on a narrow one the command keeps at least 20.
+    let w_command = style.width.map(|w| w.saturating_sub(fixed).max(20));
+
+    let line = |cells: [String; 8], ours: bool| {
+        let [pid, user, mem, sm, age, state, owner, command] = cells;
+        format!(
+            "  {}  {}  {}  {}  {}  {}  {}  {}",
+            render::pad_left(&pid, w_pid),
+            render::pad(&render::cut(&user, w_user, style.unicode), w_user),
+            render::pad_left(&mem, w_mem),
+            render::pad_left(&sm, w_sm),
+            render::pad_left(&age, w_age),
+            state,
+            render::pad(&render::cut(&owner, w_owner, style.unicode), w_owner),
+            match w_command {
+                Some(w) if ours => render::cut(&command, w, style.unicode),
+                Some(w) => render::cut_middle(&command, w, style.unicode),
+                None => command,
+            }
+        )
+    };
+    let header_cells = headers.map(str::to_string);
+    let mut header = header_cells.clone();
+    header[5] = render::pad(&header_cells[5], w_state);
+    out.push_str(&style.paint(Color::Dim, line(header, true).trim_end()));
+    out.push('\n');
+    for r in rows {
+        let state = match r.state_color {
+            Some(color) => style.paint(color, &render::pad(&r.state, w_state)),
+            None => render::pad(&r.state, w_state),
+        };
+        let text = line(
+            [
+                r.pid, r.user, r.memory, r.sm, r.age, state, r.owner, r.command,
+            ],
+            r.ours,
+        );
+        let text = text.trim_end();
+        if r.dim {
+            out.push_str(&style.paint(Color::Dim, text));
+        } else {
+            out.push_str(text);
+        }
+        out.push('\n');
+    }
+}
+
+/// What a table shows of a process from the host's facts, for the process rows and the
+/// device-file holders alike. Everything a process or user chose is escaped
+/// (`render::safe`); the rest is ours.
+pub(super) struct HostCells {
+    pub(super) user: String,
+    pub(super) state: String,
+    pub(super) state_color: Option<Color>,
+    pub(super) owner: String,
+    pub(super) command: String,
+}
+
+pub(super) fn host_cells(host: &HostProcess) -> HostCells {
+    let (state, state_color) = match host.state {
+        Some(state) => {
+            let color = match state.as_str() {
+                "zombie" | "disk-sleep" | "dead" => Some(Color::Red),
+                "stopped" | "tracing-stop" => Some(Color::Yellow),
+                "running" => Some(Color::Green),
+                _ => None,
+            };
+            (state.as_str().to_string(), color)
+        }
+        None => ("?".to_string(), Some(Color::Yellow)),
+    };
+    let command = if host.confirmed {
+        let command = render::safe(&host.shown_command()).into_owned();
+        match &host.protection {
+            Some(claim) if !claim.genuine => format!("[claims to be {}] {command}", claim.name),
+            _ => command,
+        }
+    } else {
+        format!(
+            "(unconfirmed: {})",
+            host.unconfirmed_reason.as_deref().unwrap_or("unknown")
+        )
+    };
+    HostCells {
+        user: host
+            .user
+            .as_deref()
+            .map(|user| render::safe(user).into_owned())
+            .or_else(|| host.uid.map(|uid| uid.to_string()))
+            .unwrap_or_else(|| "?".into()),
+        state,
+        state_color,
+        owner: host.owner.as_ref().map_or_else(
+            || "-".to_string(),
+            |owner| render::safe(&owner.label()).into_owned(),
+        ),
+        command,
+    }
+}
+
+fn row(process: &GpuProcess) -> Row {
+    let host = &process.host;
+    let dash = || "-".to_string();
+    let cells = host_cells(host);
+    Row {
+        pid: process.pid.to_string(),
+        user: cells.user,
+        memory: process
+            .used_bytes
+            .map_or_else(|| "n/a".into(), units::bytes),
+        sm: process
+            .sm_util_pct
+            .map_or_else(dash, |pct| format!("{pct}%")),
+        age: host.age_seconds.map_or_else(dash, render::age),
+        // Idle by the watchdog's window: how long, in place of the process state.
+        state: process
+            .idle
+            .map_or(cells.state, |idle| format!("idle {}", idle_for(&idle))),
+        owner: cells.owner,
+        command: cells.command,
+        state_color: cells.state_color,
+        dim: !host.confirmed,
+        ours: !host.confirmed,
+    }
+}
