@@ -615,6 +615,27 @@ fn every_bad_input_is_one_line_and_exit_status_2() {
     run(&sim, &["run", "--", "no-such-command-here"]).assert_one_line_error(127, "cannot run");
 }
 
+#[test]
+fn a_missing_command_fails_at_once_rather_than_after_waiting_for_gpus() {
+    let holder = Proc::sleeper("python3", &["train.py"]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::h200())
+            .process(crate::util::Process::new(holder.pid()).on(0).used(4 * GIB)),
+    );
+    let started = Instant::now();
+    run(
+        &sim,
+        &["run", "--wait", "60s", "--", "no-such-command-here"],
+    )
+    .assert_one_line_error(127, "cannot run no-such-command-here");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "gpuctl run waited {:?} for a GPU before finding its command missing",
+        started.elapsed()
+    );
+}
+
 /// A tmux server of its own running `gpuctl run -- COMMAND` in a shell that then says how
 /// gpuctl exited.
 struct Tmux {

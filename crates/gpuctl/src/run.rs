@@ -44,6 +44,11 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     let Some(program) = program else {
         return Err(Usage("the command is empty".into()).into());
     };
+    // A mistyped command fails now, not after `--wait` held the user for the GPUs; exec
+    // still decides in the end (the file may change meanwhile).
+    if let Err(error) = executable(program) {
+        return Ok(policy::cannot_run(program, &error));
+    }
     // Before any thread starts (NVML's workers inherit the mask): these signals wait for
     // the loop below, never ending gpuctl before it has ended what its command left.
     let mut mask = SigSet::empty();
@@ -331,6 +336,33 @@ fn watch(
             forward(&info, child);
         }
     }
+}
+
+/// Whether `program` can be executed as exec would find it: a path as it is, a bare name
+/// on `PATH`. `NotFound` where nothing is there, `PermissionDenied` where what is there
+/// cannot be executed.
+fn executable(program: &std::ffi::OsStr) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let runnable = |path: &std::path::Path| -> io::Result<()> {
+        let metadata = std::fs::metadata(path)?;
+        if metadata.is_dir() {
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
+        nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).map_err(io::Error::from)
+    };
+    if program.as_bytes().contains(&b'/') {
+        return runnable(std::path::Path::new(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let mut found = io::Error::from(io::ErrorKind::NotFound);
+    for dir in std::env::split_paths(&path) {
+        match runnable(&dir.join(program)) {
+            Ok(()) => return Ok(()),
+            Err(error) if error.kind() != io::ErrorKind::NotFound => found = error,
+            Err(_) => {}
+        }
+    }
+    Err(found)
 }
 
 /// One of `mask`'s signals, or none within `timeout`.
