@@ -496,3 +496,31 @@ fn a_gpu_given_to_a_job_with_none_of_its_processes_on_it_is_allocated_unused() {
         "each said once"
     );
 }
+
+/// Idleness is the watchdog's measure: with no findings file (no watchdog has run), `info
+/// --idle` says it does not know rather than "no idle processes"; once the watchdog writes
+/// its findings, "none" is its answer.
+#[test]
+fn info_idle_says_when_no_watchdog_has_measured() {
+    let notebook = Proc::spawn_ready("sleep", "python3", &["-m", "ipykernel"]);
+    let server = Proc::spawn_ready("sleep", "python3", &["serve.py"]);
+    let sim = Sim::new(&two(&notebook, &server, 50, 40));
+    configure(&sim, "", "after = \"1h\"");
+    let unknown = sim.run(&["info", "--idle"]);
+    assert_eq!(unknown.code, 0, "{}", unknown.stderr);
+    assert!(
+        unknown.stdout.starts_with("no idle processes known: ")
+            && unknown.stdout.contains("is it running?"),
+        "{}",
+        unknown.stdout
+    );
+    let daemon = Daemon::start(&sim, &[]);
+    wait_more_loops(&sim, 2);
+    let measured = sim.run(&["info", "--idle"]);
+    drop(daemon);
+    assert_eq!(
+        measured.stdout, "no idle processes (as the watchdog's [idle] window finds them)\n",
+        "{}",
+        measured.stderr
+    );
+}

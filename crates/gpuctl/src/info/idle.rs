@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use gpuctl_core::Snapshot;
 use gpuctl_core::classify::idle;
+use gpuctl_core::report::WatchdogFindings;
 use gpuctl_core::snapshot::IdleFacts;
 use gpuctl_core::units;
 
@@ -17,11 +18,33 @@ pub(super) fn idle_for(idle: &IdleFacts) -> String {
     idle::short_duration(now.saturating_sub(idle.idle_since).max(idle.idle_seconds))
 }
 
-/// `info --idle`: the idle processes only, longest idle first, one row each.
-pub fn idle_view(snapshot: &Snapshot, style: &Style) -> String {
+/// `info --idle`: the idle processes only, longest idle first, one row each. Idleness is
+/// what the watchdog measured, so a missing or stale findings file is said: "none" from a
+/// watchdog that is not running means nothing.
+pub fn idle_view(
+    snapshot: &Snapshot,
+    watchdog: Option<&WatchdogFindings>,
+    style: &Style,
+) -> String {
     let idle = gpuctl_core::info::idle_processes(snapshot);
+    let unknown = match watchdog {
+        None => Some(
+            "the watchdog's findings are not there: gpuctl-watchdog measures idleness \
+             ([idle] in gpuctl.toml); is it running?"
+                .to_string(),
+        ),
+        Some(findings) => super::table::stale_for(findings).map(|written| {
+            format!(
+                "the watchdog's findings were last written {} ago: is gpuctl-watchdog running?",
+                humantime::format_duration(written)
+            )
+        }),
+    };
     if idle.is_empty() {
-        return "no idle processes (as the watchdog's [idle] window finds them)\n".to_string();
+        return match unknown {
+            Some(why) => format!("no idle processes known: {why}\n"),
+            None => "no idle processes (as the watchdog's [idle] window finds them)\n".to_string(),
+        };
     }
     let rows: Vec<[String; 9]> = idle
         .iter()
@@ -88,6 +111,13 @@ pub fn idle_view(snapshot: &Snapshot, style: &Style) -> String {
     out.push('\n');
     for row in &rows {
         out.push_str(&line(row));
+        out.push('\n');
+    }
+    if let Some(why) = unknown {
+        out.push_str(&style.paint(
+            Color::Yellow,
+            &format!("as the watchdog last saw them: {why}"),
+        ));
         out.push('\n');
     }
     out

@@ -48,7 +48,7 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
             args.output.json,
             &document(&snapshot, by, watchdog.clone()),
             || match args.idle {
-                true => idle::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, watchdog.as_ref(), &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             },
         )?;
@@ -85,14 +85,14 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
             // Home, draw over the old frame line by line, then clear what is left below it:
             // no flicker from clearing the whole screen first.
             let frame = match args.idle {
-                true => idle::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, watchdog.as_ref(), &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             }
             .replace('\n', "\x1b[K\n");
             write!(out, "\x1b[H{frame}\x1b[J")?;
         } else {
             let text = match args.idle {
-                true => idle::idle_view(&snapshot, &style),
+                true => idle::idle_view(&snapshot, watchdog.as_ref(), &style),
                 false => view(&snapshot, by, watchdog.as_ref(), unscanned_above, &style),
             };
             writeln!(out, "{text}")?;

@@ -32,16 +32,23 @@ pub fn view(
     out
 }
 
+/// How long ago the watchdog wrote its findings, where that is too long ago for a running
+/// one: it rewrites them at least every minute, so older than two minutes (or three loops)
+/// is stale.
+pub(super) fn stale_for(watchdog: &WatchdogFindings) -> Option<Duration> {
+    let written =
+        Duration::from_secs((units::unix_seconds() - watchdog.written_unix).max(0.0) as u64);
+    (written > Duration::from_secs(120).max(Duration::from_secs_f64(3.0 * watchdog.interval_s)))
+        .then_some(written)
+}
+
 /// One line per finding the watchdog holds, with since when; and how old the file is, so a
 /// stopped watchdog is not taken for a quiet one.
 fn watchdog_lines(out: &mut String, watchdog: &WatchdogFindings, style: &Style) {
     let now = units::unix_seconds();
     let age = |at: f64| Duration::from_secs((now - at).max(0.0) as u64);
-    let written = age(watchdog.written_unix);
-    // Rewritten at least every minute: older than two minutes (or three loops) is stale.
-    let stale =
-        written > Duration::from_secs(120).max(Duration::from_secs_f64(3.0 * watchdog.interval_s));
-    let title = if stale {
+    let stale = stale_for(watchdog);
+    let title = if let Some(written) = stale {
         format!(
             "watchdog: findings last written {} ago: is gpuctl-watchdog running?",
             humantime::format_duration(written)
@@ -52,7 +59,12 @@ fn watchdog_lines(out: &mut String, watchdog: &WatchdogFindings, style: &Style) 
         "watchdog:".to_string()
     };
     out.push('\n');
-    out.push_str(&style.paint(if stale { Color::Yellow } else { Color::Bold }, &title));
+    let color = if stale.is_some() {
+        Color::Yellow
+    } else {
+        Color::Bold
+    };
+    out.push_str(&style.paint(color, &title));
     out.push('\n');
     for finding in &watchdog.findings {
         let gpus = units::gpu_list(&finding.gpus);
