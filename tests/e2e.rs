@@ -1,5 +1,6 @@
 //! End-to-end tests: the real binaries, against nvml-sim, with real processes.
 
+mod terminal;
 mod util;
 
 mod container;

@@ -8,10 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::terminal::{Terminal, quote};
 use crate::util::{
     GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, is_root, testproc_bin,
     wait_exited, wait_until,
 };
+
+/// Columns and rows of the terminal the tests that need one run gpuctl in.
+const TERMINAL_SIZE: (u16, u16) = (200, 40);
 
 fn h200s(count: usize) -> Scenario {
     Scenario::new().gpus(count, Gpu::h200())
@@ -142,10 +146,6 @@ fn assert_conforms(name: &str, doc: &serde_json::Value) {
         .join(name);
     let schema = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     crate::schema::conforms(&schema, doc).unwrap_or_else(|e| panic!("{name}: {e}\n{doc}"));
-}
-
-fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 #[test]
@@ -403,10 +403,13 @@ fn the_exit_status_is_the_commands_and_signals_are_forwarded() {
 #[test]
 fn ctrl_c_in_a_terminal_ends_the_command_and_gpuctl_reports_it() {
     let sim = Sim::new(&h200s(1));
-    let tmux = Tmux::start(&sim, "sh -c 'echo started; sleep 60'");
-    tmux.wait_for("started");
-    tmux.keys(&["C-c"]);
-    let screen = tmux.wait_for("run exited 130");
+    let term = Terminal::start(
+        &gpuctl(&sim, &["run", "--", "sh", "-c", "echo started; sleep 60"]),
+        TERMINAL_SIZE,
+    );
+    term.wait_text("started");
+    term.keys(&["C-c"]);
+    let screen = term.wait_text("gpuctl exited 130");
     assert!(screen.contains("killed by SIGINT"), "{screen}");
 }
 
@@ -420,15 +423,15 @@ fn top_shows_who_holds_a_lease() {
     );
     let holder = Background::start(&sim, &["run", "--gpu", "1", "--", "sh", "-c", &script]);
     let _sleeper = KillOnDrop::new(pid_in(&pidfile));
-    let top = Tmux::launch(&sim, "top");
-    let screen = top.wait_for(&format!("[leased by root, pid {}]", holder.pid()));
+    let top = Terminal::start(&gpuctl(&sim, &["top"]), TERMINAL_SIZE);
+    let screen = top.wait_text(&format!("[leased by root, pid {}]", holder.pid()));
     let line = screen
         .lines()
         .find(|l| l.contains("leased by"))
         .unwrap_or_default();
     assert!(line.trim_start().starts_with("GPU 1"), "{screen}");
     top.keys(&["q"]);
-    top.wait_for("run exited 0");
+    top.wait_text("gpuctl exited 0");
 }
 
 #[test]
@@ -634,104 +637,4 @@ fn a_missing_command_fails_at_once_rather_than_after_waiting_for_gpus() {
         "gpuctl run waited {:?} for a GPU before finding its command missing",
         started.elapsed()
     );
-}
-
-/// A tmux server of its own running `gpuctl run -- COMMAND` in a shell that then says how
-/// gpuctl exited.
-struct Tmux {
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Tmux {
-    fn start(sim: &Sim, command: &str) -> Tmux {
-        Tmux::launch(sim, &format!("run -- {command}"))
-    }
-
-    /// `gpuctl ARGS` (`args`: shell words) in the terminal.
-    fn launch(sim: &Sim, args: &str) -> Tmux {
-        let dir = tempfile::tempdir().unwrap();
-        let tmux = Tmux {
-            socket: dir.path().join("tmux.sock"),
-            _dir: dir,
-        };
-        let gpuctl = gpuctl(sim, &[]);
-        let mut line = String::from("env");
-        for (key, value) in gpuctl.get_envs() {
-            if let Some(value) = value {
-                line.push_str(&format!(
-                    " {}={}",
-                    key.to_string_lossy(),
-                    quote(&value.to_string_lossy())
-                ));
-            }
-        }
-        line.push_str(&format!(
-            " {} {args}; echo \"run exited $?\"; exec sleep 600",
-            quote(&gpuctl.get_program().to_string_lossy())
-        ));
-        tmux.tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            "run",
-            "-x",
-            "200",
-            "-y",
-            "40",
-            &line,
-        ]);
-        tmux
-    }
-
-    fn tmux(&self, args: &[&str]) -> String {
-        let tmux = ["/usr/bin/tmux", "/bin/tmux"]
-            .into_iter()
-            .find(|p| Path::new(p).is_file())
-            .expect("tmux is not installed: scripts/test installs it (apt-get install tmux)");
-        let out = Command::new(tmux)
-            .args(["-f", "/dev/null", "-S"])
-            .arg(&self.socket)
-            .args(args)
-            .env_remove("TMUX")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run tmux");
-        assert!(
-            out.status.success(),
-            "tmux {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let mut all = vec!["send-keys", "-t", "run"];
-        all.extend_from_slice(keys);
-        self.tmux(&all);
-    }
-
-    fn wait_for(&self, text: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let screen = self.tmux(&["capture-pane", "-p", "-t", "run"]);
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(Instant::now() < deadline, "{text:?} never shown:\n{screen}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-S"])
-            .arg(&self.socket)
-            .args(["kill-server"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output();
-    }
 }

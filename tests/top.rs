@@ -2,219 +2,40 @@
 //! `send-keys` and reading the screen with `capture-pane`, against nvml-sim with real
 //! processes and real signals.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use crate::terminal::Terminal;
 use crate::util::{
     GIB, Gpu, PidReuser, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root,
     wait_exited,
 };
 
-/// How long a screen may take to show what a test waits for.
-const SCREEN_DEADLINE: Duration = Duration::from_secs(20);
-
-/// tmux, or the test fails saying why.
-fn tmux_bin() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("tmux"))
-        .find(|candidate| candidate.is_file())
-        .expect("tmux is not installed: scripts/test installs it (apt-get install tmux)")
+/// `gpuctl top ARGS` against `sim`.
+fn top_command(sim: &Sim, args: &[&str]) -> Command {
+    let mut all = vec!["top"];
+    all.extend_from_slice(args);
+    sim.gpuctl(&all)
 }
 
-/// One tmux server (its own socket in a scratch directory) running `gpuctl top` in a shell
-/// that then says how gpuctl exited and stays, so the screen can be read after it.
-struct Term {
-    tmux: PathBuf,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
+/// `gpuctl top ARGS` against `sim` in a terminal of `size`.
+fn top(sim: &Sim, args: &[&str], size: (u16, u16)) -> Terminal {
+    Terminal::start(&top_command(sim, args), size)
 }
 
-impl Term {
-    fn start(sim: &Sim, args: &[&str], size: (u16, u16)) -> Term {
-        Term::start_with(sim, args, size, &[])
-    }
-
-    /// `gpuctl top ARGS` against `sim` in a `size` terminal, with `env` added.
-    fn start_with(sim: &Sim, args: &[&str], size: (u16, u16), env: &[(&str, &str)]) -> Term {
-        Term::launch(sim, args, size, env, &[])
-    }
-
-    /// `gpuctl top` as user and group `uid`, through setpriv.
-    fn start_as(sim: &Sim, uid: u32, size: (u16, u16)) -> Term {
-        let id = uid.to_string();
-        let wrapper = [
-            "setpriv",
-            "--reuid",
-            &id,
-            "--regid",
-            &id,
-            "--clear-groups",
-            "--",
-        ];
-        Term::launch(sim, &[], size, &[], &wrapper)
-    }
-
-    /// [`Term::start_with`], gpuctl run by `wrapper` (a command that execs its arguments).
-    fn launch(
-        sim: &Sim,
-        args: &[&str],
-        size: (u16, u16),
-        env: &[(&str, &str)],
-        wrapper: &[&str],
-    ) -> Term {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let term = Term {
-            tmux: tmux_bin(),
-            socket: dir.path().join("tmux.sock"),
-            _dir: dir,
-        };
-        let mut all = vec!["top"];
-        all.extend_from_slice(args);
-        let gpuctl = sim.gpuctl(&all);
-        let mut line = String::from("env");
-        for (key, value) in gpuctl.get_envs() {
-            if let Some(value) = value {
-                line.push_str(&format!(
-                    " {}={}",
-                    key.to_string_lossy(),
-                    quote(&value.to_string_lossy())
-                ));
-            }
-        }
-        for (key, value) in env {
-            line.push_str(&format!(" {key}={}", quote(value)));
-        }
-        for word in wrapper {
-            line.push(' ');
-            line.push_str(&quote(word));
-        }
-        line.push(' ');
-        line.push_str(&quote(&gpuctl.get_program().to_string_lossy()));
-        for arg in gpuctl.get_args() {
-            line.push(' ');
-            line.push_str(&quote(&arg.to_string_lossy()));
-        }
-        // The shell stays after gpuctl, so that the screen it leaves can be read.
-        let script = format!(
-            "sh -c {}",
-            quote(&format!(
-                "{} ; echo \"gpuctl exited $?\"; exec sleep 600",
-                line
-            ))
-        );
-        let (w, h) = (size.0.to_string(), size.1.to_string());
-        term.tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            &w,
-            "-y",
-            &h,
-            &script,
-        ]);
-        term
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.tmux);
-        command
-            .arg("-u")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            // No configuration file of this machine; UTF-8 for the bars and arrows.
-            .env("LANG", "C.UTF-8")
-            .env_remove("TMUX")
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn tmux(&self, args: &[&str]) -> String {
-        let mut all = vec!["-f", "/dev/null"];
-        all.extend_from_slice(args);
-        let out: Output = self.command(&all).output().expect("run tmux");
-        assert!(
-            out.status.success(),
-            "tmux {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let mut all = vec!["send-keys", "-t", "top"];
-        all.extend_from_slice(keys);
-        self.tmux(&all);
-    }
-
-    /// Text typed as it is (no key names).
-    fn type_text(&self, text: &str) {
-        self.tmux(&["send-keys", "-t", "top", "-l", text]);
-    }
-
-    fn screen(&self) -> String {
-        self.tmux(&["capture-pane", "-p", "-t", "top"])
-    }
-
-    /// The screen with its colors and attributes as escape sequences.
-    fn screen_escaped(&self) -> String {
-        self.tmux(&["capture-pane", "-p", "-e", "-t", "top"])
-    }
-
-    fn display(&self, format: &str) -> String {
-        self.tmux(&["display-message", "-p", "-t", "top", format])
-            .trim()
-            .to_string()
-    }
-
-    /// Polls the screen until `done` holds; fails with the last screen after the deadline.
-    fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if done(&screen) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < SCREEN_DEADLINE,
-                "the screen did not show {what} within {SCREEN_DEADLINE:?}:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn wait_text(&self, text: &str) -> String {
-        self.wait_for(&format!("'{text}'"), |s| s.contains(text))
-    }
-
-    /// gpuctl's pid: the child of the pane's shell.
-    fn gpuctl_pid(&self) -> u32 {
-        let shell: u32 = self.display("#{pane_pid}").parse().expect("pane pid");
-        let mut found = None;
-        crate::util::wait_until(Duration::from_secs(10), || {
-            found = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
-                .ok()
-                .and_then(|c| c.split_whitespace().next()?.parse().ok());
-            found.is_some()
-        });
-        found.unwrap()
-    }
-}
-
-impl Drop for Term {
-    fn drop(&mut self) {
-        let _ = self.command(&["kill-server"]).output();
-    }
-}
-
-/// `text` as one word for sh.
-fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "'\\''"))
+/// `gpuctl top` as user and group `uid`, through setpriv.
+fn top_as(sim: &Sim, uid: u32, size: (u16, u16)) -> Terminal {
+    let id = uid.to_string();
+    let wrapper = [
+        "setpriv",
+        "--reuid",
+        &id,
+        "--regid",
+        &id,
+        "--clear-groups",
+        "--",
+    ];
+    Terminal::start_wrapped(&top_command(sim, &[]), size, &wrapper)
 }
 
 /// The process table's rows: the lines after the heading that start with a pid.
@@ -253,7 +74,7 @@ fn the_screen_shows_every_gpu_and_the_scenarios_processes() {
     let b = Proc::sleeper("python3", &["serve.py"]);
     let c = Proc::sleeper("python3", &["notebook.py"]);
     let sim = Sim::new(&on_gpus(&[(&a, 0), (&b, 1), (&c, 2)], 3));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     let screen = term.wait_for("three GPUs and three processes", |s| row_pids(s).len() == 3);
     for gpu in 0..3 {
         assert!(
@@ -286,7 +107,7 @@ fn the_filter_narrows_the_rows_to_one_pid() {
     let b = Proc::sleeper("python3", &["b.py"]);
     let c = Proc::sleeper("python3", &["c.py"]);
     let sim = Sim::new(&on_gpus(&[(&a, 0), (&b, 0), (&c, 1)], 2));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("three rows", |s| row_pids(s).len() == 3);
     term.keys(&["/"]);
     term.type_text(&b.pid().to_string());
@@ -302,7 +123,7 @@ fn the_filter_narrows_the_rows_to_one_pid() {
 fn k_shows_the_plan_n_leaves_the_process_and_y_ends_it() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
 
     term.keys(&["k"]);
@@ -348,7 +169,7 @@ fn a_process_replaced_between_k_and_y_is_not_the_one_confirmed_and_is_not_signal
     let other = Proc::sleeper("python3", &["eval.py"]);
     let pid = replaced.pid();
     let sim = Sim::new(&on_gpus(&[(&replaced, 0), (&other, 0)], 1));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("both rows", |s| {
         let mut pids = row_pids(s);
         pids.sort_unstable();
@@ -401,7 +222,7 @@ fn a_process_replaced_before_k_is_not_planned_and_the_newcomer_is_not_signalled(
     let pid = replaced.pid();
     let sim = Sim::new(&on_gpus(&[(&replaced, 0)], 1));
     // A long interval: the screen keeps showing the first process until `k`.
-    let term = Term::start(&sim, &["--interval", "3600"], (120, 32));
+    let term = top(&sim, &["--interval", "3600"], (120, 32));
     term.wait_for("the row", |s| row_pids(s) == [pid]);
     replaced.kill();
     let newcomer = PidReuser::spawn(pid, "sleep", "python3")
@@ -442,7 +263,7 @@ fn gpu_naming_a_mig_instance_shows_only_that_instance() {
             .process(Process::new(in_one.pid()).instance(1).used(20 * GIB))
             .process(Process::new(in_nine.pid()).instance(9).used(4 * GIB)),
     );
-    let term = Term::start(&sim, &["--gpu", "0/9"], (120, 32));
+    let term = top(&sim, &["--gpu", "0/9"], (120, 32));
     let screen = term.wait_for("instance 9's process", |s| row_pids(s) == [in_nine.pid()]);
     assert!(screen.contains("GI 9"), "{screen}");
     assert!(
@@ -461,7 +282,7 @@ fn a_protected_programs_row_cannot_be_ended_and_says_why() {
     let installed = RootOwnedProgram::install("nvidia-persistenced");
     let daemon = Proc::spawn_program_env(installed.path(), "nvidia-persistenced", &[]);
     let sim = Sim::new(&on_gpus(&[(&daemon, 0)], 1));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("the daemon's row", |s| row_pids(s) == [daemon.pid()]);
     term.keys(&["k"]);
     let plan = term.wait_text("end processes: the plan");
@@ -484,7 +305,7 @@ fn a_protected_programs_row_cannot_be_ended_and_says_why() {
 fn escape_and_bell_bytes_in_a_command_line_show_escaped() {
     let evil = Proc::sleeper("python3", &["x\x1b]2;pwned\x07y", "\x1b[2J\x1b[31mred"]);
     let sim = Sim::new(&on_gpus(&[(&evil, 0)], 1));
-    let term = Term::start(&sim, &[], (160, 32));
+    let term = top(&sim, &[], (160, 32));
     let screen = term.wait_for("the row", |s| row_pids(s) == [evil.pid()]);
     assert!(
         screen.contains(r"x\e]2;pwned\x07y \e[2J\e[31mred"),
@@ -506,9 +327,9 @@ fn resize_to_80x24_keeps_every_gpu_line() {
         .collect();
     let pairs: Vec<(&Proc, u32)> = procs.iter().zip(0..).collect();
     let sim = Sim::new(&on_gpus(&pairs, 8));
-    let term = Term::start(&sim, &[], (140, 50));
+    let term = top(&sim, &[], (140, 50));
     term.wait_for("eight rows", |s| row_pids(s).len() == 8);
-    term.tmux(&["resize-window", "-t", "top", "-x", "80", "-y", "24"]);
+    term.resize((80, 24));
     let screen = term.wait_for("the 80x24 layout", |s| {
         s.lines().count() <= 24
             && s.lines().all(|l| l.chars().count() <= 80)
@@ -529,7 +350,7 @@ fn resize_to_80x24_keeps_every_gpu_line() {
 fn q_and_ctrl_c_restore_the_terminal() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
-    let term = Term::start(&sim, &[], (100, 30));
+    let term = top(&sim, &[], (100, 30));
     term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     assert_eq!(term.display("#{alternate_on} #{cursor_flag}"), "1 0");
     term.keys(&["q"]);
@@ -543,7 +364,7 @@ fn q_and_ctrl_c_restore_the_terminal() {
     drop(term);
 
     // Ctrl-C, which raw mode delivers as a key, the same.
-    let term = Term::start(&sim, &[], (100, 30));
+    let term = top(&sim, &[], (100, 30));
     term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     term.keys(&["C-c"]);
     term.wait_text("gpuctl exited 0");
@@ -554,9 +375,9 @@ fn q_and_ctrl_c_restore_the_terminal() {
 fn sigterm_restores_the_terminal_and_ends_as_sigterm() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
-    let term = Term::start(&sim, &[], (100, 30));
+    let term = top(&sim, &[], (100, 30));
     term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
-    let pid = term.gpuctl_pid();
+    let pid = term.child_pid();
     // SAFETY: kill(2) on a pid this test's terminal started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
     term.wait_text("gpuctl exited 143");
@@ -567,9 +388,9 @@ fn sigterm_restores_the_terminal_and_ends_as_sigterm() {
 fn the_view_ends_when_its_terminal_goes_away() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
-    let term = Term::start(&sim, &[], (100, 30));
+    let term = top(&sim, &[], (100, 30));
     term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
-    let pid = term.gpuctl_pid();
+    let pid = term.child_pid();
     let server: i32 = term.display("#{pid}").parse().expect("tmux server pid");
     // The window closes without a word: the terminal's master side is gone at once. The
     // view must end, not spin reading end-of-file from a dead terminal.
@@ -596,7 +417,7 @@ fn a_gpu_that_stops_answering_shows_so_while_the_rest_updates() {
         )
     };
     let sim = Sim::new(&scenario(&[&first]));
-    let term = Term::start(&sim, &["--interval", "0.2"], (120, 32));
+    let term = top(&sim, &["--interval", "0.2"], (120, 32));
     let screen = term.wait_for("GPU 1 not answering", |s| {
         s.lines()
             .any(|l| l.starts_with("GPU 1 ") && l.contains("NOT ANSWERING"))
@@ -632,7 +453,7 @@ fn no_color_and_color_never_draw_without_colors() {
     let job = Proc::sleeper("python3", &["train.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
     // The control: by default the bars are colored.
-    let colored = Term::start(&sim, &[], (100, 30));
+    let colored = top(&sim, &[], (100, 30));
     colored.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     assert!(
         has_color(&colored.screen_escaped()),
@@ -640,7 +461,7 @@ fn no_color_and_color_never_draw_without_colors() {
         colored.screen_escaped()
     );
     drop(colored);
-    let plain = Term::start_with(&sim, &[], (100, 30), &[("NO_COLOR", "1")]);
+    let plain = Terminal::start(top_command(&sim, &[]).env("NO_COLOR", "1"), (100, 30));
     plain.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     assert!(
         !has_color(&plain.screen_escaped()),
@@ -648,7 +469,7 @@ fn no_color_and_color_never_draw_without_colors() {
         plain.screen_escaped()
     );
     drop(plain);
-    let never = Term::start(&sim, &["--color", "never"], (100, 30));
+    let never = top(&sim, &["--color", "never"], (100, 30));
     never.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     assert!(
         !has_color(&never.screen_escaped()),
@@ -673,7 +494,7 @@ fn refused_at_once_without_a_terminal_or_with_an_interval_under_a_tenth() {
 #[test]
 fn an_unknown_gpu_is_refused_before_the_screen_is_taken() {
     let sim = Sim::new(&Scenario::new().gpu(Gpu::h200()));
-    let term = Term::start(&sim, &["--gpu", "7"], (100, 30));
+    let term = top(&sim, &["--gpu", "7"], (100, 30));
     let screen = term.wait_text("gpuctl exited 2");
     let errors: Vec<&str> = screen
         .lines()
@@ -693,7 +514,7 @@ fn a_user_who_is_not_root_is_told_so_and_cannot_end_roots_process() {
     let job = Proc::sleeper("python3", &["roots-job.py"]);
     let sim = Sim::new(&on_gpus(&[(&job, 0)], 1));
     sim.share();
-    let term = Term::start_as(&sim, 65534, (140, 30));
+    let term = top_as(&sim, 65534, (140, 30));
     let screen = term.wait_for("the process", |s| row_pids(s) == [job.pid()]);
     assert!(
         screen.contains("not root: you can end only your own processes"),
@@ -738,7 +559,7 @@ fn the_watchdogs_findings_are_marked_on_their_rows_and_gpus() {
         ],
     });
     std::fs::write(state.join("findings.json"), findings.to_string()).unwrap();
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     let screen = term.wait_for("both rows", |s| row_pids(s).len() == 2);
     let row_of = |pid: u32| {
         rows(&screen)
@@ -773,7 +594,7 @@ fn sort_tree_and_totals_keys_change_the_view() {
         .process(Process::new(busy.pid()).used(GIB).sm(90))
         .process(Process::new(idle.pid()).used(4 * GIB).sm(0));
     let sim = Sim::new(&scenario);
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("memory order", |s| row_pids(s) == [idle.pid(), busy.pid()]);
     term.keys(&["s"]);
     let screen = term.wait_for("SM order", |s| row_pids(s) == [busy.pid(), idle.pid()]);
@@ -801,7 +622,7 @@ fn a_mouse_click_selects_the_row_k_then_ends() {
         .collect();
     let pairs: Vec<(&Proc, u32)> = procs.iter().map(|p| (p, 0)).collect();
     let sim = Sim::new(&on_gpus(&pairs, 1));
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     let screen = term.wait_for("three rows", |s| row_pids(s).len() == 3);
     // The last row: not where the cursor starts.
     let target = *row_pids(&screen).last().unwrap();
@@ -841,7 +662,7 @@ fn h_shows_the_device_file_holders_nvml_does_not_list() {
             .process(Process::new(job.pid()).used(GIB))
             .process(Process::new(hidden.pid()).used(3 * GIB).unlisted()),
     );
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     term.wait_for("the listed process", |s| row_pids(s) == [job.pid()]);
     term.keys(&["h"]);
     let panel = term.wait_for("the hidden holder in the panel", |s| {
@@ -861,7 +682,7 @@ fn mig_instances_have_their_own_lines_and_their_processes_say_which() {
         .process(Process::new(a.pid()).instance(9).used(GIB))
         .process(Process::new(b.pid()).instance(2).used(8 * GIB));
     let sim = Sim::new(&scenario);
-    let term = Term::start(&sim, &[], (120, 32));
+    let term = top(&sim, &[], (120, 32));
     let screen = term.wait_for("both processes", |s| row_pids(s).len() == 2);
     assert!(screen.contains("MIG 1g.10gb GI 9"), "{screen}");
     assert!(screen.contains("MIG 3g.40gb GI 2"), "{screen}");
@@ -883,7 +704,7 @@ fn a_gpu_that_needs_a_reset_is_marked_until_it_heals() {
             .gpu(Gpu::h200().remapped_rows(0, 1, pending, false))
     };
     let sim = Sim::new(&scenario(true));
-    let term = Term::start(&sim, &["--interval", "0.2"], (120, 32));
+    let term = top(&sim, &["--interval", "0.2"], (120, 32));
     let screen = term.wait_for("GPU 1 marked", |s| {
         s.lines()
             .any(|l| l.starts_with("GPU 1 ") && l.contains("[needs a reset]"))
