@@ -53,15 +53,20 @@ impl Spot {
 
     /// "GPU 0 (GPU-…)" or "MIG 0/3 (MIG-…)".
     pub fn describe(&self) -> String {
+        match &self.uuid {
+            Some(uuid) => format!("{} ({uuid})", self.short()),
+            None => self.short(),
+        }
+    }
+
+    /// "GPU 0" or "MIG 0/3": enough to tell places apart in a line about each of them.
+    pub fn short(&self) -> String {
         let kind = if self.place.gpu_instance.is_some() {
             "MIG"
         } else {
             "GPU"
         };
-        match &self.uuid {
-            Some(uuid) => format!("{kind} {} ({uuid})", self.name()),
-            None => format!("{kind} {}", self.name()),
-        }
+        format!("{kind} {}", self.name())
     }
 }
 
@@ -439,7 +444,8 @@ fn missing(
                 },
             },
         };
-        reasons.push(format!("{}: {why}", spot.describe()));
+        // By index only: UUIDs for every GPU of a server would bury the reasons.
+        reasons.push(format!("{}: {why}", spot.short()));
     }
     let head = if spots.is_empty() {
         "no GPU found".to_string()

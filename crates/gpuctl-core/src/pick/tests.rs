@@ -163,7 +163,7 @@ fn what_is_missing_names_each_place_and_its_holder() {
     );
     assert_eq!(
         line,
-        "1 GPU wanted, 0 free and healthy; GPU 0 (GPU-0): leased by bob (pid 7: gpuctl run \
-         -- sleep 9); GPU 1 (GPU-1): busy: 1 process (2.0 GiB in use)"
+        "1 GPU wanted, 0 free and healthy; GPU 0: leased by bob (pid 7: gpuctl run -- sleep \
+         9); GPU 1: busy: 1 process (2.0 GiB in use)"
     );
 }
