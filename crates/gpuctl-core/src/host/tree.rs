@@ -46,17 +46,9 @@ mod tests {
 
     #[test]
     fn a_child_and_its_grandchild_are_found() {
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & echo $!; wait"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        let mut command = std::process::Command::new("sh");
+        command.args(["-c", "sleep 30 & echo $!; wait"]);
+        let (mut child, line) = crate::host::tests::spawn_reading_line(command);
         let grandchild: u32 = line.trim().parse().unwrap();
         let found: Vec<u32> = descendants(std::process::id())
             .iter()
