@@ -103,28 +103,18 @@ impl FindingsRequest {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::act::Signal;
     use crate::classify::{Kind, Verdict};
-    use crate::host::HostProcess;
-    use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
+    use crate::snapshot::{GpuProcess, GpuSnapshot};
 
     fn process(pid: u32, ticks: u64) -> GpuProcess {
-        let mut host = HostProcess::unconfirmed("test");
-        host.confirmed = true;
-        host.start_ticks = Some(ticks);
-        GpuProcess {
-            pid,
-            used_bytes: Some(1 << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: Some(0),
-            idle: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        crate::fixtures::process(pid)
+            .used_gib(1)
+            .sm_pct(0)
+            .confirmed()
+            .started(ticks)
+            .build()
     }
 
     fn finding(kind: Kind, pid: u32, ticks: u64) -> Finding {

@@ -360,20 +360,13 @@ mod tests {
 
     #[test]
     fn an_identity_whose_pid_now_has_another_start_time_is_refused_as_not_confirmed() {
-        use crate::snapshot::{GpuProcess, GpuSnapshot, ProcessType};
-        let process = |pid: u32, start: u64| GpuProcess {
-            pid,
-            used_bytes: Some(1 << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: None,
-            idle: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(HostProcess {
-                confirmed: true,
-                start_ticks: Some(start),
-                ..HostProcess::unconfirmed("")
-            }),
+        use crate::snapshot::GpuSnapshot;
+        let process = |pid: u32, start: u64| {
+            crate::fixtures::process(pid)
+                .used_gib(1)
+                .confirmed()
+                .started(start)
+                .build()
         };
         let mut gpu = GpuSnapshot::unread(0);
         gpu.processes = vec![process(10, 500), process(20, 700)];

@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex};
 
 use gpuctl_core::classify::{Policy, Remedy};
 use gpuctl_core::config::{self, Watchdog};
-use gpuctl_core::host::{HostProcess, ProcState};
+use gpuctl_core::host::ProcState;
 use gpuctl_core::plan::Guard;
 use gpuctl_core::protect::Protection;
-use gpuctl_core::snapshot::{GpuProcess, GpuSnapshot, Memory, ProcessType};
+use gpuctl_core::snapshot::{GpuSnapshot, Memory};
 
 use super::*;
 
@@ -56,24 +56,18 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
 /// One GPU of 80 GiB with two processes: pid 10 a zombie holder, pid 11 holding 50 GiB.
 fn seen() -> Seen {
     let process = |pid: u32, state: ProcState, threads: u32, gib: u64| {
-        let mut host = HostProcess::unconfirmed("test");
-        host.confirmed = true;
-        host.unconfirmed_reason = None;
-        host.state = Some(state);
-        host.threads = Some(threads);
-        host.ppid = Some(1);
-        host.pgid = Some(pid);
-        host.start_ticks = Some(1000 + u64::from(pid));
-        GpuProcess {
-            pid,
-            used_bytes: Some(gib << 30),
-            kind: ProcessType::Compute,
-            sm_util_pct: Some(0),
-            idle: None,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            host: Arc::new(host),
-        }
+        gpuctl_core::fixtures::process(pid)
+            .used_gib(gib)
+            .sm_pct(0)
+            .confirmed()
+            .state(state)
+            .ppid(1)
+            .started(1000 + u64::from(pid))
+            .host(|host| {
+                host.threads = Some(threads);
+                host.pgid = Some(pid);
+            })
+            .build()
     };
     let gpu = GpuSnapshot {
         memory: Some(Memory {
