@@ -41,6 +41,9 @@ pub struct Survey {
     /// process's descriptors, which a launcher polling `info --json` would pay each call.
     holders_asked: bool,
     peaks: Option<PeakStore>,
+    /// The watchdog's findings as the last [`Survey::take`] read them: the same read marks
+    /// the idle processes and feeds the view, so the file is read once a snapshot.
+    findings: Option<WatchdogFindings>,
 }
 
 impl Survey {
@@ -68,6 +71,7 @@ impl Survey {
             reader,
             holders_asked: request.all_holders,
             peaks: PeakStore::default_location(),
+            findings: None,
         })
     }
 
@@ -75,8 +79,9 @@ impl Survey {
     /// the watchdog finds idle marked).
     pub fn take(&mut self) -> Result<Snapshot> {
         let mut snapshot = self.reader.take(&self.session.gpus)?;
-        if let Some(findings) = self.watchdog_findings() {
-            mark_idle(&mut snapshot, &findings);
+        self.findings = watchdog_findings(Some(&self.session.loaded));
+        if let Some(findings) = &self.findings {
+            mark_idle(&mut snapshot, findings);
         }
         if let Some(store) = &self.peaks {
             let marks = store.observe(&snapshot);
@@ -99,9 +104,9 @@ impl Survey {
         self.peaks.as_ref()?.oversized_warning()
     }
 
-    /// The watchdog's findings, as [`watchdog_findings`] reads them.
+    /// The watchdog's findings as the last [`Survey::take`] read them ([`watchdog_findings`]).
     pub fn watchdog_findings(&self) -> Option<WatchdogFindings> {
-        watchdog_findings(Some(&self.session.loaded))
+        self.findings.clone()
     }
 }
 
