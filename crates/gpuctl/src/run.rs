@@ -88,12 +88,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         }
     }) {
         Ok(leased) => leased,
-        Err(PickError::TooFew(why)) => {
-            let _ = writeln!(io::stderr().lock(), "gpuctl: {}", text::escape(&why));
-            return Ok(Exit::NotClean);
-        }
-        Err(PickError::Core(error)) => return Err(error.into()),
-        Err(PickError::Lease(error)) => return Err(error.into()),
+        Err(error) => return too_few(error),
     };
     let (spots, leases): (Vec<Spot>, Vec<Lease>) = leased.into_iter().unzip();
 
@@ -194,7 +189,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         needs_reset: cleanup.needs_reset.clone(),
     };
     if !quiet {
-        for line in summary_lines(&summary) {
+        for line in summary_lines(&summary, &spots) {
             say(&line);
         }
     } else {
@@ -494,16 +489,8 @@ impl Sampler {
 }
 
 /// The summary for people: one line for the run, one per GPU, then the leftovers.
-fn summary_lines(summary: &RunSummary) -> Vec<String> {
-    let gpus: Vec<String> = summary
-        .gpus
-        .iter()
-        .map(|g| match (&g.uuid, g.gpu_instance) {
-            (Some(uuid), Some(gi)) => format!("MIG {}/{gi} ({uuid})", g.index),
-            (Some(uuid), None) => format!("GPU {} ({uuid})", g.index),
-            (None, _) => format!("GPU {}", g.index),
-        })
-        .collect();
+fn summary_lines(summary: &RunSummary, spots: &[Spot]) -> Vec<String> {
+    let gpus: Vec<String> = spots.iter().map(Spot::describe).collect();
     let ended = match (summary.exit_code, summary.signal) {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(signal)) => format!(
@@ -517,11 +504,8 @@ fn summary_lines(summary: &RunSummary) -> Vec<String> {
         gpus.join(", "),
         summary.wall_seconds
     )];
-    for gpu in &summary.gpus {
-        let place = match gpu.gpu_instance {
-            Some(gi) => format!("MIG {}/{gi}", gpu.index),
-            None => format!("GPU {}", gpu.index),
-        };
+    for (gpu, spot) in summary.gpus.iter().zip(spots) {
+        let place = spot.short();
         let peak = gpu
             .peak_used_bytes
             .map_or("not sampled".into(), gpuctl_core::units::bytes);
@@ -539,6 +523,19 @@ fn summary_lines(summary: &RunSummary) -> Vec<String> {
     lines
 }
 
+/// How `run` and `pick` end when no pick was made: too few places is exit 4 with its one
+/// line; anything else is an error with its own exit status.
+fn too_few(error: PickError) -> Result<Exit> {
+    match error {
+        PickError::TooFew(why) => {
+            let _ = writeln!(io::stderr().lock(), "gpuctl: {}", text::escape(&why));
+            Ok(Exit::NotClean)
+        }
+        PickError::Core(error) => Err(error.into()),
+        PickError::Lease(error) => Err(error.into()),
+    }
+}
+
 /// `gpuctl pick`.
 pub fn pick(args: &PickArgs) -> Result<Exit> {
     let session = Session::open()?;
@@ -551,12 +548,7 @@ pub fn pick(args: &PickArgs) -> Result<Exit> {
     let mut picker = Picker::new(&session, request)?;
     let spots = match picker.pick(&mut |_| {}) {
         Ok(spots) => spots,
-        Err(PickError::TooFew(why)) => {
-            let _ = writeln!(io::stderr().lock(), "gpuctl: {}", text::escape(&why));
-            return Ok(Exit::NotClean);
-        }
-        Err(PickError::Core(error)) => return Err(error.into()),
-        Err(PickError::Lease(error)) => return Err(error.into()),
+        Err(error) => return too_few(error),
     };
     let document = gpuctl_core::report::PickDocument {
         schema: gpuctl_core::report::PICK_SCHEMA,
