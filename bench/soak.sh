@@ -7,7 +7,9 @@
 # - attack (needs root): the same daemon among a user's runs while another user attacks:
 #   a protected program with her library preloaded, a Slurm job's owner forged (cgroup
 #   under her user@ service, SLURM_JOB_ID), pids reused (a fork loop, reclaimed pids given
-#   anew); fails on any victim ended, attacker spared, forgery accepted, daemon restart or
+#   anew), with [idle] action = "reclaim" and exempt_owners on, a third user's idle process
+#   claiming the exempt jobs through SLURM_JOB_ID; fails on any victim ended (alice's
+#   exempt idle process included), attacker spared, forgery accepted, daemon restart or
 #   RSS growth.
 # Prints each soak's `soak:` line. The suite runs the same tests for 30 s and 20 s
 # (tests/watchdog.rs).

@@ -190,3 +190,90 @@ fn another_users_slurm_job_id_in_the_environment_is_not_the_job() {
         "alice's claim was taken: {peaks}"
     );
 }
+
+/// The health check's drain reason, with `scontrol` answering that node gpu7 is idle.
+fn health_check_reason(sim: &Sim) -> String {
+    let run = crate::slurm::run_script_with(
+        sim,
+        "healthcheck.sh",
+        &[("SLURMD_NODENAME", "gpu7")],
+        "case \"$1\" in show) printf 'NodeName=gpu7\\n   State=IDLE\\n' ;; \
+         *) printf '%s\\n' \"$*\" >> \"$CALLS\" ;; esac",
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    std::fs::read_to_string(sim.dir.path().join("scontrol.calls"))
+        .unwrap_or_else(|_| panic!("the health check did not drain: {run:?}"))
+}
+
+/// The finding as reported: mallory runs `env SLURM_JOB_ID=J` on GPU 0, which alice's job
+/// J shares; GPU 0 raises Xid 13 and Xid 64 with her process on it, GPU 1 an Xid 13 with
+/// alice's. Mallory's claim is her own: the epilog's Xid lines in slurm.log name alice's
+/// process only, and neither `info`'s health line nor the health check's drain reason
+/// puts GPU 0's Xid 64 under job J.
+#[test]
+fn another_users_environment_claim_never_enters_the_jobs_xids_or_drain_reason() {
+    let job = job_id(2);
+    let job_text = job.to_string();
+    let env = [("SLURM_JOB_ID", job_text.as_str())];
+    let alices = Proc::spawn_as_with_env(ALICE, "sleep", &["train.py"], &env);
+    let mallorys = Proc::spawn_as_with_env(MALLORY, "sleep", &["attack.py"], &env);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(2, Gpu::new())
+            .process(Process::new(mallorys.pid()).on(0).used(GIB))
+            .process(Process::new(alices.pid()).on(1).used(GIB))
+            .xid(0, 13, Some(mallorys.pid()))
+            .xid(0, 64, Some(mallorys.pid()))
+            .xid(1, 13, Some(alices.pid())),
+    );
+    let state = sim.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(
+        sim.config_path(),
+        format!("[watchdog]\nstate_dir = \"{}\"\n", state.display()),
+    )
+    .unwrap();
+    let run = crate::util::Run::from(
+        crate::watchdog::command(&sim, &["--once"])
+            .output()
+            .expect("run gpuctl-watchdog"),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("GPU 0: Xid 64"), "{}", run.stderr);
+
+    let info = sim.run(&["info"]).stdout;
+    assert!(info.contains("HEALTH: needs a reset: Xid 64"), "{info}");
+    assert!(!info.contains(&format!("job {job}")), "{info}");
+    let reason = health_check_reason(&sim);
+    assert!(reason.contains("GPU 0 needs a reset: Xid 64"), "{reason}");
+    assert!(!reason.contains(&format!("job {job}")), "{reason}");
+
+    let run = run_script(
+        &sim,
+        "epilog.sh",
+        &[
+            ("SLURM_JOB_ID", &job_text),
+            ("SLURM_JOB_UID", &ALICE.to_string()),
+            ("SLURM_JOB_GPUS", "0,1"),
+            ("GPUCTL_EPILOG_TIMEOUT", "1s"),
+        ],
+    );
+    let log = std::fs::read_to_string(state.join("slurm.log")).unwrap_or_default();
+    let xid_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" epilog: ") && l.contains(": Xid "))
+        .collect();
+    assert_eq!(xid_lines.len(), 1, "{log}\n{run:?}");
+    assert!(
+        xid_lines[0].contains(&format!(
+            "job {job}: Xid 13 (Graphics Engine Exception) on GPU 1 hit pid {}",
+            alices.pid()
+        )),
+        "{log}"
+    );
+    wait_exited(alices.pid());
+    assert!(
+        alive(mallorys.pid()),
+        "alice's epilog ended mallory's process"
+    );
+}

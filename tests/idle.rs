@@ -311,6 +311,51 @@ fn reclaim_never_ends_an_exempt_or_a_protected_process() {
     assert_eq!(daemon.count(&["ACTION=reclaimed"]), 0);
 }
 
+/// `exempt_owners = ["slurm:J"]` shields the job as its cgroups name it, and
+/// `slurm:J@UID` that user's environment claims on it; mallory's `SLURM_JOB_ID=J` in her
+/// own environment shields nothing: her idle process is reclaimed, alice's (her claim on
+/// her own job, exempt as `slurm:J@1000`) is not.
+#[test]
+fn an_environment_claim_on_an_exempt_job_by_another_user_shields_nothing() {
+    const ALICE: u32 = 1000;
+    const MALLORY: u32 = 1001;
+    let job = (7_000_000 + std::process::id() % 1_000_000).to_string();
+    let env = [("SLURM_JOB_ID", job.as_str())];
+    let alices = Proc::spawn_as_with_env(ALICE, "sleep", &["train.py"], &env);
+    let mallorys = Proc::spawn_as_with_env(MALLORY, "sleep", &["attack.py"], &env);
+    let sim = Sim::new(&two(&alices, &mallorys, 0, 0));
+    configure(
+        &sim,
+        "mode = \"reclaim\"",
+        &format!(
+            "after = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
+             exempt_owners = [\"slurm:{job}\", \"slurm:{job}@{ALICE}\"]"
+        ),
+    );
+    let daemon = Daemon::start(&sim, &[]);
+    let line = daemon.expect_count(&["ACTION=reclaimed"], 1);
+    assert!(line.contains(&format!("PID={} ", mallorys.pid())), "{line}");
+    let exempt = || {
+        let doc = sim.json(&["info"]);
+        doc["watchdog"]["findings"].as_array().is_some_and(|all| {
+            all.iter().any(|f| {
+                f["pid"] == alices.pid()
+                    && f["reason"].as_str().is_some_and(|r| {
+                        r.contains(&format!("owner slurm:{job}@{ALICE} is exempt"))
+                    })
+            })
+        })
+    };
+    wait_until(Duration::from_secs(10), exempt);
+    wait_more_loops(&sim, 5);
+    assert!(alive(alices.pid()), "exempt: {}", metrics(&sim));
+    assert!(
+        !alive(mallorys.pid()),
+        "mallory's claim shielded her process"
+    );
+    assert_eq!(daemon.count(&["ACTION=reclaimed"]), 1);
+}
+
 #[test]
 fn the_window_survives_a_watchdog_restart() {
     let notebook = Proc::spawn_ready("sleep", "python3", &["-m", "ipykernel"]);

@@ -356,3 +356,82 @@ fn the_reclaim_schema_names_every_finding_kind() {
         assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
     }
 }
+
+/// The typed fields of the health and findings documents read and write exactly the strings
+/// the schemas name: each history, each owner form (the job's cgroup, a uid's environment
+/// claim, the others), each finding kind; a document round-trips through the types
+/// unchanged and conforms.
+#[test]
+fn typed_histories_owners_and_kinds_round_trip_as_the_schemas_say() {
+    use gpuctl_core::health::{Cause, History};
+    use gpuctl_core::report::WatchdogFinding;
+    let health = schema("health-v1.schema.json");
+    let names = |enum_of: &Value| -> Vec<String> {
+        let mut names: Vec<String> = enum_of["enum"]
+            .as_array()
+            .expect("an enum")
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut histories: Vec<String> = History::ALL
+        .iter()
+        .map(|h| {
+            serde_json::to_value(h)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    histories.sort();
+    assert_eq!(
+        histories,
+        names(&health["$defs"]["cause"]["properties"]["history"])
+    );
+    let cause_def = &health["$defs"]["cause"];
+    let of_def = |name: &str| serde_json::json!({ "$defs": health["$defs"].clone(), "$ref": format!("#/$defs/{name}") });
+    for history in ["recovery_action", "acknowledged", "reset", "catalog"] {
+        let doc = serde_json::json!({
+            "kind": "xid", "action": "none", "message": "Xid 13", "xid": 13,
+            "history": history,
+            "processes": [
+                { "pid": 1, "owner": "slurm:812" },
+                { "pid": 2, "owner": "slurm:812@1000", "user": "alice" },
+                { "pid": 3, "owner": "unit:vllm.service", "command": "vllm" },
+                { "pid": 4, "owner": "pod:1a2b3c4d-0000-4000-8000-00000000abcd" },
+                { "pid": 5 }
+            ]
+        });
+        let cause: Cause = serde_json::from_value(doc.clone()).unwrap();
+        let back = serde_json::to_value(&cause).unwrap();
+        assert_eq!(back, doc);
+        validate(&health, cause_def, &back, "$").unwrap_or_else(|e| panic!("{e}"));
+        conforms(&of_def("cause"), &back).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for bad in ["slurm:812@alice", "slurm:x", "812"] {
+        let process = serde_json::json!({ "pid": 1, "owner": bad });
+        assert!(conforms(&of_def("xid_process"), &process).is_err(), "{bad}");
+    }
+
+    let info = schema("info-v1.schema.json");
+    let kind_def = &info["properties"]["watchdog"]["properties"]["findings"]["items"];
+    let mut kinds: Vec<String> = gpuctl_core::classify::Kind::ALL
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, names(&kind_def["properties"]["kind"]));
+    for kind in gpuctl_core::classify::Kind::ALL {
+        let doc = serde_json::json!({
+            "kind": kind.name(), "gpus": [0], "uuids": ["GPU-0"], "pid": 7,
+            "since_unix": 1.5, "reason": "why"
+        });
+        let finding: WatchdogFinding = serde_json::from_value(doc.clone()).unwrap();
+        assert_eq!(finding.kind, kind);
+        assert_eq!(serde_json::to_value(&finding).unwrap(), doc);
+        validate(&info, kind_def, &doc, "$").unwrap_or_else(|e| panic!("{e}"));
+    }
+}

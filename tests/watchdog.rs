@@ -1417,6 +1417,8 @@ fn the_fleet_families_pass_promtool_and_follow_a_reload() {
 /// The victim and the attacker of the attack soak (the uids of tests/hostile_owner.rs).
 const ALICE: u32 = 1000;
 const MALLORY: u32 = 1001;
+/// The attack soak's second attacker, whose idle process claims the exempt job.
+const IDLER: u32 = 1002;
 
 /// Forks and reaps short-lived children, about `per_second` a second, until dropped: the
 /// pid counter wraps pid_max every few tens of seconds, so the pids of ended processes come
@@ -1551,7 +1553,11 @@ fn forged_peaks(sim: &Sim, job: u64, alices_gpu: &str, alices_bytes: u64) -> Vec
 ///   docker-like cgroup made under her user@ service): never shown, nor put in peaks.json,
 ///   as alice's job;
 /// - pid reuse: a fork loop wraps pid_max, and reclaimed workers' pids, still listed, are
-///   given to new processes: none of which may be ended.
+///   given to new processes: none of which may be ended;
+/// - an idle claim: with `[idle] action = "reclaim"`, job N exempt (`slurm:N`) and alice's
+///   own environment claims on her job M (`slurm:M@1000`), an idle process of another
+///   attacker (uid 1002, whom root's kill of mallory's does not end) sets SLURM_JOB_ID to
+///   N or M: the daemon must reclaim it, and never alice's idle process claiming M.
 ///
 /// Victims ended, attackers shielded and forgeries accepted stay 0, every crash is
 /// reclaimed, the daemon never restarts and its memory stays flat.
@@ -1589,7 +1595,15 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     }
 
     let sim = Sim::new(&scenario(2, &[], &[]));
-    configure(&sim, "mode = \"reclaim\"", "");
+    // Alice's job M, whose only tie is her notebook's environment (linuxproc).
+    let notebook_job = (job + 1).to_string();
+    // Idle holders are those of 3 GiB and more: alice's runs (busy parents, 512 MiB
+    // workers) never are; her exempt idle process and the attacker's idle claims are.
+    let idle = format!(
+        "[idle]\nafter = \"1s\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
+         min_memory = \"3GiB\"\nexempt_owners = [\"slurm:{job}\", \"slurm:{notebook_job}@{ALICE}\"]"
+    );
+    configure(&sim, "mode = \"reclaim\"", &idle);
     let mut daemon = Daemon::start(&sim, &[]);
     daemon.expect(&["ACTION=start"], Duration::from_secs(5));
     let daemon_pid = daemon.child.id();
@@ -1604,6 +1618,14 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     }
     // The job's most on GPU 0 at one look: its parent and two workers (see `entries`).
     let alices_bytes = (8192 + 2 * 512) * MIB;
+    let claims = [
+        [("SLURM_JOB_ID", job_text.as_str())],
+        [("SLURM_JOB_ID", notebook_job.as_str())],
+    ];
+    // Alice's own idle process claiming her job M: exempt, never reclaimed.
+    let alices_idle = Proc::spawn_as_with_env(ALICE, "sleep", &["notebook.py"], &claims[1]);
+    let mut idle_claims: Vec<(Proc, Instant)> = Vec::new();
+    let mut idle_claim_pids: Vec<u32> = Vec::new();
     // The genuine program, run by root, idle orphans: protected, never reclaimed.
     let genuine = background_workers_of(persistenced.path(), None, 2);
     // Started once the programs are installed: a fork while a copy is written open would
@@ -1619,6 +1641,7 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     let mut counted: std::collections::HashSet<(u32, u64)> = std::collections::HashSet::new();
     let (mut victims_ended, mut shielded, mut forgeries) = (0u32, 0u32, 0u32);
     let (mut reclaimed, mut claimants_ended, mut reused) = (0u32, 0u32, 0u32);
+    let mut idle_reclaimed = 0u32;
     let mut rss_early = None;
     let mut anon_early = None;
 
@@ -1627,6 +1650,7 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
                    crashed: &[(TrainingRun, Instant)],
                    orphans: &[(Strays, Instant)],
                    lingering: &[Lingering],
+                   idle_claims: &[(Proc, Instant)],
                    mallorys: &[(u32, u64, u32)]| {
         let mut seen = std::collections::HashSet::new();
         let mut list = Vec::new();
@@ -1646,6 +1670,10 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         }
         for &pid in &genuine.pids {
             add(process(pid, 1, 1024, 0), pid);
+        }
+        add(process(alices_idle.pid(), 1, 4096, 0), alices_idle.pid());
+        for (claim, _) in idle_claims {
+            add(process(claim.pid(), 1, 4096, 0), claim.pid());
         }
         for (strays, _) in orphans {
             for &pid in &strays.pids {
@@ -1681,7 +1709,14 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         if healthy.len() > 3 {
             // A job ends: out of the scenario first, then its processes.
             let done = healthy.remove(0);
-            sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+            sim.write(&entries(
+                &healthy,
+                &crashed,
+                &orphans,
+                &lingering,
+                &idle_claims,
+                &[],
+            ));
             drop(done);
         }
         if round.is_multiple_of(3) {
@@ -1713,7 +1748,12 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
             }
         }
         sim.write(&entries(
-            &healthy, &crashed, &orphans, &lingering, &mallorys,
+            &healthy,
+            &crashed,
+            &orphans,
+            &lingering,
+            &idle_claims,
+            &mallorys,
         ));
         wait_more_loops(&sim, 3);
 
@@ -1781,7 +1821,19 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         let strays = background_workers_of_env(smi.path(), uid, 2, &preload);
         orphan_pids.extend(&strays.pids);
         orphans.push((strays, Instant::now()));
-        sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+        // Another attacker's idle process claiming an exempt job.
+        let claim = &claims[round as usize % 2];
+        let idle_claim = Proc::spawn_as_with_env(IDLER, "sleep", &["notebook.py"], claim);
+        idle_claim_pids.push(idle_claim.pid());
+        idle_claims.push((idle_claim, Instant::now()));
+        sim.write(&entries(
+            &healthy,
+            &crashed,
+            &orphans,
+            &lingering,
+            &idle_claims,
+            &[],
+        ));
         wait_more_loops(&sim, 5);
 
         // Victims: alice's runs, the genuine program, the processes given reclaimed pids.
@@ -1790,6 +1842,7 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
             victims.push(("alice's run", run.parent.pid()));
             victims.extend(run.workers.pids.iter().map(|&p| ("alice's worker", p)));
         }
+        victims.push(("alice's exempt idle process", alices_idle.pid()));
         victims.extend(
             genuine
                 .pids
@@ -1846,6 +1899,24 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
             ));
             false
         });
+        let mut idle_left = Vec::new();
+        idle_claims.retain(|(claim, at)| {
+            if !alive(claim.pid()) {
+                idle_reclaimed += 1;
+                return false;
+            }
+            if at.elapsed() >= bound {
+                idle_left.push(format!(
+                    "round {round}: idle claim {} on an exempt job left for {:?}",
+                    claim.pid(),
+                    at.elapsed()
+                ));
+                return false;
+            }
+            true
+        });
+        shielded += idle_left.len() as u32;
+        findings.extend(idle_left);
         // A few given pids at a time: the oldest go, and pids never freed are given up.
         lingering.retain(|e| e.reuser.is_some() || e.since.elapsed() < Duration::from_secs(10));
         while lingering.iter().filter(|e| e.reuser.is_some()).count() > 6 {
@@ -1864,14 +1935,31 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     drop(cycler);
 
     // Every crash and every claimant orphan ends.
-    sim.write(&entries(&healthy, &crashed, &orphans, &lingering, &[]));
+    sim.write(&entries(
+        &healthy,
+        &crashed,
+        &orphans,
+        &lingering,
+        &idle_claims,
+        &[],
+    ));
     wait_until(Duration::from_secs(15), || {
         crashed
             .iter()
             .map(|(run, _)| &run.workers.pids)
             .chain(orphans.iter().map(|(strays, _)| &strays.pids))
             .all(|pids| pids.iter().all(|&pid| !alive(pid)))
+            && idle_claims.iter().all(|(claim, _)| !alive(claim.pid()))
     });
+    idle_reclaimed += idle_claims.len() as u32;
+    let idle_by_watchdog = idle_claim_pids
+        .iter()
+        .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
+        .count();
+    if !alive(alices_idle.pid()) {
+        victims_ended += 1;
+        findings.push("alice's exempt idle process was ended".into());
+    }
     reclaimed += crashed.len() as u32;
     claimants_ended += orphans.len() as u32;
     let by_watchdog = orphan_pids
@@ -1892,10 +1980,12 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         "soak: attack {seconds}s, {round} rounds, victims ended {victims_ended}, attackers \
          shielded {shielded}, forgeries accepted {forgeries}, crashes reclaimed {reclaimed}, \
          claimant orphans ended {claimants_ended} ({by_watchdog} of {} processes reclaimed by \
-         the daemon), pids given anew {reused} ({forks} forks), daemon restarts {restarts}, \
+         the daemon), idle claims on exempt jobs reclaimed {idle_reclaimed} \
+         ({idle_by_watchdog} of {} by the daemon), pids given anew {reused} ({forks} forks), daemon restarts {restarts}, \
          RSS {rss_early} -> {rss_late} KiB ({:+} KiB), anonymous {anon_early} -> {anon_late} \
          KiB ({:+} KiB)",
         orphan_pids.len(),
+        idle_claim_pids.len(),
         rss_late as i64 - rss_early as i64,
         anon_late as i64 - anon_early as i64
     );
@@ -1906,6 +1996,12 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         daemon.log()
     );
     assert_eq!((victims_ended, shielded, forgeries, restarts), (0, 0, 0, 0));
+    assert_eq!(
+        idle_by_watchdog,
+        idle_claim_pids.len(),
+        "idle claims not reclaimed by the daemon:\n{}",
+        daemon.log()
+    );
     assert!(
         reclaimed >= round / 3,
         "{reclaimed} of {} crashes",

@@ -3,20 +3,36 @@
 //! configuration's Xid catalog, judged by [`crate::health::verdict`], and the
 //! `gpuctl health --json` document.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::config::{self, Loaded};
 use crate::error::{CoreError, Result};
 use crate::health::log::{Acks, XidLog};
-use crate::health::{Action, Catalog, Cause, Facts, HEALTH_SCHEMA, Readings, Verdict, verdict};
+use crate::health::{
+    Action, Catalog, Cause, Facts, HEALTH_SCHEMA, Readings, Verdict, XidProcess, XidRule, verdict,
+};
 use crate::snapshot::{GpuSnapshot, GpuStatus, Snapshot};
 
-/// What a verdict is judged with besides the GPU's own readings.
+/// What a verdict is judged with besides the GPU's own readings: the Xid catalog in force,
+/// the watchdog's Xid log and the admins' acknowledgements. The one place the three are put
+/// together: `info`, `health`, the Slurm health check and epilog, and the watchdog ask it.
 #[derive(Debug, Clone, Default)]
 pub struct Judge {
     catalog: Catalog,
     log: XidLog,
     acks: Acks,
+}
+
+/// An application Xid (`restart_app`) that hit a job's processes, for the epilog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobXid {
+    pub xid: u32,
+    pub meaning: String,
+    pub action: Action,
+    /// The job's processes on the GPU then; never another user's claim on the job.
+    pub processes: Vec<XidProcess>,
 }
 
 impl Judge {
@@ -30,9 +46,59 @@ impl Judge {
         Judge { catalog, log, acks }
     }
 
-    /// A judge with these parts, for the watchdog (which holds its own log).
-    pub fn with(catalog: Catalog, log: XidLog, acks: Acks) -> Judge {
-        Judge { catalog, log, acks }
+    /// The catalog's rule for `xid` (the configuration's override, else NVIDIA's).
+    pub fn rule(&self, xid: u32) -> XidRule {
+        self.catalog.rule(xid)
+    }
+
+    /// The configuration changed (the watchdog's reload).
+    pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
+        self.catalog = Catalog::with_overrides(xid_actions);
+    }
+
+    /// The acknowledgements as last read (the watchdog reads them every loop).
+    pub fn set_acks(&mut self, acks: Acks) {
+        self.acks = acks;
+    }
+
+    pub fn acks(&self) -> &Acks {
+        &self.acks
+    }
+
+    pub fn log(&self) -> &XidLog {
+        &self.log
+    }
+
+    /// The log, for the watchdog, which records the Xids and forgets those before a reset.
+    pub fn log_mut(&mut self) -> &mut XidLog {
+        &mut self.log
+    }
+
+    /// The application Xids on GPU `uuid` that hit job `job_id`'s processes (its cgroup,
+    /// or an environment claim of its user `job_uid`), oldest first.
+    pub fn job_xids(&self, uuid: &str, job_id: u64, job_uid: Option<u32>) -> Vec<JobXid> {
+        self.log
+            .for_gpu(uuid)
+            .iter()
+            .filter_map(|record| {
+                let rule = self.rule(record.xid);
+                if rule.action != Action::RestartApp {
+                    return None;
+                }
+                let processes: Vec<XidProcess> = record
+                    .processes
+                    .iter()
+                    .filter(|p| p.is_of_job(job_id, job_uid))
+                    .cloned()
+                    .collect();
+                (!processes.is_empty()).then_some(JobXid {
+                    xid: record.xid,
+                    meaning: rule.meaning,
+                    action: rule.action,
+                    processes,
+                })
+            })
+            .collect()
     }
 
     /// The verdict of one GPU: a lost GPU needs a node reboot; one whose health was not
@@ -69,11 +135,7 @@ fn running(facts: &Facts) -> Vec<(u32, Option<u64>)> {
     pids.sort_unstable();
     pids.dedup();
     pids.into_iter()
-        .filter_map(|pid| {
-            let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-            let stat = crate::sys::procfile::StatLine::parse(&bytes)?;
-            Some((pid, Some(stat.starttime)))
-        })
+        .filter_map(|pid| Some((pid, Some(crate::host::start_ticks(pid)?))))
         .collect()
 }
 

@@ -122,7 +122,11 @@ pub fn watchdog_findings(loaded: Option<&config::Loaded>) -> Option<WatchdogFind
 /// what it found, so that every reader shows idleness the watchdog's window measured, even
 /// one that has just started.
 pub fn mark_idle(snapshot: &mut Snapshot, findings: &WatchdogFindings) {
-    for f in findings.findings.iter().filter(|f| f.kind == "idle") {
+    for f in findings
+        .findings
+        .iter()
+        .filter(|f| f.kind == crate::classify::Kind::Idle)
+    {
         let (Some(pid), Some(ticks), Some(idle)) = (f.pid, f.start_ticks, f.idle) else {
             continue;
         };

@@ -200,7 +200,7 @@ pub struct WatchdogFindings {
 pub struct WatchdogFinding {
     /// `orphaned`, `zombie_holder`, `stopped`, `above_fraction`, `stuck`, `idle` (see
     /// [`crate::classify::Kind::name`]).
-    pub kind: String,
+    pub kind: crate::classify::Kind,
     pub gpus: Vec<u32>,
     /// The GPUs' UUIDs, in the order of `gpus`.
     pub uuids: Vec<String>,

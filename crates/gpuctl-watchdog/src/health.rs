@@ -9,7 +9,7 @@ use std::path::Path;
 
 use gpuctl_core::checkup::Judge;
 use gpuctl_core::health::log::{Acks, XidLog};
-use gpuctl_core::health::{Action, Catalog, Verdict, XidProcess, XidRecord};
+use gpuctl_core::health::{Action, Verdict, XidProcess, XidRecord};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::snapshot::{GpuSnapshot, Snapshot};
@@ -57,23 +57,22 @@ pub struct HealthWatch {
     /// What the last registration watched, as logged: a reopened NVML session registers
     /// again, and says so only when that changes.
     watching: Option<String>,
-    catalog: Catalog,
-    log: XidLog,
+    /// The catalog, the Xid log this watchdog keeps, and the acknowledgements.
+    judge: Judge,
     loaded_from: Option<std::path::PathBuf>,
     pub metrics: HealthMetrics,
 }
 
 impl HealthWatch {
     pub fn new(xid_actions: BTreeMap<u32, Action>) -> HealthWatch {
-        HealthWatch {
-            catalog: Catalog::with_overrides(xid_actions),
-            ..HealthWatch::default()
-        }
+        let mut watch = HealthWatch::default();
+        watch.judge.set_catalog(xid_actions);
+        watch
     }
 
     /// The configuration changed (a reload).
     pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
-        self.catalog = Catalog::with_overrides(xid_actions);
+        self.judge.set_catalog(xid_actions);
     }
 
     /// One loop: registers the event set where needed, takes the pending events (each Xid
@@ -87,7 +86,7 @@ impl HealthWatch {
         logger: &Logger,
     ) {
         if self.loaded_from.as_deref() != state_dir {
-            self.log = state_dir.map(XidLog::read).unwrap_or_default();
+            *self.judge.log_mut() = state_dir.map(XidLog::read).unwrap_or_default();
             self.loaded_from = state_dir.map(Path::to_path_buf);
         }
         self.register(gpus, logger);
@@ -117,17 +116,22 @@ impl HealthWatch {
                 }
             }
         }
-        let acks = state_dir.map(Acks::read).unwrap_or_default();
+        self.judge
+            .set_acks(state_dir.map(Acks::read).unwrap_or_default());
         for gpu in &snapshot.devices {
             let (Some(uuid), Some(readings)) = (&gpu.uuid, &gpu.health_readings) else {
                 continue;
             };
             let volatile = readings.ecc.map(|e| e.volatile_total());
-            changed |= self.log.forget_reset(uuid, volatile, acks.get(uuid));
+            let acknowledged = self.judge.acks().get(uuid);
+            changed |= self
+                .judge
+                .log_mut()
+                .forget_reset(uuid, volatile, acknowledged);
         }
         if changed
             && let Some(dir) = state_dir
-            && let Err(error) = self.log.write(dir)
+            && let Err(error) = self.judge.log().write(dir)
         {
             logger.log(
                 Priority::Err,
@@ -138,7 +142,7 @@ impl HealthWatch {
                 &[("ACTION", "health-log-failed".into())],
             );
         }
-        Judge::with(self.catalog.clone(), self.log.clone(), acks).annotate(snapshot);
+        self.judge.annotate(snapshot);
         let now = units::unix_seconds() as u64;
         self.metrics.gpus = snapshot
             .devices
@@ -156,14 +160,16 @@ impl HealthWatch {
 
     /// How many jobs hit an app Xid on GPU `uuid` in the window before `now`.
     fn app_xid_jobs(&self, uuid: &str, now: u64) -> u64 {
-        let mut jobs: Vec<String> = self
-            .log
+        // An owner, else the process alone (Err sorts after every Ok).
+        let mut jobs: Vec<Result<&OwnerMatch, u32>> = self
+            .judge
+            .log()
             .for_gpu(uuid)
             .iter()
             .filter(|r| r.at_unix + APP_XID_WINDOW_SECS >= now)
-            .filter(|r| self.catalog.rule(r.xid).action == Action::RestartApp)
+            .filter(|r| self.judge.rule(r.xid).action == Action::RestartApp)
             .flat_map(|r| &r.processes)
-            .map(|p| p.owner.clone().unwrap_or_else(|| format!("pid:{}", p.pid)))
+            .map(|p| p.owner.as_ref().ok_or(p.pid))
             .collect();
         jobs.sort();
         jobs.dedup();
@@ -224,7 +230,7 @@ impl HealthWatch {
         let device = snapshot.devices.iter().find(|g| g.index == gpu);
         let uuid = uuid_of(snapshot, gpu);
         let processes = device.map(processes_on).unwrap_or_default();
-        let rule = self.catalog.rule(xid);
+        let rule = self.judge.rule(xid);
         let on = if processes.is_empty() {
             "no process on the GPU".to_string()
         } else {
@@ -232,7 +238,7 @@ impl HealthWatch {
                 "on the GPU: {}",
                 processes
                     .iter()
-                    .map(describe)
+                    .map(XidProcess::to_string)
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -249,7 +255,10 @@ impl HealthWatch {
         if !pids.is_empty() {
             fields.push(("PIDS", pids.join(",")));
         }
-        let owners: Vec<String> = processes.iter().filter_map(|p| p.owner.clone()).collect();
+        let owners: Vec<String> = processes
+            .iter()
+            .filter_map(|p| Some(p.owner.as_ref()?.to_string()))
+            .collect();
         if !owners.is_empty() {
             fields.push(("OWNERS", owners.join(",")));
         }
@@ -274,7 +283,7 @@ impl HealthWatch {
             .and_then(|d| d.health_readings.as_ref())
             .and_then(|r| r.ecc)
             .map(|e| e.volatile_total());
-        self.log.record(
+        self.judge.log_mut().record(
             &uuid,
             XidRecord {
                 xid,
@@ -313,29 +322,10 @@ fn processes_on(gpu: &GpuSnapshot) -> Vec<XidProcess> {
             pid: p.pid,
             start_ticks: p.host.start_ticks,
             user: p.host.user_name(),
-            owner: p
-                .host
-                .owner
-                .as_ref()
-                .and_then(OwnerMatch::of)
-                .map(|m| m.to_string()),
+            owner: p.host.owner.as_ref().and_then(OwnerMatch::of),
             command: p.host.command.clone(),
         })
         .collect()
-}
-
-/// `pid 4242 (alice, slurm:812, python3 train.py)`.
-fn describe(p: &XidProcess) -> String {
-    let facts: Vec<&str> = [&p.user, &p.owner, &p.command]
-        .into_iter()
-        .flatten()
-        .map(String::as_str)
-        .collect();
-    if facts.is_empty() {
-        format!("pid {}", p.pid)
-    } else {
-        format!("pid {} ({})", p.pid, facts.join(", "))
-    }
 }
 
 fn list(gpus: &[u32]) -> String {

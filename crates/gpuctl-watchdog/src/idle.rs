@@ -15,7 +15,7 @@ use gpuctl_core::classify::idle::{self, IdleCriteria, IdleFacts, IdleTracker, Wi
 use gpuctl_core::classify::{Finding, Kind};
 use gpuctl_core::config::IdleAction;
 use gpuctl_core::host;
-use gpuctl_core::owner::{Owner, OwnerMatch};
+use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::pidmap::{PidMap, PidSet};
 use gpuctl_core::snapshot::usage::{self, JobUsage};
 use gpuctl_core::snapshot::{GpuProcess, Snapshot};
@@ -227,6 +227,8 @@ impl IdleWatch {
             if now.saturating_sub(allocation.since_unix) < criteria.after.as_secs() {
                 continue;
             }
+            // The job's cgroups, and its user's environment claims.
+            let job = OwnerMatch::job(allocation.job, allocation.uid);
             for (index, uuid) in &allocation.gpus {
                 let on_it = snapshot.devices.iter().flat_map(|g| {
                     let whole = (g.uuid.as_deref() == Some(uuid.as_str())).then_some(&g.processes);
@@ -239,14 +241,11 @@ impl IdleWatch {
                         .chain(slice.map(|m| &m.processes))
                         .flatten()
                 });
-                let used = on_it.into_iter().any(|p| match &p.host.owner {
-                    Some(Owner::SlurmJob {
-                        job_id,
-                        uid,
-                        from_environ,
-                        ..
-                    }) => *job_id == allocation.job && (!from_environ || *uid == allocation.uid),
-                    _ => false,
+                let used = on_it.into_iter().any(|p| {
+                    p.host
+                        .owner
+                        .as_ref()
+                        .is_some_and(|owner| job.iter().any(|m| m.matches(owner)))
                 });
                 if !used {
                     unused.push((*index, uuid.clone(), allocation.job));

@@ -387,7 +387,7 @@ impl Status<'_> {
 /// One entry of the findings file: `since_unix` when the finding began.
 pub fn finding_entry(snapshot: &Snapshot, f: &Finding, since_unix: f64) -> WatchdogFinding {
     WatchdogFinding {
-        kind: f.kind.name().to_string(),
+        kind: f.kind,
         gpus: f.gpus.clone(),
         uuids: f
             .gpus

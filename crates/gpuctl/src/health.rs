@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use gpuctl_core::checkup::{self, GpuHealth, HealthDocument};
-use gpuctl_core::health::{Action, Cause, XidProcess};
+use gpuctl_core::health::{Action, Cause};
 use gpuctl_core::info::{InfoRequest, Survey};
 use gpuctl_core::text::escape;
 
@@ -121,22 +121,12 @@ fn cause_line(cause: &Cause, style: &Style) -> String {
         line.push_str(&format!(" at {}", humantime::format_rfc3339_seconds(at)));
     }
     if !cause.processes.is_empty() {
-        let on: Vec<String> = cause.processes.iter().map(process).collect();
+        let on: Vec<String> = cause
+            .processes
+            .iter()
+            .map(|p| escape(&p.to_string()).into_owned())
+            .collect();
         line.push_str(&format!("; on the GPU: {}", on.join(", ")));
     }
     line
-}
-
-/// `pid 4242 (alice, slurm:812, python3 train.py)`.
-fn process(p: &XidProcess) -> String {
-    let facts: Vec<String> = [&p.user, &p.owner, &p.command]
-        .into_iter()
-        .flatten()
-        .map(|f| escape(f).into_owned())
-        .collect();
-    if facts.is_empty() {
-        format!("pid {}", p.pid)
-    } else {
-        format!("pid {} ({})", p.pid, facts.join(", "))
-    }
 }

@@ -23,7 +23,7 @@ mod unattributed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::act::Identity;
 use crate::config::{Loaded, ReclaimKind};
@@ -31,7 +31,8 @@ use crate::host::Lineage;
 use crate::pidmap::{PidMap, PidSet};
 use crate::snapshot::{GpuProcess, GpuSnapshot, Snapshot};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// In JSON (reports, the watchdog's findings file) its [`Kind::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// Its run died: group leader gone and reparented out of the run.
@@ -69,6 +70,12 @@ pub enum Remedy {
     Enforce,
     /// Nothing a signal fixes: shown, never acted on.
     Report,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl Kind {

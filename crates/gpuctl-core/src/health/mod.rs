@@ -22,6 +22,7 @@ pub mod log;
 
 use serde::{Deserialize, Serialize};
 
+use crate::owner::OwnerMatch;
 pub use catalog::{Catalog, XID_CATALOG, XidEntry, XidRule};
 
 /// Version of the `gpuctl health --json` document; fields are only added within a version.
@@ -245,14 +246,50 @@ pub struct XidProcess {
     pub start_ticks: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// Its owner as a selector (`slurm:812`, `unit:…`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    /// Its owner as a selector (`slurm:812`; `slurm:812@1000` for a job only its
+    /// environment names, that uid's claim; `unit:…`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::owner::lenient"
+    )]
+    pub owner: Option<OwnerMatch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
 }
 
+/// `pid 4242 (alice, slurm:812, python3 train.py)`: what is known of it. Not escaped:
+/// the user chose the command, and each writer escapes for its reader.
+impl std::fmt::Display for XidProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {}", self.pid)?;
+        let owner = self.owner.as_ref().map(OwnerMatch::to_string);
+        let facts: Vec<&str> = [
+            self.user.as_deref(),
+            owner.as_deref(),
+            self.command.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !facts.is_empty() {
+            write!(f, " ({})", facts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 impl XidProcess {
+    /// Whether the process is job `job_id`'s, whose user is `job_uid`: the job's cgroup,
+    /// or an environment claim of the job's own user ([`OwnerMatch::job`]).
+    pub fn is_of_job(&self, job_id: u64, job_uid: Option<u32>) -> bool {
+        self.owner.as_ref().is_some_and(|owner| match owner {
+            OwnerMatch::SlurmJob(id) => *id == job_id,
+            OwnerMatch::SlurmClaim { job_id: id, uid } => *id == job_id && job_uid == Some(*uid),
+            _ => false,
+        })
+    }
+
     /// Whether the running process (pid, start ticks) is this one: the same pid, and the
     /// same start time where both are known.
     fn is(&self, (pid, start_ticks): (u32, Option<u64>)) -> bool {
@@ -300,6 +337,39 @@ pub struct Facts {
     pub acknowledged_unix: Option<u64>,
 }
 
+/// Why an Xid holds no action now; in JSON its snake-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum History {
+    /// The catalog gives it no action.
+    Catalog,
+    /// The driver's recovery-action field judged it.
+    RecoveryAction,
+    /// An admin acknowledged the GPU's Xids since.
+    Acknowledged,
+    /// The GPU was reset since.
+    Reset,
+}
+
+impl History {
+    pub const ALL: [History; 4] = [
+        History::Catalog,
+        History::RecoveryAction,
+        History::Acknowledged,
+        History::Reset,
+    ];
+
+    /// What a cause's message adds: " (history: acknowledged)".
+    fn why(self) -> &'static str {
+        match self {
+            History::Catalog => "",
+            History::RecoveryAction => " (history: the driver's recovery action decides)",
+            History::Acknowledged => " (history: acknowledged)",
+            History::Reset => " (history: the GPU was reset since)",
+        }
+    }
+}
+
 /// One reason for a verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cause {
@@ -325,10 +395,9 @@ pub struct Cause {
     /// NVIDIA replaces a GPU in this state (a row-remap failure).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rma: bool,
-    /// Why an Xid holds no action now: `recovery_action` (the driver's field judged it),
-    /// `acknowledged`, `reset` (the GPU was reset since), `catalog` (its action is none).
+    /// Why an Xid holds no action now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history: Option<String>,
+    pub history: Option<History>,
     /// The slowdown reasons of a `clock_event` cause.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
@@ -363,13 +432,15 @@ impl Cause {
             CauseKind::ClockEvent => format!("clocks slowed ({})", self.reasons.join(", ")),
             CauseKind::Xid => {
                 let xid = self.xid.unwrap_or(0);
+                // A claim from the environment names no job here: the job's user is not
+                // known to a verdict, and another user's claim must not name it.
                 let jobs: Vec<String> = self
                     .processes
                     .iter()
-                    .filter_map(|p| p.owner.as_deref())
-                    .map(|owner| match owner.strip_prefix("slurm:") {
-                        Some(job) => format!("job {}", job.split('@').next().unwrap_or(job)),
-                        None => owner.to_string(),
+                    .filter_map(|p| match p.owner.as_ref()? {
+                        OwnerMatch::SlurmJob(job) => Some(format!("job {job}")),
+                        OwnerMatch::SlurmClaim { .. } => None,
+                        other => Some(other.to_string()),
                     })
                     .fold(Vec::new(), |mut seen, job| {
                         if !seen.contains(&job) {
@@ -532,27 +603,25 @@ fn xid_cause(
         }
         (Action::RestartApp, None)
     } else if rule.action == Action::None {
-        (Action::None, Some("catalog"))
+        (Action::None, Some(History::Catalog))
     } else if facts.recovery_action.is_some() {
-        (Action::None, Some("recovery_action"))
+        (Action::None, Some(History::RecoveryAction))
     } else if facts
         .acknowledged_unix
         .is_some_and(|ack| ack >= record.at_unix)
     {
-        (Action::None, Some("acknowledged"))
+        (Action::None, Some(History::Acknowledged))
     } else if record
         .volatile_ecc
         .zip(volatile_now)
         .is_some_and(|(then, now)| now < then)
     {
-        (Action::None, Some("reset"))
+        (Action::None, Some(History::Reset))
     } else {
         (rule.action, None)
     };
     let why = match history {
-        Some("recovery_action") => " (history: the driver's recovery action decides)",
-        Some("acknowledged") => " (history: acknowledged)",
-        Some("reset") => " (history: the GPU was reset since)",
+        Some(history) if history != History::Catalog => history.why(),
         _ if rule.workflow => " (a multi-step workflow: the GPU's remap and ECC state decide)",
         _ => "",
     };
@@ -565,7 +634,7 @@ fn xid_cause(
     cause.meaning = Some(rule.meaning);
     cause.at_unix = Some(record.at_unix);
     cause.processes = record.processes.clone();
-    cause.history = history.map(str::to_string);
+    cause.history = history;
     Some(cause)
 }
 

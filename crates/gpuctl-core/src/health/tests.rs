@@ -25,7 +25,7 @@ fn under_job(mut record: XidRecord, pid: u32, job: &str) -> XidRecord {
         pid,
         start_ticks: Some(1000),
         user: Some("alice".into()),
-        owner: Some(format!("slurm:{job}")),
+        owner: Some(format!("slurm:{job}").parse().unwrap()),
         command: Some("python3 train.py".into()),
     });
     record
@@ -206,6 +206,79 @@ fn without_the_field_an_xid_holds_its_catalog_action() {
     assert_eq!(v.action, Action::NodeReboot);
 }
 
+/// A job only the environment names is a claim of its process's user: a verdict does not
+/// know the job's user, so such a claim names no job in the summary (a drain reason, info's
+/// health line), whoever made it.
+#[test]
+fn an_environment_claim_names_no_job_in_the_summary() {
+    let claimed = under_job(xid(64, 100), 4242, "812@1001");
+    let both = under_job(claimed.clone(), 4243, "813");
+    let v = judge(&Facts {
+        xids: vec![claimed],
+        ..Facts::default()
+    });
+    assert_eq!(v.summary().as_deref(), Some("needs a reset: Xid 64"));
+    let v = judge(&Facts {
+        xids: vec![both],
+        ..Facts::default()
+    });
+    assert_eq!(
+        v.summary().as_deref(),
+        Some("needs a reset: Xid 64 under job 813")
+    );
+}
+
+#[test]
+fn a_process_in_a_cause_reads_as_what_is_known_of_it() {
+    let record = under_job(xid(13, 1), 4242, "812@1000");
+    assert_eq!(
+        record.processes[0].to_string(),
+        "pid 4242 (alice, slurm:812@1000, python3 train.py)"
+    );
+    assert_eq!(
+        XidProcess {
+            pid: 7,
+            ..XidProcess::default()
+        }
+        .to_string(),
+        "pid 7"
+    );
+    let p = &record.processes[0];
+    assert!(p.is_of_job(812, Some(1000)));
+    assert!(!p.is_of_job(812, Some(1001)));
+    assert!(!p.is_of_job(812, None));
+    assert!(!p.is_of_job(813, Some(1000)));
+    let cgroup = &under_job(xid(13, 1), 1, "812").processes[0];
+    assert!(cgroup.is_of_job(812, None) && !cgroup.is_of_job(8120, None));
+}
+
+/// The Xid log as older versions wrote it reads back; an owner that is not one is dropped,
+/// not the log.
+#[test]
+fn xid_records_read_their_owners_back_and_survive_a_bad_one() {
+    let json = r#"{"xid": 13, "at_unix": 5, "processes": [
+        {"pid": 1, "owner": "slurm:812"}, {"pid": 2, "owner": "slurm:812@1000"},
+        {"pid": 3, "owner": "bogus"}, {"pid": 4, "owner": 7}, {"pid": 5}]}"#;
+    let record: XidRecord = serde_json::from_str(json).unwrap();
+    let owners: Vec<Option<String>> = record
+        .processes
+        .iter()
+        .map(|p| p.owner.as_ref().map(OwnerMatch::to_string))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            Some("slurm:812".into()),
+            Some("slurm:812@1000".into()),
+            None,
+            None,
+            None
+        ]
+    );
+    let back: XidRecord = serde_json::from_str(&serde_json::to_string(&record).unwrap()).unwrap();
+    assert_eq!(back, record);
+}
+
 #[test]
 fn the_summary_names_every_cause_that_asks_for_an_action() {
     let v = judge(&Facts {
@@ -241,7 +314,7 @@ fn with_the_field_reading_none_earlier_xids_are_history() {
     assert!(
         v.causes
             .iter()
-            .all(|c| c.history.as_deref() == Some("recovery_action"))
+            .all(|c| c.history == Some(History::RecoveryAction))
     );
 }
 
@@ -254,7 +327,7 @@ fn an_acknowledgement_turns_the_xids_up_to_it_into_history() {
     };
     let v = judge(&facts);
     assert_eq!(v.action, Action::GpuReset);
-    assert_eq!(v.causes[0].history.as_deref(), Some("acknowledged"));
+    assert_eq!(v.causes[0].history, Some(History::Acknowledged));
     assert_eq!(v.causes[1].history, None);
     let v = judge(&Facts {
         acknowledged_unix: Some(200),
@@ -286,7 +359,7 @@ fn a_reset_shows_as_volatile_ecc_counters_lower_than_at_the_xid() {
     };
     let v = judge(&after);
     assert_eq!(v.action, Action::None);
-    assert_eq!(v.causes[0].history.as_deref(), Some("reset"));
+    assert_eq!(v.causes[0].history, Some(History::Reset));
 }
 
 #[test]
@@ -300,7 +373,10 @@ fn an_app_xid_is_the_processs_problem_and_expires_with_it() {
     let v = judge(&running);
     assert_eq!(v.action, Action::None, "the GPU is fit");
     assert_eq!(kinds(&v), [(CauseKind::Xid, Action::RestartApp)]);
-    assert_eq!(v.causes[0].processes[0].owner.as_deref(), Some("slurm:812"));
+    assert_eq!(
+        v.causes[0].processes[0].owner,
+        Some(OwnerMatch::SlurmJob(812))
+    );
     assert_eq!(v.summary(), None);
 
     // Gone, or its pid reused by another process: the cause expires.

@@ -448,6 +448,14 @@ impl ProcView {
     }
 }
 
+/// The start time (boot ticks) of `pid` in this namespace's /proc, while it runs: with the
+/// pid, its identity. One bounded read of its stat file.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let stat = procfile::read_stat_line(&file).ok()?;
+    (stat.pid == pid).then_some(stat.starttime)
+}
+
 /// CLOCK_BOOTTIME now: the clock /proc/uptime and process start times count in (both
 /// shifted alike by a time namespace). A vDSO call, no file.
 pub fn boot_clock() -> io::Result<Duration> {

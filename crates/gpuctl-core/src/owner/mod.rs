@@ -197,12 +197,19 @@ impl Owner {
     }
 }
 
-/// An owner as a selector names it: `slurm:JOBID`, `pod:UID`, `container:ID`, `unit:NAME`,
-/// `scope:NAME`. Pod UIDs and container ids may be given by a unique-looking prefix of at
-/// least 8 characters, as `docker ps` shows 12. Ordered so that it can key a total.
+/// An owner as a selector names it: `slurm:JOBID`, `slurm:JOBID@UID`, `pod:UID`,
+/// `container:ID`, `unit:NAME`, `scope:NAME`. Pod UIDs and container ids may be given by a
+/// unique-looking prefix of at least 8 characters, as `docker ps` shows 12. Ordered so that
+/// it can key a total. In JSON it is that string (serde reads and writes it).
+///
+/// Which claims count where: a cgroup Slurm put a process in names the job (`slurm:J`); a
+/// `SLURM_JOB_ID` in a process's environment is only its user's claim (`slurm:J@UID`), and
+/// counts for the job only where UID is the job's own user's ([`OwnerMatch::job`]): never
+/// through `slurm:J` alone, so that nobody's environment puts a process into another
+/// job's Xids, drain reason, account, kill or exemption.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OwnerMatch {
-    /// The job, however a process is tied to it (its cgroup, or its environment).
+    /// The job as Slurm's cgroups name it.
     SlurmJob(u64),
     /// `slurm:JOBID@UID`: the processes of uid UID whose environment, not a cgroup, names
     /// the job. The key such a claim is kept under (peaks), apart from the job's own, so
@@ -318,9 +325,28 @@ impl OwnerMatch {
         })
     }
 
+    /// The selectors of job `job_id` whose user is `job_uid`: the job its cgroups name, and
+    /// that user's environment claims on it (proctrack/linuxproc). Without a known user,
+    /// the cgroups alone: a claim by an unknown uid is no one's.
+    pub fn job(job_id: u64, job_uid: Option<u32>) -> Vec<OwnerMatch> {
+        let claim = job_uid.map(|uid| OwnerMatch::SlurmClaim { job_id, uid });
+        std::iter::once(OwnerMatch::SlurmJob(job_id))
+            .chain(claim)
+            .collect()
+    }
+
+    /// Whether `owner` is the one this selector names. `slurm:J` is only the job a cgroup
+    /// names; a claim from the environment is matched by `slurm:J@UID` of its own uid.
     pub fn matches(&self, owner: &Owner) -> bool {
         match (self, owner) {
-            (OwnerMatch::SlurmJob(wanted), Owner::SlurmJob { job_id, .. }) => wanted == job_id,
+            (
+                OwnerMatch::SlurmJob(wanted),
+                Owner::SlurmJob {
+                    job_id,
+                    from_environ: false,
+                    ..
+                },
+            ) => wanted == job_id,
             (
                 OwnerMatch::SlurmClaim {
                     job_id: wanted,
@@ -350,6 +376,30 @@ impl OwnerMatch {
             _ => false,
         }
     }
+}
+
+/// The selector form in JSON: `"slurm:812"`, `"slurm:812@1000"`, `"unit:vllm.service"`.
+impl Serialize for OwnerMatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for OwnerMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OwnerMatch, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// For a field of a file gpuctl reads back (the Xid log): an owner that does not read as
+/// one (a file from another version, or edited) is no owner, never the whole file lost.
+pub fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<OwnerMatch>, D::Error> {
+    let text = <Option<serde_json::Value> as serde::Deserialize>::deserialize(d)?;
+    Ok(text
+        .as_ref()
+        .and_then(serde_json::Value::as_str)
+        .and_then(|t| t.parse().ok()))
 }
 
 #[cfg(test)]

@@ -647,7 +647,8 @@ fn the_environment_names_a_slurm_job_as_a_marked_fallback() {
     assert!(key.matches(&owner));
     let anchored = v2("/system.slice/slurmstepd.scope/job_4242/step_0");
     assert!(!key.matches(&anchored));
-    assert!(OwnerMatch::SlurmJob(4242).matches(&owner));
+    // The job as a cgroup names it is not what the environment claims.
+    assert!(!OwnerMatch::SlurmJob(4242).matches(&owner));
     assert_eq!(slurm_job_from_environ(b"HOME=/root\0", 0), None);
     assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=x1\0", 0), None);
     // A step id that is not a plain word is left out, not shown.
@@ -720,4 +721,58 @@ fn owner_selectors_parse_and_match() {
     ] {
         assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
     }
+}
+
+/// Which claims count for a job: a cgroup always; the environment only with the job's uid,
+/// never through `slurm:J` alone; a claim without a uid never.
+#[test]
+fn a_claim_counts_for_a_job_only_from_a_cgroup_or_the_jobs_own_user() {
+    let job = |uid: Option<u32>, from_environ: bool| Owner::SlurmJob {
+        job_id: 812,
+        step: None,
+        uid,
+        from_environ,
+    };
+    let of_alice = OwnerMatch::job(812, Some(1000));
+    let counts = |patterns: &[OwnerMatch], owner: &Owner| patterns.iter().any(|m| m.matches(owner));
+    // A cgroup claim (v1 with its uid directory, v2 without).
+    assert!(counts(&of_alice, &job(Some(1000), false)));
+    assert!(counts(&of_alice, &job(None, false)));
+    assert!(counts(&[OwnerMatch::SlurmJob(812)], &job(None, false)));
+    // The environment, with the job's uid: the job's, where its user is known.
+    assert!(counts(&of_alice, &job(Some(1000), true)));
+    assert!(!counts(
+        &[OwnerMatch::SlurmJob(812)],
+        &job(Some(1000), true)
+    ));
+    // With another uid: never the job's.
+    assert!(!counts(&of_alice, &job(Some(1001), true)));
+    assert!(!OwnerMatch::SlurmJob(812).matches(&job(Some(1001), true)));
+    // With none: no one's.
+    assert!(!counts(&of_alice, &job(None, true)));
+    assert_eq!(OwnerMatch::of(&job(None, true)), None);
+    // A job whose user is unknown: its cgroups alone.
+    assert_eq!(OwnerMatch::job(812, None), [OwnerMatch::SlurmJob(812)]);
+    assert!(!counts(&OwnerMatch::job(812, None), &job(Some(1000), true)));
+    // Another job's number is never this one.
+    assert!(!counts(
+        &OwnerMatch::job(813, Some(1000)),
+        &job(Some(1000), false)
+    ));
+}
+
+#[test]
+fn owner_selectors_are_their_strings_in_json() {
+    for text in [
+        "slurm:812",
+        "slurm:812@1000",
+        "unit:vllm.service",
+        "scope:session-3.scope",
+    ] {
+        let wanted: OwnerMatch = text.parse().unwrap();
+        let json = serde_json::to_string(&wanted).unwrap();
+        assert_eq!(json, format!("\"{text}\""));
+        assert_eq!(serde_json::from_str::<OwnerMatch>(&json).unwrap(), wanted);
+    }
+    assert!(serde_json::from_str::<OwnerMatch>("\"slurm:x\"").is_err());
 }

@@ -64,6 +64,16 @@ pub fn group_of(host: &HostProcess, by: By) -> String {
         By::Owner => match &host.owner {
             None => "?".to_string(),
             Some(Owner::None) => "(no owner)".to_string(),
+            // An environment claim is its user's, never summed with the job's own.
+            Some(Owner::SlurmJob {
+                job_id,
+                from_environ: true,
+                uid,
+                ..
+            }) => match uid {
+                Some(uid) => format!("slurm {job_id} (env, uid {uid})"),
+                None => format!("slurm {job_id} (env)"),
+            },
             Some(Owner::SlurmJob { job_id, .. }) => format!("slurm {job_id}"),
             Some(owner) => owner.label(),
         },
@@ -261,5 +271,22 @@ mod tests {
             json,
             serde_json::json!({"owner": "slurm 7", "used_bytes": 81u64 << 30, "gpus": [0, 1], "processes": 2})
         );
+    }
+
+    #[test]
+    fn an_environment_claim_is_its_users_total_not_the_jobs() {
+        let claim = |uid| Owner::SlurmJob {
+            job_id: 7,
+            step: None,
+            uid,
+            from_environ: true,
+        };
+        let host = |owner| process(1, Some(1), None, owner).host.as_ref().clone();
+        assert_eq!(group_of(&host(job(7, "0")), By::Owner), "slurm 7");
+        assert_eq!(
+            group_of(&host(claim(Some(1001))), By::Owner),
+            "slurm 7 (env, uid 1001)"
+        );
+        assert_eq!(group_of(&host(claim(None)), By::Owner), "slurm 7 (env)");
     }
 }

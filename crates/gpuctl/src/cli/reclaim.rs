@@ -94,10 +94,11 @@ pub struct KillArgs {
 
     /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
     /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several.
-    /// slurm:JOBID also matches processes that only their environment ties to the job
-    /// (proctrack/linuxproc, shown "(env)"): any user can set that, so add --user, or use
-    /// slurm:JOBID@UID, the job as that user's processes claim it. The Slurm epilog ends a
-    /// finished job's leftovers of the job's own user only.
+    /// slurm:JOBID is the job as Slurm's cgroups name it; processes that only their
+    /// environment ties to the job (proctrack/linuxproc, shown "(env)") are matched by
+    /// slurm:JOBID@UID alone, the job as user UID's processes claim it: any user can set
+    /// SLURM_JOB_ID. The Slurm epilog ends a finished job's leftovers of the job's own user
+    /// only.
     #[arg(long = "owner", value_name = "KIND:ID")]
     pub owners: Vec<OwnerMatch>,
 

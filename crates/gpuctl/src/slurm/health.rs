@@ -4,14 +4,14 @@
 //! the epilog names the job in slurm.log where an application Xid hit its GPU.
 
 use anyhow::Result;
-use gpuctl_core::config::{self, Loaded};
-use gpuctl_core::health::log::XidLog;
-use gpuctl_core::health::{Action, Catalog};
+use gpuctl_core::checkup::Judge;
+use gpuctl_core::config::Loaded;
 use gpuctl_core::reclaim::Session;
 use gpuctl_core::session::Reader;
 use gpuctl_core::snapshot::SnapshotOptions;
 
 use super::drain::REASON_PREFIX;
+use super::job::Job;
 
 /// For each GPU that needs a GPU-level action: "GPU 1 needs a reset: row remap pending;
 /// Xid 64 under job 812". Empty when every GPU is fit.
@@ -42,56 +42,27 @@ pub fn is_health_reason(reason: &str) -> bool {
     digits > 0 && rest[digits..].starts_with(" needs ")
 }
 
-/// The epilog's lines for the application Xids the watchdog saw hit job `job_id`'s
-/// processes on its GPUs: "job 812: Xid 13 (Graphics Engine Exception) on GPU 0 hit pid
-/// 4242 (python3 train.py): restart_app".
-pub fn job_xids(
-    loaded: Option<&Loaded>,
-    snapshot_uuids: &[(u32, String)],
-    job_id: u64,
-) -> Vec<String> {
-    let Some(dir) = config::watchdog_state_dir(loaded) else {
-        return Vec::new();
-    };
-    let log = XidLog::read(&dir);
-    let catalog = Catalog::with_overrides(loaded.map(Loaded::xid_actions).unwrap_or_default());
+/// The epilog's lines for the application Xids the watchdog saw hit job `job`'s processes
+/// on its GPUs: "job 812: Xid 13 (Graphics Engine Exception) on GPU 0 hit pid 4242 (alice,
+/// slurm:812, python3 train.py): restart_app". A process only its environment ties to the
+/// job is the job's only where it runs as the job's user.
+pub fn job_xids(loaded: &Loaded, snapshot_uuids: &[(u32, String)], job: &Job) -> Vec<String> {
+    let judge = Judge::load(Some(loaded));
     let mut lines = Vec::new();
     for (index, uuid) in snapshot_uuids {
-        for record in log.for_gpu(uuid) {
-            let hit: Vec<String> = record
-                .processes
-                .iter()
-                .filter(|p| p.owner.as_deref().is_some_and(|o| is_job(o, job_id)))
-                .map(|p| match &p.command {
-                    Some(command) => format!("pid {} ({command})", p.pid),
-                    None => format!("pid {}", p.pid),
-                })
-                .collect();
-            if hit.is_empty() {
-                continue;
-            }
-            let rule = catalog.rule(record.xid);
-            if rule.action != Action::RestartApp {
-                continue;
-            }
+        for hit in judge.job_xids(uuid, job.id, job.uid) {
+            let processes: Vec<String> = hit.processes.iter().map(|p| p.to_string()).collect();
             lines.push(format!(
-                "job {job_id}: Xid {} ({}) on GPU {index} hit {}: {}",
-                record.xid,
-                rule.meaning,
-                hit.join(", "),
-                rule.action
+                "job {}: Xid {} ({}) on GPU {index} hit {}: {}",
+                job.id,
+                hit.xid,
+                hit.meaning,
+                processes.join(", "),
+                hit.action
             ));
         }
     }
     lines
-}
-
-/// `slurm:812` or `slurm:812@1000` (a job only the environment names) is job 812.
-fn is_job(owner: &str, job_id: u64) -> bool {
-    owner
-        .strip_prefix("slurm:")
-        .and_then(|rest| rest.split('@').next())
-        .is_some_and(|id| id == job_id.to_string())
 }
 
 #[cfg(test)]
@@ -113,13 +84,5 @@ mod tests {
             "GPU 1 needs a reset: an admin wrote this"
         ));
         assert!(!is_health_reason("gpuctl: GPU x needs a reset"));
-    }
-
-    #[test]
-    fn owners_name_their_job() {
-        assert!(is_job("slurm:812", 812));
-        assert!(is_job("slurm:812@1000", 812));
-        assert!(!is_job("slurm:8120", 812));
-        assert!(!is_job("unit:slurm:812", 812));
     }
 }

@@ -42,16 +42,10 @@ impl Job {
         })
     }
 
-    /// `slurm:ID`: the job as `--owner` selects it (by cgroup or by SLURM_JOB_ID) and as the
-    /// watchdog keys its peaks.
+    /// `slurm:ID`: the job as its cgroups name it, as `--owner` selects it and the watchdog
+    /// keys its peaks.
     pub fn owner_key(&self) -> String {
-        format!("slurm:{}", self.id)
-    }
-
-    pub fn owner(&self) -> Result<OwnerMatch> {
-        self.owner_key()
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!(e))
+        OwnerMatch::SlurmJob(self.id).to_string()
     }
 
     /// `slurm:ID@UID`: where the watchdog keeps the peaks of the job's user's processes

@@ -71,7 +71,7 @@ fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
             .enumerate()
             .filter_map(|(index, uuid)| Some((index as u32, uuid?)))
             .collect();
-        for line in health::job_xids(Some(&session.loaded), &uuids, job.id) {
+        for line in health::job_xids(&session.loaded, &uuids, &job) {
             log.line(&line);
         }
         Ok(problems)

@@ -12,6 +12,7 @@ use gpuctl_core::nvml::Place;
 use gpuctl_core::reclaim::{
     self, ClearRequest, Cleared, Ending, KillRequest, Killed, ResetRequest, Session,
 };
+use gpuctl_core::select::OwnerMatch;
 use gpuctl_core::snapshot::usage;
 use gpuctl_core::units;
 use gpuctl_core::verify::GpuState;
@@ -107,7 +108,8 @@ pub fn epilog(
     let killed = match job.uid {
         Some(uid) => {
             let request = KillRequest {
-                owners: vec![job.owner()?],
+                // The job's cgroups, and its user's environment claims (linuxproc).
+                owners: OwnerMatch::job(job.id, Some(uid)),
                 uids: vec![uid],
                 ending: Ending {
                     signal: Signal::TERM,

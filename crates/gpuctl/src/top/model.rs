@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use gpuctl_core::Snapshot;
+use gpuctl_core::classify::Kind;
 use gpuctl_core::nvml::Place;
 use gpuctl_core::report::WatchdogFindings;
 use gpuctl_core::snapshot::{GpuProcess, GpuStatus};
@@ -420,7 +421,7 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
         .into_iter()
         .flat_map(|w| &w.findings)
         .filter(|f| f.pid == Some(process.pid) && (f.gpus.is_empty() || f.gpus.contains(&gpu)))
-        .map(|f| finding_label(&f.kind).to_string())
+        .map(|f| finding_label(f.kind).to_string())
         .collect();
     flags.dedup();
     if let Some(claim) = host.protection.as_ref().filter(|c| !c.genuine) {
@@ -474,14 +475,12 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
 }
 
 /// A watchdog finding's kind as the view names it.
-pub fn finding_label(kind: &str) -> &str {
+pub fn finding_label(kind: Kind) -> &'static str {
     match kind {
-        "orphaned" => "stale",
-        "zombie_holder" => "zombie holder",
-        "stopped" => "stopped",
-        "above_fraction" => "above share",
-        "stuck" => "stuck",
-        other => other,
+        Kind::Orphaned => "stale",
+        Kind::ZombieHolder => "zombie holder",
+        Kind::AboveFraction => "above share",
+        other => other.name(),
     }
 }
 

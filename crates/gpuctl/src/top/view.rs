@@ -287,7 +287,7 @@ fn gpu_lines(
         .filter(|f| f.pid.is_none() && f.gpus.contains(&gpu.index))
     {
         spans.push(Span::styled(
-            format!("  [{}]", finding_label(&finding.kind)),
+            format!("  [{}]", finding_label(finding.kind)),
             palette.fg(Color::Red).add_modifier(Modifier::BOLD),
         ));
     }
