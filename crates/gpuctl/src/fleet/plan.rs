@@ -337,7 +337,7 @@ pub fn detail_table(node: &str, doc: &serde_json::Value) -> String {
         for p in gpu["processes"].as_array().into_iter().flatten() {
             out.push_str(&format!(
                 "  {:>8}  {:<12}  {:>10}  {:<16}  {}\n",
-                p["pid"],
+                p["pid"].as_u64().unwrap_or(0),
                 escape(p["user"].as_str().unwrap_or("?")),
                 p["used_bytes"].as_u64().map_or("?".into(), bytes),
                 escape(&owner_text(&p["owner"])),
