@@ -227,7 +227,7 @@ fn detail(args: &FleetArgs, config: &FleetConfig, node: &str) -> Result<Exit, Fl
             "--detail needs [fleet] exec in gpuctl.toml: how to run a command on a node".into(),
         ));
     }
-    if node.is_empty() || node.starts_with('-') || node.chars().any(char::is_control) {
+    if !plan::usable_node_name(node) {
         return Err(FleetError::Usage(format!(
             "--detail: '{node}' is not a node name"
         )));

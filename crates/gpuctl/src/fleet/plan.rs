@@ -49,8 +49,26 @@ pub fn plan(nodes: &[Node]) -> Vec<NodePlan> {
         .collect()
 }
 
+/// Whether `name` may go into a command line: a host name or address, never an option
+/// (`-oProxyCommand=…` to ssh) or shell syntax. Instance labels come from service
+/// discovery, which may carry what a node's owner chose.
+pub fn usable_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:[]".contains(&b))
+}
+
 fn steps(node: &Node, in_slurm: bool) -> Vec<Step> {
     let mut steps = Vec::new();
+    if !usable_node_name(&node.node) {
+        steps.push(Step {
+            why: "its name is not a host name: relabel its instance to one".into(),
+            command: Vec::new(),
+        });
+        return steps;
+    }
     if !matches!(node.status, Status::Reporting | Status::NvmlDown) {
         steps.push(Step {
             why: format!(
@@ -400,5 +418,15 @@ mod tests {
             ])
         );
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+
+    #[test]
+    fn only_host_names_go_into_commands() {
+        for good in ["gpu-01", "dgx.example.org", "10.0.0.7", "[::1]"] {
+            assert!(usable_node_name(good), "{good}");
+        }
+        for bad in ["", "-oProxyCommand=sh", "a b", "a;b", "$(x)", "a/b"] {
+            assert!(!usable_node_name(bad), "{bad}");
+        }
     }
 }
