@@ -245,7 +245,7 @@ fn the_published_schemas_are_valid_json_schema() {
         .filter(|name| name.ends_with(".schema.json"))
         .collect();
     names.sort();
-    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(names.len(), 10, "{names:?}");
     for name in names {
         let schema = schema(&name);
         assert_eq!(
@@ -434,4 +434,128 @@ fn typed_histories_owners_and_kinds_round_trip_as_the_schemas_say() {
         assert_eq!(serde_json::to_value(&finding).unwrap(), doc);
         validate(&info, kind_def, &doc, "$").unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// A stand-in for Prometheus' query API on a loopback port: each request is answered with
+/// the body `answer` gives for its query (form-encoded POST), until the test ends. The real
+/// Prometheus is tests/prometheus_real's; this one lets every document be held to its schema
+/// here, with fixed figures.
+fn canned_prometheus(answer: fn(&str) -> String) -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let body = answer(&String::from_utf8_lossy(&body));
+            let _ = (&stream).write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    port
+}
+
+/// One instant vector of `(labels, value)`.
+fn vector(samples: &[(&[(&str, &str)], f64)]) -> String {
+    let result: Vec<Value> = samples
+        .iter()
+        .map(|(labels, value)| {
+            let metric: Map<String, Value> = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(*v)))
+                .collect();
+            serde_json::json!({ "metric": metric, "value": [1.0, value.to_string()] })
+        })
+        .collect();
+    serde_json::json!({ "status": "success", "data": { "resultType": "vector", "result": result } })
+        .to_string()
+}
+
+fn fleet_answer(form: &str) -> String {
+    if form.contains("gpuctl_user_memory_bytes") {
+        return vector(&[
+            (&[("user", "alice"), ("q", "held")], 4e9),
+            (&[("user", "alice"), ("q", "held_over")], 7.2e13),
+        ]);
+    }
+    let n = |q: &'static str| -> [(&'static str, &'static str); 2] {
+        [("instance", "gpu-01:9100"), ("q", q)]
+    };
+    vector(&[
+        (&n("known"), 5.0),
+        (&n("up"), 1.0),
+        (&n("age"), 2.0),
+        (&n("nvml_up"), 1.0),
+        (&n("gpus"), 8.0),
+        (&n("used"), 6e9),
+        (&n("total"), 1.1e12),
+        (
+            &[
+                ("instance", "gpu-01:9100"),
+                ("q", "held"),
+                ("kind", "orphaned"),
+                ("owner", "slurm:7"),
+            ],
+            3e9,
+        ),
+        (
+            &[
+                ("instance", "gpu-01:9100"),
+                ("q", "findings"),
+                ("kind", "orphaned"),
+            ],
+            2.0,
+        ),
+        (
+            &[
+                ("instance", "gpu-01:9100"),
+                ("q", "health"),
+                ("gpu", "3"),
+                ("action", "gpu_reset"),
+            ],
+            1.0,
+        ),
+        (&[("instance", "gpu-02:9100"), ("q", "known")], 5.0),
+        (&[("instance", "gpu-02:9100"), ("q", "up")], 0.0),
+    ])
+}
+
+#[test]
+fn fleet_json_matches_its_schema() {
+    let port = canned_prometheus(fleet_answer);
+    let url = format!("http://127.0.0.1:{port}");
+    let sim = Sim::new("");
+    let schema = schema("fleet-v1.schema.json");
+    for args in [
+        vec!["fleet"],
+        vec!["fleet", "--by", "user", "--since", "7d"],
+        vec!["fleet", "--plan"],
+    ] {
+        let run = sim.run(&[args.as_slice(), &["--prometheus", &url, "--json"]].concat());
+        let doc: Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}{}", run.stdout, run.stderr));
+        validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        conforms(&schema, &doc).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+    let doc = sim.json(&["fleet", "--prometheus", &url]);
+    assert_eq!(doc["nodes"][0]["node"], "gpu-01", "{doc:#}");
+    assert_eq!(doc["nodes"][0]["clearable_bytes"], 3_000_000_000u64);
+    assert_eq!(doc["nodes"][1]["status"], "target_down");
 }

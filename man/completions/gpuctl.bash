@@ -22,6 +22,9 @@ _gpuctl() {
             gpuctl,enable)
                 cmd="gpuctl__subcmd__enable"
                 ;;
+            gpuctl,fleet)
+                cmd="gpuctl__subcmd__fleet"
+                ;;
             gpuctl,fraction)
                 cmd="gpuctl__subcmd__fraction"
                 ;;
@@ -60,6 +63,9 @@ _gpuctl() {
                 ;;
             gpuctl__subcmd__help,enable)
                 cmd="gpuctl__subcmd__help__subcmd__enable"
+                ;;
+            gpuctl__subcmd__help,fleet)
+                cmd="gpuctl__subcmd__help__subcmd__fleet"
                 ;;
             gpuctl__subcmd__help,fraction)
                 cmd="gpuctl__subcmd__help__subcmd__fraction"
@@ -143,7 +149,7 @@ _gpuctl() {
 
     case "${cmd}" in
         gpuctl)
-            opts="-h -V --color --help --version info kill clear reset health fraction enable top slurm serve run pick help"
+            opts="-h -V --color --help --version info kill clear reset health fleet fraction enable top slurm serve run pick help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -224,6 +230,68 @@ _gpuctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpuctl__subcmd__fleet)
+            opts="-h --prometheus --bearer-token-file --ca-file --node --by --since --stale-after --timeout --watch --plan --exec --yes --concurrency --detail --json --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --prometheus)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bearer-token-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ca-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --node)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --by)
+                    COMPREPLY=($(compgen -W "user owner" -- "${cur}"))
+                    return 0
+                    ;;
+                --since)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --stale-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --watch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --detail)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpuctl__subcmd__fraction)
             opts="-h --gpu --user --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -281,7 +349,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help)
-            opts="info kill clear reset health fraction enable top slurm serve run pick help"
+            opts="info kill clear reset health fleet fraction enable top slurm serve run pick help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -309,6 +377,20 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__help__subcmd__enable)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpuctl__subcmd__help__subcmd__fleet)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

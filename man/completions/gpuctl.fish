@@ -34,6 +34,7 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "kill" -d 'Terminate G
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
+complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fleet" -d 'The whole fleet\'s GPU memory, waste and health, from the Prometheus that scrapes it'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
 complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
@@ -106,6 +107,26 @@ always\t''
 never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand health" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l prometheus -d 'The query API\'s base URL: Prometheus, Thanos, Mimir or VictoriaMetrics (default: the configuration\'s [fleet] prometheus)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l bearer-token-file -d 'A file holding the bearer token sent with each query (default: [fleet] bearer_token_file)' -r -F
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l ca-file -d 'PEM certificates of the CAs that sign the server\'s certificate, in place of the built-in public roots (default: [fleet] ca_file)' -r -F
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l node -d 'Only the nodes whose name matches PATTERN (a regular expression, matched whole, as Prometheus matches labels: \'gpu-0[1-4]\', \'dgx.*\')' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l by -d 'Totals across the fleet per user or per owner: memory held now, held idle now, and GiB-hours held and held idle over --since' -r -f -a "user\t''
+owner\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l since -d 'The window of --by\'s GiB-hours' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l stale-after -d 'How old a node\'s metrics may be before it counts as not reporting (default: three of its watchdog\'s intervals, at least 60s)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l timeout -d 'How long a query may take' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l watch -d 'Redraw every SECONDS (default 5) until interrupted' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l concurrency -d 'With --exec: how many nodes at once (default: [fleet] concurrency, else 8)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l detail -d 'Run `gpuctl info` on NODE through the [fleet] exec template and show its table' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l plan -d 'Print, per node, the commands that would reclaim or fix what it found'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l exec -d 'Carry the plan out through the configured [fleet] exec template, after showing it and asking (or with --yes)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l yes -d 'With --exec: do not ask'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand fleet" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l gpu -d 'A per-GPU entry (index or UUID); when showing, only this GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l user -d 'A per-user entry; when showing, the share this user\'s processes get' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand fraction" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
@@ -195,19 +216,20 @@ never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l index -d 'Print each GPU\'s index (0, or 0/3 for a MIG instance) instead of its UUID'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand pick" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "run" -d 'Lease free, healthy GPUs, run a command on them, and leave nothing behind'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "pick" -d 'Print free, healthy GPUs for scripts that launch by other means; takes no lease'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fraction enable top slurm serve run pick help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "info" -d 'Show every GPU and every process holding memory on it (the default command)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "kill" -d 'Terminate GPU processes by selector, safely'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "clear" -d 'Reclaim GPU memory that crashed runs left behind; with --wait, until it is free'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "reset" -d 'Restore what a finished job may have changed on a card, as Slurm epilogs do'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "health" -d 'Tell a broken GPU from a busy one: one health verdict per GPU, with its causes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "fleet" -d 'The whole fleet\'s GPU memory, waste and health, from the Prometheus that scrapes it'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "fraction" -d 'Show or set the per-process memory-share policy: the share of one GPU\'s memory a single process may hold'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "enable" -d 'Print or apply memory-efficient allocator settings for PyTorch, JAX and TensorFlow'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "top" -d 'The interactive view: every GPU and every process, refreshed, with gpuctl\'s safe kill'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "slurm" -d 'Slurm\'s prolog, epilog and node health check for GPU nodes'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "serve" -d 'Answer containers\' "which GPU processes are mine" on a Unix socket (host service)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "run" -d 'Lease free, healthy GPUs, run a command on them, and leave nothing behind'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "pick" -d 'Print free, healthy GPUs for scripts that launch by other means; takes no lease'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from info kill clear reset health fleet fraction enable top slurm serve run pick help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "prolog" -d 'Before a job: reclaim crashed runs\' leftovers on the job\'s GPUs only, and wait until they are free; if they are not, drain the node with the reason and exit 1 (Slurm then requeues the job)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "epilog" -d 'After a job: end what is left of it (by its cgroup, or by SLURM_JOB_ID in the environment of processes no cgroup ties to a job), check its GPUs\' memory is released, restore the card settings it may have changed, and write its account. On failure, drain the node with the reason and exit 1'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from slurm" -f -a "healthcheck" -d 'Slurm\'s HealthCheckProgram: drain this node when a GPU\'s health verdict needs a reset, a reboot or a drain (the reason names the GPU, the action and the causes); resume it if gpuctl drained it and the GPUs are healthy, and the GPUs a memory reason named free, now. A node drained for any other reason is left alone'

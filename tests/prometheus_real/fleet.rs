@@ -78,6 +78,8 @@ pub struct Daemon {
     pub name: String,
     child: Child,
     pub log: PathBuf,
+    /// Stopped by the test on purpose: not a daemon that died.
+    stopped: bool,
 }
 
 impl Daemon {
@@ -104,11 +106,15 @@ impl Daemon {
             name: name.to_string(),
             child,
             log,
+            stopped: false,
         })
     }
 
     /// Err (with its log's tail) when it has exited.
     pub fn check_alive(&mut self) -> Result<(), String> {
+        if self.stopped {
+            return Ok(());
+        }
         match self.child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => Err(format!(
@@ -131,9 +137,15 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
+impl Daemon {
+    /// Stops it now, as a node that goes away mid-test.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.end();
+    }
+
     /// SIGTERM to its PID, up to 5 s to exit, then SIGKILL; reaped.
-    fn drop(&mut self) {
+    fn end(&mut self) {
         if matches!(self.child.try_wait(), Ok(Some(_))) {
             return;
         }
@@ -153,6 +165,12 @@ impl Drop for Daemon {
     }
 }
 
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// One GPU node: its scenario, the processes it names, its watchdog and node exporter.
 pub struct Node {
     /// 1, 2, 3.
@@ -164,19 +182,52 @@ pub struct Node {
     pub port: u16,
     /// The node exporter's textfile directory, where the watchdog writes `gpuctl.prom`.
     pub textfile_dir: PathBuf,
+    /// Prometheus relabels its instance to this name (a [`Layout::named`] fleet).
+    pub name: Option<String>,
+    nvml: bool,
     /// Held only so that they live as long as the node (killed on drop).
-    pub _procs: Vec<Proc>,
+    pub _procs: Vec<Held>,
 }
+
+/// What a node holds for as long as it runs: its processes, a crashed run's workers.
+pub type Held = Box<dyn std::any::Any + Send>;
+
+/// A fleet's nodes: how many, what each runs, how they are named.
+pub struct Layout {
+    pub nodes: usize,
+    /// The nodes numbered up to this one have NVML.
+    pub nvml_nodes: usize,
+    /// Node `n`'s scenario and what it holds.
+    pub populate: fn(usize) -> (Scenario, Vec<Held>),
+    /// Each node's instance is relabelled to `nodeN`, and its sim's directory is
+    /// `DIR/nodeN`, so that a command template can name its files by `{node}`.
+    pub named: bool,
+}
+
+/// The layout of the shared fleet of the metrics, rules and dashboard checks.
+const CHECKS: Layout = Layout {
+    nodes: NODES,
+    nvml_nodes: GPU_NODES,
+    populate: |number| {
+        let (scenario, procs) = populate(number);
+        let held = procs.into_iter().map(|p| Box::new(p) as Held).collect();
+        (scenario, held)
+    },
+    named: false,
+};
 
 impl Node {
     /// The `instance` label Prometheus gives the node's series.
     pub fn instance(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        match &self.name {
+            Some(name) => name.clone(),
+            None => format!("127.0.0.1:{}", self.port),
+        }
     }
 
-    /// Whether NVML answers on it (nodes 1 to 3).
+    /// Whether NVML answers on it (nodes 1 to 3 of the checks' fleet).
     pub fn has_nvml(&self) -> bool {
-        self.number <= GPU_NODES
+        self.nvml
     }
 
     pub fn metrics_file(&self) -> PathBuf {
@@ -258,19 +309,24 @@ impl Fleet {
     /// Starts the nodes and Prometheus, and waits until Prometheus has scraped the
     /// watchdog's metrics from every node. Err: why not, with the logs' tails.
     pub fn start() -> Result<Fleet, String> {
+        Fleet::start_with(&CHECKS)
+    }
+
+    /// [`Fleet::start`] with the nodes `layout` says.
+    pub fn start_with(layout: &Layout) -> Result<Fleet, String> {
         ensure_prometheus()?;
         let dir = tempfile::Builder::new()
             .prefix("gpuctl-prometheus-")
             .tempdir()
             .map_err(|e| format!("cannot make the fleet's directory: {e}"))?;
-        let ports = free_ports(NODES + 1)?;
+        let ports = free_ports(layout.nodes + 1)?;
         let mut nodes = Vec::new();
-        for (i, &port) in ports[..NODES].iter().enumerate() {
-            nodes.push(start_node(i + 1, port, dir.path())?);
+        for (i, &port) in ports[..layout.nodes].iter().enumerate() {
+            nodes.push(start_node(layout, i + 1, port, dir.path())?);
         }
         let rules_file = repo().join(RULES);
         let rules = rules_file.exists();
-        let port = ports[NODES];
+        let port = ports[layout.nodes];
         let config = prometheus_config(dir.path(), &nodes, rules.then_some(&rules_file))?;
         let mut command = Command::new("prometheus");
         command
@@ -394,9 +450,19 @@ impl Fleet {
     }
 }
 
-fn start_node(number: usize, port: u16, root: &Path) -> Result<Node, String> {
-    let (scenario, procs) = populate(number);
-    let sim = Sim::new("");
+fn start_node(layout: &Layout, number: usize, port: u16, root: &Path) -> Result<Node, String> {
+    let (scenario, procs) = (layout.populate)(number);
+    let name = layout.named.then(|| format!("node{number}"));
+    let sim = match &name {
+        Some(name) => Sim {
+            dir: tempfile::Builder::new()
+                .prefix(name)
+                .rand_bytes(0)
+                .tempdir_in(root)
+                .map_err(|e| format!("{}/{name}: {e}", root.display()))?,
+        },
+        None => Sim::new(""),
+    };
     sim.write(&scenario.device_dir(&sim.dev_dir()));
     let textfile_dir = root.join(format!("node{number}-textfile"));
     std::fs::create_dir_all(&textfile_dir)
@@ -446,12 +512,14 @@ fn start_node(number: usize, port: u16, root: &Path) -> Result<Node, String> {
         sim,
         port,
         textfile_dir,
+        name,
+        nvml: number <= layout.nvml_nodes,
         _procs: procs,
     })
 }
 
 /// The watchdog refuses a configuration anyone but root could have written.
-fn write_root_file(path: &Path, text: &str) -> Result<(), String> {
+pub fn write_root_file(path: &Path, text: &str) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text)
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)))
@@ -489,11 +557,27 @@ fn prometheus_config(
             json_string(&copy.display().to_string())
         );
     }
-    let targets: Vec<String> = nodes.iter().map(|n| json_string(&n.instance())).collect();
+    let targets: Vec<String> = nodes
+        .iter()
+        .map(|n| json_string(&format!("127.0.0.1:{}", n.port)))
+        .collect();
+    // A named node's instance is its name, as sites relabel theirs.
+    let mut relabel = String::new();
+    for node in nodes.iter().filter(|n| n.name.is_some()) {
+        relabel.push_str(&format!(
+            "      - source_labels: [__address__]\n        regex: {}\n        \
+             target_label: instance\n        replacement: {}\n",
+            json_string(&format!("127\\.0\\.0\\.1:{}", node.port)),
+            json_string(&node.instance())
+        ));
+    }
+    if !relabel.is_empty() {
+        relabel = format!("    relabel_configs:\n{relabel}");
+    }
     let text = format!(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
          {rule_files}\
-         scrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: [{}]\n",
+         scrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: [{}]\n{relabel}",
         targets.join(", ")
     );
     let path = dir.join("prometheus.yml");

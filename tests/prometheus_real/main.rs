@@ -15,6 +15,7 @@ mod util;
 mod api;
 mod checks;
 mod fleet;
+mod gpuctl_fleet;
 
 use std::sync::Mutex;
 
@@ -25,6 +26,18 @@ use fleet::Fleet;
 /// None until a test needs the fleet; Err when it could not start (the later tests fail with
 /// that reason rather than try again).
 static FLEET: Mutex<Option<Result<Fleet, String>>> = Mutex::new(None);
+
+/// The named fleet of `gpuctl fleet`'s tests, started by the first of them.
+static GPUCTL_FLEET: Mutex<Option<Result<Fleet, String>>> = Mutex::new(None);
+
+/// Runs `test` on `gpuctl fleet`'s fleet, starting it first if no test has.
+fn with_named_fleet(test: fn(&mut Fleet) -> Result<(), String>) -> Result<(), Failed> {
+    let mut guard = GPUCTL_FLEET.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.get_or_insert_with(|| Fleet::start_with(&gpuctl_fleet::LAYOUT)) {
+        Ok(fleet) => test(fleet).map_err(Failed::from),
+        Err(e) => Err(e.clone().into()),
+    }
+}
 
 /// Runs `test` on the fleet, starting it first if no test has.
 fn with_fleet(test: fn(&mut Fleet) -> Result<(), String>) -> Result<(), Failed> {
@@ -41,6 +54,11 @@ struct StopOnExit;
 impl Drop for StopOnExit {
     fn drop(&mut self) {
         let taken = FLEET.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(taken);
+        let taken = GPUCTL_FLEET
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         drop(taken);
     }
 }
@@ -96,6 +114,30 @@ fn main() {
     })];
     for &(name, test) in tests {
         trials.push(Trial::test(name, move || with_fleet(test)));
+    }
+    // In this order: the last two change the fleet (orphans reclaimed, nodes stopped).
+    let fleet_tests: &[(&str, Test)] = &[
+        (
+            "fleet_rows_match_each_nodes_gpuctl_info",
+            gpuctl_fleet::rows_match_info,
+        ),
+        (
+            "fleet_by_user_and_owner_across_nodes",
+            gpuctl_fleet::by_user_and_owner,
+        ),
+        ("fleet_detail_runs_info_on_the_node", gpuctl_fleet::detail),
+        ("fleet_errors_one_line_and_exit_code", gpuctl_fleet::errors),
+        (
+            "fleet_exec_reclaims_the_orphans_through_the_template",
+            gpuctl_fleet::exec_reclaims_the_orphans,
+        ),
+        (
+            "fleet_lists_stopped_and_stale_nodes_never_clean",
+            gpuctl_fleet::silent_nodes_are_listed_as_such,
+        ),
+    ];
+    for &(name, test) in fleet_tests {
+        trials.push(Trial::test(name, move || with_named_fleet(test)));
     }
     let stop = StopOnExit;
     let conclusion = libtest_mimic::run(&args, trials);

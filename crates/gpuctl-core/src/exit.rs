@@ -52,16 +52,19 @@ pub const GPUCTL: Table = &[
          health: a GPU does not answer; \
          kill, clear: a selected process was skipped, refused, survived, or its memory is \
          still held; slurm prolog, epilog: the job's GPUs could not be made clean, and the \
-         node was drained)",
+         node was drained; fleet: Prometheus refused a query or gave a malformed answer, or \
+         a node's command failed)",
     ),
     (
         Exit::Usage,
         "usage error (bad option, bad value, unknown GPU or user, a needed --yes missing, an \
-         invalid or untrusted configuration file, slurm prolog or epilog outside a job)",
+         invalid or untrusted configuration file, slurm prolog or epilog outside a job; \
+         fleet: no or a bad Prometheus URL, an unreadable bearer token or CA file, no [fleet] \
+         exec for --exec or --detail)",
     ),
     (
         Exit::Unavailable,
-        "NVML or the NVIDIA driver is unavailable",
+        "NVML or the NVIDIA driver is unavailable; fleet: Prometheus cannot be reached",
     ),
     (
         Exit::NotClean,

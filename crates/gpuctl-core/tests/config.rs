@@ -107,6 +107,15 @@ fn the_example_file_is_valid() {
                 exempt_owners: vec!["unit:vllm.service".to_string()],
                 ..config::IdlePolicy::default()
             },
+            fleet: config::FleetConfig {
+                prometheus: Some("http://prometheus.example:9090".into()),
+                bearer_token_file: Some("/etc/gpuctl/prometheus-token".into()),
+                ca_file: Some("/etc/ssl/certs/site-ca.pem".into()),
+                exec: ["ssh", "-oBatchMode=yes", "{node}", "{command}"]
+                    .map(String::from)
+                    .to_vec(),
+                concurrency: Some(8),
+            },
         }
     );
     // And through the file-reading path, with its checks.
@@ -134,7 +143,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -150,7 +159,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle)"
+        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.

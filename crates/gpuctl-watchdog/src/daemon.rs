@@ -48,6 +48,8 @@ struct Judged {
     judgement: Judgement,
     reported: Vec<Finding>,
     counts: Vec<(&'static str, usize)>,
+    /// The memory the findings hold, per kind, GPU and owner.
+    held: Vec<crate::metrics::FindingMemory>,
 }
 
 /// The last device-file holder scan: it reads every process's descriptors, so it runs at
@@ -430,6 +432,7 @@ impl Daemon {
                 &fields_of(snapshot, id, &fields),
             );
         }
+        let held = publish::finding_memory(snapshot, &findings);
         let reported = findings
             .into_iter()
             .filter(|f| matches!(f.kind, Kind::Stuck | Kind::Idle))
@@ -438,6 +441,7 @@ impl Daemon {
             judgement,
             reported,
             counts,
+            held,
         }
     }
 
@@ -482,7 +486,12 @@ impl Daemon {
     fn report(&mut self, seen: &Seen, judged: &Judged) {
         let (snapshot, now) = (&seen.look.snapshot, seen.now);
         let holders = self.holders.as_ref().map(|h| h.per_gpu.as_slice());
-        let found = (&judged.judgement, &judged.reported[..], &judged.counts[..]);
+        let found = (
+            &judged.judgement,
+            &judged.reported[..],
+            &judged.counts[..],
+            &judged.held[..],
+        );
         publish::observed(
             &mut self.metrics,
             snapshot,

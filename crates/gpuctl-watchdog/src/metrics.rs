@@ -39,6 +39,18 @@ pub struct InstanceMetrics {
     pub unattributed_bytes: Option<u64>,
 }
 
+/// The memory one kind of finding holds on one GPU for one owner (owners capped as
+/// `gpuctl_owner_memory_bytes`'s are), for `gpuctl fleet`: never per process.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FindingMemory {
+    pub kind: &'static str,
+    pub gpu: u32,
+    pub uuid: String,
+    /// The owner's kind and key, as `gpuctl_owner_memory_bytes` labels them.
+    pub owner: [String; 2],
+    pub bytes: u64,
+}
+
 /// One user's or owner's row: its labels' values, memory and distinct processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holding {
@@ -63,6 +75,8 @@ pub struct Metrics {
     pub owners: Vec<Holding>,
     /// Current findings per kind, every kind (0 when none).
     pub findings: Vec<(&'static str, usize)>,
+    /// The memory findings hold, per kind, GPU and owner.
+    pub finding_memory: Vec<FindingMemory>,
     /// The loop interval in force, in seconds.
     pub interval_seconds: f64,
     /// Each GPU's health, and the Xid counters.
@@ -87,6 +101,7 @@ impl Metrics {
             users,
             owners,
             findings,
+            finding_memory,
             interval_seconds,
             health,
             // Counters that move while memory is held: per loop, as the loop counter.
@@ -100,6 +115,7 @@ impl Metrics {
             && *users == other.users
             && *owners == other.owners
             && *findings == other.findings
+            && *finding_memory == other.finding_memory
             && *interval_seconds == other.interval_seconds
             && *health == other.health
     }
@@ -446,6 +462,28 @@ pub fn render(m: &Metrics) -> String {
         m.findings
             .iter()
             .map(|(kind, n)| format!("{name}{{kind=\"{kind}\"}} {n}"))
+            .collect(),
+    );
+    let name = family(
+        "gpuctl_finding_memory_bytes",
+        "gauge",
+        "GPU memory held by the processes of current findings, by kind, GPU and owner (owners \
+         as gpuctl_owner_memory_bytes caps them); a stuck GPU's finding holds its processes' memory.",
+    );
+    blocks.push(
+        m.finding_memory
+            .iter()
+            .map(|f| {
+                format!(
+                    "{name}{{kind=\"{}\",gpu=\"{}\",uuid=\"{}\",owner_kind=\"{}\",owner=\"{}\"}} {}",
+                    f.kind,
+                    f.gpu,
+                    escape(&f.uuid),
+                    escape(&f.owner[0]),
+                    escape(&f.owner[1]),
+                    f.bytes
+                )
+            })
             .collect(),
     );
     blocks.extend(health_blocks(m, &mut family));

@@ -16,7 +16,7 @@ use gpuctl_core::snapshot::{GpuStatus, Snapshot};
 use gpuctl_core::units;
 
 use crate::log::{Logger, Priority};
-use crate::metrics::{self, GpuMetrics, Holding, InstanceMetrics, Metrics};
+use crate::metrics::{self, FindingMemory, GpuMetrics, Holding, InstanceMetrics, Metrics};
 use crate::notify::Notifier;
 
 /// What was last written, so that a file is not rewritten when nothing changed, and each
@@ -123,13 +123,22 @@ impl Publisher {
     }
 }
 
+/// A pass's judgement, its reported findings (stuck, idle), the counts per kind and the
+/// memory findings hold.
+pub type Found<'a> = (
+    &'a Judgement,
+    &'a [Finding],
+    &'a [(&'static str, usize)],
+    &'a [FindingMemory],
+);
+
 /// What a pass that read NVML shows in the metrics: each GPU's series (with the holder
 /// scan's counts per GPU, which stand until the next scan), who holds what, per user and per
 /// owner (at most `metrics_max_owners` rows each), and the findings per kind (`counts`).
 pub fn observed(
     metrics: &mut Metrics,
     snapshot: &Snapshot,
-    (judgement, reported, counts): (&Judgement, &[Finding], &[(&'static str, usize)]),
+    (judgement, reported, counts, held): Found<'_>,
     holders: Option<&[(u32, usize)]>,
     watchdog: &Watchdog,
 ) {
@@ -147,6 +156,7 @@ pub fn observed(
     metrics.users = user_holdings(snapshot, max);
     metrics.owners = owner_holdings(snapshot, max);
     metrics.findings = counts.to_vec();
+    metrics.finding_memory = capped_finding_memory(held, &metrics.owners);
 }
 
 /// A pass that could not read NVML: nothing is known of who holds what, so no GPU, user
@@ -157,6 +167,7 @@ pub fn down(metrics: &mut Metrics) {
     metrics.users.clear();
     metrics.owners.clear();
     metrics.findings = finding_counts(&[], 0);
+    metrics.finding_memory.clear();
 }
 
 /// Which GPUs did not answer this read ("GPU 1 lost, GPU 3 Unknown Error"); `None` when
@@ -329,6 +340,85 @@ fn capped<K>(
     rows
 }
 
+/// The owner labels of a process, as [`owner_holdings`] gives them.
+fn owner_labels(host: &host::HostProcess) -> [String; 2] {
+    match host.owner.as_ref().and_then(OwnerMatch::of) {
+        Some(owner) => [owner.kind().to_string(), owner.to_string()],
+        None => ["none".into(), "none".into()],
+    }
+}
+
+/// The memory each finding holds, per kind, GPU and owner (owners not yet capped): a
+/// process finding's memory on each of its GPUs, a stuck GPU's processes' memory. Findings
+/// with no memory NVML lists (unattributed memory has its own family; unlisted holders)
+/// give no row.
+pub fn finding_memory(snapshot: &Snapshot, findings: &[Finding]) -> Vec<FindingMemory> {
+    let mut sums: std::collections::BTreeMap<(&'static str, u32, [String; 2]), u64> =
+        Default::default();
+    for f in findings.iter().filter(|f| f.kind != Kind::Unattributed) {
+        for gpu in snapshot
+            .devices
+            .iter()
+            .filter(|g| f.gpus.contains(&g.index))
+        {
+            let held = gpu.processes.iter().filter(|p| match f.identity {
+                Some(id) => p.pid == id.pid,
+                None => f.kind == Kind::Stuck,
+            });
+            for p in held {
+                let key = (f.kind.name(), gpu.index, owner_labels(&p.host));
+                let sum = sums.entry(key).or_default();
+                *sum = sum.saturating_add(p.used_bytes.unwrap_or(0));
+            }
+        }
+    }
+    let uuid = |index: u32| {
+        snapshot
+            .devices
+            .iter()
+            .find(|g| g.index == index)
+            .and_then(|g| g.uuid.clone())
+            .unwrap_or_default()
+    };
+    sums.into_iter()
+        .map(|((kind, gpu, owner), bytes)| FindingMemory {
+            kind,
+            gpu,
+            uuid: uuid(gpu),
+            owner,
+            bytes,
+        })
+        .collect()
+}
+
+/// `rows` with the owners that `owners` (the capped owner rows) does not name summed into
+/// owner "other", so the family has no more owners than `gpuctl_owner_memory_bytes`.
+pub fn capped_finding_memory(rows: &[FindingMemory], owners: &[Holding]) -> Vec<FindingMemory> {
+    let named = |owner: &[String; 2]| owners.iter().any(|h| h.labels[..] == owner[..]);
+    let mut sums: std::collections::BTreeMap<(&'static str, u32, String, [String; 2]), u64> =
+        Default::default();
+    for row in rows {
+        let owner = if named(&row.owner) {
+            row.owner.clone()
+        } else {
+            ["other".into(), "other".into()]
+        };
+        let sum = sums
+            .entry((row.kind, row.gpu, row.uuid.clone(), owner))
+            .or_default();
+        *sum = sum.saturating_add(row.bytes);
+    }
+    sums.into_iter()
+        .map(|((kind, gpu, uuid, owner), bytes)| FindingMemory {
+            kind,
+            gpu,
+            uuid,
+            owner,
+            bytes,
+        })
+        .collect()
+}
+
 /// How many of each kind of finding there are now, every kind listed, then the impostors.
 pub fn finding_counts(findings: &[Finding], impostors: usize) -> Vec<(&'static str, usize)> {
     let mut counts: Vec<(&'static str, usize)> = Kind::ALL
@@ -452,6 +542,65 @@ mod tests {
             uid,
             from_environ,
         })
+    }
+
+    fn finding(kind: Kind, pid: Option<u32>, gpus: &[u32]) -> Finding {
+        Finding {
+            kind,
+            verdict: gpuctl_core::classify::Verdict::Report,
+            identity: pid.map(|pid| gpuctl_core::act::Identity::new(pid, 1)),
+            gpus: gpus.to_vec(),
+            bytes: None,
+            reason: String::new(),
+            idle: None,
+        }
+    }
+
+    /// Per kind, GPU and owner, never per process: two orphans of one job are one row, a
+    /// stuck GPU holds its processes' memory, and owners the owner rows leave out are
+    /// "other".
+    #[test]
+    fn finding_memory_is_per_kind_gpu_and_owner() {
+        let snapshot = Snapshot::of(vec![
+            fixtures::gpu(
+                0,
+                vec![
+                    process(1, 2, None, job(7, None, false)),
+                    process(2, 3, None, job(7, None, false)),
+                    process(3, 5, None, job(8, None, false)),
+                ],
+            ),
+            fixtures::gpu(1, vec![process(4, 4, None, job(9, None, false))]),
+        ]);
+        let findings = [
+            finding(Kind::Orphaned, Some(1), &[0]),
+            finding(Kind::Orphaned, Some(2), &[0]),
+            finding(Kind::Idle, Some(3), &[0]),
+            finding(Kind::Stuck, None, &[1]),
+            finding(Kind::Unattributed, None, &[0]),
+        ];
+        let rows = finding_memory(&snapshot, &findings);
+        let seen: Vec<(&str, u32, &str, u64)> = rows
+            .iter()
+            .map(|r| (r.kind, r.gpu, r.owner[1].as_str(), r.bytes >> 30))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("idle", 0, "slurm:8", 5),
+                ("orphaned", 0, "slurm:7", 5),
+                ("stuck", 1, "slurm:9", 4),
+            ]
+        );
+        // Only job 7 among the owner rows: 8 and 9 become "other".
+        let owners = [Holding {
+            labels: vec!["slurm".into(), "slurm:7".into()],
+            used_bytes: 1,
+            processes: 1,
+        }];
+        let capped = capped_finding_memory(&rows, &owners);
+        let owners: Vec<&str> = capped.iter().map(|r| r.owner[1].as_str()).collect();
+        assert_eq!(owners, ["other", "slurm:7", "other"]);
     }
 
     #[test]

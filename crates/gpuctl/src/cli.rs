@@ -6,9 +6,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpuctl_core::exit;
 use gpuctl_core::units::{self, Amount};
 
+mod fleet;
 mod reclaim;
 mod run;
 
+pub use fleet::{FleetArgs, FleetBy};
 pub use reclaim::{ClearArgs, KillArgs, ResetArgs, SignalArgs};
 pub use run::{CandidateArgs, PickArgs, RunArgs};
 
@@ -119,6 +121,16 @@ pub enum Command {
     /// Xid actions follow NVIDIA's Xid catalog; `[health] xid_actions` in the system
     /// configuration overrides any. A MIG instance named with --gpu judges its GPU.
     Health(HealthArgs),
+
+    /// The whole fleet's GPU memory, waste and health, from the Prometheus that scrapes it.
+    ///
+    /// One row per node that runs gpuctl-watchdog: GPUs, memory used, memory no process
+    /// accounts for, memory held by findings (orphaned, zombie, stuck, idle) and its owners,
+    /// GPUs whose health needs an action, and how old its metrics are; the nodes with the
+    /// most to reclaim first. A node whose target is down, or whose metrics are older than
+    /// --stale-after, is listed as not reporting, never as clean. A few PromQL queries for
+    /// the whole fleet, never one per node; per-process rows stay on the node (--detail).
+    Fleet(FleetArgs),
 
     /// Show or set the per-process memory-share policy: the share of one GPU's memory a
     /// single process may hold.

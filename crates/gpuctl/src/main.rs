@@ -1,5 +1,6 @@
 //! gpuctl: see who holds GPU memory on shared NVIDIA servers, and get it back safely.
 
+mod fleet;
 mod health;
 mod info;
 mod policy;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         Command::Clear(args) => reclaim::run_clear(&args, color),
         Command::Reset(args) => reset::run(&args, color),
         Command::Health(args) => health::run(&args, color),
+        Command::Fleet(args) => fleet::run(&args, color),
         Command::Fraction(args) => policy::run_fraction(&args, color),
         Command::Enable(args) => policy::run_enable(&args),
         Command::Top(args) => top::run(&args, color),

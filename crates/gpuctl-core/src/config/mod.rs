@@ -13,12 +13,14 @@
 //! line numbers and key paths come for free.
 
 mod de;
+mod fleet;
 mod fraction;
 mod idle;
 mod parse;
 mod trust;
 mod write;
 
+pub use fleet::{FleetConfig, prometheus_url_error};
 pub use fraction::{FractionInForce, caller_name, fraction_for, share_for};
 pub use idle::{IdleAction, IdlePolicy};
 use parse::*;
@@ -124,6 +126,7 @@ pub struct Config {
     pub watchdog: Watchdog,
     pub health: HealthPolicy,
     pub idle: IdlePolicy,
+    pub fleet: FleetConfig,
 }
 
 /// `[health]`: how the GPU health verdict reads Xids.
@@ -407,6 +410,16 @@ impl Loaded {
             .as_ref()
             .map(|(_, config)| config.idle.clone())
             .unwrap_or_default()
+    }
+
+    /// `[fleet]`: each key of the user's file where it has one, else the system file's.
+    pub fn fleet(&self) -> FleetConfig {
+        let system = self.system.as_ref().map(|(_, c)| c.fleet.clone());
+        let user = self.user.as_ref().map(|(_, c)| &c.fleet);
+        match user {
+            Some(user) => system.unwrap_or_default().under(user),
+            None => system.unwrap_or_default(),
+        }
     }
 
     /// The files that were found, system first.
