@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim, is_root, wait_until};
+use crate::util::{
+    GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_until,
+};
 
 /// Two users' uids, with no account needed.
 const ALICE: u32 = 64101;
@@ -107,8 +109,10 @@ fn info_shows_the_mps_server_and_each_client_with_its_own_user_and_memory() {
             .to_string()
     };
     let server_row = row(mps.server.pid());
+    // Named so, but the test's own binary: shown as the impostor it is.
     assert!(
-        server_row.contains("[MPS server] nvidia-cuda-mps-server"),
+        server_row
+            .contains("[MPS server] [claims to be nvidia-cuda-mps-server] nvidia-cuda-mps-server"),
         "{server_row}"
     );
     assert!(server_row.contains(" 1.0 GiB "), "{server_row}");
@@ -141,4 +145,100 @@ fn by_user_counts_client_memory_to_the_clients_user() {
     assert_eq!(total(&ALICE.to_string()), 15 * GIB);
     assert_eq!(total(&BOB.to_string()), 2 * GIB);
     assert_eq!(total("root"), GIB);
+}
+
+/// NVIDIA's server as installed (a root-owned file named `nvidia-cuda-mps-server`), run as
+/// alice as the control daemon runs it for her clients, once setpriv has exec'd it.
+fn genuine_server(installed: &RootOwnedProgram) -> Proc {
+    let server = Proc::spawn_program_as(ALICE, installed.path());
+    let exe = format!("/proc/{}/exe", server.pid());
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read_link(&exe).is_ok_and(|target| target == installed.path())
+    });
+    server
+}
+
+/// `gpuctl kill ARGS --json`: its exit status and the document.
+fn kill(sim: &Sim, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["kill", "--timeout", "2s", "--json"];
+    all.extend_from_slice(args);
+    let run = sim.run(&all);
+    let doc = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("kill {args:?}: invalid JSON ({e}): {run:?}"));
+    (run.code, doc)
+}
+
+fn outcome(doc: &Value, pid: u32) -> &Value {
+    doc["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["pid"] == pid)
+        .unwrap_or_else(|| panic!("no outcome for {pid}: {doc:#}"))
+}
+
+/// The genuine server, run as its clients' user, is never ended by a selector: `kill --gpu`
+/// ends the clients and leaves it; `kill --pid SERVER` says which clients ending it would
+/// end and needs `--force`, which then ends it.
+#[test]
+fn the_mps_server_is_ended_only_by_its_pid_with_force() {
+    assert!(is_root(), "a root-owned MPS server needs root");
+    let installed = RootOwnedProgram::install("nvidia-cuda-mps-server");
+    let mps = MpsServer {
+        server: genuine_server(&installed),
+        ..MpsServer::start()
+    };
+    let sim = Sim::new(&mps.scenario());
+    let server = mps.server.pid();
+    let info = sim.json(&["info"]);
+    let shown = process(&info, 0, server);
+    assert_eq!(shown["protection"]["genuine"], true, "{shown}");
+    assert_eq!(shown["mps"], "server");
+
+    // By its pid alone: spared, and the skip names every client it would end.
+    let (code, doc) = kill(&sim, &["--pid", &server.to_string()]);
+    assert_eq!(code, 1, "{doc}");
+    let why = outcome(&doc, server)["skipped"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        why.starts_with(
+            "protected: nvidia-cuda-mps-server; ending it ends its 3 clients on GPU 0: "
+        ),
+        "{why}"
+    );
+    for client in [&mps.alice[0], &mps.alice[1], &mps.bob] {
+        assert!(why.contains(&format!("pid {} (", client.pid())), "{why}");
+    }
+    assert!(why.contains(&format!("(uid {BOB}: ")), "{why}");
+    assert!(
+        why.ends_with(&format!("to end it anyway: --pid {server} --force")),
+        "{why}"
+    );
+    assert!(alive(server));
+
+    // Every process of the GPU: the clients end, the server stays.
+    let (_, doc) = kill(&sim, &["--gpu", "0", "--yes"]);
+    assert!(
+        outcome(&doc, server)["skipped"]
+            .as_str()
+            .unwrap()
+            .starts_with("protected: nvidia-cuda-mps-server; ending it ends"),
+        "{doc}"
+    );
+    for client in [&mps.alice[0], &mps.alice[1], &mps.bob] {
+        wait_until(Duration::from_secs(5), || !alive(client.pid()));
+    }
+    assert!(alive(server));
+
+    // --force with a selector that is not its pid: still spared.
+    let (_, doc) = kill(&sim, &["--user", &ALICE.to_string(), "--force", "--yes"]);
+    assert!(outcome(&doc, server)["skipped"].is_string(), "{doc}");
+    assert!(alive(server));
+
+    // Named and forced: ended.
+    let (code, doc) = kill(&sim, &["--pid", &server.to_string(), "--force"]);
+    assert_eq!(code, 0, "{doc}");
+    wait_until(Duration::from_secs(5), || !alive(server));
 }

@@ -18,6 +18,7 @@ mod clear;
 mod found;
 mod gpu_reset;
 mod kill;
+mod mps;
 mod reset;
 
 use std::time::Duration;
