@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::util::{
-    GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_until,
+    Fetch, GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_until,
 };
 
 /// Two users' uids, with no account needed.
@@ -241,4 +241,121 @@ fn the_mps_server_is_ended_only_by_its_pid_with_force() {
     let (code, doc) = kill(&sim, &["--pid", &server.to_string(), "--force"]);
     assert_eq!(code, 0, "{doc}");
     wait_until(Duration::from_secs(5), || !alive(server));
+}
+
+/// NVIDIA's own control daemon (scripts/fetch-mps), run in the foreground in a scratch pipe
+/// and log directory of its own; asked to quit and ended by its pid on drop.
+struct RealDaemon {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl RealDaemon {
+    fn start() -> RealDaemon {
+        static MPS: Fetch = Fetch::new("fetch-mps");
+        let program = MPS.once().unwrap_or_else(|why| {
+            panic!("NVIDIA's MPS control daemon is needed and could not be had: {why}")
+        });
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("pipe")).unwrap();
+        std::fs::create_dir(dir.path().join("log")).unwrap();
+        // In the foreground it logs to its stdout what it would write to control.log.
+        let out = std::fs::File::create(dir.path().join("log/foreground.log")).unwrap();
+        let child = std::process::Command::new(program)
+            .arg("-f")
+            .env_clear()
+            .env("CUDA_MPS_PIPE_DIRECTORY", dir.path().join("pipe"))
+            .env("CUDA_MPS_LOG_DIRECTORY", dir.path().join("log"))
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start nvidia-cuda-mps-control -f");
+        let daemon = RealDaemon { child, dir };
+        let control = daemon.pipe_dir().join("control");
+        wait_until(Duration::from_secs(5), || control.exists());
+        daemon
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn pipe_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("pipe")
+    }
+
+    fn log(&self) -> String {
+        ["control.log", "foreground.log"]
+            .iter()
+            .filter_map(|name| std::fs::read_to_string(self.dir.path().join("log").join(name)).ok())
+            .collect()
+    }
+}
+
+impl Drop for RealDaemon {
+    fn drop(&mut self) {
+        // Our child, unreaped: its pid is still its own.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client of the real daemon's server is ended the supported way first: gpuctl finds the
+/// daemon (by the client's pipe directory, the server here not being the daemon's child),
+/// and its terminate_client reaches it with the server's and the client's pids (the
+/// daemon's own log). This daemon has no such server (a real one needs a GPU), so it
+/// refuses: gpuctl then signals the client, and says why.
+#[test]
+fn a_client_is_ended_through_the_real_control_daemon_first() {
+    assert!(is_root(), "a root-owned MPS server needs root");
+    let daemon = RealDaemon::start();
+    let installed = RootOwnedProgram::install("nvidia-cuda-mps-server");
+    let server = genuine_server(&installed);
+    let pipe = daemon.pipe_dir();
+    let pipe = pipe.to_str().unwrap();
+    let client = Proc::spawn_as_with_env(
+        BOB,
+        "sleep",
+        &["train.py"],
+        &[("CUDA_MPS_PIPE_DIRECTORY", pipe)],
+    );
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{}/status", client.pid())).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.contains(&BOB.to_string()))
+        })
+    });
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .process(Process::new(server.pid()).used(GIB).mps_server())
+            .process(Process::new(client.pid()).used(4 * GIB).mps_client()),
+    );
+    let (code, doc) = kill(&sim, &["--pid", &client.pid().to_string()]);
+    wait_until(Duration::from_secs(5), || !alive(client.pid()));
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!(
+            "Cmd:terminate_client {} {}",
+            server.pid(),
+            client.pid()
+        )),
+        "the daemon's log:\n{log}\nkill's document: {doc:#}"
+    );
+    let ended = &outcome(&doc, client.pid())["ended"];
+    let signal = ended["signal"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{doc:#}"));
+    assert!(
+        signal.starts_with(&format!(
+            "SIGTERM, as the MPS control daemon (pid {}) did not end it: Server {} not found",
+            daemon.pid(),
+            server.pid()
+        )),
+        "{signal}"
+    );
+    assert_eq!(code, 0, "{doc:#}");
+    // The server and the daemon are untouched.
+    assert!(alive(server.pid()) && alive(daemon.pid()));
 }
