@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::util::{
-    Fetch, GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root, wait_until,
+    Fetch, GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, TrainingRun, alive, is_root,
+    wait_until,
 };
 
 /// Two users' uids, with no account needed.
@@ -358,4 +359,47 @@ fn a_client_is_ended_through_the_real_control_daemon_first() {
     assert_eq!(code, 0, "{doc:#}");
     // The server and the daemon are untouched.
     assert!(alive(server.pid()) && alive(daemon.pid()));
+}
+
+/// A crashed run's orphaned worker, still a client of the GPU's MPS server, is reclaimed by
+/// `clear`; with no control daemon for it (none serves its pipe directory) it is signalled,
+/// and the outcome says why. The server, and the other user's client, stay.
+#[test]
+fn clear_reclaims_a_crashed_runs_orphaned_client_and_leaves_the_server() {
+    assert!(is_root(), "a root-owned MPS server needs root");
+    let installed = RootOwnedProgram::install("nvidia-cuda-mps-server");
+    let server = genuine_server(&installed);
+    let other = as_user(ALICE, &["rank0.py"]);
+    // Two workers: a group of idle orphans is a crashed run, one alone may be a job's.
+    let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py"]);
+    run.crash();
+    let orphans = [run.workers.pid(0), run.workers.pid(1)];
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .process(Process::new(server.pid()).used(GIB).mps_server())
+            .process(Process::new(other.pid()).used(8 * GIB).mps_client())
+            .process(Process::new(orphans[0]).used(6 * GIB).mps_client())
+            .process(Process::new(orphans[1]).used(2 * GIB).mps_client()),
+    );
+    let run_clear = sim.run(&["clear", "--timeout", "2s", "--json"]);
+    let doc: Value = serde_json::from_str(&run_clear.stdout)
+        .unwrap_or_else(|e| panic!("invalid JSON ({e}): {run_clear:?}"));
+    assert_eq!(run_clear.code, 0, "{doc:#}");
+    let outcomes = doc["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2, "only the orphans are leftovers: {doc:#}");
+    for orphan in orphans {
+        let ended = &outcome(&doc, orphan)["ended"];
+        assert_eq!(
+            ended["signal"],
+            format!(
+                "SIGTERM, as no MPS control daemon found for server {}",
+                server.pid()
+            ),
+            "{doc:#}"
+        );
+        assert_eq!(outcome(&doc, orphan)["memory_released"], true);
+        assert!(!alive(orphan));
+    }
+    assert!(alive(server.pid()) && alive(other.pid()));
 }
