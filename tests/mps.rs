@@ -1,6 +1,7 @@
 //! CUDA MPS on the sim: the server and each client as their own rows, with their own users
-//! and memory (info's table and JSON, `--by user`), and what no command may do to the
-//! server or its control daemon.
+//! and memory (info's table and JSON, `--by user`); what no command (kill by GPU, clear,
+//! the watchdog's idle reclaim) may do to the server; a client ended through NVIDIA's own
+//! control daemon first, and a crashed run's orphaned client reclaimed.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use crate::util::{
     Fetch, GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, TrainingRun, alive, is_root,
     wait_until,
 };
+use crate::watchdog::{Daemon, wait_more_loops};
 
 /// Two users' uids, with no account needed.
 const ALICE: u32 = 64101;
@@ -402,4 +404,49 @@ fn clear_reclaims_a_crashed_runs_orphaned_client_and_leaves_the_server() {
         assert!(!alive(orphan));
     }
     assert!(alive(server.pid()) && alive(other.pid()));
+}
+
+/// The watchdog's idle reclaim (`[idle] action = "reclaim"`) ends an idle MPS client, but
+/// never the genuine server sitting at 0 % with its own memory: the guard skips it, and the
+/// skip names the clients it would have ended.
+#[test]
+fn idle_reclaim_by_the_watchdog_never_ends_the_mps_server() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(is_root(), "a root-owned MPS server needs root");
+    let installed = RootOwnedProgram::install("nvidia-cuda-mps-server");
+    let server = genuine_server(&installed);
+    let idle = as_user(BOB, &["notebook.py"]);
+    let busy = as_user(ALICE, &["rank0.py"]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .process(Process::new(server.pid()).used(GIB).sm(0).mps_server())
+            .process(Process::new(idle.pid()).used(4 * GIB).sm(0).mps_client())
+            .process(Process::new(busy.pid()).used(4 * GIB).sm(60).mps_client()),
+    );
+    let dir = sim.dir.path();
+    let config = format!(
+        "[watchdog]\ninterval = \"200ms\"\ngrace = \"1s\"\nterm_timeout = \"1s\"\n\
+         metrics_file = \"{}\"\nstate_dir = \"{}\"\nmode = \"reclaim\"\n\
+         [idle]\nafter = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n",
+        dir.join("gpuctl.prom").display(),
+        dir.join("state").display()
+    );
+    std::fs::write(sim.config_path(), config).unwrap();
+    std::fs::set_permissions(sim.config_path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let daemon = Daemon::start(&sim, &[]);
+    let reclaimed = daemon.expect_count(&["ACTION=reclaimed"], 1);
+    assert!(
+        reclaimed.contains(&format!("PID={} ", idle.pid())),
+        "{reclaimed}"
+    );
+    let spared = daemon.expect_count(&["protected: nvidia-cuda-mps-server"], 1);
+    assert!(
+        spared.contains(&format!("PID={} ", server.pid())),
+        "{spared}"
+    );
+    wait_more_loops(&sim, 5);
+    assert!(alive(server.pid()), "the server is never ended");
+    assert!(alive(busy.pid()), "a busy client is never idle");
+    assert_eq!(daemon.count(&["ACTION=reclaimed"]), 1);
 }

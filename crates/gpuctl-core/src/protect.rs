@@ -202,34 +202,49 @@ impl Protection {
     /// The protected program a process names itself after, if any: its command name (the
     /// kernel keeps 15 characters) or argv[0]'s basename.
     pub fn claimed(&self, claimant: &Claimant) -> Option<&Program> {
+        self.candidates(claimant).next()
+    }
+
+    /// Every protected program the claim may mean, the best first: the name argv[0] or the
+    /// whole command name gives, then those a cut command name begins (`nvidia-cuda-mps`
+    /// is the MPS server's and its daemon's, where argv[0] was not read).
+    fn candidates<'p>(&'p self, claimant: &Claimant) -> impl Iterator<Item = &'p Program> {
         let exact = |program: &&Program| {
             let name = Some(program.name.as_str());
             claimant.argv0 == name || claimant.comm == name
         };
-        // A cut command name may be several programs' (`nvidia-cuda-mps` is the MPS server's
-        // and its daemon's): the name argv[0] gives wins.
-        self.programs.iter().find(exact).or_else(|| {
-            self.programs.iter().find(|program| {
-                claimant
-                    .comm
-                    .is_some_and(|comm| comm.len() == 15 && program.name.starts_with(comm))
-            })
-        })
+        let comm = claimant
+            .comm
+            .filter(|comm| comm.len() == 15)
+            .map(str::to_owned);
+        let cut = move |program: &&Program| {
+            comm.as_deref()
+                .is_some_and(|comm| program.name.starts_with(comm))
+        };
+        let first: Vec<&Program> = self.programs.iter().filter(exact).collect();
+        let rest: Vec<&Program> = match first.is_empty() {
+            true => self.programs.iter().filter(cut).collect(),
+            false => Vec::new(),
+        };
+        first.into_iter().chain(rest)
     }
 
     /// Whether the process is the protected program it claims to be (see the module's
     /// rule). Reads /proc only for a process that claims a protected name.
     pub fn judge(&self, claimant: &Claimant) -> Claim {
-        let Some(program) = self.claimed(claimant) else {
-            return Claim::None;
-        };
-        match verify(program, claimant, Path::new("/proc")) {
-            Ok(()) => Claim::Genuine(program.name.clone()),
-            Err(why) => Claim::Impostor {
-                name: program.name.clone(),
-                why,
-            },
+        let mut first_refusal = None;
+        for program in self.candidates(claimant) {
+            match verify(program, claimant, Path::new("/proc")) {
+                Ok(()) => return Claim::Genuine(program.name.clone()),
+                Err(why) => {
+                    first_refusal.get_or_insert(Claim::Impostor {
+                        name: program.name.clone(),
+                        why,
+                    });
+                }
+            }
         }
+        first_refusal.unwrap_or(Claim::None)
     }
 }
 
