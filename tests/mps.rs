@@ -450,3 +450,37 @@ fn idle_reclaim_by_the_watchdog_never_ends_the_mps_server() {
     assert!(alive(busy.pid()), "a busy client is never idle");
     assert_eq!(daemon.count(&["ACTION=reclaimed"]), 1);
 }
+
+/// A wedged server (alive, no client left, holding more than its overhead) is reported by
+/// the watchdog in reclaim mode with the remedy, and not ended.
+#[test]
+fn the_watchdog_reports_a_wedged_mps_server_and_leaves_it() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(is_root(), "a root-owned MPS server needs root");
+    let installed = RootOwnedProgram::install("nvidia-cuda-mps-server");
+    let server = genuine_server(&installed);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .process(Process::new(server.pid()).used(6 * GIB).mps_server()),
+    );
+    let dir = sim.dir.path();
+    let config = format!(
+        "[watchdog]\ninterval = \"200ms\"\ngrace = \"1s\"\nterm_timeout = \"1s\"\n\
+         metrics_file = \"{}\"\nstate_dir = \"{}\"\nmode = \"reclaim\"\n",
+        dir.join("gpuctl.prom").display(),
+        dir.join("state").display()
+    );
+    std::fs::write(sim.config_path(), config).unwrap();
+    std::fs::set_permissions(sim.config_path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let daemon = Daemon::start(&sim, &[]);
+    let line = daemon.expect_count(&["MPS server with no client left holds 6.0 GiB"], 1);
+    assert!(line.contains(&format!("PID={} ", server.pid())), "{line}");
+    assert!(
+        line.contains("echo quit | nvidia-cuda-mps-control"),
+        "{line}"
+    );
+    wait_more_loops(&sim, 5);
+    assert!(alive(server.pid()), "reported, never ended");
+    assert_eq!(daemon.count(&["ACTION=reclaimed"]), 0);
+}
