@@ -18,6 +18,7 @@ mod idle;
 mod info;
 mod kill_clear;
 mod mig;
+mod mps;
 mod nvidia_smi;
 mod output;
 mod run;

@@ -478,7 +478,12 @@ fn assert_default_view_agrees(text: &str, devices: &[Value]) {
             pct => format!(" {pct}% "),
         };
         assert!(second.contains(&util), "utilization of {bus}: {second}");
-        let mode = compute_mode_word(d["compute_mode"].as_str().unwrap());
+        // The default view's narrow column shortens the long names ("E. Process").
+        let mode = match compute_mode_word(d["compute_mode"].as_str().unwrap()) {
+            "Exclusive_Process" => "E. Process",
+            "Exclusive_Thread" => "E. Thread",
+            word => word,
+        };
         assert!(second.contains(mode), "compute mode of {bus}: {second}");
     }
     // Processes table: "|    0   N/A  N/A     27841      C   python3     40960MiB |".
@@ -1027,4 +1032,61 @@ fn nvidia_smi_shows_the_scenarios_remapped_rows_ecc_retired_pages_and_clock_even
             assert_eq!(active, reasons.contains(&ours), "{smi_name}: {reasons:?}");
         }
     }
+}
+
+/// Under MPS nvidia-smi lists the server as `C` and each client, in the compute and MPS
+/// lists both, as `M+C`, each with its own memory, as on a real Volta-or-later GPU; a
+/// graphics process on the GPU without MPS stays `G` (the private table's slot 214 is the
+/// MPS list, 215 the graphics list: the other way round, the clients read `C+G`).
+#[test]
+fn nvidia_smi_lists_an_mps_server_as_c_and_its_clients_as_m_plus_c() {
+    let server = Proc::spawn_ready("sleep", "nvidia-cuda-mps-server", &[]);
+    let rank0 = Proc::spawn_ready("sleep", "python3", &["rank0.py"]);
+    let rank1 = Proc::spawn_ready("sleep", "python3", &["rank1.py"]);
+    let display = Proc::spawn_ready("sleep", "Xorg", &[]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .gpu(Gpu::new())
+            .process(Process::new(server.pid()).used(GIB).mps_server())
+            .process(Process::new(rank0.pid()).used(8 * GIB).mps_client())
+            .process(Process::new(rank1.pid()).used(4 * GIB).mps_client())
+            .process(Process::new(display.pid()).on(1).used(GIB).graphics()),
+    );
+    let text = smi(&sim, &[]);
+    let row = |pid: u32| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()))
+            .unwrap_or_else(|| panic!("no row for pid {pid}:\n{text}"));
+        line.trim_matches(|c| c == '|' || c == ' ')
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let (server_row, rank0_row, rank1_row) =
+        (row(server.pid()), row(rank0.pid()), row(rank1.pid()));
+    assert_eq!(server_row[4], "C", "{server_row:?}");
+    assert_eq!(server_row[5], "nvidia-cuda-mps-server", "{server_row:?}");
+    assert_eq!(server_row.last().unwrap(), "1024MiB");
+    assert_eq!(rank0_row[4], "M+C", "{rank0_row:?}");
+    assert_eq!(rank0_row.last().unwrap(), "8192MiB");
+    assert_eq!(rank1_row[4], "M+C", "{rank1_row:?}");
+    assert_eq!(row(display.pid())[4], "G");
+    let apps = smi(
+        &sim,
+        &[
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ],
+    );
+    let mut apps: Vec<&str> = apps.lines().collect();
+    apps.sort();
+    let mut want = vec![
+        format!("{}, 1024", server.pid()),
+        format!("{}, 8192", rank0.pid()),
+        format!("{}, 4096", rank1.pid()),
+    ];
+    want.sort();
+    assert_eq!(apps, want);
 }

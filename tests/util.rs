@@ -465,6 +465,9 @@ pub struct Process {
     gpu_instance: Option<u32>,
     teardown_ms: Option<u64>,
     unlisted: bool,
+    /// "server" or "client": its part in CUDA MPS on its GPUs.
+    mps: Option<&'static str>,
+    graphics: bool,
 }
 
 impl Process {
@@ -477,6 +480,8 @@ impl Process {
             gpu_instance: None,
             teardown_ms: None,
             unlisted: false,
+            mps: None,
+            graphics: false,
         }
     }
 
@@ -516,6 +521,24 @@ impl Process {
     /// Holds memory but is in no process list (a holder NVML cannot attribute).
     pub fn unlisted(mut self) -> Process {
         self.unlisted = true;
+        self
+    }
+
+    /// A graphics context only (a display server): in the graphics list, not the compute one.
+    pub fn graphics(mut self) -> Process {
+        self.graphics = true;
+        self
+    }
+
+    /// The MPS server of its GPUs (`nvidia-cuda-mps-server`).
+    pub fn mps_server(mut self) -> Process {
+        self.mps = Some("server");
+        self
+    }
+
+    /// An MPS client of its GPUs' server.
+    pub fn mps_client(mut self) -> Process {
+        self.mps = Some("client");
         self
     }
 }
@@ -643,6 +666,12 @@ impl Display for Scenario {
             }
             if let Some(v) = p.teardown_ms {
                 writeln!(f, "teardown_ms = {v}")?;
+            }
+            if p.graphics {
+                writeln!(f, "type = \"graphics\"")?;
+            }
+            if let Some(role) = p.mps {
+                writeln!(f, "mps = {}", quoted(role))?;
             }
             if p.unlisted {
                 writeln!(f, "unlisted = true")?;

@@ -649,7 +649,7 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__kill)
-            opts="-y -h --gpu --pid --user --owner --stale --min-mem --older-than --all --signal --timeout --yes --dry-run --json --color --help"
+            opts="-y -h --gpu --pid --user --owner --stale --min-mem --older-than --all --signal --timeout --yes --force --dry-run --json --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -69,6 +69,7 @@ never\t''"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l stale -d 'Leftovers of crashed runs, as `gpuctl clear` finds them'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l all -d 'Every GPU process the other selectors allow. Needs --yes, or a confirmation on a terminal'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s y -l yes -d 'Do not ask before signalling several users\' processes, or with --all'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l force -d 'End a CUDA MPS server or control daemon that --pid names, and with it every client it serves. Without it they are never signalled; their skip names the clients'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l dry-run -d 'Say what would be done and why, and do it not: nothing is signalled, reset or resumed'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -l json -d 'Print one JSON document (its version in the `schema` field; see docs/json.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand kill" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -106,6 +106,7 @@ impl ProcessFixture {
             idle: None,
             gpu_instance_id: None,
             compute_instance_id: None,
+            mps: None,
             host: Arc::new(self.host),
         }
     }

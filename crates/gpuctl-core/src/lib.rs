@@ -21,6 +21,7 @@ pub mod health;
 pub mod host;
 pub mod info;
 pub mod lease;
+pub mod mps;
 pub mod nvml;
 pub mod owner;
 pub mod pick;

@@ -20,6 +20,8 @@ pub struct Guard {
     own_pid: u32,
     ancestors: HashSet<u32>,
     protection: Protection,
+    /// Pids named explicitly with `--force`: an MPS server or daemon among them may be ended.
+    forced: HashSet<u32>,
 }
 
 impl Guard {
@@ -32,7 +34,15 @@ impl Guard {
             own_pid: std::process::id(),
             ancestors: ancestors(),
             protection,
+            forced: HashSet::new(),
         }
+    }
+
+    /// The MPS servers and daemons among `pids` may be ended (`kill --pid PID --force`):
+    /// the only protected programs an explicit kill may end, with every client they serve.
+    pub fn forcing(mut self, pids: &[u32]) -> Guard {
+        self.forced.extend(pids.iter().copied());
+        self
     }
 
     pub fn is_root(&self) -> bool {
@@ -65,7 +75,11 @@ impl Guard {
         // Protected by what it is, not by the name it gives itself (see crate::protect).
         let claimant = Claimant::of(pid, &target.host);
         if let Claim::Genuine(name) = self.protection.judge(&claimant) {
-            return Some(format!("protected: {name}"));
+            let forced = self.forced.contains(&pid)
+                && [crate::mps::SERVER, crate::mps::CONTROL].contains(&name.as_str());
+            if !forced {
+                return Some(format!("protected: {name}"));
+            }
         }
         if let Some(user) = target
             .user

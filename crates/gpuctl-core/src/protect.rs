@@ -14,7 +14,8 @@
 //!   same directory (or a system bin directory) is a link to the same file (`X` to `Xorg`);
 //! - every uid it runs with (real, effective, saved, filesystem) is root or one of the
 //!   program's service users: persistenced's own user, a display manager's greeter user for
-//!   a display server, the configuration's `[protect] users` for its `[protect] commands`;
+//!   a display server, the configuration's `[protect] users` for its `[protect] commands`
+//!   (the MPS server and control daemon run as their users: any uid);
 //! - no one traces it (`TracerPid` is 0): a tracer can put any code in it;
 //! - every file it maps executable (`/proc/PID/maps`) passes the executable's trust rule,
 //!   directories included (a deleted file: the directory it was in; memory named like a file,
@@ -56,6 +57,11 @@ pub const BUILT_IN: &[(&str, &[&str])] = &[
     ("nv-hostengine", &[]),
     ("nvidia-fabricmanager", &[]),
     ("nvidia-powerd", &[]),
+    // CUDA MPS: the server runs as its clients' user, and a user may run a daemon of their
+    // own; ending either ends every client on the GPU (`crate::mps`). Any user, so long as
+    // it is NVIDIA's file with only root's code in it.
+    ("nvidia-cuda-mps-control", &[ANY_USER]),
+    ("nvidia-cuda-mps-server", &[ANY_USER]),
     // Monitoring clients: they open every GPU's device file and hold no memory.
     ("nvidia-smi", &[]),
     ("dcgmi", &[]),
@@ -73,6 +79,9 @@ pub const BUILT_IN: &[(&str, &[&str])] = &[
     ("gdm-x-session", DISPLAY_MANAGERS),
     ("gdm-wayland-session", DISPLAY_MANAGERS),
 ];
+
+/// In a built-in program's users: it may run as any user (the MPS server and daemon).
+pub const ANY_USER: &str = "*";
 
 /// Where a program named in a claim may be installed, besides its executable's directory.
 const SYSTEM_BIN_DIRS: &[&str] = &[
@@ -193,28 +202,49 @@ impl Protection {
     /// The protected program a process names itself after, if any: its command name (the
     /// kernel keeps 15 characters) or argv[0]'s basename.
     pub fn claimed(&self, claimant: &Claimant) -> Option<&Program> {
-        self.programs.iter().find(|program| {
-            let name = program.name.as_str();
-            claimant
-                .comm
-                .is_some_and(|comm| comm == name || (comm.len() == 15 && name.starts_with(comm)))
-                || claimant.argv0 == Some(name)
-        })
+        self.candidates(claimant).next()
+    }
+
+    /// Every protected program the claim may mean, the best first: the name argv[0] or the
+    /// whole command name gives, then those a cut command name begins (`nvidia-cuda-mps`
+    /// is the MPS server's and its daemon's, where argv[0] was not read).
+    fn candidates<'p>(&'p self, claimant: &Claimant) -> impl Iterator<Item = &'p Program> {
+        let exact = |program: &&Program| {
+            let name = Some(program.name.as_str());
+            claimant.argv0 == name || claimant.comm == name
+        };
+        let comm = claimant
+            .comm
+            .filter(|comm| comm.len() == 15)
+            .map(str::to_owned);
+        let cut = move |program: &&Program| {
+            comm.as_deref()
+                .is_some_and(|comm| program.name.starts_with(comm))
+        };
+        let first: Vec<&Program> = self.programs.iter().filter(exact).collect();
+        let rest: Vec<&Program> = match first.is_empty() {
+            true => self.programs.iter().filter(cut).collect(),
+            false => Vec::new(),
+        };
+        first.into_iter().chain(rest)
     }
 
     /// Whether the process is the protected program it claims to be (see the module's
     /// rule). Reads /proc only for a process that claims a protected name.
     pub fn judge(&self, claimant: &Claimant) -> Claim {
-        let Some(program) = self.claimed(claimant) else {
-            return Claim::None;
-        };
-        match verify(program, claimant, Path::new("/proc")) {
-            Ok(()) => Claim::Genuine(program.name.clone()),
-            Err(why) => Claim::Impostor {
-                name: program.name.clone(),
-                why,
-            },
+        let mut first_refusal = None;
+        for program in self.candidates(claimant) {
+            match verify(program, claimant, Path::new("/proc")) {
+                Ok(()) => return Claim::Genuine(program.name.clone()),
+                Err(why) => {
+                    first_refusal.get_or_insert(Claim::Impostor {
+                        name: program.name.clone(),
+                        why,
+                    });
+                }
+            }
         }
+        first_refusal.unwrap_or(Claim::None)
     }
 }
 
@@ -316,6 +346,9 @@ fn runs_as(program: &Program, status: &str) -> Result<(), String> {
             .flatten()
             .map(|found| found.uid.as_raw())
     };
+    if program.users.iter().any(|user| user == ANY_USER) {
+        return Ok(());
+    }
     let allowed: Vec<u32> = program.users.iter().filter_map(service_uid).collect();
     match uids
         .iter()

@@ -56,6 +56,7 @@ pub fn answer(snapshot: &Snapshot, findings: &[Finding], caller: &Caller) -> Rep
                     compute_instance_id: process.compute_instance_id,
                     uid: facts.uid.map(|uid| caller.map_uid(uid)),
                     finding: finding_of.get(&process.pid).cloned(),
+                    mps: process.mps,
                 });
             }
             Some(GpuReply {

@@ -722,6 +722,7 @@ mod timing {
                         idle: None,
                         gpu_instance_id: None,
                         compute_instance_id: None,
+                        mps: None,
                         host: host.clone(),
                     })
                     .collect(),

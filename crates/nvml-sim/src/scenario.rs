@@ -145,7 +145,27 @@ struct RawProcess {
     /// leaving them orphaned.
     #[serde(default)]
     crashed: bool,
+    /// Its part in CUDA MPS on its GPUs: the server (a stand-in named
+    /// `nvidia-cuda-mps-server` by default) or a client of that GPU's server.
+    mps: Option<MpsRole>,
+    /// An MPS client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (its stand-in's environment).
+    mps_active_thread_pct: Option<Pct>,
+    /// An MPS client's pinned device memory limit, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`.
+    mps_pinned_mem_limit_mib: Option<u64>,
 }
+
+/// A process's part in CUDA MPS (Multi-Process Service) on its GPUs.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MpsRole {
+    /// `nvidia-cuda-mps-server`: holds the GPU context its clients' work runs in.
+    Server,
+    /// A CUDA process whose work the server runs.
+    Client,
+}
+
+/// The name of NVIDIA's MPS server, which a server stand-in takes by default.
+pub const MPS_SERVER: &str = "nvidia-cuda-mps-server";
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -447,6 +467,8 @@ pub struct Process {
     /// Per entry of `gpus`: the (GPU instance, compute instance) it runs in on that GPU,
     /// `None` on a GPU not in MIG mode.
     pub instances: Vec<Option<(u32, u32)>>,
+    /// Its part in MPS on its GPUs.
+    pub mps: Option<MpsRole>,
 }
 
 impl Process {
@@ -472,6 +494,8 @@ pub struct SpawnSpec {
     pub cgroup: Option<String>,
     /// The main process exits once its workers run; only the workers stay, orphaned.
     pub crashed: bool,
+    /// Variables set in the stand-in's environment (an MPS client's limits).
+    pub env: Vec<(String, String)>,
 }
 
 /// A stand-in's user, as the scenario names it.
@@ -769,6 +793,84 @@ gpu = 0
         assert!(
             e.contains("process[0] (pid 5): user, cgroup and crashed describe a stand-in"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn mps_server_clients_and_limits() {
+        let s = p(r#"
+[[gpu]]
+[[gpu]]
+[[process]]
+mps = "server"
+gpu = 0
+used_mib = 300
+[[process]]
+spawn = ["python3", "rank.py"]
+gpu = 0
+mps = "client"
+mps_active_thread_pct = 50
+mps_pinned_mem_limit_mib = 2048
+[[process]]
+pid = 7
+gpu = 0
+mps = "client"
+"#)
+        .unwrap();
+        let [server, client] = &s.spawns[..] else {
+            panic!("{:?}", s.spawns)
+        };
+        assert_eq!(server.argv, vec![MPS_SERVER.to_string()]);
+        assert!(server.env.is_empty());
+        assert_eq!(
+            client.env,
+            vec![
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "50".into()),
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=2048M".into()),
+            ]
+        );
+        assert_eq!(s.processes[0].mps, Some(MpsRole::Client));
+    }
+
+    #[test]
+    fn bad_mps_keys() {
+        let err = |text: &str, says: &str| {
+            let e = p(text).unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        };
+        let server = "[[gpu]]\n[[gpu]]\n[[process]]\nmps = \"server\"\ngpu = 0\n";
+        err(
+            &format!("{server}[[process]]\nmps = \"server\"\ngpu = [1, 0]\n"),
+            "process[0] and process[1] are both the MPS server of gpu 0",
+        );
+        err(
+            &format!("{server}[[process]]\npid = 4\nmps = \"client\"\ngpu = 1\n"),
+            "process[1]: an MPS client of gpu 1, which has no MPS server",
+        );
+        err(
+            &format!("{server}[[process]]\npid = 4\ngpu = 0\nmps_active_thread_pct = 5\n"),
+            "need mps = \"client\"",
+        );
+        err(
+            &format!(
+                "{server}[[process]]\npid = 4\ngpu = 0\nmps = \"client\"\nmps_active_thread_pct = 5\n"
+            ),
+            "they need a spawn list",
+        );
+        err(
+            "[[gpu]]\n[[process]]\nmps = \"server\"\ngpu = 0\nworkers = 2\n",
+            "an MPS server has no workers",
+        );
+        err(
+            "[[gpu]]\n[[process]]\nmps = \"mayor\"\ngpu = 0\n",
+            "line 3: unknown variant 'mayor'",
+        );
+        err(
+            &format!(
+                "{server}[[process]]\nspawn = [\"x\"]\ngpu = 0\nmps = \"client\"\nmps_pinned_mem_limit_mib = 0\n"
+            ),
+            "mps_pinned_mem_limit_mib must be at least 1",
         );
     }
 

@@ -183,6 +183,8 @@ pub struct ProcNow {
     pub kind: ProcKind,
     /// (GPU instance, compute instance) on a MIG GPU.
     pub instance: Option<(u32, u32)>,
+    /// Its part in MPS on this GPU, if the GPU runs under MPS.
+    pub mps: Option<crate::scenario::MpsRole>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -441,6 +443,7 @@ impl Sim {
                         mem_pct: p.mem_pct,
                         kind: p.kind,
                         instance,
+                        mps: p.mps,
                     });
                 }
                 if p.teardown_ms.is_some() {

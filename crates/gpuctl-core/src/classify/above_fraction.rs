@@ -142,6 +142,7 @@ mod tests {
         let in_instance = |pid: u32, gib: u64, gi: u32| GpuProcess {
             gpu_instance_id: Some(gi),
             compute_instance_id: Some(0),
+            mps: None,
             ..holding(pid, "alice", gib)
         };
         let mig = |gi: u32, uuid: &str, total_gib: u64, processes: Vec<GpuProcess>| MigDevice {

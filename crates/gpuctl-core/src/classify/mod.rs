@@ -15,6 +15,7 @@ mod above_fraction;
 pub mod grace;
 pub mod holders;
 pub mod idle;
+pub mod mps_wedged;
 mod orphaned;
 mod state;
 pub mod stuck;
@@ -56,6 +57,8 @@ pub enum Kind {
     /// Holds at least `[idle] min_memory` with SM under `util_below` for the whole of
     /// `after` (the watchdog's history only): a live process doing nothing with its memory.
     Idle,
+    /// A CUDA MPS server with no client left that holds more than its own overhead.
+    MpsWedged,
 }
 
 /// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
@@ -79,7 +82,7 @@ impl std::fmt::Display for Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Orphaned,
         Kind::ZombieHolder,
         Kind::Stopped,
@@ -89,6 +92,7 @@ impl Kind {
         Kind::UnlistedHolder,
         Kind::Stuck,
         Kind::Idle,
+        Kind::MpsWedged,
     ];
 
     /// Its name in JSON, the journal and metrics.
@@ -103,6 +107,7 @@ impl Kind {
             Kind::UnlistedHolder => "unlisted_holder",
             Kind::Stuck => "stuck",
             Kind::Idle => "idle",
+            Kind::MpsWedged => "mps_wedged",
         }
     }
 
@@ -116,6 +121,8 @@ impl Kind {
             Kind::AboveFraction => Remedy::Enforce,
             // The `[idle]` ladder (report, notify, reclaim) is the watchdog's own.
             Kind::Uninterruptible | Kind::Unattributed | Kind::Stuck | Kind::Idle => Remedy::Report,
+            // Ending the server ends every client of every user: MPS's daemon does it.
+            Kind::MpsWedged => Remedy::Report,
         }
     }
 
@@ -130,7 +137,8 @@ impl Kind {
             | Kind::AboveFraction
             | Kind::UnlistedHolder
             | Kind::Stuck
-            | Kind::Idle => None,
+            | Kind::Idle
+            | Kind::MpsWedged => None,
         }
     }
 }
@@ -255,6 +263,7 @@ const RULES: &[Rule] = &[
     Rule::Process(Kind::Orphaned, orphaned::judge),
     Rule::Process(Kind::AboveFraction, above_fraction::judge),
     Rule::Process(Kind::Idle, idle::judge),
+    Rule::Process(Kind::MpsWedged, mps_wedged::judge),
     Rule::Gpu(unattributed::judge),
     Rule::GpuMany(holders::judge),
     Rule::Gpu(stuck::judge),

@@ -71,6 +71,43 @@ fn names_are_claimed_by_comm_cut_to_15_or_by_argv0() {
         None,
         "a short comm is whole"
     );
+    // The MPS server and its daemon share their cut command name: argv[0] tells which.
+    for program in ["nvidia-cuda-mps-server", "nvidia-cuda-mps-control"] {
+        assert_eq!(
+            claimed("nvidia-cuda-mps", program).as_deref(),
+            Some(program)
+        );
+    }
+    assert!(claimed("nvidia-cuda-mps", "x").is_some());
+}
+
+/// The MPS server runs as its clients' user, and a user may run a control daemon of their
+/// own: the genuine program is spared whoever runs it.
+#[test]
+fn the_mps_server_and_daemon_are_spared_as_any_user() {
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a process as another user");
+        return;
+    }
+    let any = Protection::default().with(&[], &[]);
+    let any = Protection {
+        programs: vec![Program {
+            name: "sleep".into(),
+            users: vec![ANY_USER.into()],
+            configured: false,
+        }],
+        ..any
+    };
+    let judged = judged_sleep(&any, |command| {
+        command.uid(65534).gid(65534);
+    });
+    assert_eq!(judged, Claim::Genuine("sleep".into()));
+    let built_in = Protection::built_in();
+    for name in ["nvidia-cuda-mps-server", "nvidia-cuda-mps-control"] {
+        let program = built_in.programs.iter().find(|p| p.name == name).unwrap();
+        assert_eq!(program.users, [ANY_USER], "{name}");
+    }
 }
 
 #[test]

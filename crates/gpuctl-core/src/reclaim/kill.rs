@@ -35,6 +35,9 @@ pub struct KillRequest {
     /// Every GPU process the other selectors allow: must be said, never implied.
     pub all: bool,
     pub ending: Ending,
+    /// End a CUDA MPS server or control daemon that `pids` names, and with it every client
+    /// it serves (never one another selector found).
+    pub force: bool,
     /// Plan and report, signal nothing.
     pub dry_run: bool,
 }
@@ -161,8 +164,13 @@ pub fn prepare_kill<'s>(
     if targets.is_empty() && refused.is_empty() {
         return Ok(None);
     }
-    let guard = Guard::for_this_process(protection);
-    let planned = crate::plan::plan(targets.clone(), &guard);
+    let forced = match request.force {
+        true => request.pids.as_slice(),
+        false => &[],
+    };
+    let guard = Guard::for_this_process(protection).forcing(forced);
+    let mut planned = crate::plan::plan(targets.clone(), &guard);
+    super::mps::name_the_clients(&mut planned, &snapshot);
     Ok(Some(PreparedKill {
         session,
         request: request.clone(),

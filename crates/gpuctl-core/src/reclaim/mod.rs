@@ -18,6 +18,7 @@ mod clear;
 mod found;
 mod gpu_reset;
 mod kill;
+mod mps;
 mod reset;
 
 use std::time::Duration;
@@ -123,7 +124,11 @@ impl Reclaim<'_> {
         if self.dry_run {
             return outcomes;
         }
-        end_planned(&mut outcomes, &self.how);
+        let before = match self.verify {
+            Verify::Release { before, .. } => Some(before),
+            Verify::Unverified => None,
+        };
+        end_planned(&mut outcomes, &self.how, before);
         if let Verify::Release {
             gpus,
             before,
@@ -138,7 +143,9 @@ impl Reclaim<'_> {
 
 /// Carries out a plan: every target it would signal is ended with `how`, all at once, and
 /// is then signalled with how it ended; skipped ones stay as planned.
-fn end_planned(outcomes: &mut [Outcome], how: &Escalation) {
+/// An MPS client is first asked of its control daemon (`mps::end_clients`), the supported
+/// way; signals follow where the daemon could not be reached, refused, or did not end it.
+fn end_planned(outcomes: &mut [Outcome], how: &Escalation, before: Option<&Snapshot>) {
     let planned: Vec<(usize, Identity)> = outcomes
         .iter()
         .enumerate()
@@ -150,8 +157,30 @@ fn end_planned(outcomes: &mut [Outcome], how: &Escalation) {
     if planned.is_empty() {
         return;
     }
-    let identities: Vec<Identity> = planned.iter().map(|&(_, identity)| identity).collect();
-    for ((i, identity), ended) in planned.into_iter().zip(act::end_all(&identities, how)) {
+    let mut asked = match before {
+        Some(before) => mps::end_clients(&planned, before, how.timeout),
+        None => Default::default(),
+    };
+    let mut signalled = Vec::new();
+    for (i, identity) in planned {
+        match asked.remove(&i) {
+            Some(mps::Asked::Ended(ended)) => {
+                outcomes[i].disposition = Disposition::Signalled {
+                    identity,
+                    ended,
+                    release: None,
+                };
+            }
+            Some(mps::Asked::Signal { why }) => signalled.push((i, identity, Some(why))),
+            None => signalled.push((i, identity, None)),
+        }
+    }
+    let identities: Vec<Identity> = signalled.iter().map(|&(_, identity, _)| identity).collect();
+    for ((i, identity, why), ended) in signalled.into_iter().zip(act::end_all(&identities, how)) {
+        let ended = match why {
+            Some(why) => mps::said_signalled(ended, &why),
+            None => ended,
+        };
         outcomes[i].disposition = Disposition::Signalled {
             identity,
             ended,

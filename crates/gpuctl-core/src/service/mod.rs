@@ -160,6 +160,10 @@ pub struct ProcessReply {
     /// What the host found of it, where it is a leftover: `orphaned`, `zombie_holder`,
     /// `stopped`, `uninterruptible`; `None` for a process with no finding.
     pub finding: Option<String>,
+    /// Its part in MPS on the GPU (a container's MPS clients are its own; the server, where
+    /// the container runs one); absent from a host that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<crate::mps::Role>,
 }
 
 /// The reply to a request that could not be answered: one line.

@@ -325,6 +325,9 @@ pub struct GpuProcess {
     /// The MIG GPU and compute instance it runs in, on a MIG-enabled GPU.
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,
+    /// Its part in CUDA MPS on this GPU: the server, or a client of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps: Option<crate::mps::Role>,
     /// Shared by the process's entries on each of its GPUs.
     #[serde(flatten)]
     pub host: Arc<HostProcess>,

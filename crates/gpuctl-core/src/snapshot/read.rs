@@ -26,6 +26,8 @@ pub(super) struct Listed {
     pub(super) sm_util_pct: Option<u32>,
     pub(super) gpu_instance_id: Option<u32>,
     pub(super) compute_instance_id: Option<u32>,
+    /// In the driver's MPS list: a client of the GPU's MPS server.
+    pub(super) mps_client: bool,
 }
 
 /// What one GPU lists: its processes, and when the list was read.
@@ -208,6 +210,10 @@ pub(super) fn read_gpu_fields(
     };
     let utilization = sm_utilization(device, since_us);
     listing.processes = merge_processes(compute, graphics, &utilization);
+    mark_mps_clients(
+        &mut listing.processes,
+        device.mps_running_compute_processes(),
+    );
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
         used_bytes: m.used,
@@ -346,6 +352,7 @@ pub(super) fn merge_processes(
             kind,
             gpu_instance_id: info.gpu_instance_id,
             compute_instance_id: info.compute_instance_id,
+            mps_client: false,
             sm_util_pct: utilization.as_ref().map(|samples| {
                 samples
                     .binary_search_by_key(&info.pid, |sample| sample.0)
@@ -355,6 +362,33 @@ pub(super) fn merge_processes(
     }
     processes.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
     processes
+}
+
+/// Marks the clients of the GPU's MPS server: the MPS list's pids. A driver that lists a
+/// client there only (not in the compute list) still has it hold its memory: it is added.
+/// A GPU without MPS, or a driver without the list, answers nothing or an error: no client.
+pub(super) fn mark_mps_clients(
+    processes: &mut Vec<Listed>,
+    mps: Result<Vec<ProcessInfo>, NvmlError>,
+) {
+    for info in mps.unwrap_or_default() {
+        match processes.iter_mut().find(|p| p.pid == info.pid) {
+            Some(listed) => listed.mps_client = true,
+            None => processes.push(Listed {
+                pid: info.pid,
+                used_bytes: match info.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(bytes),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                kind: ProcessType::Compute,
+                sm_util_pct: None,
+                gpu_instance_id: info.gpu_instance_id,
+                compute_instance_id: info.compute_instance_id,
+                mps_client: true,
+            }),
+        }
+    }
+    processes.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
 }
 
 pub(super) fn unattributed(used: u64, processes: &[Listed]) -> Option<u64> {
@@ -495,6 +529,34 @@ mod tests {
                 (11, None, ProcessType::Graphics, Some(0)),
             ]
         );
+    }
+
+    #[test]
+    fn the_mps_list_marks_its_clients_and_adds_one_the_compute_list_lacks() {
+        let mut listed =
+            merge_processes(vec![info(5, Some(300)), info(7, Some(800))], vec![], &None);
+        mark_mps_clients(
+            &mut listed,
+            Ok(vec![info(7, Some(800)), info(9, Some(200))]),
+        );
+        let summary: Vec<_> = listed
+            .iter()
+            .map(|p| (p.pid, p.used_bytes, p.mps_client))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (7, Some(800), true),
+                (5, Some(300), false),
+                (9, Some(200), true)
+            ]
+        );
+        // A GPU without MPS, or a driver without the list: nobody is a client.
+        mark_mps_clients(&mut listed, Err(NvmlError::NotSupported));
+        assert_eq!(listed.iter().filter(|p| p.mps_client).count(), 2);
+        let mut plain = merge_processes(vec![info(5, Some(300))], vec![], &None);
+        mark_mps_clients(&mut plain, Err(NvmlError::NotSupported));
+        assert!(!plain[0].mps_client);
     }
 
     #[test]

@@ -123,19 +123,27 @@ pub(super) fn join(
         gpu.processes = listing
             .processes
             .into_iter()
-            .map(|p| GpuProcess {
-                pid: p.pid,
-                used_bytes: p.used_bytes,
-                kind: p.kind,
-                sm_util_pct: p.sm_util_pct,
-                idle: None,
-                gpu_instance_id: p.gpu_instance_id,
-                compute_instance_id: p.compute_instance_id,
-                host: as_listed(
+            .map(|p| {
+                let host = as_listed(
                     p.pid,
                     fact_of(position, p.pid).unwrap_or_else(|| Arc::clone(&unread)),
                     listed_at,
-                ),
+                );
+                GpuProcess {
+                    pid: p.pid,
+                    used_bytes: p.used_bytes,
+                    kind: p.kind,
+                    sm_util_pct: p.sm_util_pct,
+                    idle: None,
+                    gpu_instance_id: p.gpu_instance_id,
+                    compute_instance_id: p.compute_instance_id,
+                    mps: crate::mps::Role::of(
+                        p.mps_client,
+                        host.comm.as_deref(),
+                        host.argv0_name(),
+                    ),
+                    host,
+                }
             })
             .collect();
         gpu.fill_mig_processes();
@@ -244,6 +252,7 @@ pub(super) fn localize(
                         sm_util_pct: p.sm_util_pct,
                         gpu_instance_id: p.gpu_instance_id,
                         compute_instance_id: p.compute_instance_id,
+                        mps_client: p.mps == Some(crate::mps::Role::Client),
                     }
                 })
                 .collect();

@@ -126,6 +126,11 @@ pub struct KillArgs {
     #[arg(long, short = 'y')]
     pub yes: bool,
 
+    /// End a CUDA MPS server or control daemon that --pid names, and with it every client
+    /// it serves. Without it they are never signalled; their skip names the clients.
+    #[arg(long)]
+    pub force: bool,
+
     #[command(flatten)]
     pub plan: DryRunArg,
 
@@ -219,6 +224,7 @@ impl KillArgs {
             older_than: self.older_than,
             all: self.all,
             ending: self.how.ending(),
+            force: self.force,
             dry_run: self.plan.dry_run,
         }
     }

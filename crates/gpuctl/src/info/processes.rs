@@ -183,7 +183,11 @@ fn row(process: &GpuProcess) -> Row {
             .idle
             .map_or(cells.state, |idle| format!("idle {}", idle_for(&idle))),
         owner: cells.owner,
-        command: cells.command,
+        // Under MPS: the server's row is its own memory, each client's its own.
+        command: match process.mps {
+            Some(role) => format!("[{}] {}", role.label(), cells.command),
+            None => cells.command,
+        },
         state_color: cells.state_color,
         dim: !host.confirmed,
         ours: !host.confirmed,

@@ -602,6 +602,7 @@ mod tests {
                 idle: None,
                 gpu_instance_id: instance,
                 compute_instance_id: instance.map(|_| 0),
+                mps: None,
                 host: std::sync::Arc::new(HostProcess {
                     confirmed: true,
                     start_ticks: Some(start),

@@ -18,7 +18,7 @@
 //! | 26 | `(const char *fmt, ...)` | the library's debug log: nvidia-smi reports each step through it (`"nvidia-smi %s: %s\n"`); nothing is written |
 //! | 75 | `(unsigned index, unsigned *domain, unsigned *bus, unsigned *device)` | a GPU's PCI location by index: `-i BUS_ID` walks the GPUs with it, comparing what slot 12 parsed |
 //! | 81 | `(unsigned index, nvmlDevice_t *out, 0x22)` | a handle by index, as `nvmlDeviceGetHandleByIndex_v2` |
-//! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, graphics and MPS process lists: the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below); GPU/compute instance ids at offsets 16/20 (`0xFFFFFFFF` without MIG); on a MIG device handle, that device's processes only |
+//! | 213, 214, 215 | `(nvmlDevice_t, unsigned *count, record *out)` | the compute, MPS and graphics process lists (in that order): the size-query convention of the public lists, records of [`RECORD_SIZE`] bytes (below); GPU/compute instance ids at offsets 16/20 (`0xFFFFFFFF` without MIG); on a MIG device handle, that device's processes only |
 //! | 209 | `(nvmlDevice_t, unsigned *uv)` | graphics voltage in µV (`-q`: Voltage) |
 //! | 230 | `(nvmlDevice_t, unsigned *gen)` | the host's maximum PCIe generation (`-q`: Host Max) |
 //! | 231 | `(nvmlDevice_t, char *buf, unsigned len)` | the GPU part number |
@@ -65,8 +65,10 @@ const FIXED_SLOTS: [usize; 6] = [
     SLOT_SPARSE_OPERATION_MODE,
 ];
 const SLOT_COMPUTE_PROCESSES: usize = 213;
-const SLOT_GRAPHICS_PROCESSES: usize = 214;
-const SLOT_MPS_PROCESSES: usize = 215;
+// 214 is the MPS list and 215 the graphics list: with them the other way round, nvidia-smi
+// shows an MPS client as `C+G` and no graphics process at all (tests/nvidia_smi.rs).
+const SLOT_MPS_PROCESSES: usize = 214;
+const SLOT_GRAPHICS_PROCESSES: usize = 215;
 
 /// One process record of slots 213–215: the numeric head of `nvmlProcessDetail_v1_t` (pid,
 /// used memory, GPU/compute instance ids, confidential-compute memory) and the process name
@@ -115,9 +117,9 @@ unsafe fn dispatch(slot: usize, a: Args) -> nvmlReturn_t {
         SLOT_HANDLE_BY_INDEX => by_index(a[0] as c_uint, unsafe { out_arg(a[1]) }),
         // SAFETY: `a` is slot 213's arguments (this function's contract).
         SLOT_COMPUTE_PROCESSES => unsafe { process_list(a, is_compute) },
-        // SAFETY: `a` is slot 214's arguments (this function's contract).
-        SLOT_GRAPHICS_PROCESSES => unsafe { process_list(a, is_graphics) },
         // SAFETY: `a` is slot 215's arguments (this function's contract).
+        SLOT_GRAPHICS_PROCESSES => unsafe { process_list(a, is_graphics) },
+        // SAFETY: `a` is slot 214's arguments (this function's contract).
         SLOT_MPS_PROCESSES => unsafe { process_list(a, is_mps) },
         // SAFETY: in each fixed_uint slot the second word is an `unsigned *` (or `int *`).
         SLOT_VOLTAGE => unsafe { fixed_uint(a, |_, _| 670_000) },
@@ -233,7 +235,7 @@ fn unmodelled_slot() -> nvmlReturn_t {
 ///
 /// `a` is the arguments of slot 213, 214 or 215: a device, an `unsigned *count` and an
 /// array of `*count` records (or nulls).
-unsafe fn process_list(a: Args, want: fn(crate::scenario::ProcKind) -> bool) -> nvmlReturn_t {
+unsafe fn process_list(a: Args, want: fn(&sim::ProcNow) -> bool) -> nvmlReturn_t {
     let device = a[0] as nvmlDevice_t;
     // SAFETY: as this function's contract.
     let (count, out) = unsafe {

@@ -6,7 +6,7 @@ use super::*;
 pub(super) fn procs_of(
     s: &mut Sim,
     t: Target,
-    want: fn(crate::scenario::ProcKind) -> bool,
+    want: fn(&sim::ProcNow) -> bool,
 ) -> Vec<sim::ProcNow> {
     let (i, only) = match t {
         Target::Gpu(i) => (i, None),
@@ -15,7 +15,7 @@ pub(super) fn procs_of(
     s.gpu_now(i)
         .procs
         .iter()
-        .filter(|p| want(p.kind) && (only.is_none() || p.instance == only))
+        .filter(|p| want(p) && (only.is_none() || p.instance == only))
         .cloned()
         .collect()
 }
@@ -24,7 +24,7 @@ fn running_v1(
     d: nvmlDevice_t,
     count: Option<&mut c_uint>,
     infos: Buf<nvmlProcessInfo_v1_t>,
-    want: fn(crate::scenario::ProcKind) -> bool,
+    want: fn(&sim::ProcNow) -> bool,
 ) -> nvmlReturn_t {
     with_target(d, Some(Feature::Processes), |s, t| {
         let items: Vec<nvmlProcessInfo_v1_t> = procs_of(s, t, want)
@@ -42,7 +42,7 @@ fn running_v2(
     d: nvmlDevice_t,
     count: Option<&mut c_uint>,
     infos: Buf<nvmlProcessInfo_t>,
-    want: fn(crate::scenario::ProcKind) -> bool,
+    want: fn(&sim::ProcNow) -> bool,
 ) -> nvmlReturn_t {
     with_target(d, Some(Feature::Processes), |s, t| {
         let items: Vec<nvmlProcessInfo_t> = procs_of(s, t, want)
@@ -58,17 +58,20 @@ fn running_v2(
     })
 }
 
-pub(super) fn is_compute(k: crate::scenario::ProcKind) -> bool {
-    k.compute()
+/// Under MPS (Volta and later) the compute list holds the server and every client, each
+/// with its own memory, as a real driver's does; the MPS list holds the clients only, so
+/// nvidia-smi shows a client as `M+C` and the server as `C`.
+pub(super) fn is_compute(p: &sim::ProcNow) -> bool {
+    p.kind.compute()
 }
-pub(super) fn is_graphics(k: crate::scenario::ProcKind) -> bool {
-    k.graphics()
+pub(super) fn is_graphics(p: &sim::ProcNow) -> bool {
+    p.kind.graphics()
 }
-pub(super) fn is_any(_: crate::scenario::ProcKind) -> bool {
+pub(super) fn is_any(_: &sim::ProcNow) -> bool {
     true
 }
-pub(super) fn is_mps(_: crate::scenario::ProcKind) -> bool {
-    false
+pub(super) fn is_mps(p: &sim::ProcNow) -> bool {
+    p.mps == Some(crate::scenario::MpsRole::Client)
 }
 
 macro_rules! process_queries {

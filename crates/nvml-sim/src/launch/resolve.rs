@@ -47,6 +47,8 @@ pub(super) fn resolve(
                 "user",
                 "cgroup",
                 "crashed",
+                "mps_active_thread_pct",
+                "mps_pinned_mem_limit_mib",
             ] {
                 p.remove(key);
             }
@@ -59,7 +61,14 @@ pub(super) fn resolve(
                 }
                 // Workers share their leader's fate in NVML's eyes: hidden with it, in its
                 // MIG instance. Not its listed_pid: each has its own pid in any namespace.
-                for key in ["type", "unlisted", "gpu_instance", "compute_instance"] {
+                // And an MPS client's part: a crashed client's orphaned workers are clients.
+                for key in [
+                    "type",
+                    "unlisted",
+                    "gpu_instance",
+                    "compute_instance",
+                    "mps",
+                ] {
                     if let Some(v) = p.get(key) {
                         wt.insert(key.into(), v.clone());
                     }

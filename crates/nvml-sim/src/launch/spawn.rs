@@ -44,6 +44,7 @@ pub(super) fn spawn_standin(
         .args(&spec.argv[1..])
         .env(STANDIN_ENV, "1")
         .env(WORKERS_ENV, spec.workers.to_string())
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

@@ -100,11 +100,16 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
     let mut processes = Vec::new();
     let mut spawns = Vec::new();
     let mut seen = HashSet::new();
+    let mut roles = Vec::new();
     for (i, p) in raw.process.into_iter().enumerate() {
+        if let Some(role) = p.mps {
+            roles.push((i, role, gpu_indices(&p.gpu)));
+        }
         if let Some(p) = process(i, p, &gpus, &mut seen, &mut spawns)? {
             processes.push(p);
         }
     }
+    mps_servers(&roles)?;
     let beside_scenario = |f: PathBuf| {
         if f.is_relative() {
             path.parent().unwrap_or(Path::new(".")).join(f)
@@ -288,10 +293,7 @@ fn process(
         Some(pid) => format!("process[{i}] (pid {pid})"),
         None => format!("process[{i}]"),
     };
-    let sel = match p.gpu {
-        GpuSel::One(g) => vec![g],
-        GpuSel::Many(v) => v,
-    };
+    let sel = gpu_indices(&p.gpu);
     if sel.is_empty() {
         return Err(format!("{at}: gpu must name at least one GPU index"));
     }
@@ -311,7 +313,10 @@ fn process(
     {
         return Err(format!("{at}: pid must be in 1..={}", i32::MAX));
     }
-    match (&p.spawn, p.pid) {
+    let env = mps_keys(&at, &p, &sel)?;
+    let server_default = (p.mps == Some(MpsRole::Server) && p.pid.is_none() && p.spawn.is_none())
+        .then(|| vec![MPS_SERVER.to_string()]);
+    match (p.spawn.as_ref().or(server_default.as_ref()), p.pid) {
         (None, None) => return Err(format!("{at}: needs a pid or a spawn list")),
         (Some(argv), _) => {
             if argv.is_empty() || argv.iter().any(|a| a.is_empty() || a.contains('\0')) {
@@ -333,6 +338,7 @@ fn process(
                 user: p.user.as_ref().map(|u| user(&at, u)).transpose()?,
                 cgroup: p.cgroup.as_deref().map(|c| cgroup(&at, c)).transpose()?,
                 crashed: p.crashed,
+                env,
             });
         }
         (None, Some(_)) => {
@@ -379,7 +385,78 @@ fn process(
         unlisted: p.unlisted,
         listed_pid: p.listed_pid,
         instances,
+        mps: p.mps,
     }))
+}
+
+fn gpu_indices(sel: &GpuSel) -> Vec<u32> {
+    match sel {
+        GpuSel::One(g) => vec![*g],
+        GpuSel::Many(v) => v.clone(),
+    }
+}
+
+/// An entry's MPS keys: the client limits go into its stand-in's environment, as CUDA reads
+/// them (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` per device ordinal, here the GPU's index).
+fn mps_keys(at: &str, p: &RawProcess, sel: &[u32]) -> Result<Vec<(String, String)>, String> {
+    let limits = p.mps_active_thread_pct.is_some() || p.mps_pinned_mem_limit_mib.is_some();
+    if limits && p.mps != Some(MpsRole::Client) {
+        return Err(format!(
+            "{at}: mps_active_thread_pct and mps_pinned_mem_limit_mib need mps = \"client\""
+        ));
+    }
+    if limits && p.spawn.is_none() {
+        return Err(format!(
+            "{at}: mps_active_thread_pct and mps_pinned_mem_limit_mib set a client stand-in's environment: they need a spawn list"
+        ));
+    }
+    if p.mps == Some(MpsRole::Server) && (p.workers.is_some() || p.crashed || p.unlisted) {
+        return Err(format!(
+            "{at}: an MPS server has no workers, does not crash here and is listed"
+        ));
+    }
+    let mut env = Vec::new();
+    if let Some(pct) = p.mps_active_thread_pct {
+        env.push((
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            pct.0.to_string(),
+        ));
+    }
+    if let Some(mib) = p.mps_pinned_mem_limit_mib {
+        if mib == 0 {
+            return Err(format!("{at}: mps_pinned_mem_limit_mib must be at least 1"));
+        }
+        let per_gpu: Vec<String> = sel.iter().map(|g| format!("{g}={mib}M")).collect();
+        env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), per_gpu.join(",")));
+    }
+    Ok(env)
+}
+
+/// Each GPU has at most one MPS server, and every MPS client's GPUs have one: a client
+/// talks to its GPU's server, never to the GPU itself.
+fn mps_servers(roles: &[(usize, MpsRole, Vec<u32>)]) -> Result<(), String> {
+    let mut servers: Vec<(u32, usize)> = Vec::new();
+    for (i, _, gpus) in roles.iter().filter(|r| r.1 == MpsRole::Server) {
+        for g in gpus {
+            if let Some((_, first)) = servers.iter().find(|(sg, _)| sg == g) {
+                return Err(format!(
+                    "process[{first}] and process[{i}] are both the MPS server of gpu {g}"
+                ));
+            }
+            servers.push((*g, *i));
+        }
+    }
+    for (i, _, gpus) in roles.iter().filter(|r| r.1 == MpsRole::Client) {
+        if let Some(g) = gpus
+            .iter()
+            .find(|g| !servers.iter().any(|(sg, _)| sg == *g))
+        {
+            return Err(format!(
+                "process[{i}]: an MPS client of gpu {g}, which has no MPS server (an entry with mps = \"server\")"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The (GPU instance, compute instance) a process runs in on each GPU of `sel`: `None` on
