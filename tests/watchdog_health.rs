@@ -168,3 +168,113 @@ fn memory_held_on_a_gpu_that_needs_a_reset_is_reported_not_retried() {
         out.stderr
     );
 }
+
+/// Xids NVIDIA's catalog lacks: each holds the GPU (by default), named as unknown.
+const UNKNOWN_XIDS: [u32; 3] = [163, 500, 999];
+
+/// Every Xid of NVIDIA's catalog, and some it lacks, raised on a driver without the
+/// recovery-action field, taken by the watchdog and judged by `gpuctl health --json`: each
+/// cause carries its catalog entry's action and meaning. Batched over GPUs, each below the
+/// Xid log's per-GPU bound, with a process on each GPU for the app-caused ones to name.
+#[test]
+fn every_xid_of_the_catalog_gets_its_action_and_an_unknown_one_holds_the_gpu() {
+    use gpuctl_core::health::{Catalog, XID_CATALOG};
+    let xids: Vec<u32> = XID_CATALOG
+        .iter()
+        .map(|e| e.xid)
+        .chain(UNKNOWN_XIDS)
+        .collect();
+    let per_gpu = 56;
+    let gpus = xids.len().div_ceil(per_gpu);
+    let job = Proc::sleeper("python3", &["train.py"]);
+    let mut scenario = Scenario::new().gpus(gpus, Gpu::new()).process(
+        Process::new(job.pid())
+            .on_each(&(0..gpus as u32).collect::<Vec<_>>())
+            .used(GIB),
+    );
+    for (i, xid) in xids.iter().enumerate() {
+        scenario = scenario.xid((i / per_gpu) as u32, *xid, None);
+    }
+    let sim = Sim::new(&scenario);
+    configure(&sim);
+    let run = Run::from(command(&sim, &["--once"]).output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches(": Xid ").count(),
+        xids.len(),
+        "{}",
+        run.stderr
+    );
+
+    let run = sim.run(&["health", "--json"]);
+    assert_eq!(run.code, 6, "{}{}", run.stdout, run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let catalog = Catalog::default();
+    for (i, xid) in xids.iter().enumerate() {
+        let causes = doc["gpus"][i / per_gpu]["causes"].as_array().unwrap();
+        let cause = causes
+            .iter()
+            .find(|c| c["xid"] == *xid)
+            .unwrap_or_else(|| panic!("Xid {xid} is not among GPU {}'s causes", i / per_gpu));
+        let rule = catalog.rule(*xid);
+        assert_eq!(cause["action"], rule.action.name(), "Xid {xid}: {cause}");
+        assert_eq!(cause["meaning"], rule.meaning, "Xid {xid}");
+        if rule.action.name() == "restart_app" {
+            assert_eq!(cause["processes"][0]["pid"], job.pid(), "Xid {xid}");
+        }
+    }
+    for (i, xid) in UNKNOWN_XIDS.iter().enumerate() {
+        let gpu = (XID_CATALOG.len() + i) / per_gpu;
+        let cause = doc["gpus"][gpu]["causes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["xid"] == *xid)
+            .unwrap()
+            .clone();
+        assert_eq!(cause["action"], "gpu_reset", "{cause}");
+        let message = cause["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("unknown Xid {xid}: ")),
+            "{message}"
+        );
+    }
+}
+
+/// `[health] unknown_xid_action` decides what an unknown Xid asks for; an acknowledgement
+/// clears it as it clears any Xid.
+#[test]
+fn unknown_xid_action_is_the_sites_and_an_acknowledgement_clears_an_unknown_xid() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).xid(0, 999, None));
+    configure(&sim);
+    let run = Run::from(command(&sim, &["--once"]).output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("GPU 0: Xid 999 (unknown Xid 999): action gpu_reset"),
+        "{}",
+        run.stderr
+    );
+    let run = sim.run(&["health"]);
+    assert_eq!(run.code, 6, "{}", run.stdout);
+    assert!(run.stdout.contains("unknown Xid 999"), "{}", run.stdout);
+
+    let config = std::fs::read_to_string(sim.config_path()).unwrap();
+    let lenient = format!("{config}[health]\nunknown_xid_action = \"none\"\n");
+    std::fs::write(sim.config_path(), &lenient).unwrap();
+    let run = sim.run(&["health"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+
+    std::fs::write(sim.config_path(), &config).unwrap();
+    assert_eq!(sim.run(&["health"]).code, 6);
+    let run = sim.run(&["health", "--ack", "0"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let run = sim.run(&["health"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+
+    let bad = format!("{config}[health]\nunknown_xid_action = \"reboot\"\n");
+    std::fs::write(sim.config_path(), bad).unwrap();
+    let run = sim.run(&["health"]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("unknown_xid_action"), "{}", run.stderr);
+}

@@ -20,10 +20,10 @@ pub struct Judge {
 }
 
 impl Judge {
-    /// The system configuration's `[health] xid_actions`, and the Xid log and
+    /// The system configuration's Xid catalog (`[health]`), and the Xid log and
     /// acknowledgements in the watchdog's state directory (where it is readable).
     pub fn load(loaded: Option<&Loaded>) -> Judge {
-        let catalog = Catalog::with_overrides(loaded.map(Loaded::xid_actions).unwrap_or_default());
+        let catalog = loaded.map(Loaded::xid_catalog).unwrap_or_default();
         let (log, acks) = config::watchdog_state_dir(loaded)
             .map(|dir| (XidLog::read(&dir), Acks::read(&dir)))
             .unwrap_or_default();

@@ -100,6 +100,7 @@ fn the_example_file_is_valid() {
                     ("109".to_string(), gpuctl_core::health::Action::GpuReset),
                     ("43".to_string(), gpuctl_core::health::Action::None),
                 ]),
+                unknown_xid_action: Some(gpuctl_core::health::UNKNOWN_XID_DEFAULT),
             },
             // The defaults, with a command and an exempt owner as the example names them.
             idle: config::IdlePolicy {

@@ -64,16 +64,16 @@ pub struct HealthWatch {
 }
 
 impl HealthWatch {
-    pub fn new(xid_actions: BTreeMap<u32, Action>) -> HealthWatch {
+    pub fn new(catalog: Catalog) -> HealthWatch {
         HealthWatch {
-            catalog: Catalog::with_overrides(xid_actions),
+            catalog,
             ..HealthWatch::default()
         }
     }
 
     /// The configuration changed (a reload).
-    pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
-        self.catalog = Catalog::with_overrides(xid_actions);
+    pub fn set_catalog(&mut self, catalog: Catalog) {
+        self.catalog = catalog;
     }
 
     /// One loop: registers the event set where needed, takes the pending events (each Xid

@@ -138,6 +138,10 @@ pub struct HealthPolicy {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub xid_actions: BTreeMap<String, crate::health::Action>,
+    /// `unknown_xid_action`: what an Xid NVIDIA's catalog lacks asks for (absent:
+    /// `health::UNKNOWN_XID_DEFAULT`, `gpu_reset`: never fit on a guess). System file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown_xid_action: Option<crate::health::Action>,
 }
 
 /// `[fraction]`: the share of one GPU's memory a single process may hold, in (0, 1].
@@ -400,6 +404,17 @@ impl Loaded {
             .collect()
     }
 
+    /// The Xid catalog in force: NVIDIA's, with the system file's `[health] xid_actions`
+    /// and `unknown_xid_action`.
+    pub fn xid_catalog(&self) -> crate::health::Catalog {
+        let unknown = self
+            .system
+            .as_ref()
+            .and_then(|(_, config)| config.health.unknown_xid_action)
+            .unwrap_or(crate::health::UNKNOWN_XID_DEFAULT);
+        crate::health::Catalog::with_overrides(self.xid_actions()).unknown_xid_action(unknown)
+    }
+
     /// The system file's `[idle]` (the defaults without one): the watchdog acts on it, and
     /// `info` shows idleness by it, so a user's own file does not change it.
     pub fn idle(&self) -> IdlePolicy {
@@ -619,6 +634,37 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(error.contains(says), "{bad}: {error}");
+            assert!(error.contains("line 2"), "{bad}: {error}");
+            assert!(!error.contains('\n'), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn unknown_xid_action_names_an_action_and_defaults_to_a_reset() {
+        use crate::health::Action;
+        let path = Path::new("/etc/gpuctl/gpuctl.toml");
+        let loaded = |text: &str| Loaded {
+            system: Some((
+                Source::new(Origin::System, path),
+                parse(text, path).unwrap(),
+            )),
+            user: None,
+        };
+        let rule = |loaded: &Loaded| loaded.xid_catalog().rule(999).action;
+        assert_eq!(rule(&loaded("")), Action::GpuReset);
+        assert_eq!(
+            rule(&loaded("[health]\nunknown_xid_action = \"none\"\n")),
+            Action::None
+        );
+        assert_eq!(
+            rule(&loaded("[health]\nunknown_xid_action = \"node_reboot\"\n")),
+            Action::NodeReboot
+        );
+        for bad in ["\"reboot\"", "1", "\"\""] {
+            let error = parse(&format!("[health]\nunknown_xid_action = {bad}\n"), path)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("unknown_xid_action"), "{bad}: {error}");
             assert!(error.contains("line 2"), "{bad}: {error}");
             assert!(!error.contains('\n'), "{bad}: {error}");
         }

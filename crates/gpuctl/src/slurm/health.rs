@@ -5,8 +5,8 @@
 
 use anyhow::Result;
 use gpuctl_core::config::{self, Loaded};
+use gpuctl_core::health::Action;
 use gpuctl_core::health::log::XidLog;
-use gpuctl_core::health::{Action, Catalog};
 use gpuctl_core::reclaim::Session;
 use gpuctl_core::session::Reader;
 use gpuctl_core::snapshot::SnapshotOptions;
@@ -54,7 +54,7 @@ pub fn job_xids(
         return Vec::new();
     };
     let log = XidLog::read(&dir);
-    let catalog = Catalog::with_overrides(loaded.map(Loaded::xid_actions).unwrap_or_default());
+    let catalog = loaded.map(Loaded::xid_catalog).unwrap_or_default();
     let mut lines = Vec::new();
     for (index, uuid) in snapshot_uuids {
         for record in log.for_gpu(uuid) {
