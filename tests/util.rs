@@ -408,10 +408,17 @@ impl Gpu {
         self
     }
 
-    /// NVML's recovery action (`gpu_reset`, ...); without it the field is not supported.
+    /// NVML's recovery action (`gpu_reset`, ...); without it the field reads `none`, as on
+    /// a healthy H100/H200 with a driver of R550 or later (the sim's default, 570).
     pub fn recovery_action(mut self, action: &str) -> Gpu {
         self.health.recovery_action = Some(action.to_string());
         self
+    }
+
+    /// A driver without the recovery-action field (before R550): an Xid's catalog action
+    /// then holds until a reset or an acknowledgement.
+    pub fn no_recovery_field(self) -> Gpu {
+        self.recovery_action("not_supported")
     }
 
     pub fn remapped_rows(

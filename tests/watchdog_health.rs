@@ -31,7 +31,7 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 #[test]
 fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset() {
     let job = Proc::sleeper("python3", &["train.py"]);
-    let gpu = |volatile: u64| Gpu::new().ecc([volatile, 0, 10, 0]);
+    let gpu = |volatile: u64| Gpu::new().no_recovery_field().ecc([volatile, 0, 10, 0]);
     let scenario = |volatile: u64, xids: &[u32]| {
         xids.iter().fold(
             Scenario::new()
@@ -104,7 +104,11 @@ fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset()
 
 #[test]
 fn once_takes_the_pending_xids_too() {
-    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).xid(0, 79, None));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new().no_recovery_field())
+            .xid(0, 79, None),
+    );
     configure(&sim);
     let run = Run::from(command(&sim, &["--once"]).output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -187,11 +191,13 @@ fn every_xid_of_the_catalog_gets_its_action_and_an_unknown_one_holds_the_gpu() {
     let per_gpu = 56;
     let gpus = xids.len().div_ceil(per_gpu);
     let job = Proc::sleeper("python3", &["train.py"]);
-    let mut scenario = Scenario::new().gpus(gpus, Gpu::new()).process(
-        Process::new(job.pid())
-            .on_each(&(0..gpus as u32).collect::<Vec<_>>())
-            .used(GIB),
-    );
+    let mut scenario = Scenario::new()
+        .gpus(gpus, Gpu::new().no_recovery_field())
+        .process(
+            Process::new(job.pid())
+                .on_each(&(0..gpus as u32).collect::<Vec<_>>())
+                .used(GIB),
+        );
     for (i, xid) in xids.iter().enumerate() {
         scenario = scenario.xid((i / per_gpu) as u32, *xid, None);
     }
@@ -245,7 +251,11 @@ fn every_xid_of_the_catalog_gets_its_action_and_an_unknown_one_holds_the_gpu() {
 /// clears it as it clears any Xid.
 #[test]
 fn unknown_xid_action_is_the_sites_and_an_acknowledgement_clears_an_unknown_xid() {
-    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).xid(0, 999, None));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new().no_recovery_field())
+            .xid(0, 999, None),
+    );
     configure(&sim);
     let run = Run::from(command(&sim, &["--once"]).output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -277,4 +287,47 @@ fn unknown_xid_action_is_the_sites_and_an_acknowledgement_clears_an_unknown_xid(
     let run = sim.run(&["health"]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("unknown_xid_action"), "{}", run.stderr);
+}
+
+/// A driver raises an Xid once: a watchdog restarted after it (a new NVML session, a new
+/// event set) does not see it again, so it is logged and recorded once; an Xid raised after
+/// the restart is the new daemon's.
+#[test]
+fn a_watchdog_restart_after_an_xid_counts_it_once() {
+    let scenario = |xids: &[u32]| {
+        xids.iter().fold(
+            Scenario::new().gpu(Gpu::new().no_recovery_field()),
+            |s, xid| s.xid(0, *xid, None),
+        )
+    };
+    let sim = Sim::new(&scenario(&[64]));
+    configure(&sim);
+    let mut first = Daemon::start(&sim, &[]);
+    first.expect_count(&["GPU 0: Xid 64"], 1);
+    assert_eq!(first.stop(), 0);
+
+    let second = Daemon::start(&sim, &[]);
+    second.expect_count(&["watching Xid events on GPUs 0"], 1);
+    // Entries are raised in file order: once 13 (appended) arrives, 64 would have before it.
+    sim.write(&scenario(&[64, 13]));
+    second.expect_count(&["GPU 0: Xid 13"], 1);
+    assert_eq!(
+        second.count(&["Xid 64"]),
+        0,
+        "64 replayed to the new daemon"
+    );
+    let log: Value = serde_json::from_str(
+        &std::fs::read_to_string(sim.dir.path().join("state/health.json")).unwrap(),
+    )
+    .unwrap();
+    let (_, records) = log["gpus"].as_object().unwrap().iter().next().unwrap();
+    let xids: Vec<&Value> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["xid"])
+        .collect();
+    assert_eq!(xids, [64, 13]);
+    let run = Run::from(command(&sim, &["--once"]).output().unwrap());
+    assert!(!run.stderr.contains(": Xid "), "{}", run.stderr);
 }
