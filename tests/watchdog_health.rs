@@ -47,7 +47,7 @@ fn the_daemon_logs_each_xid_with_its_processes_counts_it_and_clears_on_a_reset()
     daemon.expect_count(&["watching Xid events on GPUs 0, 1"], 1);
     let line = daemon.expect_count(&["GPU 1: Xid 64", "action gpu_reset"], 1);
     assert!(
-        line.contains(&format!("on the GPU: pid {} (", job.pid())),
+        line.contains(&format!("the kernel names pid {} (", job.pid())),
         "{line}"
     );
     assert!(line.contains("python3 train.py"), "{line}");
@@ -199,7 +199,8 @@ fn every_xid_of_the_catalog_gets_its_action_and_an_unknown_one_holds_the_gpu() {
                 .used(GIB),
         );
     for (i, xid) in xids.iter().enumerate() {
-        scenario = scenario.xid((i / per_gpu) as u32, *xid, None);
+        // The driver's line names the job (the sim writes it): an application Xid names it.
+        scenario = scenario.xid((i / per_gpu) as u32, *xid, Some(job.pid()));
     }
     let sim = Sim::new(&scenario);
     configure(&sim);
@@ -330,4 +331,133 @@ fn a_watchdog_restart_after_an_xid_counts_it_once() {
     assert_eq!(xids, [64, 13]);
     let run = Run::from(command(&sim, &["--once"]).output().unwrap());
     assert!(!run.stderr.contains(": Xid "), "{}", run.stderr);
+}
+
+/// A kmsg record naming `pid` for Xid `xid` on the GPU at `address` (the kernel's
+/// `0000:18:00`), as the driver writes it; its sequence number the time in microseconds, as
+/// the sim's lines have theirs.
+fn nvrm_line(address: &str, xid: u32, pid: u32, name: &str) -> String {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    format!(
+        "3,{micros},{micros},-;NVRM: Xid (PCI:{address}): {xid}, pid={pid}, name={name}, Graphics Exception: ESR 0x50\n"
+    )
+}
+
+fn append(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+}
+
+/// The pids `gpuctl health --json` names for GPU `gpu`'s Xid `xid`.
+fn named_by_health(sim: &Sim, gpu: usize, xid: u32) -> Vec<u64> {
+    let doc = sim.json(&["health"]);
+    doc["gpus"][gpu]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["xid"] == xid)
+        .flat_map(|c| c["processes"].as_array().unwrap().clone())
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect()
+}
+
+/// Two processes share GPU 1; the driver's line names one. The application Xid names
+/// exactly that one (in the journal event and `gpuctl health`), not its neighbour; a line
+/// for another GPU's bus names nobody on this one: the culprit is unknown, not guessed.
+#[test]
+fn an_application_xid_names_only_the_process_the_kernel_named() {
+    let culprit = Proc::sleeper("python3", &["train.py"]);
+    let neighbour = Proc::sleeper("python3", &["eval.py"]);
+    let scenario = |xids: &[(u32, Option<u32>)]| {
+        xids.iter().fold(
+            Scenario::new().gpus(2, Gpu::new()).processes([
+                Process::new(culprit.pid()).on(1).used(GIB),
+                Process::new(neighbour.pid()).on(1).used(GIB),
+            ]),
+            |s, (xid, pid)| s.xid(1, *xid, *pid),
+        )
+    };
+    let sim = Sim::new(&scenario(&[]));
+    configure(&sim);
+    let daemon = Daemon::start(&sim, &[]);
+    daemon.expect_count(&["watching Xid events on GPUs 0, 1"], 1);
+    // The sim writes the driver's line naming the culprit as it raises the Xid.
+    sim.write(&scenario(&[(13, Some(culprit.pid()))]));
+    let line = daemon.expect_count(&["GPU 1: Xid 13"], 1);
+    assert!(
+        line.contains(&format!("CULPRIT={}", culprit.pid())),
+        "{line}"
+    );
+    assert!(line.contains(&format!("PIDS={}", culprit.pid())), "{line}");
+    assert!(!line.contains(&neighbour.pid().to_string()), "{line}");
+    assert!(line.contains("the kernel names pid"), "{line}");
+    let named = || named_by_health(&sim, 1, 13);
+    wait_for("health names the culprit", || !named().is_empty());
+    assert_eq!(named(), [u64::from(culprit.pid())]);
+
+    // A line for GPU 0's bus (0000:18:00), then Xid 31 on GPU 1 (whose own line names
+    // nobody): nobody is named.
+    append(
+        &sim.kernel_log_path(),
+        &nvrm_line("0000:18:00", 31, neighbour.pid(), "python3"),
+    );
+    sim.write(&scenario(&[(13, Some(culprit.pid())), (31, None)]));
+    let line = daemon.expect_count(&["GPU 1: Xid 31"], 1);
+    assert!(line.contains("culprit unknown"), "{line}");
+    assert!(line.contains("CULPRIT=unknown"), "{line}");
+    assert!(!line.contains("PIDS="), "{line}");
+    assert!(named_by_health(&sim, 1, 31).is_empty());
+}
+
+/// The same through the machine's real kernel log: as root, a real NVRM line written to
+/// /dev/kmsg names one of two processes; a GPU at an unusual bus id keeps other tests'
+/// lines (and this one's) apart.
+#[test]
+fn the_kernels_own_log_names_the_culprit_as_root() {
+    if !nix_is_root() {
+        panic!("this test writes a line into /dev/kmsg and must run as root");
+    }
+    let culprit = Proc::sleeper("python3", &["train.py"]);
+    let neighbour = Proc::sleeper("python3", &["eval.py"]);
+    let scenario = |xids: &[u32]| {
+        xids.iter().fold(
+            Scenario::new()
+                .gpu(Gpu::new().pci_bus_id("00000000:E7:00.0"))
+                .processes([
+                    Process::new(culprit.pid()).on(0).used(GIB),
+                    Process::new(neighbour.pid()).on(0).used(GIB),
+                ]),
+            |s, xid| s.xid(0, *xid, None),
+        )
+    };
+    let sim = Sim::new(&scenario(&[]));
+    configure(&sim);
+    let mut command = command(&sim, &[]);
+    command.env("GPUCTL_KERNEL_LOG", "/dev/kmsg");
+    let daemon = Daemon::start_with(command);
+    daemon.expect_count(&["watching Xid events on GPUs 0"], 1);
+    let kmsg = std::path::Path::new("/dev/kmsg");
+    // A write to /dev/kmsg is one record, in the "<priority>message" form.
+    let message = nvrm_line("0000:e7:00", 13, culprit.pid(), "python3");
+    let message = message.split_once(';').unwrap().1;
+    append(kmsg, &format!("<3>{message}"));
+    sim.write(&scenario(&[13]));
+    let line = daemon.expect_count(&["GPU 0: Xid 13"], 1);
+    assert!(
+        line.contains(&format!("CULPRIT={}", culprit.pid())),
+        "{line}"
+    );
+    assert!(!line.contains(&neighbour.pid().to_string()), "{line}");
+    wait_for("health names the culprit", || {
+        named_by_health(&sim, 0, 13) == [u64::from(culprit.pid())]
+    });
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }

@@ -222,7 +222,15 @@ pub struct Watchdog {
     /// running thousands of jobs cannot flood Prometheus.
     #[serde(deserialize_with = "de::at_least_one")]
     pub metrics_max_owners: usize,
+    /// The kernel's log, read for the driver's Xid lines (the process an application Xid
+    /// names): /dev/kmsg, or a file in its record format; empty disables it (an
+    /// application Xid's culprit is then unknown). `GPUCTL_KERNEL_LOG` overrides it.
+    pub kernel_log: PathBuf,
 }
+
+/// The environment variable naming the kernel log the watchdog reads (before the
+/// `watchdog.kernel_log` key).
+pub const KERNEL_LOG_ENV: &str = "GPUCTL_KERNEL_LOG";
 
 /// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
 pub const WATCHDOG_METRICS_FILE: &str = "/var/lib/prometheus/node-exporter/gpuctl.prom";
@@ -242,6 +250,7 @@ impl Default for Watchdog {
             protect_commands: Vec::new(),
             metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
             state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+            kernel_log: PathBuf::from(crate::health::kernel_log::KMSG),
             stuck_after: std::time::Duration::from_secs(600),
             stuck_util_pct: 95,
             stuck_power_fraction: 0.4,
@@ -254,6 +263,15 @@ impl Watchdog {
     /// The metrics file, `None` when disabled (`metrics_file = ""`).
     pub fn metrics_path(&self) -> Option<&Path> {
         (!self.metrics_file.as_os_str().is_empty()).then_some(self.metrics_file.as_path())
+    }
+
+    /// The kernel log: `GPUCTL_KERNEL_LOG`, else `kernel_log`; `None` when disabled (an
+    /// empty value).
+    pub fn kernel_log(&self) -> Option<PathBuf> {
+        let path = std::env::var_os(KERNEL_LOG_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.kernel_log.clone());
+        (!path.as_os_str().is_empty()).then_some(path)
     }
 
     /// The state directory, `None` when disabled (`state_dir = ""`).

@@ -18,6 +18,7 @@
 //!   than `none`.
 
 pub mod catalog;
+pub mod kernel_log;
 pub mod log;
 
 use serde::{Deserialize, Serialize};

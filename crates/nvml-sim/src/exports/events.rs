@@ -219,7 +219,53 @@ fn raised_for(s: &mut Sim, set: &EventSet, k: usize, x: &crate::scenario::health
     let _ = s.state.update(|state| {
         state.xids_raised.insert(key, raised);
     });
+    if let Some(path) = std::env::var_os(KERNEL_LOG_ENV).filter(|p| !p.is_empty())
+        && let Some(gpu) = s.scenario.gpus.get(x.gpu as usize)
+    {
+        // The kernel's spelling: 0000:18:00.
+        let pci = &gpu.pci;
+        let address = format!("{:04x}:{:02x}:{:02x}", pci.domain, pci.bus, pci.device);
+        write_kernel_line(std::path::Path::new(&path), &address, x);
+    }
     true
+}
+
+/// Where the sim writes the driver's Xid line for each `[[xid]]` it raises, in kmsg's
+/// record format, as the kernel's log has it (`/dev/kmsg` is the machine's, not the sim's).
+pub const KERNEL_LOG_ENV: &str = "NVML_SIM_KERNEL_LOG";
+
+/// Appends `NVRM: Xid (PCI:0000:18:00): 13, pid=8202, name=python3, ...` for `x`: its pid
+/// and the process's name, or `'<unknown>'` as the driver writes for none. The sequence
+/// number is the time in microseconds: increasing, as kmsg's.
+fn write_kernel_line(path: &std::path::Path, address: &str, x: &crate::scenario::health::Xid) {
+    use std::io::Write;
+    let (pid, name) = match x.pid {
+        Some(pid) => {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_else(|_| "<unknown>".into());
+            (pid.to_string(), comm)
+        }
+        None => ("'<unknown>'".to_string(), "<unknown>".to_string()),
+    };
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let line = format!(
+        "3,{micros},{micros},-;NVRM: Xid (PCI:{address}): {}, pid={pid}, name={name}, simulated by nvml-sim\n",
+        x.xid
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!(
+            "nvml-sim: {}: cannot write the Xid line: {e}",
+            path.display()
+        );
+    }
 }
 
 /// Answers the next pending event; with none, waits up to `timeout_ms` (at most a second a
