@@ -149,7 +149,7 @@ impl Sim {
 
     /// The kernel log is the test's own: the sim writes the driver's Xid lines there, and
     /// the watchdog reads them there, never the machine's /dev/kmsg.
-    fn kernel_log_env<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+    pub fn kernel_log_env<'c>(&self, command: &'c mut Command) -> &'c mut Command {
         let kernel_log = self.kernel_log_path();
         if !kernel_log.exists() {
             std::fs::write(&kernel_log, "").expect("create the kernel log");
