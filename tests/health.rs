@@ -98,7 +98,8 @@ fn each_gpu_gets_a_verdict_and_a_lost_one_needs_a_node_reboot() {
             ("clock_event".into(), "none".into()),
         ]
     );
-    assert_eq!(doc["gpus"][1]["readings"]["recovery_action"], Value::Null);
+    // No recovery_action key: the field reads none, as on a current driver.
+    assert_eq!(doc["gpus"][1]["readings"]["recovery_action"], "none");
     assert_eq!(doc["gpus"][1]["readings"]["ecc"]["aggregate_corrected"], 10);
     assert_eq!(doc["gpus"][2]["index"], 2);
     assert_eq!(
@@ -191,7 +192,11 @@ fn xid_log(dir: &std::path::Path, uuid: &str, records: Value) {
 #[test]
 fn xids_since_the_last_reset_hold_their_catalog_action_until_acknowledged() {
     let job = Proc::sleeper("python3", &["train.py"]);
-    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()).gpu(Gpu::new()));
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .gpu(Gpu::new().no_recovery_field()),
+    );
     let dir = state_dir(&sim, "");
     let uuid = sim.json(&["info"])["devices"][1]["uuid"]
         .as_str()
@@ -265,7 +270,7 @@ fn the_drivers_recovery_action_makes_xids_history_and_the_site_can_override_the_
     assert_eq!(doc["gpus"][0]["causes"][0]["history"], "recovery_action");
 
     // Without the field: Xid 109 resets by the catalog; the site says none.
-    sim.write(&Scenario::new().gpu(Gpu::new()));
+    sim.write(&Scenario::new().gpu(Gpu::new().no_recovery_field()));
     xid_log(&dir, &uuid, json!([{ "xid": 109, "at_unix": 1 }]));
     assert_eq!(health_json(&sim, &[]).0, NEEDS_ACTION);
     state_dir(&sim, "[health.xid_actions]\n\"109\" = \"none\"\n");

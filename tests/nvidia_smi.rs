@@ -1090,3 +1090,52 @@ fn nvidia_smi_lists_an_mps_server_as_c_and_its_clients_as_m_plus_c() {
     want.sort();
     assert_eq!(apps, want);
 }
+
+/// `nvidia-smi -q`'s GPU Reset Status rows on the sim are a real H100/H200's: a GPU whose
+/// scenario sets no health key shows "No" and "No", as the dumps of drivers 545 to 560 do;
+/// the driver's recovery action sets them; only a driver without the field (the scenario's
+/// `not_supported`, or a version before R550) shows N/A. gpuctl reads the same field.
+#[test]
+fn nvidia_smi_shows_the_reset_status_rows_as_a_real_h200_does() {
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpu(Gpu::new())
+            .gpu(Gpu::new().recovery_action("gpu_reset"))
+            .gpu(Gpu::new().recovery_action("drain_and_reset"))
+            .gpu(Gpu::new().no_recovery_field()),
+    );
+    let q = parse_q(&smi(&sim, &["-q"]));
+    let rows: Vec<(&str, &str)> = q
+        .gpus
+        .values()
+        .map(|gpu| {
+            (
+                gpu["GPU Reset Status/Reset Required"].as_str(),
+                gpu["GPU Reset Status/Drain and Reset Recommended"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("No", "No"), ("Yes", "No"), ("Yes", "Yes"), ("N/A", "N/A")]
+    );
+    let run = sim.run(&["health", "--json"]);
+    let doc: Value = serde_json::from_str(&run.stdout).expect("health JSON");
+    let read: Vec<&Value> = (0..4)
+        .map(|i| &doc["gpus"][i]["readings"]["recovery_action"])
+        .collect();
+    assert_eq!(
+        read,
+        [
+            &serde_json::json!("none"),
+            &serde_json::json!("gpu_reset"),
+            &serde_json::json!("drain_and_reset"),
+            &Value::Null
+        ]
+    );
+
+    let old = Sim::new(&Scenario::new().driver_version("535.183.01").gpu(Gpu::new()));
+    let q = parse_q(&smi(&old, &["-q"]));
+    let gpu = q.gpus.values().next().expect("one GPU");
+    assert_eq!(gpu["GPU Reset Status/Reset Required"], "N/A");
+}

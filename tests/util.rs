@@ -141,6 +141,24 @@ impl Sim {
         self.dir.path().join("state.json")
     }
 
+    /// The kernel log of this simulated server (kmsg's record format): where the sim writes
+    /// the driver's Xid lines and the watchdog reads them.
+    pub fn kernel_log_path(&self) -> PathBuf {
+        self.dir.path().join("kmsg")
+    }
+
+    /// The kernel log is the test's own: the sim writes the driver's Xid lines there, and
+    /// the watchdog reads them there, never the machine's /dev/kmsg.
+    pub fn kernel_log_env<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        let kernel_log = self.kernel_log_path();
+        if !kernel_log.exists() {
+            std::fs::write(&kernel_log, "").expect("create the kernel log");
+        }
+        command
+            .env("GPUCTL_KERNEL_LOG", &kernel_log)
+            .env("NVML_SIM_KERNEL_LOG", &kernel_log)
+    }
+
     /// Replaces the scenario atomically, as a program polling it must see whole files.
     pub fn write(&self, scenario: &(impl Display + ?Sized)) {
         let tmp = self.dir.path().join("scenario.toml.tmp");
@@ -152,7 +170,7 @@ impl Sim {
     /// `command` (gpuctl-watchdog, or a wrapper that runs it) set to watch this simulated
     /// server, with nothing of systemd in its environment.
     pub fn watchdog_env<'c>(&self, command: &'c mut Command) -> &'c mut Command {
-        command
+        self.kernel_log_env(command)
             .env("GPUCTL_NVML_LIB", sim_lib())
             .env("NVML_SIM_SCENARIO", self.scenario_path())
             .env("NVML_SIM_STATE", self.state_path())
@@ -166,7 +184,7 @@ impl Sim {
 
     pub fn gpuctl(&self, args: &[&str]) -> Command {
         let mut command = Command::new(gpuctl_bin());
-        command
+        self.kernel_log_env(&mut command)
             .args(args)
             .env("GPUCTL_NVML_LIB", sim_lib())
             .env("NVML_SIM_SCENARIO", self.scenario_path())
@@ -295,6 +313,7 @@ impl Scenario {
 #[derive(Debug, Clone, Default)]
 pub struct Gpu {
     name: Option<String>,
+    pci_bus_id: Option<String>,
     memory_total_mib: Option<u64>,
     leaked_mib: Option<u64>,
     utilization_pct: Option<u32>,
@@ -397,6 +416,12 @@ impl Gpu {
         self
     }
 
+    /// NVML's bus id (`00000000:18:00.0`).
+    pub fn pci_bus_id(mut self, bus_id: &str) -> Gpu {
+        self.pci_bus_id = Some(bus_id.to_string());
+        self
+    }
+
     pub fn compute_mode(mut self, mode: ComputeMode) -> Gpu {
         self.compute_mode = Some(mode);
         self
@@ -408,10 +433,17 @@ impl Gpu {
         self
     }
 
-    /// NVML's recovery action (`gpu_reset`, ...); without it the field is not supported.
+    /// NVML's recovery action (`gpu_reset`, ...); without it the field reads `none`, as on
+    /// a healthy H100/H200 with a driver of R550 or later (the sim's default, 570).
     pub fn recovery_action(mut self, action: &str) -> Gpu {
         self.health.recovery_action = Some(action.to_string());
         self
+    }
+
+    /// A driver without the recovery-action field (before R550): an Xid's catalog action
+    /// then holds until a reset or an acknowledgement.
+    pub fn no_recovery_field(self) -> Gpu {
+        self.recovery_action("not_supported")
     }
 
     pub fn remapped_rows(
@@ -601,6 +633,9 @@ impl Display for Scenario {
             }
             if let Some(v) = gpu.power_mw {
                 writeln!(f, "power_mw = {v}")?;
+            }
+            if let Some(v) = &gpu.pci_bus_id {
+                writeln!(f, "pci_bus_id = {}", quoted(v))?;
             }
             if gpu.lost {
                 writeln!(f, "lost = true")?;

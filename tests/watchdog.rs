@@ -97,7 +97,7 @@ impl Daemon {
         Daemon::start_with(command(sim, args))
     }
 
-    fn start_with(mut command: Command) -> Daemon {
+    pub(crate) fn start_with(mut command: Command) -> Daemon {
         let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -474,7 +474,8 @@ fn start_node(layout: &Layout, number: usize, port: u16, root: &Path) -> Result<
     );
     write_root_file(&sim.config_path(), &config)?;
     let mut command = Command::new(watchdog_bin());
-    command
+    // The node's own kernel log (the sim writes its Xid lines there), not this machine's.
+    sim.kernel_log_env(&mut command)
         .env("GPUCTL_NVML_LIB", sim_lib())
         .env("NVML_SIM_SCENARIO", sim.scenario_path())
         .env("NVML_SIM_STATE", sim.state_path())

@@ -3,7 +3,6 @@
 //! configuration's Xid catalog, judged by [`crate::health::verdict`], and the
 //! `gpuctl health --json` document.
 
-use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -36,10 +35,10 @@ pub struct JobXid {
 }
 
 impl Judge {
-    /// The system configuration's `[health] xid_actions`, and the Xid log and
+    /// The system configuration's Xid catalog (`[health]`), and the Xid log and
     /// acknowledgements in the watchdog's state directory (where it is readable).
     pub fn load(loaded: Option<&Loaded>) -> Judge {
-        let catalog = Catalog::with_overrides(loaded.map(Loaded::xid_actions).unwrap_or_default());
+        let catalog = loaded.map(Loaded::xid_catalog).unwrap_or_default();
         let (log, acks) = config::watchdog_state_dir(loaded)
             .map(|dir| (XidLog::read(&dir), Acks::read(&dir)))
             .unwrap_or_default();
@@ -52,8 +51,8 @@ impl Judge {
     }
 
     /// The configuration changed (the watchdog's reload).
-    pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
-        self.catalog = Catalog::with_overrides(xid_actions);
+    pub fn set_catalog(&mut self, catalog: Catalog) {
+        self.catalog = catalog;
     }
 
     /// The acknowledgements as last read (the watchdog reads them every loop).

@@ -100,6 +100,7 @@ fn the_example_file_is_valid() {
                     ("109".to_string(), gpuctl_core::health::Action::GpuReset),
                     ("43".to_string(), gpuctl_core::health::Action::None),
                 ]),
+                unknown_xid_action: Some(gpuctl_core::health::UNKNOWN_XID_DEFAULT),
             },
             // The defaults, with a command and an exempt owner as the example names them.
             idle: config::IdlePolicy {
@@ -822,8 +823,21 @@ fn watchdog_table() {
     };
     assert_eq!(
         error("[watchdog]\nintervall = \"5s\""),
-        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir, stuck_after, stuck_util_pct, stuck_power_fraction, metrics_max_owners)"
+        "FILE: line 2: unknown key 'watchdog.intervall' (known keys in [watchdog]: interval, grace, term_timeout, mode, reclaim, enforce_fraction, protect_users, protect_commands, metrics_file, state_dir, stuck_after, stuck_util_pct, stuck_power_fraction, metrics_max_owners, kernel_log)"
     );
+    // The kernel log: /dev/kmsg by default, a file where named, off when empty.
+    assert_eq!(defaults.kernel_log(), Some("/dev/kmsg".into()));
+    let kernel_log = |text: &str| {
+        config::parse(&format!("[watchdog]\n{text}\n"), Path::new("FILE"))
+            .unwrap()
+            .watchdog
+            .kernel_log()
+    };
+    assert_eq!(
+        kernel_log("kernel_log = \"/var/log/kern.kmsg\""),
+        Some("/var/log/kern.kmsg".into())
+    );
+    assert_eq!(kernel_log("kernel_log = \"\""), None);
     // The stuck-GPU check: defaults, values, and bad values naming the key.
     assert_eq!(defaults.stuck_after, Duration::from_secs(600));
     assert_eq!(

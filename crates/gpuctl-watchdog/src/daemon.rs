@@ -111,7 +111,8 @@ impl Daemon {
         // grace + interval + term_timeout + 1 s. A look is the owner check where it applies
         // (see gpuctl_core::host::FactCache), else a read of its stat; leaders and parents
         // are read as often.
-        let health = HealthWatch::new(settings.xid_actions.clone());
+        let mut health = HealthWatch::new(settings.xid_catalog.clone());
+        health.kernel.set_path(settings.watchdog.kernel_log());
         let idle = IdleWatch::new(settings.watchdog.state_path(), &log);
         let grace_quarter = settings.watchdog.grace / 4;
         let refresh = grace_quarter.min(Duration::from_secs(1));
@@ -228,7 +229,8 @@ impl Daemon {
         match Settings::load(&crate::cli_args()) {
             Ok(settings) => {
                 self.peaks = settings.watchdog.state_path().map(PeakStore::in_dir);
-                self.health.set_catalog(settings.xid_actions.clone());
+                self.health.set_catalog(settings.xid_catalog.clone());
+                self.health.kernel.set_path(settings.watchdog.kernel_log());
                 self.idle.set_state_dir(settings.watchdog.state_path());
                 self.settings = settings;
                 self.event(

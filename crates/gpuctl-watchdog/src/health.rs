@@ -9,7 +9,7 @@ use std::path::Path;
 
 use gpuctl_core::checkup::Judge;
 use gpuctl_core::health::log::{Acks, XidLog};
-use gpuctl_core::health::{Action, Verdict, XidProcess, XidRecord};
+use gpuctl_core::health::{Action, Catalog, Verdict, XidProcess, XidRecord, kernel_log};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::owner::OwnerMatch;
 use gpuctl_core::snapshot::{GpuSnapshot, Snapshot};
@@ -60,19 +60,21 @@ pub struct HealthWatch {
     /// The catalog, the Xid log this watchdog keeps, and the acknowledgements.
     judge: Judge,
     loaded_from: Option<std::path::PathBuf>,
+    /// The driver's Xid lines: who an Xid names.
+    pub kernel: crate::culprit::KernelLogReader,
     pub metrics: HealthMetrics,
 }
 
 impl HealthWatch {
-    pub fn new(xid_actions: BTreeMap<u32, Action>) -> HealthWatch {
+    pub fn new(catalog: Catalog) -> HealthWatch {
         let mut watch = HealthWatch::default();
-        watch.judge.set_catalog(xid_actions);
+        watch.judge.set_catalog(catalog);
         watch
     }
 
     /// The configuration changed (a reload).
-    pub fn set_catalog(&mut self, xid_actions: BTreeMap<u32, Action>) {
-        self.judge.set_catalog(xid_actions);
+    pub fn set_catalog(&mut self, catalog: Catalog) {
+        self.judge.set_catalog(catalog);
     }
 
     /// One loop: registers the event set where needed, takes the pending events (each Xid
@@ -90,15 +92,22 @@ impl HealthWatch {
             self.loaded_from = state_dir.map(Path::to_path_buf);
         }
         self.register(gpus, logger);
+        self.kernel.begin(state_dir, logger);
         let events = match &mut self.events {
             Some(watch) => watch.drain(MAX_EVENTS_PER_LOOP),
             None => Vec::new(),
         };
         let mut changed = false;
+        // The bus ids the kernel's Xid lines are keyed by (a watch snapshot reads none).
+        let buses = match events.iter().any(|e| matches!(e, GpuEvent::Xid { .. })) {
+            true => gpus.tables().map(|t| t.buses).unwrap_or_default(),
+            false => Vec::new(),
+        };
         for event in events {
             match event {
                 GpuEvent::Xid { gpu, xid } => {
-                    changed |= self.xid(snapshot, gpu, xid, logger);
+                    let bus = buses.get(gpu as usize).cloned().flatten();
+                    changed |= self.xid(snapshot, (gpu, bus.as_deref()), xid, logger);
                 }
                 GpuEvent::RecoveryAction { gpu, action } => {
                     let uuid = uuid_of(snapshot, gpu);
@@ -116,6 +125,7 @@ impl HealthWatch {
                 }
             }
         }
+        self.kernel.end(state_dir);
         self.judge
             .set_acks(state_dir.map(Acks::read).unwrap_or_default());
         for gpu in &snapshot.devices {
@@ -226,13 +236,27 @@ impl HealthWatch {
     }
 
     /// One Xid: logged with the processes on its GPU, recorded, counted.
-    fn xid(&mut self, snapshot: &Snapshot, gpu: u32, xid: u32, logger: &Logger) -> bool {
+    fn xid(
+        &mut self,
+        snapshot: &Snapshot,
+        (gpu, bus_id): (u32, Option<&str>),
+        xid: u32,
+        logger: &Logger,
+    ) -> bool {
         let device = snapshot.devices.iter().find(|g| g.index == gpu);
         let uuid = uuid_of(snapshot, gpu);
-        let processes = device.map(processes_on).unwrap_or_default();
         let rule = self.judge.rule(xid);
-        let on = if processes.is_empty() {
+        let app = rule.action == Action::RestartApp;
+        let line = self.kernel.line_for(bus_id, xid, app);
+        let on_gpu = device.map(processes_on).unwrap_or_default();
+        let processes = kernel_log::culprits(on_gpu, line.as_ref(), app);
+        let named = line.as_ref().is_some_and(|l| l.pid.is_some());
+        let on = if app && !named {
+            "culprit unknown (no kernel log line named a process)".to_string()
+        } else if processes.is_empty() {
             "no process on the GPU".to_string()
+        } else if named {
+            format!("the kernel names {}", processes[0])
         } else {
             format!(
                 "on the GPU: {}",
@@ -251,6 +275,13 @@ impl HealthWatch {
             ("XID_MEANING", rule.meaning.clone()),
             ("HEALTH_ACTION", rule.action.name().to_string()),
         ];
+        if app || named {
+            let culprit = match (named, processes.first()) {
+                (true, Some(p)) => p.pid.to_string(),
+                _ => "unknown".to_string(),
+            };
+            fields.push(("CULPRIT", culprit));
+        }
         let pids: Vec<String> = processes.iter().map(|p| p.pid.to_string()).collect();
         if !pids.is_empty() {
             fields.push(("PIDS", pids.join(",")));

@@ -1,6 +1,7 @@
 //! gpuctl-watchdog: the reclaim daemon. The command line is in the library (`cli`), so that
 //! xtask can generate the man page from it; the loop and its reporting live here.
 
+mod culprit;
 mod daemon;
 mod events;
 mod health;

@@ -31,8 +31,8 @@ pub struct Settings {
     /// for processes holding them (at most once a minute: the scan reads every process's
     /// descriptors).
     pub holders: HolderScan,
-    /// `[health] xid_actions`, in place of NVIDIA's Xid catalog's actions.
-    pub xid_actions: std::collections::BTreeMap<u32, gpuctl_core::health::Action>,
+    /// NVIDIA's Xid catalog with `[health] xid_actions` and `unknown_xid_action`.
+    pub xid_catalog: gpuctl_core::health::Catalog,
     /// `[idle]`: the window and the ladder.
     pub idle: IdlePolicy,
 }
@@ -101,7 +101,7 @@ impl Settings {
             policy,
             source,
             holders,
-            xid_actions: loaded.xid_actions(),
+            xid_catalog: loaded.xid_catalog(),
             idle: loaded.idle(),
         })
     }

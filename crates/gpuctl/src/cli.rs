@@ -118,8 +118,10 @@ pub enum Command {
     /// since the GPU's last reset, with the processes that were on it. The verdict clears
     /// itself when the GPU's state does. Where the driver lacks the recovery-action field,
     /// an Xid's action holds until a reset shows or an admin acknowledges it (--ack). The
-    /// Xid actions follow NVIDIA's Xid catalog; `[health] xid_actions` in the system
-    /// configuration overrides any. A MIG instance named with --gpu judges its GPU.
+    /// Xid actions follow NVIDIA's Xid catalog; an Xid it lacks ("unknown Xid N") holds the
+    /// GPU with gpu_reset unless `[health] unknown_xid_action` says otherwise, and
+    /// `[health] xid_actions` in the system configuration overrides any. A MIG instance
+    /// named with --gpu judges its GPU.
     Health(HealthArgs),
 
     /// The whole fleet's GPU memory, waste and health, from the Prometheus that scrapes it.

@@ -94,7 +94,7 @@ struct RawGpu {
     /// Pending MIG mode (default: the current one).
     mig_pending: Option<bool>,
     // Health (see `health.rs`).
-    recovery_action: Option<health::RecoveryAction>,
+    recovery_action: Option<health::RecoveryKey>,
     remapped_rows: Option<health::RemappedRows>,
     ecc: Option<health::Ecc>,
     retired_pages: Option<health::RetiredPages>,

@@ -19,6 +19,20 @@ pub struct State {
     /// When a dead process with `teardown_ms` was first seen dead, keyed by pid.
     #[serde(default)]
     pub teardown: BTreeMap<String, Teardown>,
+    /// The `[[xid]]` entries the driver has raised (delivered to a first event set), keyed
+    /// by position: a set created after that never sees them, in any process.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xids_raised: BTreeMap<String, RaisedXid>,
+}
+
+/// An `[[xid]]` entry raised: its GPU and number (an entry rewritten in place with others is
+/// a new one), and when.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RaisedXid {
+    pub gpu: u32,
+    pub xid: u32,
+    /// Unix time in milliseconds.
+    pub at_unix_ms: u64,
 }
 
 fn one() -> u32 {

@@ -37,6 +37,25 @@ fn field(dev: &nvml_wrapper::Device<'_>, id: u32) -> Result<u32, NvmlError> {
     }
 }
 
+/// Where the scenario says so, or its driver predates R550, the recovery-action field is
+/// not supported.
+#[test]
+fn the_recovery_action_field_is_missing_only_where_the_scenario_or_its_driver_says() {
+    for text in [
+        "[[gpu]]\nrecovery_action = \"not_supported\"\n",
+        "driver_version = \"535.183.01\"\n[[gpu]]\n",
+    ] {
+        let sim = Sim::new(text);
+        let nvml = sim.nvml();
+        let gpu = nvml.device_by_index(0).unwrap();
+        let recovery = b::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
+        assert!(
+            matches!(field(&gpu, recovery), Err(NvmlError::NotSupported)),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn the_scenarios_health_keys_answer_through_nvml() {
     let sim = Sim::new(SICK);
@@ -44,11 +63,14 @@ fn the_scenarios_health_keys_answer_through_nvml() {
     let healthy = nvml.device_by_index(0).unwrap();
     let sick = nvml.device_by_index(1).unwrap();
     const RECOVERY: u32 = b::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
-    // No `recovery_action`: the field is not supported, as on a driver before R550.
-    assert!(matches!(
-        field(&healthy, RECOVERY),
-        Err(NvmlError::NotSupported)
-    ));
+    // No `recovery_action` on a driver with the field (the default, 570): none, as a
+    // healthy H100/H200 answers.
+    assert_eq!(field(&healthy, RECOVERY).unwrap(), 0, "NONE");
+    assert_eq!(
+        field(&healthy, b::field_id::NVML_FI_DEV_RESET_STATUS).unwrap(),
+        0
+    );
+
     assert_eq!(field(&sick, RECOVERY).unwrap(), 1, "GPU_RESET");
     assert_eq!(
         field(&sick, b::field_id::NVML_FI_DEV_RESET_STATUS).unwrap(),
@@ -167,7 +189,7 @@ fn drain(raw: &Raw, set: *mut c_void, nvml: &nvml_wrapper::Nvml) -> Vec<(u32, u6
 }
 
 #[test]
-fn xids_are_delivered_once_per_set_and_new_ones_when_the_file_is_read_again() {
+fn xids_are_raised_once_to_the_sets_there_and_new_ones_when_the_file_is_read_again() {
     let with_xids = |extra: &str| {
         format!(
             "[[gpu]]\n[[gpu]]\n[[xid]]\ngpu = 1\nxid = 48\npid = 4242\n[[xid]]\ngpu = 0\nxid = 13\n{extra}"
@@ -197,11 +219,17 @@ fn xids_are_delivered_once_per_set_and_new_ones_when_the_file_is_read_again() {
         sim.replace(&with_xids("[[xid]]\ngpu = 1\nxid = 79\n"));
         assert_eq!(drain(&raw, a, &nvml), [(1, XID, 79)]);
         assert_eq!(drain(&raw, only_gpu1, &nvml), [(1, XID, 79)]);
-        // A set registered later gets every entry of its GPU.
+        // A set created later (a restarted client, a re-opened NVML) gets none of the
+        // Xids raised before it, as a real driver does not replay them: only new ones.
         let mut late = std::ptr::null_mut();
         assert_eq!(create(&mut late), 0);
         assert_eq!(register(d0.handle(), XID, late), 0);
-        assert_eq!(drain(&raw, late, &nvml), [(0, XID, 13)]);
+        assert_eq!(drain(&raw, late, &nvml), []);
+        sim.replace(&with_xids(
+            "[[xid]]\ngpu = 1\nxid = 79\n[[xid]]\ngpu = 0\nxid = 31\n",
+        ));
+        assert_eq!(drain(&raw, late, &nvml), [(0, XID, 31)]);
+        assert_eq!(drain(&raw, a, &nvml), [(0, XID, 31)]);
         for set in [a, only_gpu1, late] {
             assert_eq!(free(set), 0);
         }
@@ -210,7 +238,11 @@ fn xids_are_delivered_once_per_set_and_new_ones_when_the_file_is_read_again() {
 
 #[test]
 fn recovery_action_changes_are_events_where_the_driver_has_the_field() {
-    let gpu = |action: &str| format!("[[gpu]]\n[[gpu]]\nrecovery_action = \"{action}\"\n");
+    let gpu = |action: &str| {
+        format!(
+            "[[gpu]]\nrecovery_action = \"not_supported\"\n[[gpu]]\nrecovery_action = \"{action}\"\n"
+        )
+    };
     let sim = Sim::new(&gpu("none"));
     let nvml = sim.nvml();
     let raw = Raw::open();

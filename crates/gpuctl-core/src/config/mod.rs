@@ -141,6 +141,10 @@ pub struct HealthPolicy {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub xid_actions: BTreeMap<String, crate::health::Action>,
+    /// `unknown_xid_action`: what an Xid NVIDIA's catalog lacks asks for (absent:
+    /// `health::UNKNOWN_XID_DEFAULT`, `gpu_reset`: never fit on a guess). System file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown_xid_action: Option<crate::health::Action>,
 }
 
 /// `[fraction]`: the share of one GPU's memory a single process may hold, in (0, 1].
@@ -221,7 +225,15 @@ pub struct Watchdog {
     /// running thousands of jobs cannot flood Prometheus.
     #[serde(deserialize_with = "de::at_least_one")]
     pub metrics_max_owners: usize,
+    /// The kernel's log, read for the driver's Xid lines (the process an application Xid
+    /// names): /dev/kmsg, or a file in its record format; empty disables it (an
+    /// application Xid's culprit is then unknown). `GPUCTL_KERNEL_LOG` overrides it.
+    pub kernel_log: PathBuf,
 }
+
+/// The environment variable naming the kernel log the watchdog reads (before the
+/// `watchdog.kernel_log` key).
+pub const KERNEL_LOG_ENV: &str = "GPUCTL_KERNEL_LOG";
 
 /// Default of `watchdog.metrics_file`: node-exporter's textfile collector directory.
 pub const WATCHDOG_METRICS_FILE: &str = "/var/lib/prometheus/node-exporter/gpuctl.prom";
@@ -241,6 +253,7 @@ impl Default for Watchdog {
             protect_commands: Vec::new(),
             metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
             state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+            kernel_log: PathBuf::from(crate::health::kernel_log::KMSG),
             stuck_after: std::time::Duration::from_secs(600),
             stuck_util_pct: 95,
             stuck_power_fraction: 0.4,
@@ -253,6 +266,15 @@ impl Watchdog {
     /// The metrics file, `None` when disabled (`metrics_file = ""`).
     pub fn metrics_path(&self) -> Option<&Path> {
         (!self.metrics_file.as_os_str().is_empty()).then_some(self.metrics_file.as_path())
+    }
+
+    /// The kernel log: `GPUCTL_KERNEL_LOG`, else `kernel_log`; `None` when disabled (an
+    /// empty value).
+    pub fn kernel_log(&self) -> Option<PathBuf> {
+        let path = std::env::var_os(KERNEL_LOG_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.kernel_log.clone());
+        (!path.as_os_str().is_empty()).then_some(path)
     }
 
     /// The state directory, `None` when disabled (`state_dir = ""`).
@@ -401,6 +423,17 @@ impl Loaded {
             .flat_map(|(_, config)| &config.health.xid_actions)
             .filter_map(|(xid, action)| Some((xid.parse().ok()?, *action)))
             .collect()
+    }
+
+    /// The Xid catalog in force: NVIDIA's, with the system file's `[health] xid_actions`
+    /// and `unknown_xid_action`.
+    pub fn xid_catalog(&self) -> crate::health::Catalog {
+        let unknown = self
+            .system
+            .as_ref()
+            .and_then(|(_, config)| config.health.unknown_xid_action)
+            .unwrap_or(crate::health::UNKNOWN_XID_DEFAULT);
+        crate::health::Catalog::with_overrides(self.xid_actions()).unknown_xid_action(unknown)
     }
 
     /// The system file's `[idle]` (the defaults without one): the watchdog acts on it, and
@@ -632,6 +665,37 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(error.contains(says), "{bad}: {error}");
+            assert!(error.contains("line 2"), "{bad}: {error}");
+            assert!(!error.contains('\n'), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn unknown_xid_action_names_an_action_and_defaults_to_a_reset() {
+        use crate::health::Action;
+        let path = Path::new("/etc/gpuctl/gpuctl.toml");
+        let loaded = |text: &str| Loaded {
+            system: Some((
+                Source::new(Origin::System, path),
+                parse(text, path).unwrap(),
+            )),
+            user: None,
+        };
+        let rule = |loaded: &Loaded| loaded.xid_catalog().rule(999).action;
+        assert_eq!(rule(&loaded("")), Action::GpuReset);
+        assert_eq!(
+            rule(&loaded("[health]\nunknown_xid_action = \"none\"\n")),
+            Action::None
+        );
+        assert_eq!(
+            rule(&loaded("[health]\nunknown_xid_action = \"node_reboot\"\n")),
+            Action::NodeReboot
+        );
+        for bad in ["\"reboot\"", "1", "\"\""] {
+            let error = parse(&format!("[health]\nunknown_xid_action = {bad}\n"), path)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("unknown_xid_action"), "{bad}: {error}");
             assert!(error.contains("line 2"), "{bad}: {error}");
             assert!(!error.contains('\n'), "{bad}: {error}");
         }

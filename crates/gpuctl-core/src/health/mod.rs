@@ -18,12 +18,13 @@
 //!   than `none`.
 
 pub mod catalog;
+pub mod kernel_log;
 pub mod log;
 
 use serde::{Deserialize, Serialize};
 
 use crate::owner::OwnerMatch;
-pub use catalog::{Catalog, XID_CATALOG, XidEntry, XidRule};
+pub use catalog::{Bucket, Catalog, UNKNOWN_XID_DEFAULT, XID_CATALOG, XidEntry, XidRule};
 
 /// Version of the `gpuctl health --json` document; fields are only added within a version.
 pub const HEALTH_SCHEMA: u32 = 1;
@@ -448,10 +449,15 @@ impl Cause {
                         }
                         seen
                     });
+                let unknown = self
+                    .meaning
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with(catalog::UNKNOWN_XID));
+                let name = if unknown { catalog::UNKNOWN_XID } else { "Xid" };
                 if jobs.is_empty() {
-                    format!("Xid {xid}")
+                    format!("{name} {xid}")
                 } else {
-                    format!("Xid {xid} under {}", jobs.join(", "))
+                    format!("{name} {xid} under {}", jobs.join(", "))
                 }
             }
         }
@@ -625,11 +631,15 @@ fn xid_cause(
         _ if rule.workflow => " (a multi-step workflow: the GPU's remap and ECC state decide)",
         _ => "",
     };
-    let mut cause = Cause::new(
-        CauseKind::Xid,
-        action,
-        format!("Xid {}: {}{why}", record.xid, rule.meaning),
-    );
+    let message = if rule.known || rule.overridden {
+        format!("Xid {}: {}{why}", record.xid, rule.meaning)
+    } else {
+        format!(
+            "{}: not in NVIDIA's Xid catalog as gpuctl has it, so {} by `[health] unknown_xid_action`{why}",
+            rule.meaning, rule.action
+        )
+    };
+    let mut cause = Cause::new(CauseKind::Xid, action, message);
     cause.xid = Some(record.xid);
     cause.meaning = Some(rule.meaning);
     cause.at_unix = Some(record.at_unix);

@@ -280,6 +280,37 @@ fn xid_records_read_their_owners_back_and_survive_a_bad_one() {
 }
 
 #[test]
+fn an_unknown_xid_holds_the_gpu_until_it_clears_as_every_xid_does() {
+    let facts = Facts {
+        xids: vec![xid(999, 100)],
+        ecc: Some(EccCounts::default()),
+        ..Facts::default()
+    };
+    let v = judge(&facts);
+    assert_eq!(v.action, Action::GpuReset);
+    assert!(
+        v.causes[0].message.starts_with("unknown Xid 999: "),
+        "{v:?}"
+    );
+    assert_eq!(
+        v.summary().as_deref(),
+        Some("needs a reset: unknown Xid 999")
+    );
+    let acknowledged = judge(&Facts {
+        acknowledged_unix: Some(100),
+        ..facts.clone()
+    });
+    assert_eq!(acknowledged.action, Action::None);
+    let driver_judged = judge(&Facts {
+        recovery_action: Some(Action::None),
+        ..facts.clone()
+    });
+    assert_eq!(driver_judged.action, Action::None);
+    let lenient = Catalog::default().unknown_xid_action(Action::None);
+    assert_eq!(verdict(&facts, &lenient).action, Action::None);
+}
+
+#[test]
 fn the_summary_names_every_cause_that_asks_for_an_action() {
     let v = judge(&Facts {
         remapped_rows: Some(RemappedRows {

@@ -46,7 +46,7 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
             dev_dir: "/dev".into(),
             above_unattributed: Some(1 << 30),
         },
-        xid_actions: Default::default(),
+        xid_catalog: Default::default(),
         idle: Default::default(),
     };
     let (logger, logged) = crate::log::Logger::buffered();

@@ -1,9 +1,13 @@
 //! Event sets. nvidia-smi creates one and registers each GPU before it prints anything
 //! (and gives up on the whole view if that fails). The sim raises the scenario's `[[xid]]`
-//! errors (each once per set registered for Xid events on its GPU, including those already
-//! in the file when it registered; one appended later when the file is re-read) and a
-//! change of a GPU's `recovery_action` (nvmlEventTypeGpuRecoveryAction). With nothing
-//! pending a wait times out, as it does on a healthy GPU.
+//! errors and a change of a GPU's `recovery_action` (nvmlEventTypeGpuRecoveryAction). With
+//! nothing pending a wait times out, as it does on a healthy GPU.
+//!
+//! An `[[xid]]` happens once, as on a real driver: it is raised when a set registered for
+//! Xid events on its GPU first waits after it is in the file (those already there when the
+//! first set registered included), and delivered to every set that existed then; a set
+//! created later (a restarted client, a re-opened NVML) never sees it. When it was raised
+//! is kept in the state file, so every client process agrees.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -35,6 +39,8 @@ static SETS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
 #[derive(Default)]
 struct EventSet {
+    /// When the set was created (Unix ms): an Xid raised before then is not its to see.
+    created_unix_ms: u64,
     /// (GPU index, event types) per registration.
     registered: Mutex<Vec<(usize, c_ulonglong)>>,
     /// The `[[xid]]` entries (by position) this set has delivered.
@@ -57,7 +63,11 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlRet
         let Some(set) = set else {
             return NVML_ERROR_INVALID_ARGUMENT;
         };
-        let p = Box::into_raw(Box::<EventSet>::default()) as nvmlEventSet_t;
+        let created = EventSet {
+            created_unix_ms: crate::sim::now_unix_ms(),
+            ..EventSet::default()
+        };
+        let p = Box::into_raw(Box::new(created)) as nvmlEventSet_t;
         SETS.lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashSet::new)
@@ -158,7 +168,9 @@ fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
             let gpu = x.gpu as usize;
             if !delivered.contains(&k) && wants(gpu, XID) {
                 delivered.insert(k);
-                return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
+                if raised_for(s, set, k, x) {
+                    return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
+                }
             }
         }
     }
@@ -182,6 +194,78 @@ fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
         }
     }
     None
+}
+
+/// Whether `[[xid]]` entry `k` is for `set`: not raised yet (it is now, for every process),
+/// or raised after the set was created.
+fn raised_for(s: &mut Sim, set: &EventSet, k: usize, x: &crate::scenario::health::Xid) -> bool {
+    let key = k.to_string();
+    let raised = s
+        .state
+        .refresh()
+        .xids_raised
+        .get(&key)
+        .filter(|r| r.gpu == x.gpu && r.xid == x.xid)
+        .copied();
+    if let Some(raised) = raised {
+        return raised.at_unix_ms >= set.created_unix_ms;
+    }
+    let raised = crate::state::RaisedXid {
+        gpu: x.gpu,
+        xid: x.xid,
+        at_unix_ms: crate::sim::now_unix_ms(),
+    };
+    // Unwritable state: the change is kept in this process, which still delivers it once.
+    let _ = s.state.update(|state| {
+        state.xids_raised.insert(key, raised);
+    });
+    if let Some(path) = std::env::var_os(KERNEL_LOG_ENV).filter(|p| !p.is_empty())
+        && let Some(gpu) = s.scenario.gpus.get(x.gpu as usize)
+    {
+        // The kernel's spelling: 0000:18:00.
+        let pci = &gpu.pci;
+        let address = format!("{:04x}:{:02x}:{:02x}", pci.domain, pci.bus, pci.device);
+        write_kernel_line(std::path::Path::new(&path), &address, x);
+    }
+    true
+}
+
+/// Where the sim writes the driver's Xid line for each `[[xid]]` it raises, in kmsg's
+/// record format, as the kernel's log has it (`/dev/kmsg` is the machine's, not the sim's).
+pub const KERNEL_LOG_ENV: &str = "NVML_SIM_KERNEL_LOG";
+
+/// Appends `NVRM: Xid (PCI:0000:18:00): 13, pid=8202, name=python3, ...` for `x`: its pid
+/// and the process's name, or `'<unknown>'` as the driver writes for none. The sequence
+/// number is the time in microseconds: increasing, as kmsg's.
+fn write_kernel_line(path: &std::path::Path, address: &str, x: &crate::scenario::health::Xid) {
+    use std::io::Write;
+    let (pid, name) = match x.pid {
+        Some(pid) => {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_else(|_| "<unknown>".into());
+            (pid.to_string(), comm)
+        }
+        None => ("'<unknown>'".to_string(), "<unknown>".to_string()),
+    };
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let line = format!(
+        "3,{micros},{micros},-;NVRM: Xid (PCI:{address}): {}, pid={pid}, name={name}, simulated by nvml-sim\n",
+        x.xid
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!(
+            "nvml-sim: {}: cannot write the Xid line: {e}",
+            path.display()
+        );
+    }
 }
 
 /// Answers the next pending event; with none, waits up to `timeout_ms` (at most a second a

@@ -5,10 +5,8 @@
 use nvml_wrapper_sys::bindings as sys;
 use serde::Deserialize;
 
-/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's values (nvmlDeviceGpuRecoveryAction_t), by
-/// NVML's names in snake case.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's values (nvmlDeviceGpuRecoveryAction_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecoveryAction {
     None,
     GpuReset,
@@ -36,6 +34,44 @@ impl RecoveryAction {
                 sys::nvmlDeviceGpuRecoveryAction_s_NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
             }
         }
+    }
+}
+
+/// The `recovery_action` key: an action, or `not_supported` for a driver without the
+/// field.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryKey {
+    None,
+    GpuReset,
+    NodeReboot,
+    DrainP2p,
+    DrainAndReset,
+    NotSupported,
+}
+
+/// The first driver branch with the recovery-action field (fields 226, 227 and 230).
+pub const RECOVERY_FIELD_SINCE_BRANCH: u32 = 550;
+
+/// The field as a driver of `driver_version` answers it: the key's value; without the key,
+/// `none` (a healthy GPU) where the branch has the field, NOT_SUPPORTED where it predates it.
+/// A version that does not start with a branch number is taken as a current driver.
+pub(super) fn recovery_action(
+    key: Option<RecoveryKey>,
+    driver_version: &str,
+) -> Option<RecoveryAction> {
+    let branch: Option<u32> = driver_version
+        .split('.')
+        .next()
+        .and_then(|major| major.parse().ok());
+    match key {
+        None if branch.is_some_and(|b| b < RECOVERY_FIELD_SINCE_BRANCH) => None,
+        None | Some(RecoveryKey::None) => Some(RecoveryAction::None),
+        Some(RecoveryKey::NotSupported) => None,
+        Some(RecoveryKey::GpuReset) => Some(RecoveryAction::GpuReset),
+        Some(RecoveryKey::NodeReboot) => Some(RecoveryAction::NodeReboot),
+        Some(RecoveryKey::DrainP2p) => Some(RecoveryAction::DrainP2p),
+        Some(RecoveryKey::DrainAndReset) => Some(RecoveryAction::DrainAndReset),
     }
 }
 
@@ -295,7 +331,15 @@ gpu = 0
 xid = 79
 "#)
         .unwrap();
-        assert_eq!(s.gpus[0].health, GpuHealth::default());
+        // A GPU without health keys on the default driver (570) is what a healthy H200
+        // answers: the recovery-action field reads none.
+        assert_eq!(
+            s.gpus[0].health,
+            GpuHealth {
+                recovery_action: Some(RecoveryAction::None),
+                ..GpuHealth::default()
+            }
+        );
         let h = &s.gpus[1].health;
         assert_eq!(h.recovery_action, Some(RecoveryAction::GpuReset));
         assert_eq!(
@@ -339,6 +383,29 @@ xid = 79
         assert_eq!(after.ecc.volatile_uncorrected, 0);
         assert_eq!(after.ecc.aggregate_uncorrected, 2);
         assert!(!after.retired_pages.unwrap().pending);
+    }
+
+    #[test]
+    fn the_recovery_action_field_is_none_where_the_driver_has_it_unless_the_scenario_says() {
+        let action = |text: &str| p(text).unwrap().gpus[0].health.recovery_action;
+        assert_eq!(action("[[gpu]]\n"), Some(RecoveryAction::None));
+        assert_eq!(
+            action("driver_version = \"550.54.15\"\n[[gpu]]\n"),
+            Some(RecoveryAction::None)
+        );
+        assert_eq!(action("driver_version = \"535.183.01\"\n[[gpu]]\n"), None);
+        assert_eq!(
+            action("[[gpu]]\nrecovery_action = \"not_supported\"\n"),
+            None
+        );
+        assert_eq!(
+            action("[[gpu]]\nrecovery_action = \"drain_p2p\"\n"),
+            Some(RecoveryAction::DrainP2p)
+        );
+        assert_eq!(
+            action("driver_version = \"dev\"\n[[gpu]]\n"),
+            Some(RecoveryAction::None)
+        );
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
     }
     let mut gpus = Vec::with_capacity(raw.gpu.len());
     for (i, g) in raw.gpu.into_iter().enumerate() {
-        gpus.push(gpu(i, g)?);
+        gpus.push(gpu(i, g, &raw.driver_version)?);
     }
     distinct(&gpus)?;
     let mut processes = Vec::new();
@@ -157,7 +157,7 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
 }
 
 /// `[[gpu]]` entry `i`, with its defaults filled in.
-fn gpu(i: usize, g: RawGpu) -> Result<Gpu, String> {
+fn gpu(i: usize, g: RawGpu, driver_version: &str) -> Result<Gpu, String> {
     let index = i as u32;
     let at = format!("gpu[{i}]");
     let name = g.name.unwrap_or_else(|| "NVIDIA H200".to_string());
@@ -203,7 +203,7 @@ fn gpu(i: usize, g: RawGpu) -> Result<Gpu, String> {
     let mig = crate::mig::layout(&name, &requests).map_err(|e| format!("{at}: {e}"))?;
     let health = health::gpu_health(
         &at,
-        g.recovery_action,
+        health::recovery_action(g.recovery_action, driver_version),
         g.remapped_rows,
         g.ecc,
         g.retired_pages,
