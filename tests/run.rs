@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::terminal::{Terminal, quote};
 use crate::util::{
-    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, is_root, testproc_bin,
-    wait_exited, wait_until,
+    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, default_stop_signals, is_root,
+    testproc_bin, wait_exited, wait_until,
 };
 
 /// Columns and rows of the terminal the tests that need one run gpuctl in.
@@ -53,7 +53,7 @@ struct Background {
 
 impl Background {
     fn start(sim: &Sim, args: &[&str]) -> Background {
-        let child = gpuctl(sim, args)
+        let child = default_stop_signals(&mut gpuctl(sim, args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -1057,6 +1057,22 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// Gives COMMAND the default dispositions of the signals a test sends it to end it: a job
+/// started in the background by a non-interactive shell (`scripts/test &`) inherits SIGINT
+/// and SIGQUIT ignored, and a test that expects 130 from Ctrl-C would then see 0.
+pub fn default_stop_signals(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls: signal(2) resets dispositions.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
