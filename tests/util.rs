@@ -113,6 +113,9 @@ impl Sim {
         let sim = Sim {
             dir: tempfile::tempdir().expect("tempdir"),
         };
+        // A named configuration must exist: this one is empty (the built-in policy) until a
+        // test writes its own.
+        std::fs::write(sim.config_path(), "").expect("write the empty configuration");
         sim.write(scenario);
         sim
     }
@@ -121,7 +124,7 @@ impl Sim {
         self.dir.path().join("scenario.toml")
     }
 
-    /// The configuration file gpuctl reads (absent unless a test writes it).
+    /// The configuration file gpuctl reads (empty unless a test writes it).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("gpuctl.toml")
     }

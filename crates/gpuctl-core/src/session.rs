@@ -84,9 +84,10 @@ impl Session {
         let started = std::time::Instant::now();
         let loaded = match config::load() {
             Ok(loaded) => loaded,
-            // No file at all means the same as an empty one: built-in protection, the
-            // default threshold, /dev, the default state directory.
-            Err(_) if options.config_optional => Loaded::default(),
+            // No usable system or user file means the same as an empty one: built-in
+            // protection, the default threshold, /dev, the default state directory. A file
+            // GPUCTL_CONFIG names is never passed over.
+            Err(_) if options.config_optional && !config::is_named() => Loaded::default(),
             Err(error) => return Err(error.into()),
         };
         Session::from_loaded(loaded, options, started)
