@@ -678,3 +678,22 @@ fn boot_ticks() -> u64 {
     let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
     (seconds * 100.0) as u64
 }
+
+#[test]
+fn clear_wait_takes_its_timeout_either_way_and_a_misspelling_gets_clap_s_suggestion() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    for args in [
+        &["clear", "--wait", "2s"][..],
+        &["clear", "--wait=2s"],
+        &["clear", "--wait"],
+    ] {
+        let run = sim.run(args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+    }
+    sim.run(&["inf"]).assert_one_line_error(
+        2,
+        "unrecognized subcommand 'inf'; tip: a similar subcommand exists: 'info'",
+    );
+    sim.run(&["info", "--gpus", "0"])
+        .assert_one_line_error(2, "tip: a similar argument exists: '--gpu'");
+}

@@ -82,20 +82,26 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
     })
 }
 
-/// Clap's message without its usage block and tip, folded onto one line; the valid values
-/// it lists stay.
+/// Clap's message and its tips ("a similar argument exists: '--gpu'") folded onto one line,
+/// without the usage block; the valid values it lists stay.
 fn one_line(error: &clap::Error) -> String {
     let text = error.render().to_string();
-    let message: Vec<&str> = text
-        .lines()
-        .map(str::trim)
+    let mut lines = text.lines().map(str::trim);
+    let message: Vec<&str> = lines
+        .by_ref()
         .take_while(|line| !line.is_empty() && !line.starts_with("Usage:"))
         .collect();
+    let tips: Vec<&str> = lines.filter(|line| line.starts_with("tip: ")).collect();
     let joined = message.join(" ");
-    joined
+    let mut line = joined
         .strip_prefix("error: ")
         .unwrap_or(&joined)
-        .to_string()
+        .to_string();
+    for tip in tips {
+        line.push_str("; ");
+        line.push_str(tip);
+    }
+    line
 }
 
 /// One line on stderr, and the exit status that the error's kind documents.
