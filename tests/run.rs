@@ -631,7 +631,7 @@ fn a_missing_command_fails_at_once_rather_than_after_waiting_for_gpus() {
         &sim,
         &["run", "--wait", "60s", "--", "no-such-command-here"],
     )
-    .assert_one_line_error(127, "cannot run no-such-command-here");
+    .assert_one_line_error(127, "no-such-command-here: command not found");
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "gpuctl run waited {:?} for a GPU before finding its command missing",

@@ -325,7 +325,7 @@ fn enable_prints_merges_and_execs() {
     assert_eq!(run.code, 7);
     assert_eq!(run.stdout, "expandable_segments:True|false");
     sim.run(&["enable", "--", "/nonexistent/train"])
-        .assert_one_line_error(127, "cannot run /nonexistent/train");
+        .assert_one_line_error(127, "/nonexistent/train: no such file");
     let not_executable = sim.dir.path().join("notes.txt");
     std::fs::write(&not_executable, "not a program\n").unwrap();
     let path = not_executable.to_str().unwrap();

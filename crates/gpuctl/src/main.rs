@@ -104,6 +104,24 @@ fn one_line(error: &clap::Error) -> String {
     line
 }
 
+/// The error and its causes joined by ": ", each cause said once: an error whose message
+/// already says its cause's ("cannot write X: Permission denied (os error 13) (hint)") is
+/// not followed by it again.
+fn folded(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
 /// One line on stderr, and the exit status that the error's kind documents.
 fn report(error: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(error) {
@@ -116,7 +134,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
         gpuctl_core::error::exit_of(error.as_ref())
     };
     // Folded onto one line, then escaped: an error may quote what a user chose.
-    let message = format!("{error:#}").replace('\n', " ");
+    let message = folded(error).replace('\n', " ");
     let message = gpuctl_core::text::escape(&message);
     let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");
     ExitCode::from(exit)
