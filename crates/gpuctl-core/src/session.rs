@@ -179,6 +179,18 @@ impl Session {
         verify::wait_until_free(&self.gpus, places, limit, min_free)
     }
 
+    /// [`Session::wait_for_free`], saying what it waits for (see
+    /// [`verify::wait_until_free_saying`]).
+    pub fn wait_for_free_saying(
+        &self,
+        places: Option<&[Place]>,
+        limit: Duration,
+        min_free: Option<Amount>,
+        waiting: &mut dyn FnMut(&[verify::GpuState]),
+    ) -> Result<WaitReport> {
+        verify::wait_until_free_saying(&self.gpus, places, limit, min_free, waiting)
+    }
+
     /// One look at `places`' GPUs as a person is shown them (their UUIDs, MIG instances and
     /// processes); none for no places, or where the read fails.
     pub fn look_at(&self, places: &[Place]) -> Option<Snapshot> {
