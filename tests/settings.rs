@@ -247,6 +247,29 @@ fn a_named_configuration_that_is_missing_or_malformed_stops_every_command() {
 }
 
 #[test]
+fn a_non_root_rehearsal_of_reset_is_refused_as_by_a_real_driver() {
+    if !nix_is_root() {
+        panic!("cannot run here: needs root to run gpuctl as another user");
+    }
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    sim.share();
+    let run = crate::util::Run::from(sim.gpuctl_as(65534, &["reset", "--json"]).output().unwrap());
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let refused: Vec<(String, String)> = outcomes(&doc, 0)
+        .into_iter()
+        .filter(|(item, _)| item == "compute_mode" || item == "application_clocks")
+        .collect();
+    assert_eq!(refused.len(), 2, "{doc:#}");
+    assert!(
+        refused
+            .iter()
+            .all(|(_, outcome)| outcome == "not_permitted"),
+        "{refused:?}"
+    );
+}
+
+#[test]
 fn a_config_writable_by_others_is_refused_when_it_steers_root() {
     if !nix_is_root() {
         panic!("cannot run here: the trust check for root needs root");
