@@ -716,6 +716,13 @@ fn once_exit_statuses_and_dry_run() {
     let run = once(&sim, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     assert!(run.stderr.contains("ACTION=left"), "{}", run.stderr);
+    // One story in one pass: left, never "reclaimed if it stays so" as well.
+    assert!(
+        run.stderr.contains("report mode leaves it (exit status 4)"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("reclaimed if"), "{}", run.stderr);
     // --dry-run: 4, nothing signalled, logged as would-reclaim.
     let run = once(&sim, &["--mode", "reclaim", "--dry-run"]);
     assert_eq!(run.code, 4, "{}", run.stderr);
