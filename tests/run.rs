@@ -615,7 +615,8 @@ fn every_bad_input_is_one_line_and_exit_status_2() {
     let not_executable = sim.dir.path().join("scenario.toml");
     run(&sim, &["run", "--", &not_executable.to_string_lossy()])
         .assert_one_line_error(126, "cannot run");
-    run(&sim, &["run", "--", "no-such-command-here"]).assert_one_line_error(127, "cannot run");
+    run(&sim, &["run", "--", "no-such-command-here"])
+        .assert_one_line_error(127, "no-such-command-here: command not found");
 }
 
 #[test]

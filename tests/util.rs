@@ -114,7 +114,9 @@ impl Sim {
             dir: tempfile::tempdir().expect("tempdir"),
         };
         // A named configuration must exist: this one is empty (the built-in policy) until a
-        // test writes its own.
+        // test writes its own. In a directory of its own, which `share` leaves as it is: a
+        // configuration in a directory everyone may write does not steer root.
+        std::fs::create_dir(sim.dir.path().join("etc")).expect("configuration directory");
         std::fs::write(sim.config_path(), "").expect("write the empty configuration");
         sim.write(scenario);
         sim
@@ -126,7 +128,7 @@ impl Sim {
 
     /// The configuration file gpuctl reads (empty unless a test writes it).
     pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("gpuctl.toml")
+        self.dir.path().join("etc/gpuctl.toml")
     }
 
     /// The device directory gpuctl is pointed at: a scenario that wants device files says
