@@ -62,7 +62,7 @@ def main():
         env = dict(os.environ, GPUCTL_NVML_LIB=lib, NVML_SIM_SCENARIO=scenario,
                    NVML_SIM_STATE=os.path.join(tmp, "state.json"),
                    GPUCTL_STATE_DIR=os.path.join(tmp, "state"),
-                   GPUCTL_CONFIG=os.path.join(tmp, "none.toml"), GPUCTL_TIMINGS="1")
+                   GPUCTL_CONFIG="/dev/null", GPUCTL_TIMINGS="1")
         subprocess.run([gpuctl, "info"], env=env, check=True, capture_output=True)
         pids = start_holders(args.processes, args.fds, dev)
         try:

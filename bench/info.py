@@ -129,7 +129,7 @@ def demo_row(gpuctl, baseline, runs):
     if not os.path.exists(sim):
         sys.exit(f"bench/info.py: {sim} missing: cargo build --release -p nvml-sim")
     binaries = [gpuctl] + ([baseline] if baseline else [])
-    env = dict(os.environ, GPUCTL_CONFIG="/nonexistent/gpuctl.toml")
+    env = dict(os.environ, GPUCTL_CONFIG="/dev/null")
     for key in ("GPUCTL_NVML_LIB", "NVML_SIM_SCENARIO", "NVML_SIM_STATE", "NVML_SIM_TRACE"):
         env.pop(key, None)
     done = subprocess.run([sim, "run", DEMO, "--", sys.executable, "-c", DEMO_INNER,

@@ -74,7 +74,7 @@ def main():
     if args.baseline:
         views += [("baseline info --json", [args.baseline, "info", "--json"]),
                   ("baseline info", [args.baseline, "info"])]
-    env = dict(os.environ, GPUCTL_CONFIG="/nonexistent/gpuctl.toml")
+    env = dict(os.environ, GPUCTL_CONFIG="/dev/null")
     env.pop("NVML_SIM_TRACE", None)
     out = subprocess.run([sim, "run", SCENARIO, "--", sys.executable, "-c", INNER,
                           json.dumps(views), str(args.runs)],

@@ -112,7 +112,7 @@ def bench_snapshot(runs, count):
     scenario = os.path.join(scratch, "scenario.toml")
     env = {"GPUCTL_NVML_LIB": sim, "NVML_SIM_SCENARIO": scenario,
            "NVML_SIM_STATE": os.path.join(scratch, "state.json"),
-           "GPUCTL_STATE_DIR": os.path.join(scratch, "state"), "GPUCTL_CONFIG": os.path.join(scratch, "none.toml")}
+           "GPUCTL_STATE_DIR": os.path.join(scratch, "state"), "GPUCTL_CONFIG": "/dev/null"}
     os.environ.update(env)
     # pynvml loads libnvidia-ml.so.1 by name: the sim, through the library path of this
     # process (set before its first load, which is below).

@@ -100,7 +100,7 @@ def main():
             summary = os.path.join(scratch, "summary.json")
             env = dict(os.environ, GPUCTL_NVML_LIB=lib, NVML_SIM_SCENARIO=path,
                        NVML_SIM_STATE=os.path.join(scratch, "state.json"),
-                       GPUCTL_CONFIG=os.path.join(scratch, "none.toml"),
+                       GPUCTL_CONFIG="/dev/null",
                        GPUCTL_LEASE_DIR=os.path.join(scratch, "leases"))
             command = ["/bin/sh", "-c", f"echo > {fifo}"]
             run = [gpuctl, "run", "-q", "--min-free", "50%", "--json-summary", summary, "--", *command]

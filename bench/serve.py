@@ -118,7 +118,7 @@ def main():
     socket_path = os.path.join(scratch, "api.sock")
     env = dict(os.environ, GPUCTL_NVML_LIB=sim, NVML_SIM_SCENARIO=scenario,
                NVML_SIM_STATE=os.path.join(scratch, "state.json"), GPUCTL_SOCKET=socket_path,
-               GPUCTL_CONFIG=os.path.join(scratch, "none.toml"),
+               GPUCTL_CONFIG="/dev/null",
                GPUCTL_STATE_DIR=os.path.join(scratch, "state"))
 
     # The container: its init sleeps; a shell inside starts the processes and waits.

@@ -138,7 +138,7 @@ def main():
     scenario = os.path.join(scratch, "scenario.toml")
     env = {"GPUCTL_NVML_LIB": sim, "NVML_SIM_SCENARIO": scenario,
            "NVML_SIM_STATE": os.path.join(scratch, "state.json"), "LD_LIBRARY_PATH": libdir,
-           "GPUCTL_CONFIG": os.path.join(scratch, "none.toml"),
+           "GPUCTL_CONFIG": "/dev/null",
            "GPUCTL_STATE_DIR": os.path.join(scratch, "state"), "LANG": "C.UTF-8",
            "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

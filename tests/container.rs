@@ -148,9 +148,11 @@ impl Container {
                 open_up(&dir);
             }
             // Its root may not trust the scratch directories either: no device directory.
+            // Nor the host's configuration file (nobody's there): none, as in a container.
             command
                 .env("GPUCTL_NVML_LIB", "libnvidia-ml.so.1")
                 .env("LD_LIBRARY_PATH", &dir)
+                .env("GPUCTL_CONFIG", "/dev/null")
                 .env_remove("GPUCTL_DEV_DIR");
         }
         command
@@ -316,6 +318,10 @@ fn alive(pid: u32) -> bool {
 fn open_up(dir: &Path) {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        // The configuration's directory stays root's: root trusts nothing others may write.
+        if entry.file_name() == "etc" {
+            continue;
+        }
         let mode = if entry.file_type().unwrap().is_dir() {
             0o777
         } else {

@@ -257,6 +257,42 @@ fn xids_since_the_last_reset_hold_their_catalog_action_until_acknowledged() {
 }
 
 #[test]
+fn an_acknowledgement_goes_where_gpuctl_state_dir_says_when_the_file_names_no_directory() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    let run = sim.run(&["health", "--ack", "0"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    // Sim::gpuctl sets GPUCTL_STATE_DIR to gpuctl-state; the configuration is empty.
+    let acks = sim.dir.path().join("gpuctl-state/health-acks.json");
+    assert!(acks.exists(), "{} was not written", acks.display());
+}
+
+#[test]
+fn an_acknowledgement_refused_for_want_of_root_says_so_once() {
+    if !crate::util::is_root() {
+        panic!("cannot run here: needs root to run gpuctl as another user");
+    }
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    sim.share();
+    // Root's state directory, as /var/lib/gpuctl is.
+    let state = sim.dir.path().join("root-state");
+    std::fs::create_dir(&state).unwrap();
+    let run = crate::util::Run::from(
+        sim.gpuctl_as(65534, &["health", "--ack", "0"])
+            .env("GPUCTL_STATE_DIR", &state)
+            .output()
+            .unwrap(),
+    );
+    run.assert_one_line_error(1, "cannot write ");
+    assert!(run.stderr.contains("run as root"), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("Permission denied").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
 fn the_drivers_recovery_action_makes_xids_history_and_the_site_can_override_the_catalog() {
     let sim = Sim::new(&Scenario::new().gpu(Gpu::new().recovery_action("none")));
     let dir = state_dir(&sim, "");

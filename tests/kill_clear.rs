@@ -422,8 +422,11 @@ fn clear_wait_times_out_while_memory_is_still_held() {
     holder.kill();
 
     let run = sim.run(&["clear", "--wait=1s", "--timeout", "1s", "--color", "never"]);
-    run.assert_one_line_error(4, "GPU 0");
-    assert!(run.stderr.starts_with("gpuctl: "), "{}", run.stderr);
+    waited_then_not_free(
+        &run,
+        "gpuctl clear: waiting up to 1s for GPU 0: 20.0 GiB in use, held by no process",
+        "GPU 0",
+    );
     assert!(run.stderr.contains("not free after 1s"), "{}", run.stderr);
     assert!(run.stderr.contains("20.0 GiB in use"), "{}", run.stderr);
     assert!(run.stderr.contains("held by no process"), "{}", run.stderr);
@@ -431,7 +434,11 @@ fn clear_wait_times_out_while_memory_is_still_held() {
     // time measured.
     assert!(!run.stdout.contains("not free"), "{}", run.stdout);
     let run = sim.run(&["clear", "--wait=2s", "--timeout", "1s", "--color", "never"]);
-    run.assert_one_line_error(4, "GPUs not free after 2s: GPU 0: 20.0 GiB in use");
+    waited_then_not_free(
+        &run,
+        "waiting up to 2s",
+        "GPUs not free after 2s: GPU 0: 20.0 GiB in use",
+    );
     assert!(!run.stdout.contains("after"), "{}", run.stdout);
 
     let (doc, code, _) = json_with_code(&sim, &["clear", "--wait=1s", "--timeout", "1s"]);
@@ -446,7 +453,7 @@ fn clear_wait_times_out_while_memory_is_still_held() {
 
     // 20 GiB of 140.4 GiB held: 85.8% free.
     let run = sim.run(&["clear", "--wait=1s", "--min-free", "90%", "--timeout", "1s"]);
-    run.assert_one_line_error(4, "GPU 0");
+    waited_then_not_free(&run, "waiting up to 1s for GPU 0", "GPU 0");
     let run = sim.run(&[
         "clear",
         "--wait=1s",
@@ -456,6 +463,18 @@ fn clear_wait_times_out_while_memory_is_still_held() {
         "1s",
     ]);
     assert_eq!(run.code, 0, "{run:?}");
+}
+
+/// `clear --wait` that ran out: first what it waited for (said once: it did not change),
+/// then the one error line.
+fn waited_then_not_free(run: &crate::util::Run, waiting: &str, error: &str) {
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", run.stderr);
+    assert!(lines[0].starts_with("gpuctl clear: "), "{}", run.stderr);
+    assert!(lines[0].contains(waiting), "{}", run.stderr);
+    assert!(lines[1].starts_with("gpuctl: "), "{}", run.stderr);
+    assert!(lines[1].contains(error), "{}", run.stderr);
 }
 
 // 7
@@ -472,7 +491,11 @@ fn clear_wait_succeeds_once_teardown_ends() {
     holder.kill();
     let (doc, code, stderr) = json_with_code(&sim, &["clear", "--wait=5s", "--timeout", "1s"]);
     assert_eq!(code, 0, "{stderr}\n{doc:#}");
-    assert!(stderr.is_empty(), "{stderr}");
+    // What it waited for, said once on stderr; nothing else.
+    assert_eq!(
+        stderr.trim_end(),
+        "gpuctl clear: waiting up to 5s for GPU 0: 20.0 GiB in use, held by no process (unattributed)"
+    );
     let wait = &doc["wait"];
     assert_eq!(wait["met"], true, "{wait:#}");
     assert!(wait["waited_ms"].as_u64().unwrap() < 5000, "{wait:#}");
@@ -677,4 +700,23 @@ fn boot_ticks() -> u64 {
     let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
     let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
     (seconds * 100.0) as u64
+}
+
+#[test]
+fn clear_wait_takes_its_timeout_either_way_and_a_misspelling_gets_clap_s_suggestion() {
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    for args in [
+        &["clear", "--wait", "2s"][..],
+        &["clear", "--wait=2s"],
+        &["clear", "--wait"],
+    ] {
+        let run = sim.run(args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+    }
+    sim.run(&["inf"]).assert_one_line_error(
+        2,
+        "unrecognized subcommand 'inf'; tip: a similar subcommand exists: 'info'",
+    );
+    sim.run(&["info", "--gpus", "0"])
+        .assert_one_line_error(2, "tip: a similar argument exists: '--gpu'");
 }

@@ -107,7 +107,7 @@ done
         .env("VIEWS_OUT", out_dir.path())
         .env("SMI", nvidia_smi())
         .env("GPUCTL", gpuctl_bin())
-        .env("GPUCTL_CONFIG", out_dir.path().join("no-config.toml"));
+        .env("GPUCTL_CONFIG", "/dev/null");
     match trace {
         Some(file) => launcher.env("NVML_SIM_TRACE", file),
         None => launcher.env_remove("NVML_SIM_TRACE"),

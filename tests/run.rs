@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::terminal::{Terminal, quote};
 use crate::util::{
-    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, is_root, testproc_bin,
-    wait_exited, wait_until,
+    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, default_stop_signals, is_root,
+    testproc_bin, wait_exited, wait_until,
 };
 
 /// Columns and rows of the terminal the tests that need one run gpuctl in.
@@ -53,7 +53,7 @@ struct Background {
 
 impl Background {
     fn start(sim: &Sim, args: &[&str]) -> Background {
-        let child = gpuctl(sim, args)
+        let child = default_stop_signals(&mut gpuctl(sim, args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -615,7 +615,8 @@ fn every_bad_input_is_one_line_and_exit_status_2() {
     let not_executable = sim.dir.path().join("scenario.toml");
     run(&sim, &["run", "--", &not_executable.to_string_lossy()])
         .assert_one_line_error(126, "cannot run");
-    run(&sim, &["run", "--", "no-such-command-here"]).assert_one_line_error(127, "cannot run");
+    run(&sim, &["run", "--", "no-such-command-here"])
+        .assert_one_line_error(127, "no-such-command-here: command not found");
 }
 
 #[test]
@@ -631,7 +632,7 @@ fn a_missing_command_fails_at_once_rather_than_after_waiting_for_gpus() {
         &sim,
         &["run", "--wait", "60s", "--", "no-such-command-here"],
     )
-    .assert_one_line_error(127, "cannot run no-such-command-here");
+    .assert_one_line_error(127, "no-such-command-here: command not found");
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "gpuctl run waited {:?} for a GPU before finding its command missing",

@@ -163,7 +163,9 @@ fn bad_fractions_and_bad_configs_are_one_line_usage_errors() {
         sim.run(&["fraction", bad]).assert_one_line_error(2, bad);
     }
     assert!(
-        !sim.config_path().exists(),
+        std::fs::read_to_string(sim.config_path())
+            .unwrap()
+            .is_empty(),
         "a bad value must not create the file"
     );
     std::fs::write(
@@ -179,6 +181,92 @@ fn bad_fractions_and_bad_configs_are_one_line_usage_errors() {
                 .contains(&sim.config_path().display().to_string())
         );
     }
+}
+
+/// Every command that reads the configuration, as a user would give it.
+const READERS: &[&[&str]] = &[
+    &["info"],
+    &["info", "--json"],
+    &["info", "--idle"],
+    &["kill", "--pid", "1", "--dry-run"],
+    &["clear", "--dry-run"],
+    &["reset", "--dry-run"],
+    &["health"],
+    &["health", "--ack", "0"],
+    &["fraction"],
+    &["enable"],
+    &["pick"],
+    &["run", "--", "true"],
+];
+
+#[test]
+fn a_named_configuration_that_is_missing_or_malformed_stops_every_command() {
+    let sim = Sim::new("driver_version = \"1\"\ncuda_driver_version = 12080\n[[gpu]]\n");
+    let missing = sim.dir.path().join("gpuctl.tmol");
+    let watchdog = |config: &std::path::Path, flag: bool| {
+        let mut command = std::process::Command::new(crate::util::watchdog_bin());
+        sim.watchdog_env(&mut command)
+            .env("GPUCTL_STATE_DIR", sim.dir.path().join("watchdog-state"))
+            .arg("--once");
+        match flag {
+            true => command.arg("--config").arg(config),
+            false => command.env("GPUCTL_CONFIG", config),
+        };
+        crate::util::Run::from(command.output().expect("run gpuctl-watchdog"))
+    };
+    for args in READERS {
+        let run = crate::util::Run::from(
+            sim.gpuctl(args)
+                .env("GPUCTL_CONFIG", &missing)
+                .env("GPUCTL_LEASE_DIR", sim.dir.path().join("leases"))
+                .output()
+                .unwrap(),
+        );
+        run.assert_one_line_error(2, "gpuctl.tmol: no such file (named by GPUCTL_CONFIG)");
+    }
+    watchdog(&missing, false).assert_one_line_error(2, "no such file (named by GPUCTL_CONFIG)");
+    watchdog(&missing, true).assert_one_line_error(2, "no such file (named by --config)");
+    assert!(!sim.dir.path().join("watchdog-state").exists());
+    std::fs::write(
+        sim.config_path(),
+        "[watchdog]\nmode = \"report\"\ngrace = \"2s\"\nmdoe = 1\n",
+    )
+    .unwrap();
+    for args in READERS {
+        let run = sim.run(args);
+        run.assert_one_line_error(2, "line 4: unknown key 'watchdog.mdoe'");
+    }
+    watchdog(&sim.config_path(), false).assert_one_line_error(2, "unknown key 'watchdog.mdoe'");
+    // /dev/null names no file: the built-in policy.
+    let none = sim
+        .gpuctl(&["info"])
+        .env("GPUCTL_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(none.status.success(), "{none:?}");
+}
+
+#[test]
+fn a_non_root_rehearsal_of_reset_is_refused_as_by_a_real_driver() {
+    if !nix_is_root() {
+        panic!("cannot run here: needs root to run gpuctl as another user");
+    }
+    let sim = Sim::new(&Scenario::new().gpu(Gpu::new()));
+    sim.share();
+    let run = crate::util::Run::from(sim.gpuctl_as(65534, &["reset", "--json"]).output().unwrap());
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap();
+    let refused: Vec<(String, String)> = outcomes(&doc, 0)
+        .into_iter()
+        .filter(|(item, _)| item == "compute_mode" || item == "application_clocks")
+        .collect();
+    assert_eq!(refused.len(), 2, "{doc:#}");
+    assert!(
+        refused
+            .iter()
+            .all(|(_, outcome)| outcome == "not_permitted"),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -260,7 +348,7 @@ fn enable_prints_merges_and_execs() {
     assert_eq!(run.code, 7);
     assert_eq!(run.stdout, "expandable_segments:True|false");
     sim.run(&["enable", "--", "/nonexistent/train"])
-        .assert_one_line_error(127, "cannot run /nonexistent/train");
+        .assert_one_line_error(127, "/nonexistent/train: no such file");
     let not_executable = sim.dir.path().join("notes.txt");
     std::fs::write(&not_executable, "not a program\n").unwrap();
     let path = not_executable.to_str().unwrap();

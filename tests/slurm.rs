@@ -42,7 +42,10 @@ pub(crate) fn run_script_with(
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod scontrol");
-    if !sim.config_path().exists() {
+    if std::fs::read_to_string(sim.config_path())
+        .unwrap()
+        .is_empty()
+    {
         std::fs::write(
             sim.config_path(),
             format!(

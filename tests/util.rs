@@ -113,6 +113,11 @@ impl Sim {
         let sim = Sim {
             dir: tempfile::tempdir().expect("tempdir"),
         };
+        // A named configuration must exist: this one is empty (the built-in policy) until a
+        // test writes its own. In a directory of its own, which `share` leaves as it is: a
+        // configuration in a directory everyone may write does not steer root.
+        std::fs::create_dir(sim.dir.path().join("etc")).expect("configuration directory");
+        std::fs::write(sim.config_path(), "").expect("write the empty configuration");
         sim.write(scenario);
         sim
     }
@@ -121,9 +126,9 @@ impl Sim {
         self.dir.path().join("scenario.toml")
     }
 
-    /// The configuration file gpuctl reads (absent unless a test writes it).
+    /// The configuration file gpuctl reads (empty unless a test writes it).
     pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("gpuctl.toml")
+        self.dir.path().join("etc/gpuctl.toml")
     }
 
     /// The device directory gpuctl is pointed at: a scenario that wants device files says
@@ -1119,6 +1124,22 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
         .nth(19)?
         .parse()
         .ok()
+}
+
+/// Gives COMMAND the default dispositions of the signals a test sends it to end it: a job
+/// started in the background by a non-interactive shell (`scripts/test &`) inherits SIGINT
+/// and SIGQUIT ignored, and a test that expects 130 from Ctrl-C would then see 0.
+pub fn default_stop_signals(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls: signal(2) resets dispositions.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
 }
 
 pub fn is_root() -> bool {

@@ -716,6 +716,13 @@ fn once_exit_statuses_and_dry_run() {
     let run = once(&sim, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     assert!(run.stderr.contains("ACTION=left"), "{}", run.stderr);
+    // One story in one pass: left, never "reclaimed if it stays so" as well.
+    assert!(
+        run.stderr.contains("report mode leaves it (exit status 4)"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("reclaimed if"), "{}", run.stderr);
     // --dry-run: 4, nothing signalled, logged as would-reclaim.
     let run = once(&sim, &["--mode", "reclaim", "--dry-run"]);
     assert_eq!(run.code, 4, "{}", run.stderr);
@@ -1180,6 +1187,19 @@ fn a_gpu_busy_at_low_power_with_steady_memory_is_reported_stuck_never_killed() {
     assert_eq!(findings[0]["kind"], "stuck");
     assert_eq!(findings[0]["uuids"][0], uuid.as_str());
     assert!(findings[0]["pid"].is_null());
+    // Only the GPUs shown: GPU 1 has nothing.
+    let other = sim.json(&["info", "--gpu", "1"]);
+    assert_eq!(
+        other["watchdog"]["findings"],
+        serde_json::json!([]),
+        "{other}"
+    );
+    let table = sim.run(&["info", "--gpu", "1"]);
+    assert!(
+        table.stdout.contains("watchdog: nothing found"),
+        "{}",
+        table.stdout
+    );
 
     // Memory moving by more than 1 % each loop: a working job, the spell starts over.
     sim.write(&at(650_000, 40960));

@@ -203,8 +203,14 @@ pub fn acknowledge(
                     "GPU {index} cannot be acknowledged: its UUID cannot be read"
                 ))
             })?;
-        Acks::acknowledge(&dir, &uuid, now).map_err(|source| CoreError::Io {
+        Acks::acknowledge(&dir, &uuid, now).map_err(|source| CoreError::Write {
             path: Acks::path(&dir),
+            hint: match source.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    " (the watchdog's state directory is root's: run as root)"
+                }
+                _ => "",
+            },
             source,
         })?;
     }

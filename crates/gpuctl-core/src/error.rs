@@ -42,6 +42,15 @@ pub enum CoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A file gpuctl writes could not be written; `hint` says what to do where the cause
+    /// is a permission (" (… run as root)"), else it is empty.
+    #[error("cannot write {path}: {source}{hint}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
 }
 
 pub type Result<T, E = CoreError> = std::result::Result<T, E>;
@@ -56,7 +65,7 @@ impl CoreError {
             | CoreError::Usage(_)
             | CoreError::NothingSelected { .. } => Exit::Usage,
             CoreError::Config(error) => config_exit(error),
-            CoreError::Nvml { .. } | CoreError::Io { .. } => Exit::Failed,
+            CoreError::Nvml { .. } | CoreError::Io { .. } | CoreError::Write { .. } => Exit::Failed,
         }
     }
 }

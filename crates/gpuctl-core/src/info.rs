@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::act::Identity;
 use crate::config;
 use crate::error::Result;
 use crate::report::{WatchdogFindings, watchdog_findings_path};
@@ -80,8 +81,9 @@ impl Survey {
     pub fn take(&mut self) -> Result<Snapshot> {
         let mut snapshot = self.reader.take(&self.session.gpus)?;
         self.findings = watchdog_findings(Some(&self.session.loaded));
-        if let Some(findings) = &self.findings {
+        if let Some(findings) = &mut self.findings {
             mark_idle(&mut snapshot, findings);
+            keep_shown(findings, &snapshot);
         }
         if let Some(store) = &self.peaks {
             let marks = store.observe(&snapshot);
@@ -143,6 +145,23 @@ pub fn mark_idle(snapshot: &mut Snapshot, findings: &WatchdogFindings) {
             }
         }
     }
+}
+
+/// Keeps the findings about what `snapshot` shows: a GPU it lists, and for a process
+/// finding, a process that is still the one found (pid and start time). The file may be up
+/// to a loop old and covers every GPU; `info --gpu 0` is about GPU 0.
+fn keep_shown(findings: &mut WatchdogFindings, snapshot: &Snapshot) {
+    let shown: Vec<u32> = snapshot.devices.iter().map(|gpu| gpu.index).collect();
+    findings.findings.retain(|finding| {
+        finding.gpus.iter().any(|gpu| shown.contains(gpu))
+            && finding.pid.is_none_or(|pid| {
+                Identity::observe(pid).is_ok_and(|now| {
+                    finding
+                        .start_ticks
+                        .is_none_or(|ticks| now.start_ticks == ticks)
+                })
+            })
+    });
 }
 
 /// The processes `snapshot` shows idle, once each (a process on two GPUs is one), longest

@@ -84,9 +84,10 @@ impl Session {
         let started = std::time::Instant::now();
         let loaded = match config::load() {
             Ok(loaded) => loaded,
-            // No file at all means the same as an empty one: built-in protection, the
-            // default threshold, /dev, the default state directory.
-            Err(_) if options.config_optional => Loaded::default(),
+            // No usable system or user file means the same as an empty one: built-in
+            // protection, the default threshold, /dev, the default state directory. A file
+            // GPUCTL_CONFIG names is never passed over.
+            Err(_) if options.config_optional && !config::is_named() => Loaded::default(),
             Err(error) => return Err(error.into()),
         };
         Session::from_loaded(loaded, options, started)
@@ -176,6 +177,18 @@ impl Session {
         min_free: Option<Amount>,
     ) -> Result<WaitReport> {
         verify::wait_until_free(&self.gpus, places, limit, min_free)
+    }
+
+    /// [`Session::wait_for_free`], saying what it waits for (see
+    /// [`verify::wait_until_free_saying`]).
+    pub fn wait_for_free_saying(
+        &self,
+        places: Option<&[Place]>,
+        limit: Duration,
+        min_free: Option<Amount>,
+        waiting: &mut dyn FnMut(&[verify::GpuState]),
+    ) -> Result<WaitReport> {
+        verify::wait_until_free_saying(&self.gpus, places, limit, min_free, waiting)
     }
 
     /// One look at `places`' GPUs as a person is shown them (their UUIDs, MIG instances and

@@ -132,6 +132,24 @@ pub fn wait_until_free(
     limit: Duration,
     min_free: Option<Amount>,
 ) -> Result<WaitReport> {
+    wait_until_free_saying(gpus, selected, limit, min_free, &mut |_| {})
+}
+
+/// A place not free, as said to `waiting`: GPU, MIG instance, processes.
+type Busy = (u32, Option<u32>, Vec<u32>);
+
+/// [`wait_until_free`], calling `waiting` with the places not yet free before it sleeps,
+/// whenever they (or their processes) differ from the last call: a front says what it
+/// waits for.
+pub fn wait_until_free_saying(
+    gpus: &Gpus,
+    selected: Option<&[Place]>,
+    limit: Duration,
+    min_free: Option<Amount>,
+    waiting: &mut dyn FnMut(&[GpuState]),
+) -> Result<WaitReport> {
+    // What was last said: each busy place and its processes.
+    let mut said: Option<Vec<Busy>> = None;
     let start = Instant::now();
     let options = SnapshotOptions::poll(selected.map(Place::gpus));
     // As in [`released`]: the wait ends by its limit whatever the GPUs do.
@@ -162,6 +180,15 @@ pub fn wait_until_free(
                 waited_ms: start.elapsed().as_millis() as u64,
                 gpus: states,
             });
+        }
+        let busy: Vec<GpuState> = states.into_iter().filter(|s| !s.free).collect();
+        let now: Vec<_> = busy
+            .iter()
+            .map(|s| (s.index, s.gpu_instance, s.processes.clone()))
+            .collect();
+        if said.as_ref() != Some(&now) {
+            waiting(&busy);
+            said = Some(now);
         }
         std::thread::sleep(FREE_POLL);
     }

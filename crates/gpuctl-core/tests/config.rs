@@ -124,9 +124,28 @@ fn the_example_file_is_valid() {
 }
 
 #[test]
+fn a_named_file_that_is_missing_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for origin in [Origin::Env, Origin::Explicit] {
+        let path = dir.path().join("gpuctl.tmol");
+        let error = config::load_sources(&Source::new(origin, &path), None).unwrap_err();
+        assert!(matches!(error, ConfigError::Missing { .. }), "{error:?}");
+        let none = Source::new(origin, config::NO_FILE);
+        assert_eq!(
+            config::load_sources(&none, None).unwrap(),
+            Loaded::default()
+        );
+        assert_eq!(
+            error.to_string(),
+            format!("{}: no such file (named by {origin})", path.display())
+        );
+    }
+}
+
+#[test]
 fn missing_and_empty_files_are_the_empty_policy() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = Source::new(Origin::Env, dir.path().join("nope/gpuctl.toml"));
+    let missing = Source::new(Origin::System, dir.path().join("nope/gpuctl.toml"));
     assert_eq!(config::load_file(&missing).unwrap(), None);
     let loaded = config::load_sources(&missing, None).unwrap();
     assert_eq!(loaded, Loaded::default());

@@ -83,6 +83,8 @@ class Sim:
         self.dir = directory
         self.scenario_path = directory / "scenario.toml"
         self.config_path = directory / "gpuctl.toml"
+        # A named configuration must exist: empty (the built-in policy) until a test writes one.
+        self.config_path.write_text("")
         self.env = {
             "GPUCTL_NVML_LIB": _sim_library(),
             "NVML_SIM_SCENARIO": str(self.scenario_path),
@@ -131,8 +133,7 @@ def scenario(sim):
     """Writes a scenario for this test; the test adds processes and calls sim.write()."""
     yield Scenario()
     sim.write(Scenario())
-    if sim.config_path.exists():
-        sim.config_path.unlink()
+    sim.config_path.write_text("")
 
 
 def start_ticks(pid: int) -> int | None:

@@ -60,6 +60,8 @@ impl Scratch {
         let scratch = Scratch {
             dir: tempfile::tempdir().expect("tempdir"),
         };
+        // The configuration GPUCTL_CONFIG names must exist: empty, the built-in policy.
+        std::fs::write(scratch.path("gpuctl.toml"), "").expect("configuration");
         std::fs::write(
             scratch.path("scenario.toml"),
             "driver_version = \"570.133.20\"\ncuda_driver_version = 12080\n\n[[gpu]]\nname = \"NVIDIA H200\"\n",

@@ -397,7 +397,7 @@ impl Daemon {
         });
         let findings = seen.look.classify(history.as_ref(), &settings.policy);
         self.findings_log
-            .findings(log, &settings.watchdog, snapshot, &findings);
+            .findings(log, settings, snapshot, &findings, once);
         self.idle.notify(snapshot, &findings, settings, log);
         let impostors = self
             .findings_log

@@ -5,7 +5,7 @@
 use gpuctl_core::act::Identity;
 use gpuctl_core::classify::grace::Tried;
 use gpuctl_core::classify::{Finding, Kind, Remedy, Verdict};
-use gpuctl_core::config::Watchdog;
+use gpuctl_core::config::{Watchdog, WatchdogMode};
 use gpuctl_core::pidmap::PidSet;
 use gpuctl_core::plan::{Disposition, Guard, Outcome};
 use gpuctl_core::protect::{Claim, Claimant};
@@ -13,6 +13,7 @@ use gpuctl_core::select::Target;
 use gpuctl_core::snapshot::Snapshot;
 use gpuctl_core::units::{self, bytes};
 
+use crate::Settings;
 use crate::log::{Logger, Priority};
 
 /// The findings and claims already logged, so that each is logged once.
@@ -78,13 +79,16 @@ impl FindingLog {
 
     /// Each finding once, when it appears (and again if it goes away and comes back). Those
     /// above their share are warned of once they lasted the grace (see `Daemon::judge`).
+    /// `once`: `--once`, which has no grace.
     pub fn findings(
         &mut self,
         log: &Logger,
-        watchdog: &Watchdog,
+        settings: &Settings,
         snapshot: &Snapshot,
         findings: &[Finding],
+        once: bool,
     ) {
+        let watchdog = &settings.watchdog;
         let logged = || {
             findings
                 .iter()
@@ -115,10 +119,7 @@ impl FindingLog {
                 (Verdict::Reclaim, true) => (
                     Priority::Warning,
                     "stale",
-                    format!(
-                        "; reclaimed if it stays so for {}",
-                        humantime::format_duration(watchdog.grace)
-                    ),
+                    reclaim_note(watchdog, settings.dry_run, once),
                 ),
                 (Verdict::Reclaim, false) => (
                     Priority::Notice,
@@ -329,4 +330,52 @@ pub fn target_fields(
         fields.push(("GPU_MEMORY_BYTES", used.to_string()));
     }
     fields
+}
+
+/// What will become of a stale process whose kind `watchdog.reclaim` names, as this pass
+/// will do it: one story per pass, never "reclaimed" and then "left alone".
+fn reclaim_note(watchdog: &Watchdog, dry_run: bool, once: bool) -> String {
+    let grace = humantime::format_duration(watchdog.grace);
+    if dry_run && watchdog.mode == WatchdogMode::Reclaim {
+        return "; would be reclaimed (--dry-run)".into();
+    }
+    match (watchdog.mode, once) {
+        (WatchdogMode::Report, true) => "; report mode leaves it (exit status 4)".into(),
+        (WatchdogMode::Report, false) => {
+            format!("; report mode leaves it (reclaim mode ends it if it stays so for {grace})")
+        }
+        (WatchdogMode::Reclaim, true) => "; reclaimed now (--once: no grace)".into(),
+        (WatchdogMode::Reclaim, false) => format!("; reclaimed if it stays so for {grace}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_process_is_told_one_fate_per_mode_and_pass() {
+        let mut watchdog = Watchdog {
+            grace: std::time::Duration::from_secs(2),
+            ..Watchdog::default()
+        };
+        assert_eq!(
+            reclaim_note(&watchdog, false, true),
+            "; report mode leaves it (exit status 4)"
+        );
+        assert!(reclaim_note(&watchdog, false, false).starts_with("; report mode leaves it"));
+        watchdog.mode = WatchdogMode::Reclaim;
+        assert_eq!(
+            reclaim_note(&watchdog, false, true),
+            "; reclaimed now (--once: no grace)"
+        );
+        assert_eq!(
+            reclaim_note(&watchdog, false, false),
+            "; reclaimed if it stays so for 2s"
+        );
+        assert_eq!(
+            reclaim_note(&watchdog, true, true),
+            "; would be reclaimed (--dry-run)"
+        );
+    }
 }

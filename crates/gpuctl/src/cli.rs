@@ -25,10 +25,12 @@ Environment:
   GPUCTL_NVML_LIB  NVML library to load (default libnvidia-ml.so.1; nvml-sim for rehearsals);
                    as root, only a path that root alone can write, down from /
   NO_COLOR         when set and not empty, --color auto does not color
-  GPUCTL_CONFIG    the one configuration file to read (default /etc/gpuctl/gpuctl.toml and
-                   $XDG_CONFIG_HOME/gpuctl/gpuctl.toml)
+  GPUCTL_CONFIG    the one configuration file to read, which must exist (default
+                   /etc/gpuctl/gpuctl.toml and $XDG_CONFIG_HOME/gpuctl/gpuctl.toml, each
+                   optional); /dev/null: none
   GPUCTL_STATE_DIR where peak marks are kept (default /var/lib/gpuctl as root,
-                   $XDG_STATE_HOME/gpuctl otherwise)
+                   $XDG_STATE_HOME/gpuctl otherwise), and the watchdog's state directory
+                   (health --ack) when the configuration sets no watchdog.state_dir
   GPUCTL_TIMINGS   when set and not empty, info says on stderr where its time went
   GPUCTL_NVML_TIMEOUT  how long NVML may take to answer for one GPU (default 10s, or the
                    configuration's nvml_timeout)

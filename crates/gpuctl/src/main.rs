@@ -84,20 +84,44 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
     })
 }
 
-/// Clap's message without its usage block and tip, folded onto one line; the valid values
-/// it lists stay.
+/// Clap's message and its tips ("a similar argument exists: '--gpu'") folded onto one line,
+/// without the usage block; the valid values it lists stay.
 fn one_line(error: &clap::Error) -> String {
     let text = error.render().to_string();
-    let message: Vec<&str> = text
-        .lines()
-        .map(str::trim)
+    let mut lines = text.lines().map(str::trim);
+    let message: Vec<&str> = lines
+        .by_ref()
         .take_while(|line| !line.is_empty() && !line.starts_with("Usage:"))
         .collect();
+    let tips: Vec<&str> = lines.filter(|line| line.starts_with("tip: ")).collect();
     let joined = message.join(" ");
-    joined
+    let mut line = joined
         .strip_prefix("error: ")
         .unwrap_or(&joined)
-        .to_string()
+        .to_string();
+    for tip in tips {
+        line.push_str("; ");
+        line.push_str(tip);
+    }
+    line
+}
+
+/// The error and its causes joined by ": ", each cause said once: an error whose message
+/// already says its cause's ("cannot write X: Permission denied (os error 13) (hint)") is
+/// not followed by it again.
+fn folded(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
 }
 
 /// One line on stderr, and the exit status that the error's kind documents.
@@ -112,7 +136,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
         gpuctl_core::error::exit_of(error.as_ref())
     };
     // Folded onto one line, then escaped: an error may quote what a user chose.
-    let message = format!("{error:#}").replace('\n', " ");
+    let message = folded(error).replace('\n', " ");
     let message = gpuctl_core::text::escape(&message);
     let _ = writeln!(io::stderr().lock(), "gpuctl: {message}");
     ExitCode::from(exit)

@@ -165,17 +165,19 @@ pub fn allocator_env(
 /// A command that could not be started (`enable -- COMMAND`, `run`): said on one line, and
 /// the shells' status: 127 when it was not found, else 126.
 pub fn cannot_run(program: &std::ffi::OsStr, error: &io::Error) -> Exit {
-    let code = if error.kind() == io::ErrorKind::NotFound {
-        Exit::CommandNotFound
+    let name = program.to_string_lossy();
+    let shown = gpuctl_core::text::escape(&name);
+    if error.kind() != io::ErrorKind::NotFound {
+        eprintln!("gpuctl: cannot run {shown}: {error}");
+        return Exit::CommandNotExecutable;
+    }
+    // As the shells word it: a name is looked for in PATH, a path is taken as it is.
+    if program.as_encoded_bytes().contains(&b'/') {
+        eprintln!("gpuctl: {shown}: no such file");
     } else {
-        Exit::CommandNotExecutable
-    };
-    let program = program.to_string_lossy();
-    eprintln!(
-        "gpuctl: cannot run {}: {error}",
-        gpuctl_core::text::escape(&program)
-    );
-    code
+        eprintln!("gpuctl: {shown}: command not found (not in PATH)");
+    }
+    Exit::CommandNotFound
 }
 
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {

@@ -8,7 +8,7 @@ use anyhow::Result;
 use gpuctl_core::reclaim::{self, Consent, Session};
 use gpuctl_core::report::ReclaimReport;
 use gpuctl_core::units;
-use gpuctl_core::verify::WaitReport;
+use gpuctl_core::verify::{GpuState, WaitReport};
 
 use crate::render::{self, Color, Style};
 use crate::{Exit, Usage};
@@ -42,7 +42,16 @@ pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
 
 pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
     let request = args.request();
-    let cleared = reclaim::clear(&Session::open()?, &request)?;
+    let limit = args.wait.unwrap_or_default();
+    // As `run --wait` does: say what is waited for, and again whenever that changes.
+    let mut waiting = |busy: &[GpuState]| {
+        eprintln!(
+            "gpuctl clear: waiting up to {} for {}",
+            humantime::format_duration(limit),
+            busy_places(busy)
+        );
+    };
+    let cleared = reclaim::clear_saying(&Session::open()?, &request, &mut waiting)?;
     let document = cleared.report(&request);
     let wait = &cleared.wait;
     render::emit(args.output.json, &document, || {
@@ -63,10 +72,19 @@ pub fn run_clear(args: &ClearArgs, style: Style) -> Result<Exit> {
 
 /// One line naming what still holds memory on each GPU that is not free.
 fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
-    let busy: Vec<String> = wait
-        .gpus
+    let busy: Vec<GpuState> = wait.gpus.iter().filter(|g| !g.free).cloned().collect();
+    format!(
+        "GPUs not free after {}: {}",
+        humantime::format_duration(limit),
+        busy_places(&busy)
+    )
+}
+
+/// Each place not free, with what holds its memory: "GPU 0: 4.0 GiB in use by 1 process
+/// (pid 812)", joined by "; ".
+fn busy_places(busy: &[GpuState]) -> String {
+    let busy: Vec<String> = busy
         .iter()
-        .filter(|g| !g.free)
         .map(|g| {
             let used = g.used_bytes.map_or("memory unknown".into(), |b| {
                 format!("{} in use", units::bytes(b))
@@ -89,11 +107,7 @@ fn not_free_message(wait: &WaitReport, limit: Duration) -> String {
             }
         })
         .collect();
-    format!(
-        "GPUs not free after {}: {}",
-        humantime::format_duration(limit),
-        busy.join("; ")
-    )
+    busy.join("; ")
 }
 
 /// Several users' processes, or --all, are signalled only after a yes on a terminal.

@@ -25,7 +25,8 @@ struct RawScenario {
     cuda_driver_version: i32,
     nvml_version: Option<String>,
     init_error: Option<InitError>,
-    #[serde(default)]
+    /// As real drivers: a setting (persistence, clocks, compute mode, reset) is root's.
+    #[serde(default = "settings_are_roots")]
     settings_require_root: bool,
     state_file: Option<PathBuf>,
     /// Where the sim makes the GPUs' device files (nvidia0, nvidiactl, ...).
@@ -53,6 +54,10 @@ fn default_driver_version() -> String {
 
 fn default_cuda_driver_version() -> i32 {
     12080
+}
+
+fn settings_are_roots() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]
@@ -621,6 +626,8 @@ mod tests {
         assert_eq!(s.gpus[0].uuid.len(), 40);
         assert_eq!(s.gpus[1].pci.long(), "00000000:2A:00.0");
         assert_eq!(s.nvml_version, "12.570.133.20");
+        // A non-root caller's settings are refused, as by the real driver.
+        assert!(s.settings_require_root);
     }
 
     #[test]

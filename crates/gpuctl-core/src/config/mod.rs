@@ -42,6 +42,9 @@ use serde::{Deserialize, Serialize};
 pub const SYSTEM_PATH: &str = "/etc/gpuctl/gpuctl.toml";
 /// The environment variable naming one file that replaces both the system and the user file.
 pub const ENV_VAR: &str = "GPUCTL_CONFIG";
+
+/// The name that says "no configuration file" where one must be named.
+pub const NO_FILE: &str = "/dev/null";
 /// The environment variable naming the device directory (before the `dev_dir` key).
 pub const DEV_DIR_ENV: &str = "GPUCTL_DEV_DIR";
 /// Unattributed memory worth explaining: the watchdog scans for device-file holders, and `info` says where `--holders` would look.
@@ -80,7 +83,8 @@ pub fn root_may_use(name: &str, path: &Path) -> Result<PathBuf, ConfigError> {
 
 /// The watchdog's state directory, where other programs read what it writes (findings,
 /// per-job peaks) and the Slurm commands keep their logs: the system configuration's
-/// `watchdog.state_dir`, else /var/lib/gpuctl; `None` when the configuration disables it.
+/// `watchdog.state_dir`, else GPUCTL_STATE_DIR, else /var/lib/gpuctl; `None` when the
+/// configuration disables it.
 pub fn watchdog_state_dir(loaded: Option<&Loaded>) -> Option<PathBuf> {
     match loaded.and_then(|l| l.system.as_ref()) {
         Some((_, system)) => system.watchdog.state_path().map(Path::to_path_buf),
@@ -240,6 +244,14 @@ pub const WATCHDOG_METRICS_FILE: &str = "/var/lib/prometheus/node-exporter/gpuct
 /// Default of `watchdog.state_dir`.
 pub const WATCHDOG_STATE_DIR: &str = "/var/lib/gpuctl";
 
+/// `watchdog.state_dir` when the file does not set it: GPUCTL_STATE_DIR where set (the state
+/// goes where the user said, for `health --ack` as for peak marks), else /var/lib/gpuctl.
+fn default_state_dir() -> PathBuf {
+    std::env::var_os("GPUCTL_STATE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from(WATCHDOG_STATE_DIR), PathBuf::from)
+}
+
 impl Default for Watchdog {
     fn default() -> Watchdog {
         Watchdog {
@@ -252,7 +264,7 @@ impl Default for Watchdog {
             protect_users: Vec::new(),
             protect_commands: Vec::new(),
             metrics_file: PathBuf::from(WATCHDOG_METRICS_FILE),
-            state_dir: PathBuf::from(WATCHDOG_STATE_DIR),
+            state_dir: default_state_dir(),
             kernel_log: PathBuf::from(crate::health::kernel_log::KMSG),
             stuck_after: std::time::Duration::from_secs(600),
             stuck_util_pct: 95,
@@ -330,6 +342,12 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// Whether the user named this file (`GPUCTL_CONFIG`, `--config`) rather than it being
+    /// looked for where it usually is.
+    pub fn is_named(self) -> bool {
+        matches!(self, Origin::Env | Origin::Explicit)
+    }
+
     /// Whether a file of this origin is trusted like a sudoers file by this process: always
     /// for the system file, and for a file named by `GPUCTL_CONFIG` or `--config` when the
     /// reader is root.
@@ -506,6 +524,10 @@ pub enum ConfigError {
     /// A value or key given to [`set_fraction`] that the file may not hold.
     #[error("{0}")]
     Value(String),
+    /// A file named explicitly (`GPUCTL_CONFIG`, `--config`) that does not exist: a
+    /// mistyped path is never read as "no policy".
+    #[error("{}: no such file (named by {origin})", .path.display())]
+    Missing { path: PathBuf, origin: Origin },
     /// The file could not be written.
     #[error("{}: cannot write: {source}{hint}", .path.display())]
     Write {
@@ -521,6 +543,7 @@ impl ConfigError {
     pub fn path(&self) -> Option<&Path> {
         match self {
             ConfigError::Read { path, .. }
+            | ConfigError::Missing { path, .. }
             | ConfigError::Invalid { path, .. }
             | ConfigError::Untrusted { path, .. }
             | ConfigError::Write { path, .. } => Some(path),
@@ -588,12 +611,27 @@ pub fn load_sources(system: &Source, user: Option<&Source>) -> Result<Loaded, Co
     Ok(Loaded { system, user })
 }
 
-/// Reads, checks and parses one file; `None` when it does not exist.
+/// Reads, checks and parses one file; `None` when an implicit one (the system or the user
+/// file) does not exist. A file named explicitly must exist; `/dev/null` names no file at all
+/// (the built-in policy, as for `git`'s `GIT_CONFIG_GLOBAL=/dev/null`).
 pub fn load_file(source: &Source) -> Result<Option<Config>, ConfigError> {
+    if source.path == Path::new(NO_FILE) {
+        return Ok(None);
+    }
     match read_checked(source)? {
         Some(file) => parse(&file.text, &source.path).map(Some),
+        None if source.origin.is_named() => Err(ConfigError::Missing {
+            path: source.path.clone(),
+            origin: source.origin,
+        }),
         None => Ok(None),
     }
+}
+
+/// Whether `GPUCTL_CONFIG` names the configuration: then its file must exist and parse for
+/// every command, even those that otherwise read on without a configuration.
+pub fn is_named() -> bool {
+    paths().0.origin.is_named()
 }
 
 #[cfg(test)]

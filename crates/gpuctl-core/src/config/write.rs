@@ -194,10 +194,13 @@ pub(super) fn write_atomic(
     bytes: &[u8],
     existing: Option<&CheckedFile>,
 ) -> Result<(), ConfigError> {
-    let hint = if source.origin == Origin::System {
-        " (the system file is root's: run as root)"
-    } else {
-        ""
+    let hint = match source.origin {
+        Origin::System => " (the system file is root's: run as root)",
+        Origin::User => {
+            " (your own defaults: make XDG_CONFIG_HOME or HOME a directory you can write; the \
+             system policy needs root)"
+        }
+        Origin::Env | Origin::Explicit => "",
     };
     let write_error = |error: io::Error| ConfigError::Write {
         path: source.path.clone(),

@@ -67,6 +67,16 @@ impl Cleared {
 }
 
 pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
+    clear_saying(session, request, &mut |_| {})
+}
+
+/// [`clear`], calling `waiting` with the places not yet free while `--wait` waits (see
+/// [`crate::verify::wait_until_free_saying`]).
+pub fn clear_saying(
+    session: &Session,
+    request: &ClearRequest,
+    waiting: &mut dyn FnMut(&[crate::verify::GpuState]),
+) -> Result<Cleared> {
     let gpus = &session.gpus;
     let places = session.places(&request.gpus)?;
     let policy = Policy {
@@ -109,9 +119,12 @@ pub fn clear(session: &Session, request: &ClearRequest) -> Result<Cleared> {
         .reclaim(gpus, &snapshot, &guard, request.dry_run)
         .run(targets);
     let wait = match (request.wait, request.dry_run) {
-        (Some(limit), false) => {
-            Some(session.wait_for_free(places.as_deref(), limit, request.min_free)?)
-        }
+        (Some(limit), false) => Some(session.wait_for_free_saying(
+            places.as_deref(),
+            limit,
+            request.min_free,
+            waiting,
+        )?),
         _ => None,
     };
     Ok(Cleared {

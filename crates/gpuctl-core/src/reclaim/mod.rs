@@ -23,7 +23,7 @@ mod reset;
 
 use std::time::Duration;
 
-pub use clear::{ClearRequest, Cleared, clear};
+pub use clear::{ClearRequest, Cleared, clear, clear_saying};
 pub use found::{Due, FindingsRequest};
 pub use gpu_reset::{GpuReset, GpuResetOutcome, GpuResetRequest, gpu_reset, gpu_reset_failed};
 pub use kill::{Consent, KillRequest, Killed, PreparedKill, kill, prepare_kill};

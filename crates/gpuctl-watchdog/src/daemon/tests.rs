@@ -114,7 +114,8 @@ fn judge_holds_findings_for_the_grace_then_names_their_remedy() {
     let logged = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
     assert!(
         logged.starts_with("PRIORITY=4 MESSAGE=\"pid 10 (?) on GPU 0: zombie holder:")
-            && logged.contains("reclaimed if it stays so for 1h"),
+            && logged
+                .contains("report mode leaves it (reclaim mode ends it if it stays so for 1h)"),
         "{logged}"
     );
     assert_eq!(

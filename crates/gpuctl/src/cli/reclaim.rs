@@ -156,12 +156,12 @@ pub struct ClearArgs {
     pub holders: bool,
 
     /// Then wait until the selected GPUs (or MIG instances: their own memory) are free (see
-    /// --min-free), for at most TIMEOUT (default 60s). Not free by then: exit status 4.
+    /// --min-free), for at most TIMEOUT: `--wait 2m` or `--wait=2m`; a bare --wait (followed
+    /// by an option or nothing) waits 60s. Not free by then: exit status 4.
     #[arg(
         long,
         value_name = "TIMEOUT",
         num_args = 0..=1,
-        require_equals = true,
         default_missing_value = "60s",
         value_parser = parse_duration
     )]
