@@ -7,8 +7,10 @@ The binary is built on the development machine against torch 2.11.0 (scripts/lib
 and carried here; it runs against this machine's own torch 2.11 libraries. It changes no
 card setting and acts only on the processes it starts.
 
-Usage: scripts/gpu/trainer.py PATH/TO/gpuctl-trainer [--device cuda:0]
-Prints a Markdown section for docs/gpu-validation.md.
+Usage: scripts/gpu/trainer.py PATH/TO/gpuctl-trainer [--device cuda:0] [--oom-only] [--json FILE]
+Prints a Markdown section for docs/gpu-validation.md; --json also writes the OOM figures.
+scripts/gpu/all runs it with --oom-only; in rehearsal with --device cpu, where the OOM is
+the trainer's injected one (--inject-oom-above: the same recovery path) on a small model.
 """
 
 import argparse
@@ -23,6 +25,9 @@ import torch
 
 MODEL = ["--layers", "8", "--width", "1024", "--heads", "16", "--vocab-size", "32000",
          "--max-length", "1024", "--batch-size", "32", "--dataset-size", "4096"]
+# On a CPU (rehearsal): small enough for a few seconds a run.
+SMALL = ["--layers", "2", "--width", "64", "--heads", "4", "--vocab-size", "512",
+         "--max-length", "64", "--batch-size", "16", "--dataset-size", "256"]
 
 
 def run(binary, args, env_extra=None, check=True):
@@ -63,26 +68,41 @@ def main():
     parser.add_argument("binary")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--oom-only", action="store_true", help="only the OOM recovery, not the timings")
+    parser.add_argument("--json", help="write the OOM figures here")
     args = parser.parse_args()
-    base = ["--device", args.device, "--steps", str(args.steps), "--log-every", "1000", *MODEL]
-    props = torch.cuda.get_device_properties(int(args.device.split(":")[-1]))
-    print(f"### {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}\n")
+    cpu = args.device == "cpu"
+    base = ["--device", args.device, "--steps", str(args.steps), "--log-every", "1000", *(SMALL if cpu else MODEL)]
+    if cpu:
+        print(f"### CPU (rehearsal: the OOM is injected), torch {torch.__version__}\n")
+    else:
+        props = torch.cuda.get_device_properties(int(args.device.split(":")[-1]))
+        print(f"### {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}\n")
 
     with tempfile.TemporaryDirectory() as scratch:
         env = {"XDG_RUNTIME_DIR": scratch}
         free = run(args.binary, [*base, "--checkpoint", f"{scratch}/free"], env)[0]
-        # A share that holds micro-batch 8 but not 32: the first step must recover.
-        fraction = 0.5 * free["peak_memory_bytes"] / props.total_memory
-        capped, out = run(args.binary, [*base, "--checkpoint", f"{scratch}/capped",
-                                        "--memory-fraction", f"{fraction:.4f}"], env)
+        if cpu:
+            cap = ["--inject-oom-above", "4"]
+        else:
+            # A share that holds micro-batch 8 but not 32: the first step must recover.
+            cap = ["--memory-fraction", f"{0.5 * free['peak_memory_bytes'] / props.total_memory:.4f}"]
+        capped, out = run(args.binary, [*base, "--checkpoint", f"{scratch}/capped", *cap], env)
         recoveries = [l for l in out.stderr.splitlines() if "out of memory at step" in l]
         diff = relative_difference(params(f"{scratch}/capped"), params(f"{scratch}/free"))
-        print(f"- Real OOM: --memory-fraction {fraction:.4f}: {capped['oom_recoveries']} "
+        print(f"- {'Injected' if cpu else 'Real'} OOM: {' '.join(cap)}: {capped['oom_recoveries']} "
               f"recoveries, micro-batch {free['micro_batch']} -> {capped['micro_batch']}; "
               f"parameters vs unconstrained: relative difference {diff:.2e}; final loss "
               f"{capped['final_loss']:.6f} vs {free['final_loss']:.6f}")
         for line in recoveries:
             print(f"  - `{line}`")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"cap": cap, "recoveries": capped["oom_recoveries"], "micro_batch": [
+                    free["micro_batch"], capped["micro_batch"]], "relative_difference": diff,
+                    "final_loss": [free["final_loss"], capped["final_loss"]]}, f)
+        if args.oom_only:
+            return
 
         rates = {}
         for name, extra in [("plain", []), ("hooks", ["--memory-trace", f"{scratch}/t.csv"]),
