@@ -200,7 +200,9 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     if let Some(path) = &args.json_summary {
         let mut json = serde_json::to_vec_pretty(&summary)?;
         json.push(b'\n');
-        if let Err(error) = std::fs::write(path, json) {
+        // Replaced whole, never written through a link planted at the path (root's run may
+        // write where another user can).
+        if let Err(error) = gpuctl_core::files::replace(path, &json, 0o644, false) {
             say(&format!("cannot write {}: {error}", path.display()));
         }
     }
