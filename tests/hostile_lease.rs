@@ -283,3 +283,38 @@ fn no_reader_reads_the_kernels_lock_table() {
     let shown = leases_on(&sim, "0");
     assert_eq!(shown[0]["pid"], holder.pid(), "{shown:?}");
 }
+
+/// Finding 3, what is said (not yet prevented: only lease files root makes would prevent
+/// it): the owner of a lease file removed it while another user's run held that GPU, and
+/// could then lease the GPU too. The run says so when it ends.
+#[test]
+fn a_lease_file_removed_under_a_run_is_said_when_the_run_ends() {
+    let (sim, uuids, by_index) = shared(1);
+    let path = lease_file(&sim, &uuids[0]);
+    // Mallory's file, made before anyone leased the GPU.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, "").unwrap();
+    std::os::unix::fs::chown(&path, Some(MALLORY), Some(MALLORY)).unwrap();
+    let pidfile = sim.dir.path().join("command.pid");
+    let stop = sim.dir.path().join("stop");
+    let script = format!(
+        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done",
+        quote(&pidfile.to_string_lossy()),
+        quote(&stop.to_string_lossy())
+    );
+    let gpu = index_of(&by_index, &uuids[0]);
+    let holder = Background::start(&sim, &["run", "--gpu", &gpu, "--", "sh", "-c", &script]);
+    let _command = KillOnDrop::new(pid_in(&pidfile));
+    // She removes it and leases the GPU in a new file of hers.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, "").unwrap();
+    std::fs::write(&stop, "").unwrap();
+    let done = holder.wait();
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("was removed or replaced while this run held it"),
+        "{}",
+        done.stderr
+    );
+}

@@ -70,7 +70,7 @@ impl Background {
         unsafe { libc::kill(self.pid() as i32, signal) };
     }
 
-    fn wait(mut self) -> Run {
+    pub(crate) fn wait(mut self) -> Run {
         let output = std::mem::replace(
             &mut self.child,
             Command::new("true").spawn().expect("spawn true"),

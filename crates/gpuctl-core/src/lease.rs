@@ -335,6 +335,26 @@ impl LeaseDir {
         Ok((Some(held), missed))
     }
 
+    /// Why `lease` is no longer the file at its name, if it is not: its file was removed or
+    /// replaced while held (its owner may, in a shared directory), so another run may have
+    /// leased the same GPU meanwhile. `None` while the lease is what its name holds.
+    pub fn lost(&self, lease: &Lease) -> Option<String> {
+        let name = file_name(&lease.uuid).ok()?;
+        let held = lease.file.metadata().ok()?;
+        let at = fstatat(&self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+        if at.is_ok_and(|at| at.st_ino == held.ino() && at.st_dev == held.dev()) {
+            return None;
+        }
+        Some(format!(
+            "the lease file {} (uid {}'s) was removed or replaced while this run held it: \
+             another run may have had {} meanwhile; only root's or your own lease files \
+             cannot be removed by others",
+            self.path.join(&name).display(),
+            held.uid(),
+            lease.uuid
+        ))
+    }
+
     /// Who holds `uuid`'s lease, if anyone: asked of the lease file itself, never of the
     /// machine's lock table.
     pub fn holder(&self, uuid: &str) -> Option<Holder> {

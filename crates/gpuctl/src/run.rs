@@ -161,6 +161,12 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         })
     };
     reap_all();
+    // Said even with --quiet: the GPU may have been shared against the user's will.
+    for lease in &leases {
+        if let Some(why) = dir.lost(lease) {
+            say(&why);
+        }
+    }
     // Only now may another run have these GPUs.
     drop(leases);
     // Kept where a leftover survived: the next run of the name tries it again.
