@@ -26,7 +26,8 @@ fn needs_root() {
 }
 
 /// A scenario of `count` GPUs other users may read, with its lease directory made as root's
-/// first run makes it (mode 1777); the UUIDs in the order leases are tried, and by index.
+/// first run makes it (mode 1777; the run's lease file goes with its lease); the UUIDs in the
+/// order leases are tried, and by index.
 fn shared(count: usize) -> (Sim, Vec<String>, Vec<String>) {
     needs_root();
     let sim = Sim::new(&h200s(count));
@@ -103,7 +104,6 @@ fn leases_on(sim: &Sim, index: &str) -> Vec<serde_json::Value> {
 fn a_planted_directory_steps_only_its_gpu_aside_and_root_removes_it() {
     let (sim, uuids, by_index) = shared(2);
     let planted = lease_file(&sim, &uuids[0]);
-    std::fs::remove_file(&planted).unwrap();
     std::fs::create_dir(&planted).unwrap();
     std::os::unix::fs::chown(&planted, Some(MALLORY), Some(MALLORY)).unwrap();
 
@@ -118,7 +118,10 @@ fn a_planted_directory_steps_only_its_gpu_aside_and_root_removes_it() {
     // Root removes it and takes the lease.
     let removed = root(&sim, &["run", "--gpu", &gpu, "--", "true"]);
     assert_eq!(removed.code, 0, "{}", removed.stderr);
-    assert!(std::fs::symlink_metadata(&planted).unwrap().is_file());
+    assert!(
+        std::fs::symlink_metadata(&planted).is_err(),
+        "the directory is gone (and the lease file, given back)"
+    );
 }
 
 /// Finding 1: a sparse terabyte at a lease's name, locked, was read whole by every reader.
@@ -126,7 +129,7 @@ fn a_planted_directory_steps_only_its_gpu_aside_and_root_removes_it() {
 fn a_locked_sparse_terabyte_costs_readers_and_runs_nothing() {
     let (sim, uuids, by_index) = shared(2);
     let path = lease_file(&sim, &uuids[0]);
-    let planted = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let planted = std::fs::File::create(&path).unwrap();
     planted.set_len(1 << 40).unwrap();
     std::os::unix::fs::chown(&path, Some(MALLORY), Some(MALLORY)).unwrap();
     // Held as another user's process would hold it (another open file).
@@ -292,7 +295,6 @@ fn a_lease_file_removed_under_a_run_is_said_when_the_run_ends() {
     let (sim, uuids, by_index) = shared(1);
     let path = lease_file(&sim, &uuids[0]);
     // Mallory's file, made before anyone leased the GPU.
-    std::fs::remove_file(&path).unwrap();
     std::fs::write(&path, "").unwrap();
     std::os::unix::fs::chown(&path, Some(MALLORY), Some(MALLORY)).unwrap();
     let pidfile = sim.dir.path().join("command.pid");

@@ -540,13 +540,17 @@ fn the_lease_directory_resists_another_users_plantings() {
     // Another user's symbolic link at GPU 0's lease: never followed.
     let victim = sim.dir.path().join("victim");
     let link = dir.join(format!("{}.lease", uuids[0]));
-    std::fs::remove_file(&link).unwrap();
+    // A run removes its own lease file as it gives the lease back.
+    assert!(std::fs::symlink_metadata(&link).is_err());
     std::os::unix::fs::symlink(&victim, &link).unwrap();
     std::os::unix::fs::lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
     let done = run(&sim, &["run", "--gpu", "0", "--", "true"]);
     assert_eq!(done.code, 0, "{}", done.stderr);
     assert!(!victim.exists(), "the planted link was followed");
-    assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "the link is gone"
+    );
 
     // Another user's file, readable only by them, at GPU 1's lease: root still leases it;
     // a third user is told whose it is and refused.

@@ -26,6 +26,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
@@ -57,7 +58,8 @@ type Result<T> = std::result::Result<T, LeaseError>;
 #[derive(Debug)]
 pub struct LeaseDir {
     path: PathBuf,
-    dir: File,
+    /// Shared with each lease taken, which removes its file from it on release.
+    dir: Arc<File>,
 }
 
 /// A lease held: the GPU is this process's until it is dropped (or the process dies).
@@ -65,6 +67,7 @@ pub struct LeaseDir {
 pub struct Lease {
     pub uuid: String,
     file: File,
+    dir: Arc<File>,
     /// Whether this process wrote its note into the file (cleared again on release).
     noted: bool,
 }
@@ -256,7 +259,7 @@ impl LeaseDir {
         check_dir(path, meta.uid(), meta.mode())?;
         Ok(LeaseDir {
             path: path.to_path_buf(),
-            dir,
+            dir: Arc::new(dir),
         })
     }
 
@@ -267,36 +270,47 @@ impl LeaseDir {
     /// Takes `uuid`'s lease without waiting.
     pub fn try_take(&self, uuid: &str) -> Result<Taken> {
         let name = file_name(uuid)?;
-        let file = match self.open_file(&name) {
-            Ok(file) => file,
-            Err(why) => return Ok(Taken::Refused(why)),
-        };
-        match lock_exclusive(&file) {
-            Ok(true) => {}
-            Ok(false) => return Ok(Taken::Busy),
-            Err(error) => {
-                return Ok(Taken::Refused(format!(
-                    "{}: cannot be locked: {error}",
-                    self.path.join(&name).display()
-                )));
+        // Again where the file locked is no longer at its name: its holder removed it as it
+        // gave the lease back (or its owner replaced it), so the lease is free in a new file.
+        for _ in 0..8 {
+            let file = match self.open_file(&name) {
+                Ok(file) => file,
+                Err(why) => return Ok(Taken::Refused(why)),
+            };
+            match lock_exclusive(&file) {
+                Ok(true) => {}
+                Ok(false) => return Ok(Taken::Busy),
+                Err(error) => {
+                    return Ok(Taken::Refused(format!(
+                        "{}: cannot be locked: {error}",
+                        self.path.join(&name).display()
+                    )));
+                }
+            }
+            if self.names(&name, &file) {
+                return Ok(Taken::Held(self.held(uuid, file)));
             }
         }
-        // The name must still be this file: had its owner (or root) replaced it meanwhile,
-        // another run could lock the new one.
-        let same = fstatat(&self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        Ok(Taken::Busy)
+    }
+
+    /// Whether `name` is still the file `file` is.
+    fn names(&self, name: &str, file: &File) -> bool {
+        fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .ok()
             .zip(file.metadata().ok())
-            .is_some_and(|(at, held)| at.st_ino == held.ino() && at.st_dev == held.dev());
-        if !same {
-            return Ok(Taken::Busy);
-        }
+            .is_some_and(|(at, held)| at.st_ino == held.ino() && at.st_dev == held.dev())
+    }
+
+    fn held(&self, uuid: &str, file: File) -> Lease {
         let mut lease = Lease {
             uuid: uuid.to_string(),
             file,
+            dir: self.dir.clone(),
             noted: false,
         };
         lease.write_note();
-        Ok(Taken::Held(lease))
+        lease
     }
 
     /// Takes the leases of `count` of `uuids` (all of them for `None`), all or nothing:
@@ -341,7 +355,7 @@ impl LeaseDir {
     pub fn lost(&self, lease: &Lease) -> Option<String> {
         let name = file_name(&lease.uuid).ok()?;
         let held = lease.file.metadata().ok()?;
-        let at = fstatat(&self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+        let at = fstatat(&*self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
         if at.is_ok_and(|at| at.st_ino == held.ino() && at.st_dev == held.dev()) {
             return None;
         }
@@ -383,7 +397,7 @@ impl LeaseDir {
         name: &str,
         access: OFlag,
     ) -> std::result::Result<File, Option<Planted>> {
-        let before = match fstatat(&self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        let before = match fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
             Err(Errno::ENOENT) => return Err(None),
             Err(errno) => return Err(Some(Planted::Unusable(errno))),
@@ -393,7 +407,7 @@ impl LeaseDir {
         }
         // O_NONBLOCK: were a FIFO swapped in meanwhile, the open must not hang. No O_TRUNC.
         let flags = access | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let file = match openat(&self.dir, name, flags, Mode::empty()) {
+        let file = match openat(&*self.dir, name, flags, Mode::empty()) {
             Ok(fd) => File::from(fd),
             Err(Errno::ENOENT) => return Err(None),
             Err(Errno::ELOOP) => return Err(Some(Planted::Entry("a symbolic link"))),
@@ -462,7 +476,7 @@ impl LeaseDir {
             | OFlag::O_NOFOLLOW
             | OFlag::O_NONBLOCK
             | OFlag::O_CLOEXEC;
-        match openat(&self.dir, name, flags, Mode::from_bits_truncate(0o644)) {
+        match openat(&*self.dir, name, flags, Mode::from_bits_truncate(0o644)) {
             Ok(fd) => {
                 let file = File::from(fd);
                 // Readable by every user whatever the umask: anyone may lock it.
@@ -490,14 +504,14 @@ impl LeaseDir {
         let path = self.path.join(name);
         let owner = owner_of(&self.dir, name);
         if nix::unistd::geteuid().is_root() {
-            let is_dir = fstatat(&self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            let is_dir = fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
                 .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFDIR);
             let how = if is_dir {
                 UnlinkatFlags::RemoveDir
             } else {
                 UnlinkatFlags::NoRemoveDir
             };
-            return match unlinkat(&self.dir, name, how) {
+            return match unlinkat(&*self.dir, name, how) {
                 Ok(()) => self
                     .open_file(name)
                     .map_err(|_| format!("{}: {what} ({owner}) was removed", path.display())),
@@ -682,9 +696,23 @@ impl Lease {
 
 impl Drop for Lease {
     /// The note goes before the lock: a reader never names a holder that gave the lease back.
+    /// The file goes too where it is this user's and still at its name, so that the next run
+    /// makes its own (one it can write its note in) rather than another user's being kept for
+    /// good; a run that opened it meanwhile finds it gone and tries again.
     fn drop(&mut self) {
         if self.noted {
             let _ = self.file.set_len(0);
+        }
+        let Ok(name) = file_name(&self.uuid) else {
+            return;
+        };
+        let Ok(held) = self.file.metadata() else {
+            return;
+        };
+        let mine = held.uid() == nix::unistd::geteuid().as_raw();
+        let at = fstatat(&*self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+        if mine && at.is_ok_and(|at| at.st_ino == held.ino() && at.st_dev == held.dev()) {
+            let _ = unlinkat(&*self.dir, name.as_str(), UnlinkatFlags::NoRemoveDir);
         }
     }
 }

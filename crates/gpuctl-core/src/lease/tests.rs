@@ -44,10 +44,9 @@ fn the_holder_is_named_from_its_note_and_the_note_goes_with_the_lease() {
     drop(lease);
     assert!(leases.holder("GPU-bbbb").is_none(), "released");
     let file = leases.path().join("GPU-bbbb.lease");
-    assert_eq!(
-        std::fs::metadata(file).unwrap().len(),
-        0,
-        "the note is cleared"
+    assert!(
+        std::fs::symlink_metadata(file).is_err(),
+        "the file goes too"
     );
 }
 
@@ -218,4 +217,23 @@ fn a_planted_directory_socket_or_unreadable_file_refuses_that_gpu_only() {
     let (taken, missed) = leases.take(&uuids, Some(1)).unwrap();
     assert_eq!(taken.unwrap()[0].uuid, "GPU-free");
     assert!(matches!(missed[0], (ref uuid, Taken::Refused(_)) if uuid == "GPU-dir"));
+}
+
+#[test]
+fn a_run_that_opened_a_file_given_back_meanwhile_takes_the_new_one() {
+    let (_tmp, leases) = dir();
+    let first = held(leases.try_take("GPU-race").unwrap());
+    // Opened by a second run just before the first gives the lease back (and its file).
+    let stale = leases.open_file("GPU-race.lease").unwrap();
+    drop(first);
+    // SAFETY: flock on a descriptor this test owns.
+    let locked = unsafe { libc::flock(stale.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0, "the old file is free");
+    assert!(
+        !leases.names("GPU-race.lease", &stale),
+        "but no longer the lease"
+    );
+    let second = held(leases.try_take("GPU-race").unwrap());
+    assert!(leases.names("GPU-race.lease", &second.file));
+    assert!(leases.lost(&second).is_none());
 }
