@@ -637,25 +637,62 @@ fn describe_holder(note: Option<Note>, file_owner: u32) -> Holder {
         return Holder::default();
     };
     // The note's pids are this namespace's own: read as local processes.
-    let facts =
-        crate::host::ProcView::at(PathBuf::from("/proc"), true, crate::host::UserNames::Nss)
-            .ok()
-            .and_then(|view| view.processes(&[note.pid]).remove(&note.pid));
-    let Some(facts) = facts else {
+    let Some(facts) = holder_facts(note.pid) else {
         return Holder::default();
     };
-    let same_process = facts.start_ticks == Some(note.start_ticks);
-    let owner_wrote_it = file_owner == 0 || facts.uid == Some(file_owner);
+    let same_process = facts.start_ticks == note.start_ticks;
+    let owner_wrote_it = file_owner == 0 || facts.uid == file_owner;
     if !same_process || !owner_wrote_it {
         return Holder::default();
     }
     Holder {
         pid: Some(note.pid),
-        uid: facts.uid,
-        user: facts.user.clone(),
-        command: facts.command.filter(|c| !c.is_empty()),
+        uid: Some(facts.uid),
+        user: nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(facts.uid))
+            .ok()
+            .flatten()
+            .map(|user| user.name),
+        command: facts.command,
         since: Some(note.since),
     }
+}
+
+/// What naming a note's process needs, and no more (a reader pays for it on every read):
+/// its start time, its effective uid (the owner procfs gives its stat file) and its command
+/// line, all read through one descriptor on /proc/PID, so that they are one process's.
+struct HolderFacts {
+    start_ticks: u64,
+    uid: u32,
+    command: Option<String>,
+}
+
+fn holder_facts(pid: u32) -> Option<HolderFacts> {
+    use std::os::unix::fs::FileExt;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let process = nix::fcntl::open(format!("/proc/{pid}").as_str(), flags, Mode::empty()).ok()?;
+    let read = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let stat = File::from(openat(&process, "stat", read, Mode::empty()).ok()?);
+    let start_ticks = crate::sys::procfile::read_stat_line(&stat).ok()?.starttime;
+    let uid = crate::sys::procfile::owner_uid(&stat)?;
+    let mut bytes = [0u8; 4096];
+    let command = openat(&process, "cmdline", read, Mode::empty())
+        .ok()
+        .map(File::from)
+        .and_then(|file| file.read_at(&mut bytes, 0).ok())
+        .map(|len| {
+            bytes[..len]
+                .split(|&byte| byte == 0)
+                .filter(|arg| !arg.is_empty())
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|command| !command.is_empty());
+    Some(HolderFacts {
+        start_ticks,
+        uid,
+        command,
+    })
 }
 
 fn unix_now() -> u64 {
