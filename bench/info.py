@@ -16,6 +16,11 @@ reads, peak marks and rendering, medians over the same runs; the rest of the wal
 exec, dynamic linking and exit. `--baseline PATH` also times another gpuctl binary (an older
 build, say), alternating with this one, and prints the ratio.
 
+Leases: every `gpuctl info` runs as on an installed machine, with a lease directory holding two
+held leases (GPUs 0 and 1, each locked with a holder's note, as two `gpuctl run`s hold them), and
+the same build is timed alternately with no lease directory at all: the ratio is what reading
+the leases costs (issue 46: at most 1.05).
+
 Usage: bench/info.py [--runs 50] [--counts 64,128,256,512] [--root-owned] [--baseline PATH] [--mig]
 With --mig every GPU is split into 7 MIG instances and the processes are spread over them.
 
@@ -74,18 +79,19 @@ def time_command(argv, env, runs):
 
 
 def time_gpuctl(binaries, env, runs):
-    """Wall times of each binary's `info --json`, run alternately, and the phase times the
-    first one reports (GPUCTL_TIMINGS)."""
+    """Wall times of each (label, binary, extra environment)'s `info --json`, run alternately,
+    and the phase times the first one reports (GPUCTL_TIMINGS)."""
     env = dict(env, GPUCTL_TIMINGS="1")
-    walls = {b: [] for b in binaries}
+    walls = {label: [] for label, _, _ in binaries}
     phases = {}
     for _ in range(runs):
-        for binary in binaries:
+        for label, binary, extra in binaries:
             start = time.perf_counter()
-            done = subprocess.run([binary, "info", "--json"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, check=True)
-            walls[binary].append(time.perf_counter() - start)
-            if binary != binaries[0]:
+            done = subprocess.run([binary, "info", "--json"], env=dict(env, **extra),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  check=True)
+            walls[label].append(time.perf_counter() - start)
+            if label != binaries[0][0]:
                 continue
             for line in done.stderr.splitlines():
                 if "timings:" not in line:
@@ -147,6 +153,26 @@ def demo_row(gpuctl, baseline, runs):
                   + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")")
 
 
+def hold_leases(directory, uuids):
+    """Two leases held as `gpuctl run` holds them: the lease file of each UUID locked by this
+    process, with its note (pid, start time, since). Returns the open files (closing one
+    releases its lease)."""
+    import fcntl
+    os.makedirs(directory, exist_ok=True)
+    os.chmod(directory, 0o1777)
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    note = json.dumps({"pid": os.getpid(), "start_ticks": start_ticks, "since": int(time.time())})
+    held = []
+    for uuid in uuids:
+        f = open(os.path.join(directory, f"{uuid}.lease"), "w")
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f.write(note)
+        f.flush()
+        held.append(f)
+    return held
+
+
 def proc_floor_ms(pids, runs):
     """The kernel's share: reading stat, cmdline and cgroup of every pid once, one thread,
     with bare os.open/os.read (gpuctl reads the same files, spread over the cores)."""
@@ -186,14 +212,17 @@ def main():
     os.mkdir(libdir)
     os.symlink(sim, os.path.join(libdir, "libnvidia-ml.so.1"))
     scenario = os.path.join(scratch, "scenario.toml")
+    leases = os.path.join(scratch, "leases")
     env = dict(os.environ, GPUCTL_NVML_LIB=sim, NVML_SIM_SCENARIO=scenario,
-               NVML_SIM_STATE=os.path.join(scratch, "state.json"), LD_LIBRARY_PATH=libdir)
+               NVML_SIM_STATE=os.path.join(scratch, "state.json"), LD_LIBRARY_PATH=libdir,
+               GPUCTL_LEASE_DIR=leases)
+    no_leases = {"GPUCTL_LEASE_DIR": os.path.join(scratch, "no-lease-directory")}
 
     if args.root_owned or os.geteuid() != 0:
         owner = f"uid {os.geteuid()}"
     else:
         owner = "uid 65534 (nobody)"
-    print(f"gpuctl info --json, {GPUS} simulated GPUs, processes owned by {owner}, median of {args.runs} runs, {os.cpu_count()} CPUs")
+    print(f"gpuctl info --json, {GPUS} simulated GPUs, processes owned by {owner}, two leases held, median of {args.runs} runs, {os.cpu_count()} CPUs")
     print(f"{'processes':>9}  {'gpuctl':>9}  {'µs/proc':>8}  {'/proc floor':>11}  {'py fresh':>9}  {'py warm':>8}  gpuctl/py-fresh")
     results = {}
     for count in counts:
@@ -216,9 +245,20 @@ def main():
             # On MIG GPUs each process is also listed under its instance.
             listed = count * (2 if args.mig else 1)
             assert check.stdout.count('"pid"') == listed, "not every process was reported"
-            binaries = [gpuctl] + ([args.baseline] if args.baseline else [])
+            uuids = [d["uuid"] for d in json.loads(check.stdout)["devices"]][:2]
+            held = hold_leases(leases, uuids)
+            shown = json.loads(subprocess.run([gpuctl, "info", "--json"], env=env, capture_output=True,
+                                              text=True, check=True).stdout)
+            assert all(d.get("leases") for d in shown["devices"][:2]), "the held leases are not shown"
+            binaries = [("ours", gpuctl, {}), ("ours, no lease directory", gpuctl, no_leases)]
+            if args.baseline:
+                binaries += [("baseline", args.baseline, {}),
+                             ("baseline, no lease directory", args.baseline, no_leases)]
             walls, phases = time_gpuctl(binaries, env, args.runs)
-            ours = median_ms(walls[gpuctl])
+            for f in held:
+                f.close()
+            ours = median_ms(walls["ours"])
+            bare = median_ms(walls["ours, no lease directory"])
             fresh = median_ms(time_command([python, "-c", PY_QUERY + "query()"], env, max(10, args.runs // 5)))
             warm_script = PY_QUERY + (
                 "import time,statistics\nquery()\ns=[]\n"
@@ -233,9 +273,13 @@ def main():
                 named = sum(phases.values())
                 print("           phases (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
                       + f"; exec, linking and exit {max(0.0, ours - named):.2f}")
+            print(f"           two leases held: {ours:.2f}ms; no lease directory: {bare:.2f}ms; "
+                  f"leases / none {ours / bare:.3f}")
             if args.baseline:
-                base = median_ms(walls[args.baseline])
-                print(f"           baseline {args.baseline}: {base:.2f}ms, {base / fresh:.2f} of py fresh; "
+                base = median_ms(walls["baseline"])
+                base_bare = median_ms(walls["baseline, no lease directory"])
+                print(f"           baseline {args.baseline}: {base:.2f}ms (no lease directory "
+                      f"{base_bare:.2f}ms, leases / none {base / base_bare:.3f}), {base / fresh:.2f} of py fresh; "
                       f"this build / baseline {ours / base:.2f}")
         finally:
             for p in holders:

@@ -10,6 +10,7 @@ mod health;
 mod holders;
 mod hostile;
 mod hostile_deadline;
+mod hostile_lease;
 mod hostile_misc;
 mod hostile_owner;
 mod hostile_protect;

@@ -17,17 +17,17 @@ use crate::util::{
 /// Columns and rows of the terminal the tests that need one run gpuctl in.
 const TERMINAL_SIZE: (u16, u16) = (200, 40);
 
-fn h200s(count: usize) -> Scenario {
+pub(crate) fn h200s(count: usize) -> Scenario {
     Scenario::new().gpus(count, Gpu::h200())
 }
 
 /// The lease directory of a test: its own, in the scratch directory.
-fn lease_dir(sim: &Sim) -> PathBuf {
+pub(crate) fn lease_dir(sim: &Sim) -> PathBuf {
     sim.dir.path().join("leases")
 }
 
 /// `gpuctl ARGS` with this test's own lease directory and run-file directory.
-fn gpuctl(sim: &Sim, args: &[&str]) -> Command {
+pub(crate) fn gpuctl(sim: &Sim, args: &[&str]) -> Command {
     let mut command = sim.gpuctl(args);
     command
         .env("GPUCTL_LEASE_DIR", lease_dir(sim))
@@ -42,17 +42,17 @@ fn runtime_dir(sim: &Sim) -> PathBuf {
     dir
 }
 
-fn run(sim: &Sim, args: &[&str]) -> Run {
+pub(crate) fn run(sim: &Sim, args: &[&str]) -> Run {
     Run::from(gpuctl(sim, args).output().expect("run gpuctl"))
 }
 
 /// A `gpuctl run` left running in the background: killed and reaped on drop.
-struct Background {
+pub(crate) struct Background {
     child: Child,
 }
 
 impl Background {
-    fn start(sim: &Sim, args: &[&str]) -> Background {
+    pub(crate) fn start(sim: &Sim, args: &[&str]) -> Background {
         let child = default_stop_signals(&mut gpuctl(sim, args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -61,7 +61,7 @@ impl Background {
         Background { child }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -70,7 +70,7 @@ impl Background {
         unsafe { libc::kill(self.pid() as i32, signal) };
     }
 
-    fn wait(mut self) -> Run {
+    pub(crate) fn wait(mut self) -> Run {
         let output = std::mem::replace(
             &mut self.child,
             Command::new("true").spawn().expect("spawn true"),
@@ -89,7 +89,7 @@ impl Drop for Background {
 }
 
 /// Each GPU's UUID, by index, as `gpuctl info --json` shows them.
-fn uuids(sim: &Sim) -> Vec<String> {
+pub(crate) fn uuids(sim: &Sim) -> Vec<String> {
     sim.json(&["info"])["devices"]
         .as_array()
         .unwrap()
@@ -99,7 +99,7 @@ fn uuids(sim: &Sim) -> Vec<String> {
 }
 
 /// Waits for a file a command writes, and reads the pid in it.
-fn pid_in(path: &Path) -> u32 {
+pub(crate) fn pid_in(path: &Path) -> u32 {
     wait_until(Duration::from_secs(10), || {
         std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n'))
     });
@@ -117,13 +117,13 @@ fn sigkill(pid: u32) {
 
 /// A process the test started through a command (known by the pid it wrote), killed on
 /// drop whatever the test's outcome: only while its pid still names it (its start time).
-struct KillOnDrop {
+pub(crate) struct KillOnDrop {
     pid: u32,
     start_ticks: Option<u64>,
 }
 
 impl KillOnDrop {
-    fn new(pid: u32) -> KillOnDrop {
+    pub(crate) fn new(pid: u32) -> KillOnDrop {
         KillOnDrop {
             pid,
             start_ticks: crate::util::start_ticks(pid),
@@ -540,13 +540,17 @@ fn the_lease_directory_resists_another_users_plantings() {
     // Another user's symbolic link at GPU 0's lease: never followed.
     let victim = sim.dir.path().join("victim");
     let link = dir.join(format!("{}.lease", uuids[0]));
-    std::fs::remove_file(&link).unwrap();
+    // A run removes its own lease file as it gives the lease back.
+    assert!(std::fs::symlink_metadata(&link).is_err());
     std::os::unix::fs::symlink(&victim, &link).unwrap();
     std::os::unix::fs::lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
     let done = run(&sim, &["run", "--gpu", "0", "--", "true"]);
     assert_eq!(done.code, 0, "{}", done.stderr);
     assert!(!victim.exists(), "the planted link was followed");
-    assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "the link is gone"
+    );
 
     // Another user's file, readable only by them, at GPU 1's lease: root still leases it;
     // a third user is told whose it is and refused.

@@ -9,14 +9,24 @@
 //! following links and must be root's or the caller's, sticky where others may write in it
 //! (so no user can remove another's lease file); a lease file is opened without following
 //! links, without truncating, and must be a regular file with one name. A symbolic link or
-//! anything else another user planted at a lease's name is never followed: root removes it
-//! (nobody can hold a lease on it), anyone else is told whose it is.
+//! anything else another user planted at a lease's name (a directory, FIFO, socket, device,
+//! a file with another name) is never opened: root removes it (nobody can hold a lease on
+//! it), anyone else is told whose it is, and the pick goes on with the other GPUs.
+//!
+//! Who holds a lease is read without the kernel's lock table (/proc/locks costs every
+//! reader milliseconds and stalls every file lock on the machine while it is read): a reader
+//! asks the lease file itself whether it is locked (a shared lock tried without waiting and
+//! given back at once), and names the holder from the note the holder wrote into it, a few
+//! bytes read bounded, believed only where the process it names is alive with the start time
+//! it names and is the file's owner (or the file is root's, so root wrote it). A pid read back
+//! later, or a note another user wrote, never names anyone.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
@@ -48,7 +58,8 @@ type Result<T> = std::result::Result<T, LeaseError>;
 #[derive(Debug)]
 pub struct LeaseDir {
     path: PathBuf,
-    dir: File,
+    /// Shared with each lease taken, which removes its file from it on release.
+    dir: Arc<File>,
 }
 
 /// A lease held: the GPU is this process's until it is dropped (or the process dies).
@@ -56,27 +67,41 @@ pub struct LeaseDir {
 pub struct Lease {
     pub uuid: String,
     file: File,
+    dir: Arc<File>,
+    /// Whether this process wrote its note into the file (cleared again on release).
+    noted: bool,
 }
 
+/// The most of a lease file a reader reads: a note is some 60 bytes; anything larger was not
+/// written by gpuctl, and a sparse terabyte must cost nothing.
+const NOTE_MAX: u64 = 4096;
+
+/// How often a lease found locked is tried again before it counts as busy: a reader's probe
+/// holds a shared lock for microseconds, which must not turn a run away.
+const BUSY_TRIES: u32 = 4;
+
 /// What a lease file says of its holder, written by the holder when it may write there;
-/// believed only where the kernel's lock table names the same pid.
+/// believed only where the process it names lives with that start time and owns the file
+/// (or the file is root's).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Note {
     pub pid: u32,
+    /// The holder's start time (clock ticks after boot): with the pid, its identity.
+    pub start_ticks: u64,
     /// When the lease was taken, in Unix seconds.
     pub since: u64,
 }
 
-/// Who holds a lease, as the kernel's lock table names it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// Who holds a lease, from a note the reader can believe; every field `None` where the lease
+/// is held but no such note names its holder.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
 pub struct Holder {
-    pub pid: u32,
+    pub pid: Option<u32>,
     pub uid: Option<u32>,
     pub user: Option<String>,
     /// Its command line, arguments joined by spaces (`gpuctl run -- python train.py`).
     pub command: Option<String>,
-    /// When the lease was taken (Unix seconds): the holder's note, else when the holder
-    /// started.
+    /// When the lease was taken (Unix seconds), as the holder's note says.
     pub since: Option<u64>,
 }
 
@@ -109,6 +134,9 @@ impl Leased {
 impl Holder {
     /// "bob (pid 42: gpuctl run -- python train.py)", the command escaped.
     pub fn describe(&self) -> String {
+        let Some(pid) = self.pid else {
+            return "a process that left no note gpuctl can believe".into();
+        };
         let who = self
             .user
             .clone()
@@ -118,10 +146,10 @@ impl Holder {
             Some(command) => format!(
                 "{} (pid {}: {})",
                 crate::text::escape(&who),
-                self.pid,
+                pid,
                 crate::text::escape(command)
             ),
-            None => format!("{} (pid {})", crate::text::escape(&who), self.pid),
+            None => format!("{} (pid {pid})", crate::text::escape(&who)),
         }
     }
 }
@@ -231,7 +259,7 @@ impl LeaseDir {
         check_dir(path, meta.uid(), meta.mode())?;
         Ok(LeaseDir {
             path: path.to_path_buf(),
-            dir,
+            dir: Arc::new(dir),
         })
     }
 
@@ -242,36 +270,47 @@ impl LeaseDir {
     /// Takes `uuid`'s lease without waiting.
     pub fn try_take(&self, uuid: &str) -> Result<Taken> {
         let name = file_name(uuid)?;
-        let file = match self.open_file(&name)? {
-            Ok(file) => file,
-            Err(why) => return Ok(Taken::Refused(why)),
-        };
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Ok(Taken::Busy);
+        // Again where the file locked is no longer at its name: its holder removed it as it
+        // gave the lease back (or its owner replaced it), so the lease is free in a new file.
+        for _ in 0..8 {
+            let file = match self.open_file(&name) {
+                Ok(file) => file,
+                Err(why) => return Ok(Taken::Refused(why)),
+            };
+            match lock_exclusive(&file) {
+                Ok(true) => {}
+                Ok(false) => return Ok(Taken::Busy),
+                Err(error) => {
+                    return Ok(Taken::Refused(format!(
+                        "{}: cannot be locked: {error}",
+                        self.path.join(&name).display()
+                    )));
+                }
             }
-            return Err(LeaseError::Io {
-                path: self.path.join(&name),
-                error,
-            });
+            if self.names(&name, &file) {
+                return Ok(Taken::Held(self.held(uuid, file)));
+            }
         }
-        // The name must still be this file: had its owner (or root) replaced it meanwhile,
-        // another run could lock the new one.
-        let same = fstatat(&self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        Ok(Taken::Busy)
+    }
+
+    /// Whether `name` is still the file `file` is.
+    fn names(&self, name: &str, file: &File) -> bool {
+        fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .ok()
             .zip(file.metadata().ok())
-            .is_some_and(|(at, held)| at.st_ino == held.ino() && at.st_dev == held.dev());
-        if !same {
-            return Ok(Taken::Busy);
-        }
+            .is_some_and(|(at, held)| at.st_ino == held.ino() && at.st_dev == held.dev())
+    }
+
+    fn held(&self, uuid: &str, file: File) -> Lease {
         let mut lease = Lease {
             uuid: uuid.to_string(),
             file,
+            dir: self.dir.clone(),
+            noted: false,
         };
         lease.write_note();
-        Ok(Taken::Held(lease))
+        lease
     }
 
     /// Takes the leases of `count` of `uuids` (all of them for `None`), all or nothing:
@@ -310,105 +349,152 @@ impl LeaseDir {
         Ok((Some(held), missed))
     }
 
-    /// Who holds `uuid`'s lease, if anyone (the kernel's lock table, /proc/locks).
-    pub fn holder(&self, uuid: &str) -> Option<Holder> {
-        let locks = std::fs::read_to_string("/proc/locks").ok()?;
-        self.holder_in(uuid, &locks)
+    /// Why `lease` is no longer the file at its name, if it is not: its file was removed or
+    /// replaced while held (its owner may, in a shared directory), so another run may have
+    /// leased the same GPU meanwhile. `None` while the lease is what its name holds.
+    pub fn lost(&self, lease: &Lease) -> Option<String> {
+        let name = file_name(&lease.uuid).ok()?;
+        let held = lease.file.metadata().ok()?;
+        let at = fstatat(&*self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+        if at.is_ok_and(|at| at.st_ino == held.ino() && at.st_dev == held.dev()) {
+            return None;
+        }
+        Some(format!(
+            "the lease file {} (uid {}'s) was removed or replaced while this run held it: \
+             another run may have had {} meanwhile; only root's or your own lease files \
+             cannot be removed by others",
+            self.path.join(&name).display(),
+            held.uid(),
+            lease.uuid
+        ))
     }
 
-    /// Who holds each of `uuids`' leases, reading the lock table once.
+    /// Who holds `uuid`'s lease, if anyone: asked of the lease file itself, never of the
+    /// machine's lock table.
+    pub fn holder(&self, uuid: &str) -> Option<Holder> {
+        let name = file_name(uuid).ok()?;
+        let file = self.open_existing(&name, OFlag::O_RDONLY).ok()?;
+        if !locked_by_another(&file) {
+            return None;
+        }
+        let owner = file.metadata().ok()?.uid();
+        Some(describe_holder(read_note(&file), owner))
+    }
+
+    /// Who holds each of `uuids`' leases.
     pub fn holders(&self, uuids: &[String]) -> Vec<(String, Holder)> {
-        let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-            return Vec::new();
-        };
         uuids
             .iter()
-            .filter_map(|uuid| Some((uuid.clone(), self.holder_in(uuid, &locks)?)))
+            .filter_map(|uuid| Some((uuid.clone(), self.holder(uuid)?)))
             .collect()
     }
 
-    fn holder_in(&self, uuid: &str, locks: &str) -> Option<Holder> {
-        let name = file_name(uuid).ok()?;
-        let stat = fstatat(&self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
-        let device = (libc::major(stat.st_dev), libc::minor(stat.st_dev));
-        let pid = flock_holder(locks, device, stat.st_ino)?;
-        let note = self.read_note(&name);
-        Some(describe_holder(pid, note))
-    }
-
-    fn read_note(&self, name: &str) -> Option<Note> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let file = File::from(openat(&self.dir, name, flags, Mode::empty()).ok()?);
-        if !file.metadata().ok()?.is_file() {
-            return None;
+    /// Opens the regular file at `name`, looked at before it is opened (a FIFO, socket or
+    /// device is never opened) and after (it must be the file looked at, with one name).
+    /// `Err(None)`: nothing is there; `Err(Some(why))`: something that is no lease file.
+    fn open_existing(
+        &self,
+        name: &str,
+        access: OFlag,
+    ) -> std::result::Result<File, Option<Planted>> {
+        let before = match fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            Err(Errno::ENOENT) => return Err(None),
+            Err(errno) => return Err(Some(Planted::Unusable(errno))),
+        };
+        if let Some(what) = not_a_lease_file(before.st_mode, before.st_nlink as u64) {
+            return Err(Some(Planted::Entry(what)));
         }
-        let bytes = crate::sys::procfile::pread_all(&file).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        // O_NONBLOCK: were a FIFO swapped in meanwhile, the open must not hang. No O_TRUNC.
+        let flags = access | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let file = match openat(&*self.dir, name, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ENOENT) => return Err(None),
+            Err(Errno::ELOOP) => return Err(Some(Planted::Entry("a symbolic link"))),
+            Err(errno) => return Err(Some(Planted::Unusable(errno))),
+        };
+        let meta = file.metadata().map_err(|e| {
+            Some(Planted::Unusable(Errno::from_raw(
+                e.raw_os_error().unwrap_or(0),
+            )))
+        })?;
+        if let Some(what) = not_a_lease_file(meta.mode(), meta.nlink()) {
+            return Err(Some(Planted::Entry(what)));
+        }
+        if meta.ino() != before.st_ino {
+            return Err(Some(Planted::Entry("a file replaced while being opened")));
+        }
+        Ok(file)
     }
 
     /// Opens (or makes) the lease file `name`; `Err(why)` where this user cannot use it.
-    fn open_file(&self, name: &str) -> Result<std::result::Result<File, String>> {
-        let path = self.path.join(name);
-        let io = |errno: Errno| LeaseError::Io {
-            path: path.clone(),
-            error: errno.into(),
-        };
-        // O_NONBLOCK: a FIFO planted at the name must not hang the open. No O_TRUNC ever.
-        let base = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    /// Nothing found at the name is an error for the whole pick: it is this GPU's alone.
+    fn open_file(&self, name: &str) -> std::result::Result<File, String> {
         for _ in 0..8 {
             // An existing file first, without O_CREAT: protected_regular refuses O_CREAT on
             // another user's file in a sticky directory, even to root.
             // Read-only where it is another user's, or the directory is mounted read-only
             // (a container given the host's /run/gpuctl): a lock needs no write access.
-            let opened = match openat(&self.dir, name, base | OFlag::O_RDWR, Mode::empty()) {
-                Err(Errno::EACCES | Errno::EPERM | Errno::EROFS) => {
-                    openat(&self.dir, name, base | OFlag::O_RDONLY, Mode::empty())
+            let opened = match self.open_existing(name, OFlag::O_RDWR) {
+                Err(Some(Planted::Unusable(Errno::EACCES | Errno::EPERM | Errno::EROFS))) => {
+                    self.open_existing(name, OFlag::O_RDONLY)
                 }
                 other => other,
             };
-            let file = match opened {
-                Ok(fd) => File::from(fd),
-                Err(Errno::ENOENT) => {
-                    let create = base | OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL;
-                    match openat(&self.dir, name, create, Mode::from_bits_truncate(0o644)) {
-                        Ok(fd) => {
-                            let file = File::from(fd);
-                            // Readable by every user whatever the umask: anyone may lock it.
-                            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o644));
-                            return Ok(Ok(file));
-                        }
-                        // Made by another run meanwhile: open that one.
-                        Err(Errno::EEXIST) => continue,
-                        Err(errno) => return Err(io(errno)),
-                    }
-                }
-                Err(Errno::ELOOP) => return Ok(self.planted(name, "a symbolic link")),
-                Err(Errno::EACCES | Errno::EPERM) => {
-                    return Ok(Err(format!(
+            match opened {
+                Ok(file) => return Ok(file),
+                Err(None) => match self.create(name) {
+                    Ok(Some(file)) => return Ok(file),
+                    // Made by another run meanwhile: open that one.
+                    Ok(None) => continue,
+                    Err(errno) => return Err(self.refused(name, &errno.desc().to_lowercase())),
+                },
+                Err(Some(Planted::Unusable(Errno::EACCES | Errno::EPERM))) => {
+                    return Err(format!(
                         "{}: {}, unreadable to this user: ask its owner or root to remove it",
-                        path.display(),
+                        self.path.join(name).display(),
                         owner_of(&self.dir, name)
-                    )));
+                    ));
                 }
-                Err(Errno::ENXIO) => return Ok(self.planted(name, "not a regular file")),
-                Err(errno) => return Err(io(errno)),
-            };
-            let meta = file.metadata().map_err(|error| LeaseError::Io {
-                path: path.clone(),
-                error,
-            })?;
-            if !meta.is_file() {
-                return Ok(self.planted(name, "not a regular file"));
+                Err(Some(Planted::Unusable(errno))) => {
+                    return Err(self.refused(name, &errno.desc().to_lowercase()));
+                }
+                Err(Some(Planted::Entry(what))) => return self.planted(name, what),
             }
-            if meta.nlink() != 1 {
-                return Ok(self.planted(name, "a file with another name too (a hard link)"));
-            }
-            return Ok(Ok(file));
         }
-        Ok(Err(format!(
+        Err(format!(
             "{}: replaced again and again while being opened",
-            path.display()
-        )))
+            self.path.join(name).display()
+        ))
+    }
+
+    /// Makes the lease file `name`; `Ok(None)` where another run made it first.
+    fn create(&self, name: &str) -> std::result::Result<Option<File>, Errno> {
+        let flags = OFlag::O_RDWR
+            | OFlag::O_CREAT
+            | OFlag::O_EXCL
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC;
+        match openat(&*self.dir, name, flags, Mode::from_bits_truncate(0o644)) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                // Readable by every user whatever the umask: anyone may lock it.
+                let _ = file.set_permissions(std::fs::Permissions::from_mode(0o644));
+                Ok(Some(file))
+            }
+            Err(Errno::EEXIST) => Ok(None),
+            Err(errno) => Err(errno),
+        }
+    }
+
+    /// "PATH: cannot be used (WHY; uid N's)": the GPU is stepped around.
+    fn refused(&self, name: &str, why: &str) -> String {
+        format!(
+            "{}: cannot be used ({why}; {})",
+            self.path.join(name).display(),
+            owner_of(&self.dir, name)
+        )
     }
 
     /// Something that is no lease file at a lease's name: never followed. Root removes it
@@ -417,20 +503,98 @@ impl LeaseDir {
     fn planted(&self, name: &str, what: &str) -> std::result::Result<File, String> {
         let path = self.path.join(name);
         let owner = owner_of(&self.dir, name);
-        if nix::unistd::geteuid().is_root()
-            && unlinkat(&self.dir, name, UnlinkatFlags::NoRemoveDir).is_ok()
-        {
-            return self
-                .open_file(name)
-                .ok()
-                .and_then(std::result::Result::ok)
-                .ok_or_else(|| format!("{}: {what} ({owner}) was removed", path.display()));
+        if nix::unistd::geteuid().is_root() {
+            let is_dir = fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFDIR);
+            let how = if is_dir {
+                UnlinkatFlags::RemoveDir
+            } else {
+                UnlinkatFlags::NoRemoveDir
+            };
+            return match unlinkat(&*self.dir, name, how) {
+                Ok(()) => self
+                    .open_file(name)
+                    .map_err(|_| format!("{}: {what} ({owner}) was removed", path.display())),
+                Err(errno) => Err(format!(
+                    "{}: {what} ({owner}), not followed, and it cannot be removed: {}",
+                    path.display(),
+                    errno.desc().to_lowercase()
+                )),
+            };
         }
         Err(format!(
             "{}: {what} ({owner}), not followed: ask its owner or root to remove it",
             path.display()
         ))
     }
+}
+
+/// Why an entry at a lease's name cannot be opened.
+enum Planted {
+    /// No lease file: a directory, FIFO, socket, device, link, or a file with two names.
+    Entry(&'static str),
+    /// The open or the look at it failed so.
+    Unusable(Errno),
+}
+
+/// What the entry of this mode and link count is, where it is no lease file.
+fn not_a_lease_file(mode: u32, links: u64) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG if links == 1 => None,
+        libc::S_IFREG => Some("a file with another name too (a hard link)"),
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFLNK => Some("a symbolic link"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFCHR | libc::S_IFBLK => Some("a device"),
+        _ => Some("not a regular file"),
+    }
+}
+
+/// Takes the exclusive lock without waiting: `Ok(false)` where another holds it. Tried a few
+/// times a millisecond apart: a reader's probe ([`locked_by_another`]) holds a shared lock
+/// for microseconds.
+fn lock_exclusive(file: &File) -> io::Result<bool> {
+    for attempt in 0..BUSY_TRIES {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(error);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether another open file holds the lease: a shared lock tried without waiting, and
+/// given back at once where it was had. Only this file's lock list is touched: no machine-
+/// wide lock, nothing that waits.
+fn locked_by_another(file: &File) -> bool {
+    // SAFETY: flock on a descriptor the caller owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above; releases the probe's lock at once.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        return false;
+    }
+    io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
+/// The note in an opened lease file: at most [`NOTE_MAX`] bytes, read once (a regular file:
+/// never blocks); `None` for a larger file (a sparse terabyte costs one fstat).
+fn read_note(file: &File) -> Option<Note> {
+    use std::os::unix::fs::FileExt;
+    let size = file.metadata().ok()?.len();
+    if size == 0 || size > NOTE_MAX {
+        return None;
+    }
+    let mut bytes = [0u8; NOTE_MAX as usize];
+    let len = file.read_at(&mut bytes, 0).ok()?;
+    serde_json::from_slice(&bytes[..len]).ok()
 }
 
 /// "uid 1000's" for the entry `name` in `dir`.
@@ -464,42 +628,71 @@ fn check_dir(path: &Path, uid: u32, mode: u32) -> Result<()> {
     Ok(())
 }
 
-/// The pid holding a `FLOCK` write lock on the file (`device`, `inode`), in /proc/locks
-/// lines such as `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF` (waiters, `->`, are not
-/// holders).
-fn flock_holder(locks: &str, device: (u32, u32), inode: u64) -> Option<u32> {
-    let wanted = format!("{:02x}:{:02x}:{inode}", device.0, device.1);
-    locks.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.get(1) == Some(&"->") || fields.get(1) != Some(&"FLOCK") {
-            return None;
-        }
-        (fields.get(5) == Some(&wanted.as_str()))
-            .then(|| fields.get(4)?.parse().ok())
+/// The holder a note names, where the reader can believe it: the process it names lives
+/// with the start time it names (a reused pid is another process), and is the lease file's
+/// owner, or the file is root's (then only root wrote it). Otherwise the lease is held by
+/// someone gpuctl does not name.
+fn describe_holder(note: Option<Note>, file_owner: u32) -> Holder {
+    let Some(note) = note else {
+        return Holder::default();
+    };
+    // The note's pids are this namespace's own: read as local processes.
+    let Some(facts) = holder_facts(note.pid) else {
+        return Holder::default();
+    };
+    let same_process = facts.start_ticks == note.start_ticks;
+    let owner_wrote_it = file_owner == 0 || facts.uid == file_owner;
+    if !same_process || !owner_wrote_it {
+        return Holder::default();
+    }
+    Holder {
+        pid: Some(note.pid),
+        uid: Some(facts.uid),
+        user: nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(facts.uid))
+            .ok()
             .flatten()
-    })
+            .map(|user| user.name),
+        command: facts.command,
+        since: Some(note.since),
+    }
 }
 
-/// The holder `pid` as /proc shows it; its note's time where the note is its own.
-fn describe_holder(pid: u32, note: Option<Note>) -> Holder {
-    // The lock table's pids are this namespace's own: read as local processes.
-    let facts =
-        crate::host::ProcView::at(PathBuf::from("/proc"), true, crate::host::UserNames::Nss)
-            .ok()
-            .and_then(|view| view.processes(&[pid]).remove(&pid));
-    let now = unix_now();
-    let started = facts
-        .as_ref()
-        .and_then(|f| f.age_seconds)
-        .map(|age| now.saturating_sub(age));
-    let since = note.filter(|n| n.pid == pid).map(|n| n.since).or(started);
-    Holder {
-        pid,
-        uid: facts.as_ref().and_then(|f| f.uid),
-        user: facts.as_ref().and_then(|f| f.user.clone()),
-        command: facts.and_then(|f| f.command).filter(|c| !c.is_empty()),
-        since,
-    }
+/// What naming a note's process needs, and no more (a reader pays for it on every read):
+/// its start time, its effective uid (the owner procfs gives its stat file) and its command
+/// line, all read through one descriptor on /proc/PID, so that they are one process's.
+struct HolderFacts {
+    start_ticks: u64,
+    uid: u32,
+    command: Option<String>,
+}
+
+fn holder_facts(pid: u32) -> Option<HolderFacts> {
+    use std::os::unix::fs::FileExt;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let process = nix::fcntl::open(format!("/proc/{pid}").as_str(), flags, Mode::empty()).ok()?;
+    let read = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let stat = File::from(openat(&process, "stat", read, Mode::empty()).ok()?);
+    let start_ticks = crate::sys::procfile::read_stat_line(&stat).ok()?.starttime;
+    let uid = crate::sys::procfile::owner_uid(&stat)?;
+    let mut bytes = [0u8; 4096];
+    let command = openat(&process, "cmdline", read, Mode::empty())
+        .ok()
+        .map(File::from)
+        .and_then(|file| file.read_at(&mut bytes, 0).ok())
+        .map(|len| {
+            bytes[..len]
+                .split(|&byte| byte == 0)
+                .filter(|arg| !arg.is_empty())
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|command| !command.is_empty());
+    Some(HolderFacts {
+        start_ticks,
+        uid,
+        command,
+    })
 }
 
 fn unix_now() -> u64 {
@@ -508,12 +701,24 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// This process's start time in clock ticks after boot (/proc/self/stat).
+fn own_start_ticks() -> Option<u64> {
+    let stat = File::open("/proc/self/stat").ok()?;
+    crate::sys::procfile::read_stat_line(&stat)
+        .ok()
+        .map(|line| line.starttime)
+}
+
 impl Lease {
     /// Writes who holds it and since when, where this user may write the file (otherwise
-    /// readers fall back to the holder's start time).
+    /// readers see the lease held by someone they cannot name).
     fn write_note(&mut self) {
+        let Some(start_ticks) = own_start_ticks() else {
+            return;
+        };
         let note = Note {
             pid: std::process::id(),
+            start_ticks,
             since: unix_now(),
         };
         let json = serde_json::to_vec(&note).expect("a note serializes");
@@ -521,6 +726,30 @@ impl Lease {
         // Opened read-only where it is another user's: then nothing is written.
         if self.file.write_at(&json, 0).is_ok() {
             let _ = self.file.set_len(json.len() as u64);
+            self.noted = true;
+        }
+    }
+}
+
+impl Drop for Lease {
+    /// The note goes before the lock: a reader never names a holder that gave the lease back.
+    /// The file goes too where it is this user's and still at its name, so that the next run
+    /// makes its own (one it can write its note in) rather than another user's being kept for
+    /// good; a run that opened it meanwhile finds it gone and tries again.
+    fn drop(&mut self) {
+        if self.noted {
+            let _ = self.file.set_len(0);
+        }
+        let Ok(name) = file_name(&self.uuid) else {
+            return;
+        };
+        let Ok(held) = self.file.metadata() else {
+            return;
+        };
+        let mine = held.uid() == nix::unistd::geteuid().as_raw();
+        let at = fstatat(&*self.dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+        if mine && at.is_ok_and(|at| at.st_ino == held.ino() && at.st_dev == held.dev()) {
+            let _ = unlinkat(&*self.dir, name.as_str(), UnlinkatFlags::NoRemoveDir);
         }
     }
 }

@@ -333,8 +333,8 @@ impl Reader {
         self
     }
 
-    /// Shows who holds each GPU's and MIG instance's `gpuctl run` lease, read from the
-    /// kernel's lock table on every read (`info`, `top`).
+    /// Shows who holds each GPU's and MIG instance's `gpuctl run` lease, asked of each lease
+    /// file on every read (`info`, `top`): never of the kernel's lock table.
     pub fn showing_leases(mut self) -> Reader {
         self.leases = true;
         self

@@ -161,6 +161,12 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         })
     };
     reap_all();
+    // Said even with --quiet: the GPU may have been shared against the user's will.
+    for lease in &leases {
+        if let Some(why) = dir.lost(lease) {
+            say(&why);
+        }
+    }
     // Only now may another run have these GPUs.
     drop(leases);
     // Kept where a leftover survived: the next run of the name tries it again.
@@ -200,7 +206,9 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     if let Some(path) = &args.json_summary {
         let mut json = serde_json::to_vec_pretty(&summary)?;
         json.push(b'\n');
-        if let Err(error) = std::fs::write(path, json) {
+        // Replaced whole, never written through a link planted at the path (root's run may
+        // write where another user can).
+        if let Err(error) = gpuctl_core::files::replace(path, &json, 0o644, false) {
             say(&format!("cannot write {}: {error}", path.display()));
         }
     }

@@ -1,3 +1,4 @@
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
 use super::*;
@@ -33,13 +34,65 @@ fn a_lease_is_exclusive_until_dropped() {
 }
 
 #[test]
-fn the_holder_is_named_from_the_kernel_lock_table() {
+fn the_holder_is_named_from_its_note_and_the_note_goes_with_the_lease() {
     let (_tmp, leases) = dir();
-    let _lease = held(leases.try_take("GPU-bbbb").unwrap());
+    let lease = held(leases.try_take("GPU-bbbb").unwrap());
     let holder = leases.holder("GPU-bbbb").expect("a holder");
-    assert_eq!(holder.pid, std::process::id());
-    assert!(holder.since.is_some());
+    assert_eq!(holder.pid, Some(std::process::id()));
+    assert!(holder.since.is_some() && holder.user.is_some());
     assert!(leases.holder("GPU-cccc").is_none());
+    drop(lease);
+    assert!(leases.holder("GPU-bbbb").is_none(), "released");
+    let file = leases.path().join("GPU-bbbb.lease");
+    assert!(
+        std::fs::symlink_metadata(file).is_err(),
+        "the file goes too"
+    );
+}
+
+#[test]
+fn a_note_naming_another_process_or_a_reused_pid_names_nobody() {
+    let (_tmp, leases) = dir();
+    let lease = held(leases.try_take("GPU-note").unwrap());
+    let path = leases.path().join("GPU-note.lease");
+    let me = std::process::id();
+    let ticks = own_start_ticks().unwrap();
+    // The same pid started at another time (a reused pid), a start time no process has,
+    // and no note at all.
+    for note in [
+        format!(r#"{{"pid":{me},"start_ticks":{},"since":1}}"#, ticks + 1),
+        format!(r#"{{"pid":1,"start_ticks":{},"since":1}}"#, u64::MAX),
+        "not json".to_string(),
+    ] {
+        std::fs::write(&path, note).unwrap();
+        let holder = leases.holder("GPU-note").expect("still held");
+        assert_eq!(holder, Holder::default());
+        assert!(
+            holder.describe().contains("no note"),
+            "{}",
+            holder.describe()
+        );
+    }
+    drop(lease);
+}
+
+#[test]
+fn a_huge_sparse_lease_file_is_never_read() {
+    let (_tmp, leases) = dir();
+    let path = leases.path().join("GPU-huge.lease");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 40).unwrap();
+    // Locked by another open file, as another user's process would hold it.
+    // SAFETY: flock on a descriptor this test owns.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(locked, 0);
+    assert_eq!(leases.holder("GPU-huge"), Some(Holder::default()));
+    assert!(matches!(leases.try_take("GPU-huge").unwrap(), Taken::Busy));
+    drop(file);
+    // Free again, and taken: the note replaces the terabyte.
+    let lease = held(leases.try_take("GPU-huge").unwrap());
+    assert!(std::fs::metadata(&path).unwrap().len() < NOTE_MAX);
+    drop(lease);
 }
 
 #[test]
@@ -54,7 +107,7 @@ fn several_are_taken_all_or_nothing() {
     held(leases.try_take("GPU-a").unwrap());
     // Two of three, one of them busy: the other two, in UUID order.
     let (taken, _) = leases.take(&uuids, Some(2)).unwrap();
-    let taken: Vec<String> = taken.unwrap().into_iter().map(|l| l.uuid).collect();
+    let taken: Vec<String> = taken.unwrap().into_iter().map(|l| l.uuid.clone()).collect();
     assert_eq!(taken, ["GPU-a", "GPU-c"]);
     drop(busy);
 }
@@ -144,11 +197,43 @@ fn a_symbolic_link_for_the_directory_is_refused() {
 }
 
 #[test]
-fn flock_holders_are_read_from_the_lock_table() {
-    let table = "1: POSIX  ADVISORY  WRITE 100 08:01:77 0 EOF\n\
-                 2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
-                 2: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234 0 EOF\n";
-    assert_eq!(flock_holder(table, (0xfd, 1), 1234), Some(4242));
-    assert_eq!(flock_holder(table, (8, 1), 77), None);
-    assert_eq!(flock_holder(table, (0xfd, 1), 99), None);
+fn a_planted_directory_socket_or_unreadable_file_refuses_that_gpu_only() {
+    let (_tmp, leases) = dir();
+    std::fs::create_dir(leases.path().join("GPU-dir.lease")).unwrap();
+    std::fs::write(leases.path().join("GPU-dir.lease/inside"), "x").unwrap();
+    let _socket =
+        std::os::unix::net::UnixListener::bind(leases.path().join("GPU-sock.lease")).unwrap();
+    for (uuid, what) in [("GPU-dir", "a directory"), ("GPU-sock", "a socket")] {
+        match leases.try_take(uuid).unwrap() {
+            // Root removes what it can (not a directory with something in it).
+            Taken::Held(_) => assert!(nix::unistd::geteuid().is_root() && uuid == "GPU-sock"),
+            Taken::Refused(why) => assert!(why.contains(what), "{why}"),
+            Taken::Busy => panic!("busy"),
+        }
+        assert!(leases.holder(uuid).is_none());
+    }
+    // The others are taken all the same.
+    let uuids: Vec<String> = ["GPU-dir", "GPU-free"].map(String::from).to_vec();
+    let (taken, missed) = leases.take(&uuids, Some(1)).unwrap();
+    assert_eq!(taken.unwrap()[0].uuid, "GPU-free");
+    assert!(matches!(missed[0], (ref uuid, Taken::Refused(_)) if uuid == "GPU-dir"));
+}
+
+#[test]
+fn a_run_that_opened_a_file_given_back_meanwhile_takes_the_new_one() {
+    let (_tmp, leases) = dir();
+    let first = held(leases.try_take("GPU-race").unwrap());
+    // Opened by a second run just before the first gives the lease back (and its file).
+    let stale = leases.open_file("GPU-race.lease").unwrap();
+    drop(first);
+    // SAFETY: flock on a descriptor this test owns.
+    let locked = unsafe { libc::flock(stale.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0, "the old file is free");
+    assert!(
+        !leases.names("GPU-race.lease", &stale),
+        "but no longer the lease"
+    );
+    let second = held(leases.try_take("GPU-race").unwrap());
+    assert!(leases.names("GPU-race.lease", &second.file));
+    assert!(leases.lost(&second).is_none());
 }

@@ -314,12 +314,12 @@ fn gpu_lines(
         let place = lease
             .gpu_instance
             .map_or(String::new(), |gi| format!("GI {gi} "));
+        let holder = match lease.holder.pid {
+            Some(pid) => format!("{}, pid {pid}", gpuctl_core::text::escape(&who)),
+            None => "an unnamed process".into(),
+        };
         spans.push(Span::styled(
-            format!(
-                "  [{place}leased by {}, pid {}]",
-                gpuctl_core::text::escape(&who),
-                lease.holder.pid
-            ),
+            format!("  [{place}leased by {holder}]"),
             palette.fg(Color::Cyan),
         ));
     }
