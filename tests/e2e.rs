@@ -17,6 +17,7 @@ mod hostile_reuse;
 mod idle;
 mod info;
 mod kill_clear;
+mod kubernetes;
 mod mig;
 mod nvidia_smi;
 mod output;

@@ -256,6 +256,7 @@ fn kubernetes_systemd_driver() {
             qos: Some("Burstable".into()),
             container_id: Some(ID64.into()),
             runtime: Some(ContainerRuntime::Containerd),
+            pod: None,
         }
     );
     assert_eq!(o.label(), "k8s pod 0a1b2c3d");
@@ -268,6 +269,7 @@ fn kubernetes_systemd_driver() {
             qos: Some("Guaranteed".into()),
             container_id: None,
             runtime: None,
+            pod: None,
         }
     );
 }
@@ -283,6 +285,7 @@ fn kubernetes_cgroupfs_static_pod_and_nesting() {
             qos: Some("BestEffort".into()),
             container_id: Some(ID64.into()),
             runtime: None,
+            pod: None,
         }
     );
 }
@@ -512,6 +515,7 @@ fn labels_are_bounded() {
         qos: None,
         container_id: None,
         runtime: None,
+        pod: None,
     };
     assert_eq!(pod.label(), "k8s pod ü");
 }
@@ -691,6 +695,7 @@ fn owner_selectors_parse_and_match() {
         qos: None,
         container_id: Some("9ec39b91f3d7".into()),
         runtime: None,
+        pod: None,
     };
     let claim = Owner::SlurmJob {
         job_id: 42,
