@@ -726,3 +726,42 @@ fn owner_selectors_parse_and_match() {
         assert!(bad.parse::<OwnerMatch>().is_err(), "{bad} accepted");
     }
 }
+
+#[test]
+fn pods_are_selected_by_the_names_the_runtime_gave_them() {
+    let named = |namespace: &str, name: &str| Owner::KubernetesPod {
+        pod_uid: "1a2b3c4d-0000-4000-8000-00000000abcd".into(),
+        qos: Some("Burstable".into()),
+        container_id: None,
+        runtime: None,
+        pod: Some(PodName {
+            namespace: namespace.into(),
+            name: name.into(),
+            container: Some("trainer".into()),
+        }),
+    };
+    let matches =
+        |selector: &str, owner: &Owner| selector.parse::<OwnerMatch>().unwrap().matches(owner);
+    let trainer = named("ml", "trainer-0");
+    assert!(matches("pod:ml/trainer-0", &trainer));
+    assert!(matches("pod:ml/trainer-*", &trainer));
+    assert!(matches("pod:*/trainer-0", &trainer));
+    assert!(!matches("pod:kube-system/*", &trainer));
+    assert!(matches("namespace:ml", &trainer));
+    assert!(matches("namespace:m*", &trainer));
+    assert!(!matches("namespace:ml-prod", &trainer));
+    // The UID form still matches, named or not; the name forms need the runtime's names.
+    assert!(matches("pod:1a2b3c4d", &trainer));
+    let mut unnamed = named("ml", "trainer-0");
+    if let Owner::KubernetesPod { pod, .. } = &mut unnamed {
+        *pod = None;
+    }
+    assert!(!matches("namespace:ml", &unnamed));
+    // Written back as given.
+    for form in ["pod:ml/trainer-*", "namespace:ml"] {
+        assert_eq!(form.parse::<OwnerMatch>().unwrap().to_string(), form);
+    }
+    for bad in ["pod:ML/x", "pod:ml/", "namespace:a/b", "namespace:"] {
+        assert!(bad.parse::<OwnerMatch>().is_err(), "{bad}");
+    }
+}

@@ -93,7 +93,9 @@ pub struct KillArgs {
     pub users: Vec<u32>,
 
     /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
-    /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters). Repeat for several.
+    /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters); pods also by the
+    /// names the node's container runtime gives them, pod:NAMESPACE/NAME and
+    /// namespace:NAMESPACE (globs: pod:ml/trainer-*). Repeat for several.
     /// slurm:JOBID also matches processes that only their environment ties to the job
     /// (proctrack/linuxproc, shown "(env)"): any user can set that, so add --user, or use
     /// slurm:JOBID@UID, the job as that user's processes claim it. The Slurm epilog ends a
