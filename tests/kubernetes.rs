@@ -544,6 +544,29 @@ fn info_names_pods_by_namespace_name_and_container() {
         serde_json::Value::Null,
         "{json}"
     );
+
+    // Totals: per namespace, and per pod (not per container) as the owner.
+    let by_namespace = sim.json(&["info", "--by", "namespace"]);
+    crate::schema::conforms(&crate::schema::schema("info-v1.schema.json"), &by_namespace).unwrap();
+    assert_eq!(
+        by_namespace["totals"][0]["namespace"], "ml",
+        "{by_namespace}"
+    );
+    assert_eq!(by_namespace["totals"][0]["used_bytes"], 36 * GIB);
+    assert_eq!(by_namespace["totals"][0]["processes"], 2);
+    let by_owner = sim.run(&["info", "--by", "owner"]);
+    assert!(
+        by_owner.stdout.contains("pod ml/trainer-0 "),
+        "{}",
+        by_owner.stdout
+    );
+    assert!(
+        !by_owner.stdout.contains("(container"),
+        "{}",
+        by_owner.stdout
+    );
+    let table = sim.run(&["info", "--by", "namespace"]);
+    assert!(table.stdout.contains("NAMESPACE"), "{}", table.stdout);
     drop(notebook);
 }
 

@@ -45,8 +45,9 @@ complete -c gpuctl -n "__fish_gpuctl_needs_command" -f -a "help" -d 'Print this 
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l gpu -d 'Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only this MIG instance: its MIG-... UUID, or GPU/GI as nvidia-smi -L shows them (0/9). Repeat for several. Default: every GPU' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l watch -d 'Refresh every SECONDS (fractions allowed) until interrupted; with --json, one document per line at each refresh' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l timeout -d 'How long NVML may take to answer for one GPU (default: GPUCTL_NVML_TIMEOUT, else the configuration\'s nvml_timeout, else 10s). A GPU that has not answered by then is shown as not answering (exit status 1) and the others as read; info never waits longer than this and a second' -r
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l by -d 'Totals instead of the per-GPU view: one row per user, or per owner (Slurm job, systemd unit, container, Kubernetes pod), with the memory and the GPUs it holds. With --json, the document gains a `totals` list' -r -f -a "user\t''
-owner\t''"
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l by -d 'Totals instead of the per-GPU view: one row per user, per owner (Slurm job, systemd unit, container, Kubernetes pod), or per Kubernetes namespace, with the memory and the GPUs it holds. With --json, the document gains a `totals` list' -r -f -a "user\t''
+owner\t''
+namespace\t'The Kubernetes namespace of each pod, as the node\'s container runtime names it'"
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand info" -l color -d 'When to color the output: auto (on a terminal, unless NO_COLOR is set), always, never' -r -f -a "auto\t''
 always\t''
 never\t''"
