@@ -567,6 +567,28 @@ fn info_names_pods_by_namespace_name_and_container() {
     );
     let table = sim.run(&["info", "--by", "namespace"]);
     assert!(table.stdout.contains("NAMESPACE"), "{}", table.stdout);
+
+    // Selected by the names: a dry run of kill through the reclaim road.
+    let (trainer_pid, notebook_pid) = (trainer.pid(0), notebook.pid(0));
+    let kill = sim.run(&[
+        "kill",
+        "--owner",
+        "pod:ml/notebook-*",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(kill.code, 0, "{}", kill.stderr);
+    assert!(
+        kill.stdout.contains(&format!("\"pid\": {notebook_pid}"))
+            || kill.stdout.contains(&format!("\"pid\":{notebook_pid}")),
+        "{}",
+        kill.stdout
+    );
+    assert!(
+        !kill.stdout.contains(&format!("{trainer_pid}")),
+        "{}",
+        kill.stdout
+    );
     drop(notebook);
 }
 

@@ -35,6 +35,8 @@ pub struct Settings {
     pub xid_actions: std::collections::BTreeMap<u32, gpuctl_core::health::Action>,
     /// `[idle]`: the window and the ladder.
     pub idle: IdlePolicy,
+    /// `[kubernetes]`: where pods are named.
+    pub kubernetes: config::Kubernetes,
 }
 
 impl Settings {
@@ -103,6 +105,7 @@ impl Settings {
             holders,
             xid_actions: loaded.xid_actions(),
             idle: loaded.idle(),
+            kubernetes: loaded.kubernetes(),
         })
     }
 

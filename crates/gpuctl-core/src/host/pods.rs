@@ -19,6 +19,11 @@ use crate::snapshot::{GpuProcess, Snapshot};
 /// How long a snapshot waits for the runtime, unless configured.
 pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// After a failed ask, how long a long-running reader (the watchdog, `top`, `info --watch`)
+/// shows the failure instead of asking again: a hanging runtime costs its timeout at most
+/// this often, not every refresh.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// How the runtime was asked for a snapshot's pods: `gpuctl info --json`'s `pod_runtime`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuntimeUse {
@@ -36,6 +41,8 @@ pub struct PodNames {
     by_container: HashMap<String, PodName>,
     /// Namespace and name by pod UID (lowercase, with dashes).
     by_uid: HashMap<String, (String, String)>,
+    /// The last failed ask, and when to ask again.
+    failed: Option<(RuntimeUse, Instant)>,
 }
 
 impl PodNames {
@@ -48,6 +55,7 @@ impl PodNames {
                 .unwrap_or(DEFAULT_RUNTIME_TIMEOUT),
             by_container: HashMap::new(),
             by_uid: HashMap::new(),
+            failed: None,
         }
     }
 
@@ -68,7 +76,18 @@ impl PodNames {
         if !unnamed {
             return;
         }
-        snapshot.pod_runtime = Some(self.ask());
+        if let Some((failure, retry_at)) = &self.failed
+            && Instant::now() < *retry_at
+        {
+            snapshot.pod_runtime = Some(failure.clone());
+            return;
+        }
+        let asked = self.ask();
+        self.failed = asked
+            .error
+            .is_some()
+            .then(|| (asked.clone(), Instant::now() + RETRY_AFTER));
+        snapshot.pod_runtime = Some(asked);
         for_each_process(snapshot, &mut |process| self.apply(process));
     }
 
@@ -163,5 +182,101 @@ fn for_each_process(snapshot: &mut Snapshot, each: &mut dyn FnMut(&mut GpuProces
         for mig in &mut gpu.mig_devices {
             mig.processes.iter_mut().for_each(&mut *each);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{one_gpu, process};
+
+    fn pod_process(pid: u32, uid: &str, container: Option<&str>) -> GpuProcess {
+        process(pid)
+            .owner(Some(Owner::KubernetesPod {
+                pod_uid: uid.into(),
+                qos: Some("Burstable".into()),
+                container_id: container.map(str::to_string),
+                runtime: None,
+                pod: None,
+            }))
+            .build()
+    }
+
+    fn names(snapshot: &Snapshot) -> Vec<String> {
+        snapshot.devices[0]
+            .processes
+            .iter()
+            .map(|p| p.host.owner.as_ref().unwrap().label())
+            .collect()
+    }
+
+    #[test]
+    fn names_by_container_id_and_else_by_pod_uid() {
+        let mut names_ = PodNames::configured(&config::Kubernetes::default());
+        names_.learn(
+            vec![cri::PodSandbox {
+                id: "sandbox".into(),
+                name: "trainer-0".into(),
+                namespace: "ml".into(),
+                uid: "AAAA-1".into(),
+                ready: true,
+            }],
+            vec![cri::Container {
+                id: "c1".into(),
+                pod_sandbox_id: "sandbox".into(),
+                name: "trainer".into(),
+                ..cri::Container::default()
+            }],
+        );
+        let mut snapshot = one_gpu(vec![
+            pod_process(10, "aaaa-1", Some("c1")),
+            pod_process(11, "aaaa-1", Some("c-unknown")),
+            pod_process(12, "bbbb-2", None),
+        ]);
+        // Every pod is named but one: the runtime would be asked; here nothing answers.
+        names_.socket = Some("/nonexistent/gpuctl-test.sock".into());
+        names_.name(&mut snapshot);
+        assert_eq!(
+            names(&snapshot),
+            [
+                "pod ml/trainer-0 (container trainer)",
+                "pod ml/trainer-0",
+                "k8s pod bbbb-2"
+            ]
+        );
+        let error = snapshot.pod_runtime.unwrap().error.unwrap();
+        assert!(error.contains("cannot connect"), "{error}");
+    }
+
+    #[test]
+    fn a_runtime_that_does_not_answer_is_asked_again_only_after_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("hanging.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut names_ = PodNames::configured(&config::Kubernetes {
+            runtime_socket: Some(socket),
+            runtime_timeout: Some(Duration::from_millis(50)),
+        });
+        let take = |names_: &mut PodNames| {
+            let mut snapshot = one_gpu(vec![pod_process(10, "aaaa-1", Some("c1"))]);
+            names_.name(&mut snapshot);
+            snapshot.pod_runtime.unwrap().error.unwrap()
+        };
+        assert!(take(&mut names_).contains("did not answer within 50ms"));
+        assert!(listener.accept().is_ok(), "the first snapshot asked");
+        assert!(take(&mut names_).contains("did not answer within 50ms"));
+        assert!(
+            listener.accept().is_err(),
+            "the second one did not ask again"
+        );
+    }
+
+    #[test]
+    fn a_node_without_pod_processes_asks_nothing() {
+        let mut names_ = PodNames::configured(&config::Kubernetes::default());
+        let mut snapshot = one_gpu(vec![process(10).owner(Some(Owner::None)).build()]);
+        names_.name(&mut snapshot);
+        assert!(snapshot.pod_runtime.is_none());
     }
 }
