@@ -31,6 +31,10 @@ pub struct RuntimeUse {
     pub socket: Option<PathBuf>,
     /// Why its pods are shown by UID; `None` when it answered.
     pub error: Option<String>,
+    /// The UIDs (lowercase) of the pods it has a ready sandbox for: their processes are
+    /// alive, whatever their ancestry says after a container restarted.
+    #[serde(skip)]
+    pub ready_pod_uids: std::collections::BTreeSet<String>,
 }
 
 /// The names learned from the runtime, and where to ask for more.
@@ -59,21 +63,15 @@ impl PodNames {
         }
     }
 
-    /// Names every pod process of `snapshot` that the runtime names, asking it first where
-    /// one is not named yet; how it was asked goes into `snapshot.pod_runtime`.
+    /// Names every pod process of `snapshot` that the runtime names, asking it first (its
+    /// pods' names and which of them run); how it was asked goes into
+    /// `snapshot.pod_runtime`. Nothing is asked without a pod's process on a GPU.
     pub fn name(&mut self, snapshot: &mut Snapshot) {
-        let mut unnamed = false;
+        let mut pods = false;
         for_each_process(snapshot, &mut |process| {
-            if let Some(Owner::KubernetesPod {
-                pod_uid,
-                container_id,
-                ..
-            }) = &process.host.owner
-            {
-                unnamed |= self.lookup(pod_uid, container_id.as_deref()).is_none();
-            }
+            pods |= matches!(process.host.owner, Some(Owner::KubernetesPod { .. }));
         });
-        if !unnamed {
+        if !pods {
             return;
         }
         if let Some((failure, retry_at)) = &self.failed
@@ -126,6 +124,7 @@ impl PodNames {
         let Some(socket) = self.socket.clone().or_else(cri::detect_socket) else {
             return RuntimeUse {
                 socket: None,
+                ready_pod_uids: Default::default(),
                 error: Some(format!(
                     "no container runtime socket (looked for {}; set [kubernetes] runtime_socket)",
                     cri::RUNTIME_SOCKETS.join(", ")
@@ -135,8 +134,14 @@ impl PodNames {
         let deadline = Instant::now() + self.timeout;
         let answer = Runtime::connect(&socket, deadline)
             .and_then(|mut runtime| Ok((runtime.pods()?, runtime.containers()?)));
+        let mut ready_pod_uids = std::collections::BTreeSet::new();
         let error = match answer {
             Ok((pods, containers)) => {
+                ready_pod_uids = pods
+                    .iter()
+                    .filter(|pod| pod.ready)
+                    .map(|pod| pod.uid.to_ascii_lowercase())
+                    .collect();
                 self.learn(pods, containers);
                 None
             }
@@ -150,6 +155,7 @@ impl PodNames {
         RuntimeUse {
             socket: Some(socket),
             error,
+            ready_pod_uids,
         }
     }
 
