@@ -611,9 +611,12 @@ mod tests {
             });
         };
         let kinds = |ready: &[&str]| -> Vec<(u32, Kind, Verdict)> {
-            run_in(std::slice::from_ref(&worker), None, &Policy::default(), |s| {
-                in_pod(s, ready)
-            })
+            run_in(
+                std::slice::from_ref(&worker),
+                None,
+                &Policy::default(),
+                |s| in_pod(s, ready),
+            )
             .into_iter()
             .map(|f| (f.identity.map_or(0, |i| i.pid), f.kind, f.verdict))
             .collect()

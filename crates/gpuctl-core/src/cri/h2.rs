@@ -126,6 +126,9 @@ impl Connection {
                 }
                 HEADERS | CONTINUATION => {
                     block.extend_from_slice(header_fragment(&frame)?);
+                    if block.len() > 1 << 20 {
+                        return Err(bad("a header block above 1 MiB"));
+                    }
                     if frame.flags & END_HEADERS != 0 {
                         let fields = self.decoder.decode(&block).map_err(|e| {
                             CriError::Protocol(format!("bad header block: {}", e.0))
