@@ -225,7 +225,7 @@ impl Engine {
 }
 
 /// SIGTERM, up to `limit` for it to go (reaped where it is our child), then SIGKILL.
-fn end(pid: u32, limit: Duration) {
+pub(crate) fn end(pid: u32, limit: Duration) {
     let deadline = Instant::now() + limit;
     // SAFETY: kill(2) and waitpid(2) on a process this test binary started.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
@@ -266,7 +266,7 @@ fn end_by_pidfd(fd: &std::os::fd::OwnedFd, limit: Duration) {
 }
 
 /// Unmounts every mount at or below `dir`, deepest first (overlays, shm, netns files).
-fn unmount_below(dir: &Path) {
+pub(crate) fn unmount_below(dir: &Path) {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };
@@ -307,7 +307,7 @@ fn kill_by_pidfd(fd: &std::os::fd::OwnedFd, signal: i32) {
     };
 }
 
-fn which_sbin(tool: &str) -> PathBuf {
+pub(crate) fn which_sbin(tool: &str) -> PathBuf {
     [
         "/usr/sbin",
         "/sbin",

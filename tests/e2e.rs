@@ -18,6 +18,7 @@ mod hostile_reuse;
 mod idle;
 mod info;
 mod kill_clear;
+mod kubernetes;
 mod mig;
 mod mps;
 mod nvidia_smi;

@@ -15,7 +15,7 @@ fn schema_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema")
 }
 
-fn schema(name: &str) -> Value {
+pub fn schema(name: &str) -> Value {
     let path = schema_dir().join(name);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }

@@ -634,7 +634,7 @@ _gpuctl() {
                     return 0
                     ;;
                 --by)
-                    COMPREPLY=($(compgen -W "user owner" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "user owner namespace" -- "${cur}"))
                     return 0
                     ;;
                 --color)

@@ -12,6 +12,7 @@ pub mod cardset;
 pub mod checkup;
 pub mod classify;
 pub mod config;
+pub mod cri;
 pub mod error;
 pub mod exit;
 pub mod files;

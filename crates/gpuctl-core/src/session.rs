@@ -19,6 +19,7 @@ use std::time::Duration;
 use crate::classify::{self, Finding, History, Policy};
 use crate::config::{self, FractionInForce, Loaded};
 use crate::error::{CoreError, Result};
+use crate::host::pods::PodNames;
 use crate::host::{FactCache, Lineage, ProcView};
 use crate::nvml::{self, Gpus, Place};
 use crate::pidmap::PidMap;
@@ -165,7 +166,9 @@ impl Session {
     /// A reader for `purpose` that marks protected programs and annotates device-file
     /// holders, as a person is shown them.
     pub fn reader(&self, purpose: SnapshotOptions) -> Reader {
-        Reader::new(purpose).shown_with(self.protection.clone())
+        Reader::new(purpose)
+            .shown_with(self.protection.clone())
+            .naming_pods(&self.loaded.kubernetes())
     }
 
     /// Polls NVML until `places` (`None`: every GPU) are free or `limit` passes (see
@@ -231,6 +234,8 @@ pub struct Reader {
     health: Option<Loaded>,
     /// Shows who holds each GPU's `gpuctl run` lease.
     leases: bool,
+    /// Names pods by namespace and name, as the node's container runtime gives them.
+    pods: PodNames,
 }
 
 /// A snapshot with the evidence classification reads: its processes' lineages.
@@ -262,6 +267,7 @@ impl Reader {
             view: None,
             health: None,
             leases: false,
+            pods: PodNames::configured(&config::Kubernetes::default()),
         }
     }
 
@@ -340,6 +346,13 @@ impl Reader {
         self
     }
 
+    /// Names pods where `[kubernetes]` says to ask (a reader without it asks the runtime at
+    /// its usual socket).
+    pub fn naming_pods(mut self, kubernetes: &config::Kubernetes) -> Reader {
+        self.pods = PodNames::configured(kubernetes);
+        self
+    }
+
     /// One snapshot of `gpus`, as this reader reads it.
     pub fn take(&mut self, gpus: &Gpus) -> Result<Snapshot> {
         let view = self.view()?;
@@ -356,6 +369,8 @@ impl Reader {
         if let Some(places) = &self.places {
             keep_named_instances(&mut snapshot, places);
         }
+        // Before the marks: a protection pattern may name a pod.
+        self.pods.name(&mut snapshot);
         match &self.marks {
             Marks::None => {}
             Marks::Holders(protection) => {

@@ -117,6 +117,10 @@ fn the_example_file_is_valid() {
                     .to_vec(),
                 concurrency: Some(8),
             },
+            kubernetes: config::Kubernetes {
+                runtime_socket: Some("/run/containerd/containerd.sock".into()),
+                runtime_timeout: Some(std::time::Duration::from_secs(1)),
+            },
         }
     );
     // And through the file-reading path, with its checks.
@@ -163,7 +167,7 @@ fn missing_and_empty_files_are_the_empty_policy() {
 fn unknown_keys_name_file_line_and_key() {
     assert_eq!(
         error_of("# a comment\n\nfractoin = 0.5\n"),
-        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet)"
+        "FILE: line 3: unknown key 'fractoin' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet, kubernetes)"
     );
     assert_eq!(
         error_of("[fraction]\ndefault = 0.5\ndefualt = 0.5\n"),
@@ -179,7 +183,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
-        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet)"
+        "FILE: line 1: unknown key 'fractions' (known keys: nvml_timeout, dev_dir, holders_threshold, fraction, protect, watchdog, health, idle, fleet, kubernetes)"
     );
     // [fraction.user] is keyed by user names: a key that cannot be one, a table under a
     // user, or the [protect] header forgotten.

@@ -116,6 +116,7 @@ impl Daemon {
         let idle = IdleWatch::new(settings.watchdog.state_path(), &log);
         let grace_quarter = settings.watchdog.grace / 4;
         let refresh = grace_quarter.min(Duration::from_secs(1));
+        let kubernetes = settings.kubernetes.clone();
         Daemon {
             settings,
             log,
@@ -125,6 +126,7 @@ impl Daemon {
             // NVML's pids are the host's: the watchdog runs in the host's PID namespace (or
             // beside a host service it does not ask).
             reader: Reader::new(SnapshotOptions::watch(false))
+                .naming_pods(&kubernetes)
                 .keeping_facts(
                     FactCache::refreshing_every(refresh).reading_stat_every(grace_quarter),
                 )

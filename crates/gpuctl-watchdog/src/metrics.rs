@@ -73,6 +73,8 @@ pub struct Metrics {
     /// Per user and per owner, capped (see `publish::capped`).
     pub users: Vec<Holding>,
     pub owners: Vec<Holding>,
+    /// Per Kubernetes pod the runtime named (namespace, pod), capped as the owners.
+    pub pods: Vec<Holding>,
     /// Current findings per kind, every kind (0 when none).
     pub findings: Vec<(&'static str, usize)>,
     /// The memory findings hold, per kind, GPU and owner.
@@ -100,6 +102,7 @@ impl Metrics {
             last_good_poll: _,
             users,
             owners,
+            pods,
             findings,
             finding_memory,
             interval_seconds,
@@ -114,6 +117,7 @@ impl Metrics {
             && *reclaim_failures_total == other.reclaim_failures_total
             && *users == other.users
             && *owners == other.owners
+            && *pods == other.pods
             && *findings == other.findings
             && *finding_memory == other.finding_memory
             && *interval_seconds == other.interval_seconds
@@ -380,6 +384,14 @@ pub fn render(m: &Metrics) -> String {
          watchdog.metrics_max_owners owners; the rest in owner=\"other\").",
         &["owner_kind", "owner"],
         &m.owners,
+        &|h| h.used_bytes,
+    ));
+    blocks.push(per_holding(
+        "gpuctl_pod_memory_bytes",
+        "GPU memory by Kubernetes pod, as the node's container runtime names it (the largest \
+         watchdog.metrics_max_owners pods; the rest in pod=\"other\").",
+        &["namespace", "pod"],
+        &m.pods,
         &|h| h.used_bytes,
     ));
     let mut byte_seconds = |name: &str,

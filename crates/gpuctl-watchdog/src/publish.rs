@@ -155,6 +155,7 @@ pub fn observed(
     let max = watchdog.metrics_max_owners;
     metrics.users = user_holdings(snapshot, max);
     metrics.owners = owner_holdings(snapshot, max);
+    metrics.pods = pod_holdings(snapshot, max);
     metrics.findings = counts.to_vec();
     metrics.finding_memory = capped_finding_memory(held, &metrics.owners);
 }
@@ -300,6 +301,27 @@ pub fn owner_holdings(snapshot: &Snapshot, max: usize) -> Vec<Holding> {
         |owner| match owner {
             Some(owner) => vec![owner.kind().to_string(), owner.to_string()],
             None => vec!["none".into(), "none".into()],
+        },
+        || vec!["other".into(), "other".into()],
+    )
+}
+
+/// Per-pod rows (namespace, pod) of the pods the runtime named: one series a pod, never
+/// one a pid or a container.
+pub fn pod_holdings(snapshot: &Snapshot, max: usize) -> Vec<Holding> {
+    let sums = totals::sums(snapshot, |host| match &host.owner {
+        Some(gpuctl_core::owner::Owner::KubernetesPod { pod: Some(pod), .. }) => {
+            Some((pod.namespace.clone(), pod.name.clone()))
+        }
+        _ => None,
+    });
+    let named: Vec<_> = sums.into_iter().filter(|sum| sum.key.is_some()).collect();
+    capped(
+        named,
+        max,
+        |pod| {
+            let (namespace, name) = pod.unwrap_or_default();
+            vec![namespace, name]
         },
         || vec!["other".into(), "other".into()],
     )
@@ -601,6 +623,56 @@ mod tests {
         let capped = capped_finding_memory(&rows, &owners);
         let owners: Vec<&str> = capped.iter().map(|r| r.owner[1].as_str()).collect();
         assert_eq!(owners, ["other", "slurm:7", "other"]);
+    }
+
+    fn pod(namespace: &str, name: &str, container: &str) -> Option<Owner> {
+        Some(Owner::KubernetesPod {
+            pod_uid: format!("{namespace}-{name}-uid"),
+            qos: None,
+            container_id: Some(format!("{name}-{container}")),
+            runtime: None,
+            pod: Some(gpuctl_core::owner::PodName {
+                namespace: namespace.into(),
+                name: name.into(),
+                container: Some(container.into()),
+            }),
+        })
+    }
+
+    #[test]
+    fn pods_are_one_series_each_whatever_their_containers_and_capped() {
+        let snapshot = snapshot(vec![
+            process(1, 4, None, pod("ml", "trainer-0", "trainer")),
+            process(2, 3, None, pod("ml", "trainer-0", "sidecar")),
+            process(3, 2, None, pod("ml", "notebook-7", "jupyter")),
+            process(4, 1, None, pod("dev", "scratch", "main")),
+            process(5, 8, None, Some(Owner::None)),
+        ]);
+        let rows = |max| -> Vec<(Vec<String>, u64, usize)> {
+            pod_holdings(&snapshot, max)
+                .into_iter()
+                .map(|h| (h.labels, h.used_bytes >> 30, h.processes))
+                .collect()
+        };
+        let row = |namespace: &str, name: &str, gib, processes| {
+            (
+                vec![namespace.to_string(), name.to_string()],
+                gib,
+                processes,
+            )
+        };
+        assert_eq!(
+            rows(50),
+            [
+                row("ml", "trainer-0", 7, 2),
+                row("ml", "notebook-7", 2, 1),
+                row("dev", "scratch", 1, 1)
+            ]
+        );
+        assert_eq!(
+            rows(1),
+            [row("ml", "trainer-0", 7, 2), row("other", "other", 3, 2)]
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct Settings {
     pub xid_catalog: gpuctl_core::health::Catalog,
     /// `[idle]`: the window and the ladder.
     pub idle: IdlePolicy,
+    /// `[kubernetes]`: where pods are named.
+    pub kubernetes: config::Kubernetes,
 }
 
 impl Settings {
@@ -103,6 +105,7 @@ impl Settings {
             holders,
             xid_catalog: loaded.xid_catalog(),
             idle: loaded.idle(),
+            kubernetes: loaded.kubernetes(),
         })
     }
 

@@ -421,9 +421,9 @@ pub struct InfoArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_nonzero_duration)]
     pub timeout: Option<Duration>,
 
-    /// Totals instead of the per-GPU view: one row per user, or per owner (Slurm job,
-    /// systemd unit, container, Kubernetes pod), with the memory and the GPUs it holds. With
-    /// --json, the document gains a `totals` list.
+    /// Totals instead of the per-GPU view: one row per user, per owner (Slurm job, systemd
+    /// unit, container, Kubernetes pod), or per Kubernetes namespace, with the memory and the
+    /// GPUs it holds. With --json, the document gains a `totals` list.
     #[arg(long, value_enum, value_name = "GROUP")]
     pub by: Option<GroupBy>,
 
@@ -479,6 +479,8 @@ pub struct TopArgs {
 pub enum GroupBy {
     User,
     Owner,
+    /// The Kubernetes namespace of each pod, as the node's container runtime names it.
+    Namespace,
 }
 
 /// A duration above zero.

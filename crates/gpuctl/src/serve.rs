@@ -68,6 +68,7 @@ pub fn run(args: &ServeArgs) -> Result<Exit> {
     let server = Arc::new(Server {
         latest: Mutex::new(Latest {
             reader: Reader::new(SnapshotOptions::reclaim(None))
+                .naming_pods(&session.loaded.kubernetes())
                 .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
                 .host_only(),
             answer: None,

@@ -401,6 +401,16 @@ mod tests {
     }
 
     fn run(processes: &[P], history: Option<&History>, policy: &Policy) -> Vec<Finding> {
+        run_in(processes, history, policy, |_| {})
+    }
+
+    /// As [`run`], with the snapshot changed by `edit` before it is classified.
+    fn run_in(
+        processes: &[P],
+        history: Option<&History>,
+        policy: &Policy,
+        edit: impl FnOnce(&mut Snapshot),
+    ) -> Vec<Finding> {
         let gpu_processes = processes
             .iter()
             .map(|p| {
@@ -429,11 +439,12 @@ mod tests {
                 .build()
             })
             .collect();
-        let snapshot = Snapshot::of(vec![GpuSnapshot {
+        let mut snapshot = Snapshot::of(vec![GpuSnapshot {
             memory: Some(fixtures::memory(100 << 30, 50 << 30)),
             processes: gpu_processes,
             ..GpuSnapshot::unread(0)
         }]);
+        edit(&mut snapshot);
         let lineages = processes
             .iter()
             .filter(|p| p.confirmed)
@@ -592,6 +603,47 @@ mod tests {
             );
             assert!(f.reason.contains("pid 1 (systemd)"), "{}", f.reason);
         }
+    }
+
+    #[test]
+    fn a_pod_the_runtime_still_runs_has_no_orphans() {
+        let worker = P {
+            argv: &["python3", "-c", "x", "--multiprocessing-fork"],
+            ..P::orphan(200)
+        };
+        let in_pod = |snapshot: &mut Snapshot, ready: &[&str]| {
+            let process = &mut snapshot.devices[0].processes[0];
+            Arc::make_mut(&mut process.host).owner = Some(crate::owner::Owner::KubernetesPod {
+                pod_uid: "AAAA-1".into(),
+                qos: None,
+                container_id: None,
+                runtime: None,
+                pod: None,
+            });
+            snapshot.pod_runtime = Some(crate::host::pods::RuntimeUse {
+                socket: None,
+                error: None,
+                ready_pod_uids: ready.iter().map(|uid| uid.to_string()).collect(),
+            });
+        };
+        let kinds = |ready: &[&str]| -> Vec<(u32, Kind, Verdict)> {
+            run_in(
+                std::slice::from_ref(&worker),
+                None,
+                &Policy::default(),
+                |s| in_pod(s, ready),
+            )
+            .into_iter()
+            .map(|f| (f.identity.map_or(0, |i| i.pid), f.kind, f.verdict))
+            .collect()
+        };
+        // Its container restarted and it was reparented, but the pod's sandbox is ready.
+        assert_eq!(kinds(&["aaaa-1"]), vec![]);
+        // The runtime no longer has the pod: the worker of a crashed run, as before.
+        assert_eq!(
+            kinds(&["bbbb-2"]),
+            vec![(200, Kind::Orphaned, Verdict::Reclaim)]
+        );
     }
 
     #[test]

@@ -37,6 +37,19 @@ fn is_reparented_orphan(process: &GpuProcess, lineage: &Lineage) -> bool {
     leader_gone && reparented
 }
 
+/// Whether the process's pod has a ready sandbox in the node's container runtime: then it
+/// is a restarted container's, and the pod lives, whatever its ancestry says.
+fn pod_still_runs(facts: &Facts, process: &GpuProcess) -> bool {
+    let Some(crate::owner::Owner::KubernetesPod { pod_uid, .. }) = &process.host.owner else {
+        return false;
+    };
+    facts.snapshot.pod_runtime.as_ref().is_some_and(|runtime| {
+        runtime
+            .ready_pod_uids
+            .contains(&pod_uid.to_ascii_lowercase())
+    })
+}
+
 /// Evidence of life clears an orphan; positive evidence of a dead run makes it reclaimable.
 pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
     // Stopped, zombie and D-state processes are judged by their state's rules.
@@ -51,7 +64,7 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
         return None;
     }
     let lineage = facts.lineages.get(&h.process.pid)?;
-    if !is_reparented_orphan(h.process, lineage) {
+    if !is_reparented_orphan(h.process, lineage) || pod_still_runs(facts, h.process) {
         return None;
     }
     let identity = h.identity;

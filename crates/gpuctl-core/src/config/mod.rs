@@ -131,6 +131,28 @@ pub struct Config {
     pub health: HealthPolicy,
     pub idle: IdlePolicy,
     pub fleet: FleetConfig,
+    pub kubernetes: Kubernetes,
+}
+
+/// `[kubernetes]`: where the node's container runtime answers for its pods.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Kubernetes {
+    /// `runtime_socket`: the CRI socket pods are named by; absent: the first of
+    /// containerd's, CRI-O's and k3s's usual sockets that exists.
+    #[serde(
+        deserialize_with = "de::absolute_path_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub runtime_socket: Option<PathBuf>,
+    /// `runtime_timeout`: how long one snapshot waits for the runtime's answers; absent:
+    /// 1 s.
+    #[serde(
+        deserialize_with = "de::duration_positive_opt",
+        serialize_with = "de::serialize_duration_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub runtime_timeout: Option<std::time::Duration>,
 }
 
 /// `[health]`: how the GPU health verdict reads Xids.
@@ -471,6 +493,15 @@ impl Loaded {
             Some(user) => system.unwrap_or_default().under(user),
             None => system.unwrap_or_default(),
         }
+    }
+
+    /// The system file's `[kubernetes]` (the defaults without one): the names it gives
+    /// pods decide what `[protect]` patterns spare, so a user's file does not choose them.
+    pub fn kubernetes(&self) -> Kubernetes {
+        self.system
+            .as_ref()
+            .map(|(_, config)| config.kubernetes.clone())
+            .unwrap_or_default()
     }
 
     /// The files that were found, system first.

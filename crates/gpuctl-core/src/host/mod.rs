@@ -4,6 +4,7 @@
 mod cache;
 pub mod devfiles;
 mod lineage;
+pub mod pods;
 pub mod tree;
 
 pub use cache::FactCache;

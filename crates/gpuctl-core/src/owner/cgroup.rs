@@ -264,6 +264,7 @@ pub(super) fn kubernetes(segs: &[&str]) -> Option<Owner> {
             qos: qos.map(str::to_string),
             container_id,
             runtime,
+            pod: None,
         });
     }
     None

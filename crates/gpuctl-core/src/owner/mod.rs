@@ -53,9 +53,11 @@
 //!   Unit names are kept exactly as systemd writes them, escapes like `\x2d` included.
 
 mod cgroup;
+mod pod;
 
 pub use cgroup::{CgroupInfo, parse_cgroup};
 use cgroup::{parse_digits, prefix_chars, truncate_label};
+pub use pod::{POD_LABEL_MAX_CHARS, PodName};
 
 use serde::Serialize;
 
@@ -89,6 +91,10 @@ pub enum Owner {
         qos: Option<String>,
         container_id: Option<String>,
         runtime: Option<ContainerRuntime>,
+        /// The pod's namespace and name (and the container's), where the node's container
+        /// runtime named them: the cgroup path carries only the UID.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pod: Option<PodName>,
     },
     /// A container outside Kubernetes, with its full id.
     Container {
@@ -159,7 +165,8 @@ impl Owner {
     /// end in `…`):
     ///
     /// * `slurm 123.0`, `slurm 123.batch`, `slurm 123` (no step known)
-    /// * `k8s pod 1a2b3c4d` (first 8 characters of the pod UID)
+    /// * `pod ml/trainer-0 (container trainer)` where the runtime named the pod (at most
+    ///   [`POD_LABEL_MAX_CHARS`]), else `k8s pod 1a2b3c4d` (first 8 characters of its UID)
     /// * `docker 3f2a1b4c5d6e`, `containerd …`, `cri-o …`, `podman …` (12-character id, as
     ///   `docker ps` shows it)
     /// * `nginx.service` (system unit), `session-3.scope` (scope)
@@ -184,6 +191,7 @@ impl Owner {
                 "slurm {job_id}{}",
                 if *from_environ { " (env)" } else { "" }
             ),
+            Owner::KubernetesPod { pod: Some(pod), .. } => return pod.label(),
             Owner::KubernetesPod { pod_uid, .. } => format!("k8s pod {}", prefix_chars(pod_uid, 8)),
             Owner::Container { runtime, id } => {
                 format!("{} {}", runtime.name(), prefix_chars(id, 12))
@@ -219,6 +227,14 @@ pub enum OwnerMatch {
         uid: u32,
     },
     Pod(String),
+    /// `pod:NAMESPACE/NAME`: pods by the runtime's names, each part a glob
+    /// (`pod:kube-system/*`).
+    PodName {
+        namespace: String,
+        name: String,
+    },
+    /// `namespace:NAMESPACE` (a glob): every pod of the namespace.
+    Namespace(String),
     Container(String),
     Unit(String),
     Scope(String),
@@ -230,8 +246,8 @@ impl std::str::FromStr for OwnerMatch {
     fn from_str(text: &str) -> Result<OwnerMatch, String> {
         let usage = || {
             format!(
-                "'{text}' is not an owner: give slurm:JOBID, pod:UID, container:ID, unit:NAME or \
-                 scope:NAME"
+                "'{text}' is not an owner: give slurm:JOBID, pod:UID, pod:NAMESPACE/NAME, \
+                 namespace:NAME, container:ID, unit:NAME or scope:NAME"
             )
         };
         let (kind, id) = text.split_once(':').ok_or_else(usage)?;
@@ -261,7 +277,28 @@ impl std::str::FromStr for OwnerMatch {
                     None => number(id).map(OwnerMatch::SlurmJob),
                 }
             }
-            "pod" => prefix(id).map(OwnerMatch::Pod),
+            "pod" => match id.split_once('/') {
+                Some((namespace, name)) => {
+                    if !pod::is_name_pattern(namespace) || !pod::is_name_pattern(name) {
+                        return Err(format!(
+                            "'{text}': give pod:NAMESPACE/NAME in lowercase letters, digits, \
+                             '-' and '.', with * and ? as globs"
+                        ));
+                    }
+                    Ok(OwnerMatch::PodName {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                    })
+                }
+                None => prefix(id).map(OwnerMatch::Pod),
+            },
+            "namespace" => match pod::is_name_pattern(id) {
+                true => Ok(OwnerMatch::Namespace(id.to_string())),
+                false => Err(format!(
+                    "'{text}': a namespace is lowercase letters, digits and '-', with * and ? \
+                     as globs"
+                )),
+            },
             "container" => prefix(id).map(OwnerMatch::Container),
             "unit" => Ok(OwnerMatch::Unit(id.to_string())),
             "scope" => Ok(OwnerMatch::Scope(id.to_string())),
@@ -277,6 +314,8 @@ impl std::fmt::Display for OwnerMatch {
             OwnerMatch::SlurmJob(job_id) => write!(f, "slurm:{job_id}"),
             OwnerMatch::SlurmClaim { job_id, uid } => write!(f, "slurm:{job_id}@{uid}"),
             OwnerMatch::Pod(uid) => write!(f, "pod:{uid}"),
+            OwnerMatch::PodName { namespace, name } => write!(f, "pod:{namespace}/{name}"),
+            OwnerMatch::Namespace(namespace) => write!(f, "namespace:{namespace}"),
             OwnerMatch::Container(id) => write!(f, "container:{id}"),
             OwnerMatch::Unit(unit) => write!(f, "unit:{unit}"),
             OwnerMatch::Scope(scope) => write!(f, "scope:{scope}"),
@@ -290,7 +329,8 @@ impl OwnerMatch {
     pub fn kind(&self) -> &'static str {
         match self {
             OwnerMatch::SlurmJob(_) | OwnerMatch::SlurmClaim { .. } => "slurm",
-            OwnerMatch::Pod(_) => "pod",
+            OwnerMatch::Pod(_) | OwnerMatch::PodName { .. } => "pod",
+            OwnerMatch::Namespace(_) => "namespace",
             OwnerMatch::Container(_) => "container",
             OwnerMatch::Unit(_) => "unit",
             OwnerMatch::Scope(_) => "scope",
@@ -361,6 +401,13 @@ impl OwnerMatch {
             ) => wanted == job_id && *uid == Some(*claimant),
             (OwnerMatch::Pod(wanted), Owner::KubernetesPod { pod_uid, .. }) => {
                 pod_uid.to_ascii_lowercase().starts_with(wanted)
+            }
+            (
+                OwnerMatch::PodName { namespace, name },
+                Owner::KubernetesPod { pod: Some(pod), .. },
+            ) => pod::glob_matches(namespace, &pod.namespace) && pod::glob_matches(name, &pod.name),
+            (OwnerMatch::Namespace(namespace), Owner::KubernetesPod { pod: Some(pod), .. }) => {
+                pod::glob_matches(namespace, &pod.namespace)
             }
             (OwnerMatch::Container(wanted), Owner::Container { id, .. })
             | (

@@ -256,6 +256,7 @@ fn kubernetes_systemd_driver() {
             qos: Some("Burstable".into()),
             container_id: Some(ID64.into()),
             runtime: Some(ContainerRuntime::Containerd),
+            pod: None,
         }
     );
     assert_eq!(o.label(), "k8s pod 0a1b2c3d");
@@ -268,6 +269,7 @@ fn kubernetes_systemd_driver() {
             qos: Some("Guaranteed".into()),
             container_id: None,
             runtime: None,
+            pod: None,
         }
     );
 }
@@ -283,6 +285,7 @@ fn kubernetes_cgroupfs_static_pod_and_nesting() {
             qos: Some("BestEffort".into()),
             container_id: Some(ID64.into()),
             runtime: None,
+            pod: None,
         }
     );
 }
@@ -512,6 +515,7 @@ fn labels_are_bounded() {
         qos: None,
         container_id: None,
         runtime: None,
+        pod: None,
     };
     assert_eq!(pod.label(), "k8s pod ü");
 }
@@ -692,6 +696,7 @@ fn owner_selectors_parse_and_match() {
         qos: None,
         container_id: Some("9ec39b91f3d7".into()),
         runtime: None,
+        pod: None,
     };
     let claim = Owner::SlurmJob {
         job_id: 42,
@@ -775,4 +780,43 @@ fn owner_selectors_are_their_strings_in_json() {
         assert_eq!(serde_json::from_str::<OwnerMatch>(&json).unwrap(), wanted);
     }
     assert!(serde_json::from_str::<OwnerMatch>("\"slurm:x\"").is_err());
+}
+
+#[test]
+fn pods_are_selected_by_the_names_the_runtime_gave_them() {
+    let named = |namespace: &str, name: &str| Owner::KubernetesPod {
+        pod_uid: "1a2b3c4d-0000-4000-8000-00000000abcd".into(),
+        qos: Some("Burstable".into()),
+        container_id: None,
+        runtime: None,
+        pod: Some(PodName {
+            namespace: namespace.into(),
+            name: name.into(),
+            container: Some("trainer".into()),
+        }),
+    };
+    let matches =
+        |selector: &str, owner: &Owner| selector.parse::<OwnerMatch>().unwrap().matches(owner);
+    let trainer = named("ml", "trainer-0");
+    assert!(matches("pod:ml/trainer-0", &trainer));
+    assert!(matches("pod:ml/trainer-*", &trainer));
+    assert!(matches("pod:*/trainer-0", &trainer));
+    assert!(!matches("pod:kube-system/*", &trainer));
+    assert!(matches("namespace:ml", &trainer));
+    assert!(matches("namespace:m*", &trainer));
+    assert!(!matches("namespace:ml-prod", &trainer));
+    // The UID form still matches, named or not; the name forms need the runtime's names.
+    assert!(matches("pod:1a2b3c4d", &trainer));
+    let mut unnamed = named("ml", "trainer-0");
+    if let Owner::KubernetesPod { pod, .. } = &mut unnamed {
+        *pod = None;
+    }
+    assert!(!matches("namespace:ml", &unnamed));
+    // Written back as given.
+    for form in ["pod:ml/trainer-*", "namespace:ml"] {
+        assert_eq!(form.parse::<OwnerMatch>().unwrap().to_string(), form);
+    }
+    for bad in ["pod:ML/x", "pod:ml/", "namespace:a/b", "namespace:"] {
+        assert!(bad.parse::<OwnerMatch>().is_err(), "{bad}");
+    }
 }

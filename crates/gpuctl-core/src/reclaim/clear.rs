@@ -88,7 +88,7 @@ pub fn clear_saying(
         true => Some(session.holder_scan(true)?),
         false => None,
     };
-    let (snapshot, findings) = classified(gpus, &policy, holders, &protection)?;
+    let (snapshot, findings) = classified(session, &policy, holders, &protection)?;
     let guard = Guard::for_this_process(protection);
     // Leftovers of dead runs; clear enforces no policy.
     let leftovers: Vec<Finding> = findings

@@ -158,7 +158,7 @@ pub fn prepare_kill<'s>(
     let selector = request.selector(session.places(&request.gpus)?)?;
     // An explicit kill is the admin's call: only protected commands are spared, not users.
     let protection = session.protection().clone().programs_only();
-    let (snapshot, findings) = classified(&session.gpus, &Policy::default(), None, &protection)?;
+    let (snapshot, findings) = classified(session, &Policy::default(), None, &protection)?;
     let (targets, mut refused) = select::select(&snapshot, &findings, &selector);
     refused.extend(replaced(&snapshot, &request.processes));
     if targets.is_empty() && refused.is_empty() {

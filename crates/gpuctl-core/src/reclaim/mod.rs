@@ -192,15 +192,16 @@ fn end_planned(outcomes: &mut [Outcome], how: &Escalation, before: Option<&Snaps
 /// A snapshot with the evidence classification needs, and its findings. `holders`: also
 /// scan for device-file holders NVML does not list (`clear --holders`).
 fn classified(
-    gpus: &Gpus,
+    session: &Session,
     policy: &Policy,
     holders: Option<HolderScan>,
     protection: &Protection,
 ) -> Result<(Snapshot, Vec<Finding>)> {
     // Holders that are protected programs are tools, not suspects.
     let look = Reader::new(SnapshotOptions::reclaim(holders))
+        .naming_pods(&session.loaded.kubernetes())
         .marking_holders(protection.clone())
-        .look(gpus)?;
+        .look(&session.gpus)?;
     let findings = look.classify(None, policy);
     Ok((look.snapshot, findings))
 }

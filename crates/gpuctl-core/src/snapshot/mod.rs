@@ -181,6 +181,10 @@ pub struct Snapshot {
     /// (see [`crate::service`]); absent in the host's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_service: Option<crate::service::client::ServiceUse>,
+    /// How the container runtime was asked for the names of the pods on the GPUs; absent
+    /// where no process of a pod it had not named was there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_runtime: Option<crate::host::pods::RuntimeUse>,
     pub devices: Vec<GpuSnapshot>,
     /// How long its reads took, for benchmarks.
     #[serde(skip)]
@@ -414,6 +418,7 @@ impl Snapshot {
             nvml_version: nvml.sys_nvml_version().ok(),
             host_pid_namespace: view.host_pid_namespace(),
             host_service,
+            pod_runtime: None,
             devices,
             read_times: ReadTimes {
                 nvml: started.elapsed() - host_read - holders_read.unwrap_or_default(),
@@ -435,6 +440,7 @@ impl Snapshot {
             nvml_version: None,
             host_pid_namespace: true,
             host_service: None,
+            pod_runtime: None,
             devices,
             read_times: ReadTimes::default(),
         }

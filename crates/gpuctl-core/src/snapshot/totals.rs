@@ -8,7 +8,7 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::Snapshot;
 use crate::host::HostProcess;
-use crate::owner::Owner;
+use crate::owner::{Owner, PodName};
 use crate::pidmap::PidMap;
 
 /// What the totals are grouped by.
@@ -16,6 +16,8 @@ use crate::pidmap::PidMap;
 pub enum By {
     User,
     Owner,
+    /// The Kubernetes namespace of a pod the runtime named.
+    Namespace,
 }
 
 impl By {
@@ -24,6 +26,7 @@ impl By {
         match self {
             By::User => "user",
             By::Owner => "owner",
+            By::Namespace => "namespace",
         }
     }
 }
@@ -54,6 +57,8 @@ impl Serialize for Total {
 /// The group a process belongs to: its user name (else uid, else "?"), or its owner at the
 /// level people share by: the Slurm job (not the step), the pod (not the container);
 /// "(no owner)" for a process in no unit, container or job, "?" where it cannot be read.
+/// By namespace: a pod's, as the runtime named it; "(pod not named)" for a pod it did not
+/// name, "(not in a pod)" for any other process.
 pub fn group_of(host: &HostProcess, by: By) -> String {
     match by {
         By::User => host
@@ -75,7 +80,18 @@ pub fn group_of(host: &HostProcess, by: By) -> String {
                 None => format!("slurm {job_id} (env)"),
             },
             Some(Owner::SlurmJob { job_id, .. }) => format!("slurm {job_id}"),
+            Some(Owner::KubernetesPod { pod: Some(pod), .. }) => PodName {
+                container: None,
+                ..pod.clone()
+            }
+            .label(),
             Some(owner) => owner.label(),
+        },
+        By::Namespace => match &host.owner {
+            None => "?".to_string(),
+            Some(Owner::KubernetesPod { pod: Some(pod), .. }) => pod.namespace.clone(),
+            Some(Owner::KubernetesPod { .. }) => "(pod not named)".to_string(),
+            Some(_) => "(not in a pod)".to_string(),
         },
     }
 }

@@ -48,6 +48,7 @@ fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex
         },
         xid_catalog: Default::default(),
         idle: Default::default(),
+        kubernetes: Default::default(),
     };
     let (logger, logged) = crate::log::Logger::buffered();
     (Daemon::new(settings, logger, Notifier::from_env()), logged)

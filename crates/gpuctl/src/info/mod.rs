@@ -147,5 +147,6 @@ fn group_by(args: &InfoArgs) -> Option<By> {
     args.by.map(|by| match by {
         GroupBy::User => By::User,
         GroupBy::Owner => By::Owner,
+        GroupBy::Namespace => By::Namespace,
     })
 }

@@ -62,7 +62,12 @@ pub(super) fn process_table(
     let w_sm = width(|r| &r.sm, "SM", 4);
     let w_age = width(|r| &r.age, "AGE", 7);
     let w_state = width(|r| &r.state, "STATE", 12);
-    let w_owner = width(|r| &r.owner, "OWNER", 28);
+    // A pod named by its namespace and name is wider than a job number.
+    let w_owner = width(
+        |r| &r.owner,
+        "OWNER",
+        gpuctl_core::owner::POD_LABEL_MAX_CHARS,
+    );
     let fixed = 2 + w_pid + w_user + w_mem + w_sm + w_age + w_state + w_owner + 2 * 7;
     // Without a terminal nothing is cut; on a narrow one the command keeps at least 20.
     let w_command = style.width.map(|w| w.saturating_sub(fixed).max(20));

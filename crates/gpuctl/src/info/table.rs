@@ -210,6 +210,15 @@ pub fn table(snapshot: &Snapshot, unscanned_above: Option<u64>, style: &Style) -
         out.push_str(&style.paint(Color::Yellow, &note));
         out.push('\n');
     }
+    if let Some(error) = snapshot
+        .pod_runtime
+        .as_ref()
+        .and_then(|r| r.error.as_deref())
+    {
+        let note = format!("note: pods are shown by UID: {}", render::safe(error));
+        out.push_str(&style.paint(Color::Yellow, &note));
+        out.push('\n');
+    }
     for gpu in &snapshot.devices {
         out.push('\n');
         gpu_block(&mut out, gpu, unscanned_above, style, dot);
