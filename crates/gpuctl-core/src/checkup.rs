@@ -3,7 +3,6 @@
 //! configuration's Xid catalog, judged by [`crate::health::verdict`], and the
 //! `gpuctl health --json` document.
 
-
 use serde::Serialize;
 
 use crate::config::{self, Loaded};
