@@ -42,6 +42,9 @@ SIM_ONLY = {
     "metrics": "real NVML's figures in the textfile",
     "nvml-wrapper": "the real driver's pass/fail set",
     "mig": "a card partitioned by its admin (never changed here)",
+    "mps": "NVIDIA's server holding a real context, its clients' memory as the driver counts it under MPS (here a "
+           "stand-in server; the real control daemon runs without one)",
+    "xid": "the driver's own NVRM lines and /dev/kmsg's permissions there (read only; an Xid is never provoked)",
 }
 
 ORDER = ["info", "reclaim-kill", "reclaim-clear", "watchdog", "holders", "health", "run", "idle", "py-oom",
@@ -50,7 +53,7 @@ ORDER = ["info", "reclaim-kill", "reclaim-clear", "watchdog", "holders", "health
 # Seconds each may take (the runner also keeps the whole under its budget).
 TIMEOUT = {"info": 60, "reclaim-kill": 45, "reclaim-clear": 60, "watchdog": 60, "holders": 30, "health": 30,
            "run": 45, "idle": 45, "py-oom": 60, "py-runguard": 60, "py-explain": 45, "py-estimate": 60,
-           "trainer": 150, "top": 45, "metrics": 30, "nvml-wrapper": 90, "mig": 30, "mps": 5, "xid": 5}
+           "trainer": 150, "top": 45, "metrics": 30, "nvml-wrapper": 90, "mig": 30, "mps": 60, "xid": 45}
 
 
 def result(ok: bool, figure: str, **more) -> dict:
@@ -460,12 +463,243 @@ def check_mig() -> dict:
                                                          f"{sorted(ours - theirs)}"))
 
 
+def mps_control():
+    """NVIDIA's control daemon: the machine's (it must match the driver); in rehearsal the
+    535 one scripts/fetch-mps caches. Returns (path or None, why not)."""
+    if not lab.sim():
+        found = shutil.which("nvidia-cuda-mps-control")
+        return found, None if found else "no nvidia-cuda-mps-control on PATH"
+    try:
+        out = subprocess.run([os.path.join(lab.HERE, "..", "fetch-mps")], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return None, "scripts/fetch-mps took over 20 s"
+    return (out.stdout.strip(), None) if out.returncode == 0 else (None, out.stderr.strip()[-200:])
+
+
+class MpsDaemon:
+    """nvidia-cuda-mps-control -f, a child of ours: its pipe directory in a scratch directory
+    of its own (the control socket's path must stay short), its log in the run's output.
+    Nothing of the machine's MPS (/tmp/nvidia-mps) is touched, nor the compute mode."""
+
+    def __init__(self, program: str):
+        self.program = program
+        self.pipe = tempfile.mkdtemp(prefix="gpulab-mps-")
+        self.log = os.path.join(os.environ.get("GPUCTL_LAB_OUT", self.pipe), "mps-log")
+        os.makedirs(self.log, exist_ok=True)
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUDA_MPS_PIPE_DIRECTORY": self.pipe,
+                    "CUDA_MPS_LOG_DIRECTORY": self.log}
+        with open(os.path.join(self.log, "foreground.log"), "w") as out:
+            self.child = subprocess.Popen([program, "-f"], env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                          stderr=subprocess.STDOUT)
+        lab.track(self.child.pid)
+        if lab.wait_until(lambda: os.path.exists(os.path.join(self.pipe, "control")), 10) is None:
+            self.quit()
+            raise RuntimeError(f"{program} -f made no control pipe in 10 s: {self.log_text()[-300:]!r}")
+
+    def servers(self) -> dict:
+        """The servers it started (its children): pid -> start time, each tracked for the
+        runner's cleanup."""
+        found = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == self.child.pid:
+                found[int(entry)] = fields[19]
+                lab.track(int(entry))
+        return found
+
+    def quit(self) -> str:
+        """`echo quit | nvidia-cuda-mps-control`, as docs/guide/mps.md says; whatever of it is
+        left after 15 s is ended by pid (a server only while it is still the same process).
+        Says how it went."""
+        servers = self.servers()
+        try:
+            subprocess.run([self.program], input="quit\n", env=self.env, capture_output=True, text=True, timeout=10)
+            self.child.wait(15)
+            how = "quit cleanly"
+        except subprocess.TimeoutExpired:
+            how = "did not quit in 15 s: SIGKILLed"
+            lab.end(self.child)
+        for pid, ticks in servers.items():
+            if lab.start_ticks(pid) == ticks:
+                lab.end(pid)
+                how += f"; its server {pid} SIGKILLed"
+        shutil.rmtree(self.pipe, ignore_errors=True)
+        return how
+
+    def log_text(self) -> str:
+        paths = [os.path.join(self.log, name) for name in ("control.log", "foreground.log")]
+        return "".join(open(p, errors="replace").read() for p in paths if os.path.exists(p))
+
+
+def sim_mps_server(directory: str) -> subprocess.Popen:
+    """Rehearsal: a stand-in named nvidia-cuda-mps-server (NVIDIA's needs a GPU), listed as
+    GPU 0's MPS server holding 300 MiB of its own."""
+    name = os.path.join(directory, "nvidia-cuda-mps-server")
+    os.symlink(shutil.which("sleep"), name)
+    server = subprocess.Popen([name, "3600"])
+    lab.track(server.pid)
+    lab.register(server.pid, 300, mps="server")
+    return server
+
+
+def compare_mps(expected: dict) -> list:
+    """`gpuctl info --json` next to nvidia-smi's compute apps for {pid: role}: each of them
+    a row with its MPS role and the memory nvidia-smi gives it, and marked so in the table."""
+    doc = lab.gpuctl_json("info", "--gpu", "0")
+    rows = {p["pid"]: p for d in doc["devices"] for p in d["processes"]}
+    apps = lab.compute_apps()
+    problems = []
+    for pid, role in expected.items():
+        row = rows.get(pid)
+        if row is None:
+            problems.append(f"{role} {pid} not in gpuctl info")
+            continue
+        if row.get("mps") != role:
+            problems.append(f"{role} {pid} has mps {row.get('mps')!r}")
+        used = row.get("used_bytes")
+        if apps.get(pid) is None or used is None or used // lab.MIB != apps[pid]:
+            problems.append(f"{role} {pid}: gpuctl {used and used // lab.MIB} MiB, nvidia-smi {apps.get(pid)} MiB")
+    table = subprocess.run([lab.binary("gpuctl"), "info", "--gpu", "0"], capture_output=True, text=True,
+                           timeout=60).stdout
+    marked = sum(line.split()[:1] == [str(pid)] and f"[MPS {role}]" in line
+                 for line in table.splitlines() for pid, role in expected.items())
+    if marked != len(expected):
+        problems.append(f"{marked}/{len(expected)} table rows marked [MPS server]/[MPS client]")
+    return problems
+
+
 def check_mps() -> dict:
-    return {"status": NA, "figure": "not run: waits for issue 49 (MPS) to land"}
+    program, why = mps_control()
+    if program is None and not lab.sim():
+        return {"status": NA, "figure": f"{why}: MPS is not installed here"}
+    scratch = tempfile.mkdtemp(prefix="gpulab-mps-server-")
+    daemon = MpsDaemon(program) if program else None
+    started, quit_how = [], None
+    try:
+        pipe = daemon.pipe if daemon else scratch
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=daemon.log if daemon else pipe)
+        server = sim_mps_server(scratch) if lab.sim() else None
+        started += [server] if server else []
+        clients = [lab.spawn_holder(mib, env=env) for mib in (1024, 512)]
+        started += clients
+        servers = [server.pid] if server else list(daemon.servers())
+        time.sleep(1)
+        expected = {**{pid: "server" for pid in servers}, **{c.pid: "client" for c in clients}}
+        problems = compare_mps(expected) if servers else ["the daemon started no server for its clients"]
+    finally:
+        lab.end(*started)
+        quit_how = daemon.quit() if daemon else None
+        shutil.rmtree(scratch, ignore_errors=True)
+    control = f"control daemon {program} -f {quit_how}" if daemon else f"no control daemon here ({why})"
+    figure = (f"{len(servers)} server + {len(clients)} clients: {len(expected) - len(problems)}/{len(expected)} rows "
+              f"with their MPS role and nvidia-smi's memory; {control}" + "".join(f"; {p}" for p in problems))
+    return result(not problems and (daemon is None or quit_how == "quit cleanly"), figure,
+                  daemon_log=daemon.log_text()[-4000:] if daemon else None)
+
+
+def nvrm_lines(last: int = 5):
+    """The kernel log's last NVRM lines: /dev/kmsg read to its end without blocking, else
+    `dmesg`. Returns (lines, where from), or (None, why neither could be read)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        kmsg_error = f"/dev/kmsg: {error.strerror}"
+    else:
+        records = []
+        try:
+            while True:
+                try:
+                    records.append(os.read(fd, 8192).decode(errors="replace"))
+                except BlockingIOError:
+                    break
+                except BrokenPipeError:  # a record overwritten as we read: read on
+                    continue
+        finally:
+            os.close(fd)
+        lines = [r.split(";", 1)[-1].splitlines()[0] for r in records if "NVRM" in r]
+        return lines[-last:], "/dev/kmsg"
+    out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        return None, f"{kmsg_error}; dmesg: {out.stderr.strip()[-200:]}"
+    return [line for line in out.stdout.splitlines() if "NVRM" in line][-last:], "dmesg"
+
+
+def watch_xids(directory: str, kernel_log=None) -> tuple:
+    """The watchdog in the foreground, reporting only, its kernel-log reader on `kernel_log`
+    (None: its default, /dev/kmsg). Returns (daemon, config, log path) once it watches Xids."""
+    orphan = script("watchdog-orphan.py")
+    config = orphan.write_config(directory, 0.2, 3600, 2, "report")
+    log_path = os.path.join(directory, "watchdog.log")
+    env = {k: v for k, v in os.environ.items() if k != "GPUCTL_KERNEL_LOG"}
+    if kernel_log:
+        env.update(GPUCTL_KERNEL_LOG=kernel_log, NVML_SIM_KERNEL_LOG=kernel_log)
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([lab.binary("gpuctl-watchdog"), "--config", config], stderr=log,
+                                  stdin=subprocess.DEVNULL, env=env)
+    lab.track(daemon.pid)
+    if lab.wait_until(lambda: "watching Xid events" in open(log_path).read(), 15, 0.1) is None:
+        orphan.stop(daemon)
+        raise RuntimeError(f"the watchdog never watched Xid events: {open(log_path).read()[-500:]!r}")
+    return daemon, config, log_path
+
+
+def check_xid_hardware() -> dict:
+    """Read only: what the driver's NVRM lines look like here, and the watchdog's reader
+    opening /dev/kmsg without error. Never provokes an Xid."""
+    lines, source = nvrm_lines()
+    with tempfile.TemporaryDirectory() as tmp:
+        daemon, _, log_path = watch_xids(tmp)
+        time.sleep(2)  # some loops, each reading the kernel log
+        script("watchdog-orphan.py").stop(daemon)
+        log = open(log_path).read()
+    refused = [line for line in log.splitlines() if "cannot read the kernel log" in line]
+    seen = (f"last {len(lines)} NVRM line(s) of {source} recorded" if lines is not None
+            else f"the kernel log is not readable here ({source})")
+    reader = "started without error" if not refused else f"failed: {refused[0][-200:]}"
+    return result(not refused, f"{seen}; the watchdog's kernel-log reader on /dev/kmsg {reader}", nvrm_lines=lines,
+                  watchdog_log=log[-4000:])
+
+
+XID_ENTRY = "\n[[xid]]\ngpu = 0\nxid = 13\npid = {pid}\n"
+
+
+def check_xid_sim() -> dict:
+    """Xid 13 (an application's) on GPU 0 with two processes on it: the sim writes the
+    driver's line naming one to a scratch kernel log, which the watchdog reads."""
+    culprit, neighbour = lab.spawn_holder(512), lab.spawn_holder(512)
+    entry = XID_ENTRY.format(pid=culprit.pid)
+    daemon = None
+    with tempfile.TemporaryDirectory() as tmp:
+        kernel_log = os.path.join(tmp, "kmsg")
+        open(kernel_log, "w").close()
+        try:
+            daemon, config, log_path = watch_xids(tmp, kernel_log)
+            lab.edit_scenario(lambda text: text + entry)
+            lab.wait_until(lambda: "Xid 13" in open(log_path).read(), 15, 0.1)
+            health = subprocess.run([lab.binary("gpuctl"), "health", "--gpu", "0", "--json"], capture_output=True,
+                                    env=dict(os.environ, GPUCTL_CONFIG=config), text=True, timeout=30)
+        finally:
+            if daemon:
+                script("watchdog-orphan.py").stop(daemon)
+            lab.edit_scenario(lambda text: text.replace(entry, ""))
+            lab.end(culprit, neighbour)
+        line = next((x for x in open(log_path).read().splitlines() if "Xid 13" in x), "(no Xid 13 line)")
+        written = open(kernel_log).read().strip()
+    doc = json.loads(health.stdout or "{}")
+    causes = [c for g in doc.get("gpus", []) for c in g.get("causes", []) if c.get("xid") == 13]
+    named = sorted({p["pid"] for c in causes for p in c.get("processes", [])})
+    in_line = f"CULPRIT={culprit.pid}" in line and not re.search(rf"\b{neighbour.pid}\b", line)
+    ok = in_line and named == [culprit.pid]
+    return result(ok, f"Xid 13, 2 processes on GPU 0, the sim's NVRM line in a scratch kernel log: the watchdog's "
+                      f"line names {'the culprit only' if in_line else 'NOT the culprit alone'}, gpuctl health names "
+                      f"{named} (culprit {culprit.pid})", kernel_line=written, watchdog_line=line)
 
 
 def check_xid() -> dict:
-    return {"status": NA, "figure": "not run: waits for issue 48 (Xid culprit) to land"}
+    return check_xid_sim() if lab.sim() else check_xid_hardware()
 
 
 CHECKS = {

@@ -4,7 +4,8 @@ busy (a matmul loop) or idle, and prints "ready" and its workers' pids once it h
 
 In rehearsal (lab.sim()) it registers itself in nvml-sim's scenario instead of allocating,
 on the GPU its CUDA_VISIBLE_DEVICES names (else GPU 0), and opens that GPU's simulated
-device file, as the driver maps /dev/nvidia* into a CUDA process.
+device file, as the driver maps /dev/nvidia* into a CUDA process; with CUDA_MPS_PIPE_DIRECTORY
+set it registers as an MPS client (on a GPU, CUDA makes it one of that daemon's server).
 
   holder.py --mib 1024 [--busy] [--workers N --worker-mib M] [--detach-workers]
             [--exit-after S] [--report FILE]
@@ -44,7 +45,9 @@ def hold(mib: int, busy: bool):
     if lab.sim():
         index = sim_gpu_index()
         keep = open(os.path.join(os.environ["GPUCTL_DEV_DIR"], f"nvidia{index}"), "rb")
-        lab.register(os.getpid(), mib, 60 if busy else 0, index)
+        # Started with an MPS pipe directory, CUDA makes it a client of that daemon's server.
+        mps = "client" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else None
+        lab.register(os.getpid(), mib, 60 if busy else 0, index, mps)
         return keep, lambda: sum(range(200000))
     import torch
 

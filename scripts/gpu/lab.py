@@ -38,19 +38,35 @@ def binary(name: str) -> str:
     return os.path.join(os.environ.get("GPUCTL_LAB_BIN", ""), name)
 
 
-def register(pid: int, mib: int, sm_pct: int = 0, gpu: int = 0) -> None:
+def register(pid: int, mib: int, sm_pct: int = 0, gpu: int = 0, mps: str = None) -> None:
     """Rehearsal only: lists `pid` on GPU `gpu` holding `mib`, as the driver would once the
-    process made a CUDA context there. The scenario is replaced whole (temp file, rename)
-    under a lock of ours, as nvml-sim asks of live edits."""
+    process made a CUDA context there (`mps`: "server" or "client" of that GPU's MPS
+    server)."""
+    entry = f"\n[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {mib}\nsm_pct = {sm_pct}\n"
+    if mps:
+        entry += f'mps = "{mps}"\n'
+    edit_scenario(lambda text: text + entry)
+
+
+def edit_scenario(change) -> None:
+    """Rehearsal only: the scenario's text through `change`. It is replaced whole (temp
+    file, rename) under a lock of ours, as nvml-sim asks of live edits."""
     scenario = os.environ["NVML_SIM_SCENARIO"]
     with open(scenario + ".gpulab.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        text = open(scenario).read()
-        text += f"\n[[process]]\npid = {pid}\ngpu = {gpu}\nused_mib = {mib}\nsm_pct = {sm_pct}\n"
+        text = change(open(scenario).read())
         tmp = f"{scenario}.gpulab.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(text)
         os.rename(tmp, scenario)
+
+
+def start_ticks(pid: int):
+    """The process's start time (clock ticks since boot), None once it is gone."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def track(pid: int) -> None:
@@ -59,7 +75,9 @@ def track(pid: int) -> None:
     path = os.environ.get("GPUCTL_LAB_TRACK")
     if not path:
         return
-    ticks = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return
     with open(path, "a") as f:
         f.write(f"{pid} {ticks}\n")
 
