@@ -464,6 +464,9 @@ fn start_node(layout: &Layout, number: usize, port: u16, root: &Path) -> Result<
         None => Sim::new(""),
     };
     sim.write(&scenario.device_dir(&sim.dev_dir()));
+    // A named node's directory is made here, not by Sim::new: its configuration's too.
+    let etc = sim.dir.path().join("etc");
+    std::fs::create_dir_all(&etc).map_err(|e| format!("{}: {e}", etc.display()))?;
     let textfile_dir = root.join(format!("node{number}-textfile"));
     std::fs::create_dir_all(&textfile_dir)
         .map_err(|e| format!("{}: {e}", textfile_dir.display()))?;

@@ -88,10 +88,11 @@ pub fn an_app_xid_never_drains_and_the_epilog_names_the_job(mode: &Mode) {
     c.wait_node_idle(WAIT);
 }
 
-/// Another user sets the job's id in her own environment and runs on the job's GPU when an
-/// application Xid comes: the watchdog records both processes, and the epilog's line in
-/// slurm.log names the job's process only. (Her process leaves the GPU before the job ends,
-/// so that the epilog finds the GPU free.)
+/// Another user sets the job's id in her own environment and runs on the job's GPU, where
+/// two application Xids come, the kernel naming her process for one and the job's for the
+/// other: the watchdog records each with its culprit, and the epilog's line in slurm.log names
+/// the job's process only. (Her process leaves the GPU before the job ends, so that the
+/// epilog finds the GPU free.)
 pub fn another_users_claim_on_the_job_is_not_in_its_xid_lines(mode: &Mode) {
     let c = &mode.cluster;
     let job = mode.start_job(false);
@@ -102,7 +103,8 @@ pub fn another_users_claim_on_the_job_is_not_in_its_xid_lines(mode: &Mode) {
     let both = gpus(Scenario::new().device_dir(&mode.sim.dev_dir()))
         .process(ours.clone())
         .process(Process::new(mallory.pid()).on(job.gpu).used(512 * MIB))
-        .xid(job.gpu, 13, Some(mallory.pid()));
+        .xid(job.gpu, 13, Some(mallory.pid()))
+        .xid(job.gpu, 13, Some(job.pid));
     mode.sim.write(&both);
     let xid_log = mode.sim.dir.path().join("state/health.json");
     wait_until(WAIT, || {
@@ -115,12 +117,23 @@ pub fn another_users_claim_on_the_job_is_not_in_its_xid_lines(mode: &Mode) {
         .write(&gpus(Scenario::new().device_dir(&mode.sim.dev_dir())).process(ours));
     mode.finish(&job);
     let log = mode.slurm_log();
-    let line = log
+    let lines: Vec<&str> = log
         .lines()
-        .find(|l| l.contains(&format!("job {}: Xid 13", job.id)))
-        .unwrap_or_else(|| panic!("no Xid line for job {}: {log}", job.id));
-    assert!(line.contains(&format!("hit pid {} (", job.pid)), "{line}");
-    assert!(!line.contains(&format!("pid {}", mallory.pid())), "{line}");
+        .filter(|l| l.contains(&format!("job {}: Xid 13", job.id)))
+        .collect();
+    assert!(!lines.is_empty(), "no Xid line for job {}: {log}", job.id);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("hit pid {} (", job.pid))),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains(&format!("pid {}", mallory.pid()))),
+        "{lines:?}"
+    );
     drop(mallory);
     mode.set_scenario(&[], &[]);
     c.wait_node_idle(WAIT);

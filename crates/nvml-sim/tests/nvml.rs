@@ -666,7 +666,8 @@ fn every_list(raw: &Raw, index: u32) -> Vec<(&'static str, Vec<u32>, Vec<String>
 }
 
 /// What [`every_list`] should say when these (pid, kind) are listed: compute lists name
-/// the compute processes, graphics lists the graphics ones, MPS lists nothing and the
+/// the compute processes, graphics lists the graphics ones (the private table's slot 215;
+/// 214 is its MPS list), MPS lists nothing and the
 /// utilization calls every one.
 fn expect_lists(procs: &[(u32, &str)]) -> Vec<(&'static str, Vec<u32>)> {
     LISTS
@@ -675,11 +676,11 @@ fn expect_lists(procs: &[(u32, &str)]) -> Vec<(&'static str, Vec<u32>)> {
             let pids = procs
                 .iter()
                 .filter(|(_, kind)| {
-                    if name.contains("MPS") || *name == "slot 215" {
+                    if name.contains("MPS") || *name == "slot 214" {
                         false
                     } else if name.contains("Compute") || *name == "slot 213" {
                         kind.contains("compute")
-                    } else if name.contains("Graphics") || *name == "slot 214" {
+                    } else if name.contains("Graphics") || *name == "slot 215" {
                         kind.contains("graphics")
                     } else {
                         true
@@ -788,7 +789,7 @@ fn listed_pid_is_what_lists_report_and_the_real_pid_decides_liveness() {
     assert_eq!(d.memory_info().unwrap().used, 700 * MIB);
     let lists = every_list(&raw, 0);
     for (name, _, names) in &lists {
-        if *name == "slot 213" || *name == "slot 214" {
+        if *name == "slot 213" || *name == "slot 215" {
             assert_eq!(names, &["sleep".to_string()], "{name}");
         }
     }

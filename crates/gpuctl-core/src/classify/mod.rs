@@ -620,7 +620,7 @@ mod tests {
                 runtime: None,
                 pod: None,
             });
-            snapshot.pod_runtime = Some(crate::host::pods::RuntimeUse {
+            snapshot.pod_runtime = Some(crate::snapshot::pods::RuntimeUse {
                 socket: None,
                 error: None,
                 ready_pod_uids: ready.iter().map(|uid| uid.to_string()).collect(),

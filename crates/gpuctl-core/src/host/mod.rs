@@ -4,7 +4,6 @@
 mod cache;
 pub mod devfiles;
 mod lineage;
-pub mod pods;
 pub mod tree;
 
 pub use cache::FactCache;

@@ -4,6 +4,7 @@
 
 mod health;
 pub mod peaks;
+pub mod pods;
 mod read;
 mod steps;
 pub mod totals;
@@ -184,7 +185,7 @@ pub struct Snapshot {
     /// How the container runtime was asked for the names of the pods on the GPUs; absent
     /// where no process of a pod it had not named was there.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod_runtime: Option<crate::host::pods::RuntimeUse>,
+    pub pod_runtime: Option<crate::snapshot::pods::RuntimeUse>,
     pub devices: Vec<GpuSnapshot>,
     /// How long its reads took, for benchmarks.
     #[serde(skip)]

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::{GpuProcess, Snapshot};
 use crate::config;
 use crate::cri::{self, Runtime};
 use crate::owner::{Owner, PodName};
-use crate::snapshot::{GpuProcess, Snapshot};
 
 /// How long a snapshot waits for the runtime, unless configured.
 pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(1);
