@@ -515,3 +515,59 @@ fn totals_by_user_and_owner_are_the_sums_of_the_rows() {
     let bad = sim.run(&["info", "--by", "team"]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
 }
+
+/// `info` marks what `clear` would reclaim (finding 6 of issue 52): a crashed run's workers
+/// show their finding in the STATE column and as `reclaimable` in the JSON; a healthy
+/// process shows neither.
+#[test]
+fn a_crashed_runs_orphans_are_marked_reclaimable_and_a_healthy_process_is_not() {
+    use crate::util::TrainingRun;
+    let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py", "--model", "llama-8b"]);
+    run.crash();
+    let workers = run.workers.pids.clone();
+    let healthy = Proc::sleeper("python3", &["serve.py"]);
+    let sim = Sim::new(
+        &header()
+            .gpu(h200())
+            .gpu(h200())
+            .process(Process::new(workers[0]).used(2 * GIB))
+            .process(Process::new(workers[1]).used(2 * GIB))
+            .process(Process::new(healthy.pid()).on(1).used(GIB)),
+    );
+    let table = sim.run(&["info", "--color", "never"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    let line_of = |pid: u32| {
+        table
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{pid} ")))
+            .unwrap_or_else(|| panic!("{pid} not listed:\n{}", table.stdout))
+            .to_string()
+    };
+    for &pid in &workers {
+        assert!(line_of(pid).contains("  orphaned  "), "{}", line_of(pid));
+    }
+    let healthy_line = line_of(healthy.pid());
+    assert!(!healthy_line.contains("orphaned"), "{healthy_line}");
+    assert!(healthy_line.contains("sleeping"), "{healthy_line}");
+
+    let doc = sim.json(&["info"]);
+    // The schema, which admits no unknown field, holds the new one.
+    let schema = crate::schema::schema("info-v1.schema.json");
+    crate::schema::validate(&schema, &schema, &doc, "$").unwrap_or_else(|e| panic!("{e}"));
+    crate::schema::conforms(&schema, &doc).unwrap_or_else(|e| panic!("{e}"));
+    let process = |gpu: u64, pid: u32| {
+        device(&doc, gpu)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("{pid} not on GPU {gpu}: {doc}"))
+            .clone()
+    };
+    for &pid in &workers {
+        assert_eq!(process(0, pid)["reclaimable"], "orphaned");
+    }
+    let healthy_doc = process(1, healthy.pid());
+    assert!(healthy_doc.get("reclaimable").is_none(), "{healthy_doc}");
+}

@@ -104,6 +104,7 @@ impl ProcessFixture {
             kind: ProcessType::Compute,
             sm_util_pct: self.sm_util_pct,
             idle: None,
+            reclaimable: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             mps: None,

@@ -8,12 +8,13 @@
 use std::time::Duration;
 
 use crate::act::Identity;
+use crate::classify::{Finding, Policy, Remedy, Verdict};
 use crate::config;
 use crate::error::Result;
 use crate::report::{WatchdogFindings, watchdog_findings_path};
 use crate::session::{Reader, Session, SessionOptions};
 use crate::snapshot::peaks::PeakStore;
-use crate::snapshot::{Snapshot, SnapshotOptions};
+use crate::snapshot::{GpuProcess, Snapshot, SnapshotOptions};
 
 pub use crate::report::{INFO_SCHEMA, InfoDocument, document};
 
@@ -77,9 +78,15 @@ impl Survey {
     }
 
     /// One snapshot as `info` shows it (peak marks observed and recorded, the processes
-    /// the watchdog finds idle marked).
+    /// `clear` would reclaim and those the watchdog finds idle marked).
     pub fn take(&mut self) -> Result<Snapshot> {
-        let mut snapshot = self.reader.take(&self.session.gpus)?;
+        let look = self.reader.look(&self.session.gpus)?;
+        // The rules `clear` judges by, on the same evidence: what it would reclaim is shown
+        // before anyone runs it. Lineages cost a read of each leader and parent (once each),
+        // and children are listed only where a group leader is gone.
+        let findings = look.classify(None, &Policy::default());
+        let mut snapshot = look.snapshot;
+        mark_reclaimable(&mut snapshot, &findings);
         self.findings = watchdog_findings(Some(&self.session.loaded));
         if let Some(findings) = &mut self.findings {
             mark_idle(&mut snapshot, findings);
@@ -132,19 +139,45 @@ pub fn mark_idle(snapshot: &mut Snapshot, findings: &WatchdogFindings) {
         let (Some(pid), Some(ticks), Some(idle)) = (f.pid, f.start_ticks, f.idle) else {
             continue;
         };
-        let processes = snapshot.devices.iter_mut().flat_map(|g| {
-            g.processes.iter_mut().chain(
-                g.mig_devices
-                    .iter_mut()
-                    .flat_map(|m| m.processes.iter_mut()),
-            )
-        });
-        for process in processes {
+        for process in every_process(snapshot) {
             if process.pid == pid && process.host.start_ticks == Some(ticks) {
                 process.idle = Some(idle);
             }
         }
     }
+}
+
+/// Marks each process `clear` would reclaim (a finding whose verdict and remedy are both
+/// reclaim, of the same process: pid and start time) with its finding's kind. Who may
+/// reclaim it is not judged here: `clear` run by another user reports it instead.
+pub fn mark_reclaimable(snapshot: &mut Snapshot, findings: &[Finding]) {
+    let reclaimable = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Reclaim && f.kind.remedy() == Remedy::Reclaim);
+    for finding in reclaimable {
+        let Some(identity) = finding.identity else {
+            continue;
+        };
+        for process in every_process(snapshot) {
+            let same = process.pid == identity.pid
+                && process.host.start_ticks == Some(identity.start_ticks);
+            // The first finding of a process is the one shown (rules list state first).
+            if same && process.reclaimable.is_none() {
+                process.reclaimable = Some(finding.kind);
+            }
+        }
+    }
+}
+
+/// Every process entry of `snapshot`: each GPU's, and each MIG instance's.
+fn every_process(snapshot: &mut Snapshot) -> impl Iterator<Item = &mut GpuProcess> {
+    snapshot.devices.iter_mut().flat_map(|g| {
+        g.processes.iter_mut().chain(
+            g.mig_devices
+                .iter_mut()
+                .flat_map(|m| m.processes.iter_mut()),
+        )
+    })
 }
 
 /// Keeps the findings about what `snapshot` shows: a GPU it lists, and for a process
@@ -178,4 +211,53 @@ pub fn idle_processes(snapshot: &Snapshot) -> Vec<(&crate::snapshot::GpuProcess,
     }
     out.sort_by_key(|(p, _)| (p.idle.map(|i| i.idle_since), p.pid));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Kind;
+    use crate::snapshot::GpuSnapshot;
+
+    fn finding(kind: Kind, verdict: Verdict, pid: u32, ticks: u64) -> Finding {
+        Finding {
+            kind,
+            verdict,
+            identity: Some(Identity::new(pid, ticks)),
+            gpus: vec![0],
+            bytes: None,
+            reason: String::new(),
+            idle: None,
+        }
+    }
+
+    #[test]
+    fn only_what_clear_would_reclaim_of_the_same_process_is_marked() {
+        let process = |pid: u32| {
+            crate::fixtures::process(pid)
+                .confirmed()
+                .started(1000 + pid as u64)
+                .build()
+        };
+        let mut snapshot = Snapshot::of(vec![GpuSnapshot {
+            processes: (10..=14).map(process).collect(),
+            ..GpuSnapshot::unread(0)
+        }]);
+        let findings = [
+            finding(Kind::ZombieHolder, Verdict::Reclaim, 10, 1010),
+            finding(Kind::Orphaned, Verdict::Reclaim, 10, 1010),
+            // A lone idle orphan is only reported; so is what no signal fixes.
+            finding(Kind::Orphaned, Verdict::Report, 11, 1011),
+            finding(Kind::AboveFraction, Verdict::Reclaim, 12, 1012),
+            // Its pid, another process (start time).
+            finding(Kind::Orphaned, Verdict::Reclaim, 13, 99),
+        ];
+        mark_reclaimable(&mut snapshot, &findings);
+        let marks: Vec<Option<Kind>> = snapshot.devices[0]
+            .processes
+            .iter()
+            .map(|p| p.reclaimable)
+            .collect();
+        assert_eq!(marks, [Some(Kind::ZombieHolder), None, None, None, None]);
+    }
 }

@@ -792,6 +792,7 @@ mod timing {
                         kind: ProcessType::Compute,
                         sm_util_pct: None,
                         idle: None,
+                        reclaimable: None,
                         gpu_instance_id: None,
                         compute_instance_id: None,
                         mps: None,

@@ -327,6 +327,10 @@ pub struct GpuProcess {
     /// Idle by the watchdog's window, where a reader was shown it (`info`, `top`, Python).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleFacts>,
+    /// What `gpuctl clear` would reclaim it as (its finding: `orphaned`, `zombie_holder`),
+    /// where a reader classified it (`info`, Python's `snapshot()`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reclaimable: Option<crate::classify::Kind>,
     /// The MIG GPU and compute instance it runs in, on a MIG-enabled GPU.
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,

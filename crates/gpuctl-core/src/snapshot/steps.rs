@@ -135,6 +135,7 @@ pub(super) fn join(
                     kind: p.kind,
                     sm_util_pct: p.sm_util_pct,
                     idle: None,
+                    reclaimable: None,
                     gpu_instance_id: p.gpu_instance_id,
                     compute_instance_id: p.compute_instance_id,
                     mps: crate::mps::Role::of(

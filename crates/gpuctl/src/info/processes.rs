@@ -183,17 +183,23 @@ fn row(process: &GpuProcess) -> Row {
             .sm_util_pct
             .map_or_else(dash, |pct| format!("{pct}%")),
         age: host.age_seconds.map_or_else(dash, render::age),
-        // Idle by the watchdog's window: how long, in place of the process state.
-        state: process
-            .idle
-            .map_or(cells.state, |idle| format!("idle {}", idle_for(&idle))),
+        // What `clear` would reclaim it as, else idle by the watchdog's window (how long),
+        // in place of the process state.
+        state: match (process.reclaimable, process.idle) {
+            (Some(kind), _) => kind.name().to_string(),
+            (None, Some(idle)) => format!("idle {}", idle_for(&idle)),
+            (None, None) => cells.state,
+        },
         owner: cells.owner,
         // Under MPS: the server's row is its own memory, each client's its own.
         command: match process.mps {
             Some(role) => format!("[{}] {}", role.label(), cells.command),
             None => cells.command,
         },
-        state_color: cells.state_color,
+        state_color: match process.reclaimable {
+            Some(_) => Some(Color::Red),
+            None => cells.state_color,
+        },
         dim: !host.confirmed,
         ours: !host.confirmed,
     }

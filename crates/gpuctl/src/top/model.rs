@@ -600,6 +600,7 @@ mod tests {
                 kind: ProcessType::Compute,
                 sm_util_pct: None,
                 idle: None,
+                reclaimable: None,
                 gpu_instance_id: instance,
                 compute_instance_id: instance.map(|_| 0),
                 mps: None,
