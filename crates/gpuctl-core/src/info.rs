@@ -163,7 +163,7 @@ pub fn mark_reclaimable(snapshot: &mut Snapshot, findings: &[Finding]) {
                 && process.host.start_ticks == Some(identity.start_ticks);
             // The first finding of a process is the one shown (rules list state first).
             if same && process.reclaimable.is_none() {
-                process.reclaimable = Some(finding.kind);
+                process.reclaimable = Some(finding.kind.name());
             }
         }
     }
@@ -253,11 +253,14 @@ mod tests {
             finding(Kind::Orphaned, Verdict::Reclaim, 13, 99),
         ];
         mark_reclaimable(&mut snapshot, &findings);
-        let marks: Vec<Option<Kind>> = snapshot.devices[0]
+        let marks: Vec<Option<&str>> = snapshot.devices[0]
             .processes
             .iter()
             .map(|p| p.reclaimable)
             .collect();
-        assert_eq!(marks, [Some(Kind::ZombieHolder), None, None, None, None]);
+        assert_eq!(
+            marks,
+            [Some(Kind::ZombieHolder.name()), None, None, None, None]
+        );
     }
 }

@@ -42,7 +42,9 @@ pub struct FactCache {
 /// the process's files to root (it does so for processes that cannot be dumped): so for a
 /// process not run by root, an `fstat` of its held stat file (0.2 µs) still showing its own
 /// uid means its main thread lives. Its parent's exit (reparenting) is reported by the
-/// parent's pidfd. Everything else is read with the stat, every `stat_every`.
+/// parent's pidfd. Everything else is read with the stat, every `stat_every`. Linux 6.18
+/// may keep a zombie leader's files its user's, so a reader that must see a zombie within
+/// a second (the watchdog) reads the stat as often as it looks.
 #[derive(Debug)]
 struct Known {
     fact: Arc<HostProcess>,
@@ -388,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn the_owner_check_stands_in_for_the_stat_until_the_main_thread_exits() {
+    fn the_owner_check_stands_in_for_the_stat_and_a_stat_read_sees_a_zombie_leader() {
         let Some(view) = host_view() else {
             return;
         };
@@ -418,7 +420,11 @@ mod tests {
 
         std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
+        // Linux 6.18 may keep a zombie leader's proc files its user's, so the owner check
+        // cannot be relied on to see the exit (the watchdog reads the stat every second):
+        // each look here is one after the stat interval.
         let zombie = loop {
+            cache.known.get_mut(&pid).unwrap().stat_at -= Duration::from_secs(7200);
             let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
             if fact.state == Some(ProcState::Zombie) || Instant::now() > deadline {
                 break fact;
@@ -429,7 +435,6 @@ mod tests {
         child.wait().unwrap();
         assert_eq!(zombie.state, Some(ProcState::Zombie), "{zombie:?}");
         assert_eq!(zombie.threads, Some(2));
-        assert!(cache.known[&pid].owner.is_none());
     }
 
     #[test]

@@ -328,9 +328,10 @@ pub struct GpuProcess {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleFacts>,
     /// What `gpuctl clear` would reclaim it as (its finding: `orphaned`, `zombie_holder`),
-    /// where a reader classified it (`info`, Python's `snapshot()`).
+    /// where a reader classified it (`info`, Python's `snapshot()`). The kind's name, not
+    /// `classify::Kind`: classify reads snapshots, so a snapshot names no classify type.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reclaimable: Option<crate::classify::Kind>,
+    pub reclaimable: Option<&'static str>,
     /// The MIG GPU and compute instance it runs in, on a MIG-enabled GPU.
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,

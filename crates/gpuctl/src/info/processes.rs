@@ -186,7 +186,7 @@ fn row(process: &GpuProcess) -> Row {
         // What `clear` would reclaim it as, else idle by the watchdog's window (how long),
         // in place of the process state.
         state: match (process.reclaimable, process.idle) {
-            (Some(kind), _) => kind.name().to_string(),
+            (Some(kind), _) => kind.to_string(),
             (None, Some(idle)) => format!("idle {}", idle_for(&idle)),
             (None, None) => cells.state,
         },
