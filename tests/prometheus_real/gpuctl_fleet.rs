@@ -69,7 +69,7 @@ fn template(fleet: &Fleet) -> Vec<String> {
         format!("GPUCTL_NVML_LIB={}", sim_lib().display()),
         format!("NVML_SIM_SCENARIO={root}/{{node}}/scenario.toml"),
         format!("NVML_SIM_STATE={root}/{{node}}/state.json"),
-        format!("GPUCTL_CONFIG={root}/{{node}}/gpuctl.toml"),
+        format!("GPUCTL_CONFIG={root}/{{node}}/etc/gpuctl.toml"),
         format!("GPUCTL_DEV_DIR={root}/{{node}}/dev"),
         format!("GPUCTL_STATE_DIR={root}/{{node}}/gpuctl-state"),
         format!("PATH={bin_dir}:/usr/bin:/bin"),
