@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{GIB, Gpu, Proc, Process, Run, Scenario, Sim};
+use crate::util::{self, GIB, Gpu, Proc, Process, Run, Scenario, Sim};
 use crate::watchdog::{Daemon, command, metrics};
 
 fn configure(sim: &Sim) {
@@ -317,18 +317,22 @@ fn a_watchdog_restart_after_an_xid_counts_it_once() {
         0,
         "64 replayed to the new daemon"
     );
-    let log: Value = serde_json::from_str(
-        &std::fs::read_to_string(sim.dir.path().join("state/health.json")).unwrap(),
-    )
-    .unwrap();
-    let (_, records) = log["gpus"].as_object().unwrap().iter().next().unwrap();
-    let xids: Vec<&Value> = records
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| &r["xid"])
-        .collect();
-    assert_eq!(xids, [64, 13]);
+    // The log line comes before the record is saved, so the file may lag it a moment.
+    let recorded = || -> Vec<Value> {
+        let text =
+            std::fs::read_to_string(sim.dir.path().join("state/health.json")).unwrap_or_default();
+        let Ok(log) = serde_json::from_str::<Value>(&text) else {
+            return Vec::new();
+        };
+        log["gpus"]
+            .as_object()
+            .and_then(|gpus| gpus.values().next())
+            .and_then(Value::as_array)
+            .map(|records| records.iter().map(|r| r["xid"].clone()).collect())
+            .unwrap_or_default()
+    };
+    util::wait_until(Duration::from_secs(10), || recorded().len() >= 2);
+    assert_eq!(recorded(), [64, 13]);
     let run = Run::from(command(&sim, &["--once"]).output().unwrap());
     assert!(!run.stderr.contains(": Xid "), "{}", run.stderr);
 }
