@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::util::{Gpu, Proc, Process, Scenario, Sim, alive, wait_until};
+use crate::util::{Gpu, Proc, Process, Scenario, Sim, TestCgroup, alive, wait_until};
 use crate::watchdog::{Daemon, metrics, wait_more_loops};
 
 const GIB: u64 = 1 << 30;
@@ -568,4 +568,42 @@ fn info_idle_says_when_no_watchdog_has_measured() {
         "{}",
         measured.stderr
     );
+}
+
+/// Any user may start a unit of any name under their own manager: `exempt_owners =
+/// ["unit:vllm.service"]` shields the system's vllm.service, never mallory's own unit of
+/// that name (`unit:vllm.service@1001` is hers, and only an exemption naming it would count).
+#[test]
+fn a_users_own_unit_named_as_an_exempt_system_unit_shields_nothing() {
+    const MALLORY: u32 = 1001;
+    let unit = format!("vllm-{}.service", std::process::id());
+    let path = format!("/user.slice/user-{MALLORY}.slice/user@{MALLORY}.service/app.slice/{unit}");
+    let Some(cgroup) = TestCgroup::create(Path::new("/sys/fs/cgroup/unified"), &path) else {
+        panic!("cannot run here: cannot create cgroups under /sys/fs/cgroup/unified");
+    };
+    let mallorys = Proc::spawn_as(MALLORY, "sleep", &["serve.py"]);
+    cgroup.add(mallorys.pid());
+    let busy = Proc::spawn_ready("sleep", "python3", &["train.py"]);
+    let sim = Sim::new(&two(&mallorys, &busy, 0, 40));
+    let owner = sim.json(&["info"])["devices"][0]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == mallorys.pid())
+        .map(|p| p["owner"].clone())
+        .unwrap();
+    assert_eq!(owner["kind"], "systemd_user_unit", "{owner}");
+    configure(
+        &sim,
+        "mode = \"reclaim\"",
+        &format!(
+            "after = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
+             exempt_owners = [\"unit:{unit}\"]"
+        ),
+    );
+    let daemon = Daemon::start(&sim, &[]);
+    let line = daemon.expect_count(&["ACTION=reclaimed"], 1);
+    assert!(line.contains(&format!("PID={} ", mallorys.pid())), "{line}");
+    assert!(!alive(mallorys.pid()), "mallory's unit was shielded");
+    assert!(alive(busy.pid()));
 }

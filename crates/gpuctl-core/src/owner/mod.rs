@@ -206,7 +206,7 @@ impl Owner {
 }
 
 /// An owner as a selector names it: `slurm:JOBID`, `slurm:JOBID@UID`, `pod:UID`,
-/// `container:ID`, `unit:NAME`, `scope:NAME`. Pod UIDs and container ids may be given by a
+/// `container:ID`, `unit:NAME`, `unit:NAME@UID`, `scope:NAME`. Pod UIDs and container ids may be given by a
 /// unique-looking prefix of at least 8 characters, as `docker ps` shows 12. Ordered so that
 /// it can key a total. In JSON it is that string (serde reads and writes it).
 ///
@@ -214,7 +214,9 @@ impl Owner {
 /// `SLURM_JOB_ID` in a process's environment is only its user's claim (`slurm:J@UID`), and
 /// counts for the job only where UID is the job's own user's ([`OwnerMatch::job`]): never
 /// through `slurm:J` alone, so that nobody's environment puts a process into another
-/// job's Xids, drain reason, account, kill or exemption.
+/// job's Xids, drain reason, account, kill or exemption. Likewise any user can start a
+/// unit of any name under their own user manager, so `unit:NAME` is only the system
+/// manager's unit; user UID's unit is `unit:NAME@UID`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OwnerMatch {
     /// The job as Slurm's cgroups name it.
@@ -236,7 +238,13 @@ pub enum OwnerMatch {
     /// `namespace:NAMESPACE` (a glob): every pod of the namespace.
     Namespace(String),
     Container(String),
+    /// A unit of the system manager.
     Unit(String),
+    /// `unit:NAME@UID`: the unit NAME of user UID's own manager (`user@UID.service`).
+    UserUnit {
+        unit: String,
+        uid: u32,
+    },
     Scope(String),
 }
 
@@ -247,7 +255,7 @@ impl std::str::FromStr for OwnerMatch {
         let usage = || {
             format!(
                 "'{text}' is not an owner: give slurm:JOBID, pod:UID, pod:NAMESPACE/NAME, \
-                 namespace:NAME, container:ID, unit:NAME or scope:NAME"
+                 namespace:NAME, container:ID, unit:NAME, unit:NAME@UID or scope:NAME"
             )
         };
         let (kind, id) = text.split_once(':').ok_or_else(usage)?;
@@ -300,7 +308,20 @@ impl std::str::FromStr for OwnerMatch {
                 )),
             },
             "container" => prefix(id).map(OwnerMatch::Container),
-            "unit" => Ok(OwnerMatch::Unit(id.to_string())),
+            // Unit names end in their type (`.service`), so a last `@` followed by digits
+            // alone is a uid, never part of a template instance (`getty@tty1.service`).
+            "unit" => {
+                let user_unit = id
+                    .rsplit_once('@')
+                    .and_then(|(unit, uid)| Some((unit, parse_digits::<u32>(uid)?)));
+                Ok(match user_unit {
+                    Some((unit, uid)) if !unit.is_empty() => OwnerMatch::UserUnit {
+                        unit: unit.to_string(),
+                        uid,
+                    },
+                    _ => OwnerMatch::Unit(id.to_string()),
+                })
+            }
             "scope" => Ok(OwnerMatch::Scope(id.to_string())),
             _ => Err(usage()),
         }
@@ -318,6 +339,7 @@ impl std::fmt::Display for OwnerMatch {
             OwnerMatch::Namespace(namespace) => write!(f, "namespace:{namespace}"),
             OwnerMatch::Container(id) => write!(f, "container:{id}"),
             OwnerMatch::Unit(unit) => write!(f, "unit:{unit}"),
+            OwnerMatch::UserUnit { unit, uid } => write!(f, "unit:{unit}@{uid}"),
             OwnerMatch::Scope(scope) => write!(f, "scope:{scope}"),
         }
     }
@@ -332,12 +354,13 @@ impl OwnerMatch {
             OwnerMatch::Pod(_) | OwnerMatch::PodName { .. } => "pod",
             OwnerMatch::Namespace(_) => "namespace",
             OwnerMatch::Container(_) => "container",
-            OwnerMatch::Unit(_) => "unit",
+            OwnerMatch::Unit(_) | OwnerMatch::UserUnit { .. } => "unit",
             OwnerMatch::Scope(_) => "scope",
         }
     }
 
-    /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`),
+    /// The selector that names `owner` (its key, written with `to_string`: `slurm:123`,
+    /// `unit:jupyter.service@1000` for a user's own unit),
     /// or `None` for no owner. A Slurm job is named without its step and a pod without its
     /// container, so every process of the job or pod has one key. A job only the environment
     /// names is its user's claim, `slurm:123@1000`, kept apart from the job a cgroup names:
@@ -357,9 +380,11 @@ impl OwnerMatch {
             Owner::SlurmJob { job_id, .. } => OwnerMatch::SlurmJob(*job_id),
             Owner::KubernetesPod { pod_uid, .. } => OwnerMatch::Pod(pod_uid.to_ascii_lowercase()),
             Owner::Container { id, .. } => OwnerMatch::Container(id.to_ascii_lowercase()),
-            Owner::SystemdUnit { unit } | Owner::SystemdUserUnit { unit, .. } => {
-                OwnerMatch::Unit(unit.clone())
-            }
+            Owner::SystemdUnit { unit } => OwnerMatch::Unit(unit.clone()),
+            Owner::SystemdUserUnit { unit, uid } => OwnerMatch::UserUnit {
+                unit: unit.clone(),
+                uid: *uid,
+            },
             Owner::SystemdScope { scope, .. } => OwnerMatch::Scope(scope.clone()),
             Owner::None => return None,
         })
@@ -417,8 +442,14 @@ impl OwnerMatch {
                     ..
                 },
             ) => id.to_ascii_lowercase().starts_with(wanted),
-            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit })
-            | (OwnerMatch::Unit(wanted), Owner::SystemdUserUnit { unit, .. }) => wanted == unit,
+            (OwnerMatch::Unit(wanted), Owner::SystemdUnit { unit }) => wanted == unit,
+            (
+                OwnerMatch::UserUnit {
+                    unit: wanted,
+                    uid: wanted_uid,
+                },
+                Owner::SystemdUserUnit { unit, uid },
+            ) => wanted == unit && wanted_uid == uid,
             (OwnerMatch::Scope(wanted), Owner::SystemdScope { scope, .. }) => wanted == scope,
             _ => false,
         }

@@ -820,3 +820,45 @@ fn pods_are_selected_by_the_names_the_runtime_gave_them() {
         assert!(bad.parse::<OwnerMatch>().is_err(), "{bad}");
     }
 }
+
+/// Any user can start a unit of any name under their own manager, so `unit:NAME` is the
+/// system's unit alone: an exemption or `--owner` for `unit:vllm.service` must never reach
+/// mallory's `vllm.service`. A user's unit is `unit:NAME@UID`, and only that uid's.
+#[test]
+fn a_user_unit_is_named_with_its_uid_and_never_matches_the_systems_unit() {
+    let system = Owner::SystemdUnit {
+        unit: "vllm.service".into(),
+    };
+    let user = |uid| Owner::SystemdUserUnit {
+        unit: "vllm.service".into(),
+        uid,
+    };
+    let system_selector: OwnerMatch = "unit:vllm.service".parse().unwrap();
+    assert!(system_selector.matches(&system));
+    assert!(!system_selector.matches(&user(1001)));
+
+    let user_selector: OwnerMatch = "unit:vllm.service@1000".parse().unwrap();
+    assert!(user_selector.matches(&user(1000)));
+    assert!(!user_selector.matches(&user(1001)));
+    assert!(!user_selector.matches(&system));
+
+    assert_eq!(OwnerMatch::of(&user(1000)), Some(user_selector.clone()));
+    assert_eq!(user_selector.to_string(), "unit:vllm.service@1000");
+    assert_eq!(user_selector.kind(), "unit");
+    assert_eq!(OwnerMatch::of(&system), Some(system_selector));
+
+    // A template instance's `@` is part of the unit's name.
+    for text in ["unit:getty@tty1.service", "unit:user@1000.service"] {
+        let instance: OwnerMatch = text.parse().unwrap();
+        assert!(matches!(instance, OwnerMatch::Unit(_)), "{text}");
+        assert_eq!(instance.to_string(), text);
+    }
+    let instance_of_user: OwnerMatch = "unit:worker@3.service@1000".parse().unwrap();
+    assert_eq!(
+        instance_of_user,
+        OwnerMatch::UserUnit {
+            unit: "worker@3.service".into(),
+            uid: 1000
+        }
+    );
+}

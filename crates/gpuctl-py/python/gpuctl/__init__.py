@@ -307,7 +307,7 @@ def kill(pids=None, user=None, owner=None, gpus=None, min_memory=None, signal: s
          dry_run: bool = False) -> Report:
     """Ends the GPU processes the selectors name (they combine as AND; a list widens its
     own): ``gpuctl kill``. ``user``: a name or uid; ``owner``: ``slurm:JOBID``,
-    ``unit:NAME``...; ``min_memory``: bytes, or a size such as ``"2GiB"``. Signals
+    ``unit:NAME``, ``unit:NAME@UID``...; ``min_memory``: bytes, or a size such as ``"2GiB"``. Signals
     ``signal`` (``TERM`` then ``KILL`` after 10 s) and verifies through NVML that the memory
     came back. No selector at all, or one no GPU process matches, raises UsageError."""
     if pids is None:

@@ -93,7 +93,8 @@ pub struct KillArgs {
     pub users: Vec<u32>,
 
     /// Processes of this owner, from their cgroup: slurm:JOBID, pod:UID, container:ID,
-    /// unit:NAME or scope:NAME (ids by a prefix of at least 8 characters); pods also by the
+    /// unit:NAME (a system unit), unit:NAME@UID (a unit of user UID's own manager) or
+    /// scope:NAME (ids by a prefix of at least 8 characters); pods also by the
     /// names the node's container runtime gives them, pod:NAMESPACE/NAME and
     /// namespace:NAMESPACE (globs: pod:ml/trainer-*). Repeat for several.
     /// slurm:JOBID is the job as Slurm's cgroups name it; processes that only their
