@@ -5,7 +5,7 @@
 
 use crate::Mode;
 use crate::cluster::WAIT;
-use crate::util::{Gpu, Process, Scenario, wait_until};
+use crate::util::{Gpu, Proc, Process, Scenario, wait_until};
 
 const MIB: u64 = 1 << 20;
 
@@ -84,6 +84,57 @@ pub fn an_app_xid_never_drains_and_the_epilog_names_the_job(mode: &Mode) {
         )),
         "{log}"
     );
+    mode.set_scenario(&[], &[]);
+    c.wait_node_idle(WAIT);
+}
+
+/// Another user sets the job's id in her own environment and runs on the job's GPU, where
+/// two application Xids come, the kernel naming her process for one and the job's for the
+/// other: the watchdog records each with its culprit, and the epilog's line in slurm.log names
+/// the job's process only. (Her process leaves the GPU before the job ends, so that the
+/// epilog finds the GPU free.)
+pub fn another_users_claim_on_the_job_is_not_in_its_xid_lines(mode: &Mode) {
+    let c = &mode.cluster;
+    let job = mode.start_job(false);
+    let id = job.id.to_string();
+    let mallory = Proc::spawn_as_with_env(1001, "sleep", &["attack.py"], &[("SLURM_JOB_ID", &id)]);
+    let gpus = |scenario: Scenario| (0..crate::GPUS).fold(scenario, |s, _| s.gpu(Gpu::new()));
+    let ours = Process::new(job.pid).on(job.gpu).used(1024 * MIB);
+    let both = gpus(Scenario::new().device_dir(&mode.sim.dev_dir()))
+        .process(ours.clone())
+        .process(Process::new(mallory.pid()).on(job.gpu).used(512 * MIB))
+        .xid(job.gpu, 13, Some(mallory.pid()))
+        .xid(job.gpu, 13, Some(job.pid));
+    mode.sim.write(&both);
+    let xid_log = mode.sim.dir.path().join("state/health.json");
+    wait_until(WAIT, || {
+        std::fs::read_to_string(&xid_log).is_ok_and(|t| {
+            t.contains(&format!("\"pid\": {}", job.pid))
+                && t.contains(&format!("\"pid\": {}", mallory.pid()))
+        })
+    });
+    mode.sim
+        .write(&gpus(Scenario::new().device_dir(&mode.sim.dev_dir())).process(ours));
+    mode.finish(&job);
+    let log = mode.slurm_log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("job {}: Xid 13", job.id)))
+        .collect();
+    assert!(!lines.is_empty(), "no Xid line for job {}: {log}", job.id);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("hit pid {} (", job.pid))),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains(&format!("pid {}", mallory.pid()))),
+        "{lines:?}"
+    );
+    drop(mallory);
     mode.set_scenario(&[], &[]);
     c.wait_node_idle(WAIT);
 }

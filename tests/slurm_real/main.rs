@@ -375,6 +375,10 @@ fn main() {
             "an_app_xid_never_drains_and_the_epilog_names_the_job",
             health::an_app_xid_never_drains_and_the_epilog_names_the_job,
         ),
+        (
+            "another_users_claim_on_the_job_is_not_in_its_xid_lines",
+            health::another_users_claim_on_the_job_is_not_in_its_xid_lines,
+        ),
     ];
     let mut trials = Vec::new();
     for tracking in [Tracking::Cgroup, Tracking::Linuxproc] {

@@ -25,12 +25,14 @@ pub struct State {
     pub xids_raised: BTreeMap<String, RaisedXid>,
 }
 
-/// An `[[xid]]` entry raised: its GPU and number (an entry rewritten in place with others is
-/// a new one), and when.
+/// An `[[xid]]` entry raised: its GPU, number and culprit (an entry rewritten in place with
+/// others is a new one), and when.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RaisedXid {
     pub gpu: u32,
     pub xid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
     /// Unix time in milliseconds.
     pub at_unix_ms: u64,
 }

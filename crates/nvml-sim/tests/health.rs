@@ -230,6 +230,21 @@ fn xids_are_raised_once_to_the_sets_there_and_new_ones_when_the_file_is_read_aga
         ));
         assert_eq!(drain(&raw, late, &nvml), [(0, XID, 31)]);
         assert_eq!(drain(&raw, a, &nvml), [(0, XID, 31)]);
+        // A rehearsal's next scenario rewrites the last entry in place: another Xid, so a new
+        // one, raised to the sets already waiting; written again unchanged, nothing.
+        let rewritten = with_xids("[[xid]]\ngpu = 1\nxid = 79\n[[xid]]\ngpu = 0\nxid = 43\n");
+        sim.replace(&rewritten);
+        assert_eq!(drain(&raw, late, &nvml), [(0, XID, 43)]);
+        assert_eq!(drain(&raw, a, &nvml), [(0, XID, 43)]);
+        // Another culprit for the same Xid is another event too.
+        sim.replace(&with_xids(
+            "[[xid]]\ngpu = 1\nxid = 79\n[[xid]]\ngpu = 0\nxid = 43\npid = 7\n",
+        ));
+        assert_eq!(drain(&raw, a, &nvml), [(0, XID, 43)]);
+        sim.replace(&with_xids(
+            "[[xid]]\ngpu = 1\nxid = 79\n[[xid]]\ngpu = 0\nxid = 43\npid = 7\n",
+        ));
+        assert_eq!(drain(&raw, a, &nvml), []);
         for set in [a, only_gpu1, late] {
             assert_eq!(free(set), 0);
         }

@@ -43,8 +43,9 @@ struct EventSet {
     created_unix_ms: u64,
     /// (GPU index, event types) per registration.
     registered: Mutex<Vec<(usize, c_ulonglong)>>,
-    /// The `[[xid]]` entries (by position) this set has delivered.
-    delivered: Mutex<HashSet<usize>>,
+    /// The `[[xid]]` entries this set has delivered, by position and content: an entry
+    /// rewritten in place with other values (a rehearsal's next scenario) is a new Xid.
+    delivered: Mutex<HashSet<(usize, XidEntry)>>,
     /// Per GPU registered for recovery-action events: the action last delivered (or seen
     /// at registration).
     actions: Mutex<Vec<(usize, u32)>>,
@@ -166,8 +167,7 @@ fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
         let mut delivered = set.delivered.lock().unwrap_or_else(|e| e.into_inner());
         for (k, x) in scenario.xids.iter().enumerate() {
             let gpu = x.gpu as usize;
-            if !delivered.contains(&k) && wants(gpu, XID) {
-                delivered.insert(k);
+            if wants(gpu, XID) && delivered.insert((k, XidEntry::of(x))) {
                 if raised_for(s, set, k, x) {
                     return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
                 }
@@ -196,6 +196,32 @@ fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
     None
 }
 
+/// What makes an `[[xid]]` entry the same one across scenario writes, beside its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct XidEntry {
+    gpu: u32,
+    xid: u32,
+    pid: Option<u32>,
+}
+
+impl XidEntry {
+    fn of(x: &crate::scenario::health::Xid) -> XidEntry {
+        XidEntry {
+            gpu: x.gpu,
+            xid: x.xid,
+            pid: x.pid,
+        }
+    }
+
+    fn of_raised(r: &crate::state::RaisedXid) -> XidEntry {
+        XidEntry {
+            gpu: r.gpu,
+            xid: r.xid,
+            pid: r.pid,
+        }
+    }
+}
+
 /// Whether `[[xid]]` entry `k` is for `set`: not raised yet (it is now, for every process),
 /// or raised after the set was created.
 fn raised_for(s: &mut Sim, set: &EventSet, k: usize, x: &crate::scenario::health::Xid) -> bool {
@@ -205,7 +231,7 @@ fn raised_for(s: &mut Sim, set: &EventSet, k: usize, x: &crate::scenario::health
         .refresh()
         .xids_raised
         .get(&key)
-        .filter(|r| r.gpu == x.gpu && r.xid == x.xid)
+        .filter(|r| XidEntry::of_raised(r) == XidEntry::of(x))
         .copied();
     if let Some(raised) = raised {
         return raised.at_unix_ms >= set.created_unix_ms;
@@ -213,6 +239,7 @@ fn raised_for(s: &mut Sim, set: &EventSet, k: usize, x: &crate::scenario::health
     let raised = crate::state::RaisedXid {
         gpu: x.gpu,
         xid: x.xid,
+        pid: x.pid,
         at_unix_ms: crate::sim::now_unix_ms(),
     };
     // Unwritable state: the change is kept in this process, which still delivers it once.
