@@ -167,10 +167,9 @@ fn next_event(s: &mut Sim, set: &EventSet) -> Option<nvmlEventData_t> {
         let mut delivered = set.delivered.lock().unwrap_or_else(|e| e.into_inner());
         for (k, x) in scenario.xids.iter().enumerate() {
             let gpu = x.gpu as usize;
-            if wants(gpu, XID) && delivered.insert((k, XidEntry::of(x))) {
-                if raised_for(s, set, k, x) {
-                    return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
-                }
+            if wants(gpu, XID) && delivered.insert((k, XidEntry::of(x))) && raised_for(s, set, k, x)
+            {
+                return Some(event(gpu, XID, c_ulonglong::from(x.xid)));
             }
         }
     }
