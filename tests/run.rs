@@ -524,47 +524,54 @@ fn the_lease_is_released_when_gpuctl_run_is_sigkilled() {
 
 #[test]
 fn the_lease_directory_resists_another_users_plantings() {
-    if !is_root() {
-        eprintln!("skipped: needs root to plant files as another user");
-        return;
-    }
+    assert!(
+        is_root(),
+        "cannot run here: needs root to plant files as another user"
+    );
     const NOBODY: u32 = 65534;
     let sim = Sim::new(&h200s(2));
     let uuids = uuids(&sim);
     sim.share();
-    // The directory gpuctl makes: sticky, and open to every user.
+    // The directory gpuctl makes: root's alone, with a lease file for each GPU, root's, that
+    // every user may open to lock.
     assert_eq!(run(&sim, &["run", "--", "true"]).code, 0);
     let dir = lease_dir(&sim);
-    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o1777);
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
+    for uuid in &uuids {
+        let meta = std::fs::metadata(dir.join(format!("{uuid}.lease"))).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o666), "{uuid}");
+    }
 
-    // Another user's symbolic link at GPU 0's lease: never followed.
+    // Another user's symbolic link at GPU 0's lease (left from when the directory was 1777):
+    // never followed; root's run replaces it with a lease file of its own.
     let victim = sim.dir.path().join("victim");
     let link = dir.join(format!("{}.lease", uuids[0]));
-    // A run removes its own lease file as it gives the lease back.
-    assert!(std::fs::symlink_metadata(&link).is_err());
+    std::fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(&victim, &link).unwrap();
     std::os::unix::fs::lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
     let done = run(&sim, &["run", "--gpu", "0", "--", "true"]);
     assert_eq!(done.code, 0, "{}", done.stderr);
     assert!(!victim.exists(), "the planted link was followed");
-    assert!(
-        std::fs::symlink_metadata(&link).is_err(),
-        "the link is gone"
-    );
+    let meta = std::fs::symlink_metadata(&link).unwrap();
+    assert!(meta.is_file() && meta.uid() == 0, "the link is replaced");
 
-    // Another user's file, readable only by them, at GPU 1's lease: root still leases it;
-    // a third user is told whose it is and refused.
+    // Another user's file, readable only by them, at GPU 1's lease: a third user is told
+    // whose it is and refused; root's run replaces it, and then the third user leases it.
     let planted = dir.join(format!("{}.lease", uuids[1]));
-    let _ = std::fs::remove_file(&planted);
+    std::fs::remove_file(&planted).unwrap();
     std::fs::write(&planted, "").unwrap();
     std::os::unix::fs::chown(&planted, Some(NOBODY), Some(NOBODY)).unwrap();
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let third = || {
+        let mut other = sim.gpuctl_as(NOBODY - 1, &["run", "--gpu", "1", "--", "true"]);
+        other.env("GPUCTL_LEASE_DIR", &dir);
+        Run::from(other.output().unwrap())
+    };
+    third().assert_one_line_error(4, "a file root did not make (uid 65534's), not followed");
     let root_run = run(&sim, &["run", "--gpu", "1", "--", "true"]);
     assert_eq!(root_run.code, 0, "{}", root_run.stderr);
-    let mut other = sim.gpuctl_as(NOBODY - 1, &["run", "--gpu", "1", "--", "true"]);
-    other.env("GPUCTL_LEASE_DIR", &dir);
-    let refused = Run::from(other.output().unwrap());
-    refused.assert_one_line_error(4, "uid 65534's, unreadable to this user");
+    let after = third();
+    assert_eq!(after.code, 0, "{}", after.stderr);
 
     // Where a user may not make the directory, one line says who does.
     let closed = sim.dir.path().join("closed");

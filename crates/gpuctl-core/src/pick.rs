@@ -354,6 +354,7 @@ impl<'a> Picker<'a> {
             if fit.len() >= wanted && !every_named {
                 let uuids: Vec<String> = fit.iter().filter_map(|s| s.uuid.clone()).collect();
                 let count = self.named.is_none().then_some(wanted);
+                dir.ensure(&uuids);
                 let (taken, missed) = dir.take(&uuids, count)?;
                 if let Some(leases) = taken {
                     // Taken in UUID order; handed out in the GPUs' own order.

@@ -3,7 +3,8 @@
 //! (`reception`: who connected is pinned at accept, and each uid and container gets a fair
 //! share); a worker thread answers each complete one, so a slow client delays no other; one
 //! shared snapshot, so a burst of clients costs one NVML read. The socket is made safely
-//! (`socket`). It reads only: nothing here sends a signal.
+//! (`socket`). It signals nothing; the one thing it writes is the lease files of `gpuctl run`
+//! that only root may make, on any user's request, for the GPUs it sees and nothing else.
 
 mod reception;
 mod socket;
@@ -125,6 +126,42 @@ impl Server {
     }
 }
 
+/// Makes the lease file of every GPU and MIG instance this service sees that has none, in
+/// its own lease directory: the request names nothing, so no caller chooses a file.
+fn lease_files(server: &Server) -> String {
+    let host = match server.host_view() {
+        Ok(host) => host,
+        Err(error) => return ErrorReply::new(error).line(),
+    };
+    let uuids: Vec<String> = host
+        .0
+        .devices
+        .iter()
+        .flat_map(|gpu| {
+            let instances = gpu.mig_devices.iter().filter_map(|mig| mig.uuid.clone());
+            gpu.uuid.clone().into_iter().chain(instances)
+        })
+        .collect();
+    let dir = match gpuctl_core::lease::LeaseDir::open() {
+        Ok(dir) => dir,
+        Err(error) => return ErrorReply::new(error.to_string()).line(),
+    };
+    let reply = service::LeaseFilesReply {
+        schema: service::SCHEMA,
+        lease_files: service::LeaseFilesMade {
+            made: dir.provide(&uuids),
+            directory: dir.path().to_path_buf(),
+        },
+    };
+    match serde_json::to_string(&reply) {
+        Ok(mut line) => {
+            line.push('\n');
+            line
+        }
+        Err(e) => ErrorReply::new(format!("cannot write the reply: {e}")).line(),
+    }
+}
+
 /// Answers one complete request on a thread of its own.
 fn spawn(server: &Arc<Server>, ready: Ready) {
     let server = Arc::clone(server);
@@ -147,8 +184,12 @@ fn spawn(server: &Arc<Server>, ready: Ready) {
 
 /// The reply line for one request.
 fn serve(server: &Server, ready: &Ready) -> String {
-    if let Err(error) = service::parse_request(&ready.request) {
-        return ErrorReply::new(error).line();
+    let request = match service::parse_request(&ready.request) {
+        Ok(request) => request,
+        Err(error) => return ErrorReply::new(error).line(),
+    };
+    if request.request == service::RequestKind::LeaseFiles {
+        return lease_files(server);
     }
     // Whom it is for is the kernel's word, never the request's: the process that connected,
     // and only while it is still the process at its pid.

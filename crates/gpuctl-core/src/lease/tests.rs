@@ -1,5 +1,11 @@
+use std::ffi::CString;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork};
 
 use super::*;
 
@@ -16,83 +22,200 @@ fn held(taken: Taken) -> Lease {
     }
 }
 
+/// In a forked child, tries the lease file's lock; `hold`: keeps it until killed. The child
+/// calls only async-signal-safe functions (the test runner has other threads).
+fn fork_locker(path: &Path, hold: bool) -> (Pid, bool) {
+    let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let (read, write) = nix::unistd::pipe().unwrap();
+    // SAFETY: the child runs only open, fcntl, write, pause and _exit.
+    match unsafe { fork() }.unwrap() {
+        // SAFETY: async-signal-safe calls on a path and a flock prepared before the fork.
+        ForkResult::Child => unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+            let lock = whole_file(libc::F_WRLCK);
+            let ok = fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &lock) == 0;
+            let byte = u8::from(ok);
+            libc::write(write.as_raw_fd(), (&byte as *const u8).cast(), 1);
+            if !hold || !ok {
+                libc::_exit(0);
+            }
+            loop {
+                libc::pause();
+            }
+        },
+        ForkResult::Parent { child } => {
+            drop(write);
+            let mut byte = [0u8];
+            let got = nix::unistd::read(&read, &mut byte).unwrap();
+            assert_eq!(got, 1, "the child said nothing");
+            if !hold || byte[0] == 0 {
+                waitpid(child, None).unwrap();
+            }
+            (child, byte[0] == 1)
+        }
+    }
+}
+
+/// Another process holding the lease file's lock, until dropped.
+struct OtherHolder(Pid);
+
+impl OtherHolder {
+    fn of(path: &Path) -> OtherHolder {
+        let (pid, locked) = fork_locker(path, true);
+        assert!(
+            locked,
+            "the other process could not lock {}",
+            path.display()
+        );
+        OtherHolder(pid)
+    }
+}
+
+impl Drop for OtherHolder {
+    fn drop(&mut self) {
+        let _ = kill(self.0, Signal::SIGKILL);
+        assert!(matches!(
+            waitpid(self.0, None),
+            Ok(WaitStatus::Signaled(..))
+        ));
+    }
+}
+
+/// Whether another process could take the lease file's lock now.
+fn free_to_another(path: &Path) -> bool {
+    fork_locker(path, false).1
+}
+
 #[test]
-fn a_made_directory_is_sticky_and_open_to_all() {
+fn a_made_directory_is_its_owners_alone() {
     let (_tmp, leases) = dir();
     let mode = std::fs::metadata(leases.path()).unwrap().mode() & 0o7777;
-    assert_eq!(mode, 0o1777);
+    assert_eq!(mode, 0o755);
 }
 
 #[test]
-fn a_lease_is_exclusive_until_dropped() {
+fn a_lease_is_exclusive_until_dropped_in_this_process_and_others() {
     let (_tmp, leases) = dir();
+    let path = leases.path().join("GPU-aaaa.lease");
     let lease = held(leases.try_take("GPU-aaaa").unwrap());
-    // Another open file description is another holder, as another process would be.
     assert!(matches!(leases.try_take("GPU-aaaa").unwrap(), Taken::Busy));
+    assert!(!free_to_another(&path));
     drop(lease);
+    assert!(free_to_another(&path));
+    let other = OtherHolder::of(&path);
+    assert!(matches!(leases.try_take("GPU-aaaa").unwrap(), Taken::Busy));
+    drop(other);
     held(leases.try_take("GPU-aaaa").unwrap());
+    assert!(path.exists(), "the file stays for the next run");
 }
 
 #[test]
-fn the_holder_is_named_from_its_note_and_the_note_goes_with_the_lease() {
+fn the_holder_is_the_process_the_kernel_names() {
     let (_tmp, leases) = dir();
-    let lease = held(leases.try_take("GPU-bbbb").unwrap());
-    let holder = leases.holder("GPU-bbbb").expect("a holder");
-    assert_eq!(holder.pid, Some(std::process::id()));
-    assert!(holder.since.is_some() && holder.user.is_some());
-    assert!(leases.holder("GPU-cccc").is_none());
-    drop(lease);
-    assert!(leases.holder("GPU-bbbb").is_none(), "released");
-    let file = leases.path().join("GPU-bbbb.lease");
+    // Made by a lease taken and given back.
+    drop(held(leases.try_take("GPU-bbbb").unwrap()));
+    let path = leases.path().join("GPU-bbbb.lease");
+    assert!(leases.holder("GPU-bbbb").is_none(), "free");
+    let other = OtherHolder::of(&path);
+    let holder = leases.holder("GPU-bbbb").expect("held");
+    assert_eq!(holder.pid, Some(other.0.as_raw() as u32));
+    assert_eq!(holder.uid, Some(me()));
+    assert!(holder.command.is_some() && holder.since.is_some());
+    drop(other);
     assert!(
-        std::fs::symlink_metadata(file).is_err(),
-        "the file goes too"
+        leases.holder("GPU-bbbb").is_none(),
+        "released with its holder"
     );
+    assert!(leases.holder("GPU-cccc").is_none());
 }
 
 #[test]
-fn a_note_naming_another_process_or_a_reused_pid_names_nobody() {
+fn reading_a_lease_this_process_holds_never_drops_it() {
     let (_tmp, leases) = dir();
-    let lease = held(leases.try_take("GPU-note").unwrap());
-    let path = leases.path().join("GPU-note.lease");
-    let me = std::process::id();
-    let ticks = own_start_ticks().unwrap();
-    // The same pid started at another time (a reused pid), a start time no process has,
-    // and no note at all.
-    for note in [
-        format!(r#"{{"pid":{me},"start_ticks":{},"since":1}}"#, ticks + 1),
-        format!(r#"{{"pid":1,"start_ticks":{},"since":1}}"#, u64::MAX),
-        "not json".to_string(),
-    ] {
-        std::fs::write(&path, note).unwrap();
-        let holder = leases.holder("GPU-note").expect("still held");
-        assert_eq!(holder, Holder::default());
-        assert!(
-            holder.describe().contains("no note"),
-            "{}",
-            holder.describe()
-        );
+    let path = leases.path().join("GPU-self.lease");
+    let lease = held(leases.try_take("GPU-self").unwrap());
+    for _ in 0..3 {
+        let holder = leases.holder("GPU-self").expect("held");
+        assert_eq!(holder.pid, Some(std::process::id()));
+        assert_eq!(leases.provide(&["GPU-self".to_string()]), 0);
     }
+    assert!(
+        !free_to_another(&path),
+        "a read dropped this process's lock"
+    );
     drop(lease);
 }
 
 #[test]
-fn a_huge_sparse_lease_file_is_never_read() {
+fn what_the_content_says_names_nobody_and_a_huge_sparse_file_is_never_read() {
     let (_tmp, leases) = dir();
+    drop(held(leases.try_take("GPU-huge").unwrap()));
     let path = leases.path().join("GPU-huge.lease");
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(1 << 40).unwrap();
-    // Locked by another open file, as another user's process would hold it.
-    // SAFETY: flock on a descriptor this test owns.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(locked, 0);
-    assert_eq!(leases.holder("GPU-huge"), Some(Holder::default()));
+    // Anyone may write the file (it is 0666 in root's directory): nothing in it counts.
+    let me = std::process::id();
+    std::fs::write(
+        &path,
+        format!(r#"{{"pid":{me},"start_ticks":1,"since":1}}"#),
+    )
+    .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    assert!(leases.holder("GPU-huge").is_none());
+    let other = OtherHolder::of(&path);
+    assert_eq!(
+        leases.holder("GPU-huge").unwrap().pid,
+        Some(other.0.as_raw() as u32)
+    );
     assert!(matches!(leases.try_take("GPU-huge").unwrap(), Taken::Busy));
-    drop(file);
-    // Free again, and taken: the note replaces the terabyte.
-    let lease = held(leases.try_take("GPU-huge").unwrap());
-    assert!(std::fs::metadata(&path).unwrap().len() < NOTE_MAX);
+    drop(other);
+    drop(held(leases.try_take("GPU-huge").unwrap()));
+}
+
+#[test]
+fn a_file_the_directorys_owner_did_not_make_is_never_a_lease() {
+    const NOBODY: u32 = 65534;
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let (_tmp, leases) = dir();
+    let path = leases.path().join("GPU-theirs.lease");
+    std::fs::write(&path, "").unwrap();
+    std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Locked by its maker: no lease, and no holder named.
+    let theirs = OtherHolder::of(&path);
+    assert!(leases.holder("GPU-theirs").is_none());
+    // The directory's owner removes it and makes its own.
+    let lease = held(leases.try_take("GPU-theirs").unwrap());
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o666));
+    drop(theirs);
     drop(lease);
+}
+
+#[test]
+fn the_owner_provides_every_missing_file_and_puts_wrong_ones_right() {
+    let (_tmp, leases) = dir();
+    let uuids: Vec<String> = ["GPU-p1", "GPU-p2", "GPU-p3"].map(String::from).to_vec();
+    std::fs::create_dir(leases.path().join("GPU-p2.lease")).unwrap();
+    assert_eq!(leases.provide(&uuids), 3);
+    let mode = if me() == 0 { 0o666 } else { 0o600 };
+    for uuid in &uuids {
+        let meta = std::fs::symlink_metadata(leases.path().join(format!("{uuid}.lease"))).unwrap();
+        assert!(meta.is_file(), "{uuid}");
+        assert_eq!(meta.mode() & 0o7777, mode, "{uuid}");
+    }
+    std::fs::set_permissions(
+        leases.path().join("GPU-p3.lease"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(leases.provide(&uuids), usize::from(mode != 0o600));
+    assert_eq!(leases.provide(&uuids), 0, "nothing left to do");
 }
 
 #[test]
@@ -104,7 +227,7 @@ fn several_are_taken_all_or_nothing() {
     assert!(taken.is_none());
     assert!(matches!(missed[0], (ref uuid, Taken::Busy) if uuid == "GPU-b"));
     // Nothing was kept: GPU-a (tried first) is free again.
-    held(leases.try_take("GPU-a").unwrap());
+    drop(held(leases.try_take("GPU-a").unwrap()));
     // Two of three, one of them busy: the other two, in UUID order.
     let (taken, _) = leases.take(&uuids, Some(2)).unwrap();
     let taken: Vec<String> = taken.unwrap().into_iter().map(|l| l.uuid.clone()).collect();
@@ -141,16 +264,10 @@ fn a_planted_symbolic_link_is_never_followed() {
     let (tmp, leases) = dir();
     let victim = tmp.path().join("victim");
     symlink(&victim, leases.path().join("GPU-link.lease")).unwrap();
-    match leases.try_take("GPU-link").unwrap() {
-        // Root removes the link and takes a real lease file.
-        Taken::Held(_) => {
-            assert!(nix::unistd::geteuid().is_root());
-            let meta = std::fs::symlink_metadata(leases.path().join("GPU-link.lease")).unwrap();
-            assert!(meta.is_file());
-        }
-        Taken::Refused(why) => assert!(why.contains("symbolic link"), "{why}"),
-        Taken::Busy => panic!("busy"),
-    }
+    // The directory's owner removes the link and takes a real lease file.
+    drop(held(leases.try_take("GPU-link").unwrap()));
+    let meta = std::fs::symlink_metadata(leases.path().join("GPU-link.lease")).unwrap();
+    assert!(meta.is_file());
     assert!(!victim.exists(), "the link was followed");
 }
 
@@ -166,11 +283,7 @@ fn a_planted_fifo_or_hard_link_is_not_a_lease_file() {
     std::fs::write(&other, "keep").unwrap();
     std::fs::hard_link(&other, leases.path().join("GPU-hard.lease")).unwrap();
     for uuid in ["GPU-fifo", "GPU-hard"] {
-        match leases.try_take(uuid).unwrap() {
-            Taken::Held(_) => assert!(nix::unistd::geteuid().is_root()),
-            Taken::Refused(why) => assert!(why.contains("not followed"), "{why}"),
-            Taken::Busy => panic!("busy"),
-        }
+        drop(held(leases.try_take(uuid).unwrap()));
     }
     assert_eq!(std::fs::read_to_string(&other).unwrap(), "keep");
 }
@@ -197,21 +310,15 @@ fn a_symbolic_link_for_the_directory_is_refused() {
 }
 
 #[test]
-fn a_planted_directory_socket_or_unreadable_file_refuses_that_gpu_only() {
+fn a_planted_directory_with_content_refuses_that_gpu_only() {
     let (_tmp, leases) = dir();
     std::fs::create_dir(leases.path().join("GPU-dir.lease")).unwrap();
     std::fs::write(leases.path().join("GPU-dir.lease/inside"), "x").unwrap();
-    let _socket =
-        std::os::unix::net::UnixListener::bind(leases.path().join("GPU-sock.lease")).unwrap();
-    for (uuid, what) in [("GPU-dir", "a directory"), ("GPU-sock", "a socket")] {
-        match leases.try_take(uuid).unwrap() {
-            // Root removes what it can (not a directory with something in it).
-            Taken::Held(_) => assert!(nix::unistd::geteuid().is_root() && uuid == "GPU-sock"),
-            Taken::Refused(why) => assert!(why.contains(what), "{why}"),
-            Taken::Busy => panic!("busy"),
-        }
-        assert!(leases.holder(uuid).is_none());
+    match leases.try_take("GPU-dir").unwrap() {
+        Taken::Refused(why) => assert!(why.contains("a directory"), "{why}"),
+        other => panic!("{other:?}"),
     }
+    assert!(leases.holder("GPU-dir").is_none());
     // The others are taken all the same.
     let uuids: Vec<String> = ["GPU-dir", "GPU-free"].map(String::from).to_vec();
     let (taken, missed) = leases.take(&uuids, Some(1)).unwrap();
@@ -220,20 +327,11 @@ fn a_planted_directory_socket_or_unreadable_file_refuses_that_gpu_only() {
 }
 
 #[test]
-fn a_run_that_opened_a_file_given_back_meanwhile_takes_the_new_one() {
+fn a_lease_file_removed_while_held_is_said() {
     let (_tmp, leases) = dir();
-    let first = held(leases.try_take("GPU-race").unwrap());
-    // Opened by a second run just before the first gives the lease back (and its file).
-    let stale = leases.open_file("GPU-race.lease").unwrap();
-    drop(first);
-    // SAFETY: flock on a descriptor this test owns.
-    let locked = unsafe { libc::flock(stale.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    assert_eq!(locked, 0, "the old file is free");
-    assert!(
-        !leases.names("GPU-race.lease", &stale),
-        "but no longer the lease"
-    );
-    let second = held(leases.try_take("GPU-race").unwrap());
-    assert!(leases.names("GPU-race.lease", &second.file));
-    assert!(leases.lost(&second).is_none());
+    let lease = held(leases.try_take("GPU-gone").unwrap());
+    assert!(leases.lost(&lease).is_none());
+    std::fs::remove_file(leases.path().join("GPU-gone.lease")).unwrap();
+    let why = leases.lost(&lease).expect("lost");
+    assert!(why.contains("removed or replaced"), "{why}");
 }

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{ErrorReply, MAX_REPLY_BYTES, Reply, Request, SCHEMA, socket_path};
+use super::{
+    ErrorReply, LeaseFilesMade, LeaseFilesReply, MAX_REPLY_BYTES, Reply, Request, SCHEMA,
+    socket_path,
+};
 use crate::text;
 
 /// How long the service may take to answer before the snapshot goes on without it.
@@ -102,6 +105,24 @@ impl AskError {
 
 /// Asks the service at `socket` for the caller's GPU processes.
 pub fn ask(socket: &Path) -> Result<Reply, AskError> {
+    let reply = exchange(socket, &Request::processes(), true)?;
+    parse_reply(&reply).map_err(AskError::Failed)
+}
+
+/// Asks the service at `socket` to make the lease files only root may make. Its listener
+/// is not checked ([`super::trust`]): nothing of its answer is believed but as words for a
+/// message, since the caller opens only lease files root owns, whoever says they were made.
+pub fn ask_lease_files(socket: &Path) -> Result<LeaseFilesMade, AskError> {
+    let reply = exchange(socket, &Request::lease_files(), false)?;
+    let value = checked_reply(&reply).map_err(AskError::Failed)?;
+    serde_json::from_value::<LeaseFilesReply>(value)
+        .map(|reply| reply.lease_files)
+        .map_err(|e| AskError::Failed(format!("the service's reply is not understood: {e}")))
+}
+
+/// Sends `request` to the service at `socket` and reads its reply, bounded; `trusting`: only
+/// where the listener is the host's service.
+fn exchange(socket: &Path, request: &Request, trusting: bool) -> Result<Vec<u8>, AskError> {
     let mut stream = UnixStream::connect(socket).map_err(|e| {
         let text = format!("cannot connect to {}: {e}", socket.display());
         match e.kind() {
@@ -112,7 +133,9 @@ pub fn ask(socket: &Path) -> Result<Reply, AskError> {
         }
     })?;
     // Nothing is sent to, or believed of, a listener that is not the host's service.
-    super::trust::check(&stream, socket).map_err(AskError::Untrusted)?;
+    if trusting {
+        super::trust::check(&stream, socket).map_err(AskError::Untrusted)?;
+    }
     let failed = |e: std::io::Error| AskError::Failed(format!("{}: {e}", socket.display()));
     stream
         .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -120,7 +143,7 @@ pub fn ask(socket: &Path) -> Result<Reply, AskError> {
     stream
         .set_write_timeout(Some(ANSWER_TIMEOUT))
         .map_err(failed)?;
-    let mut line = serde_json::to_string(&Request::processes()).expect("a request serializes");
+    let mut line = serde_json::to_string(request).expect("a request serializes");
     line.push('\n');
     stream.write_all(line.as_bytes()).map_err(failed)?;
     let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -129,11 +152,17 @@ pub fn ask(socket: &Path) -> Result<Reply, AskError> {
         .take(MAX_REPLY_BYTES as u64 + 1)
         .read_to_end(&mut reply)
         .map_err(failed)?;
-    parse_reply(&reply).map_err(AskError::Failed)
+    Ok(reply)
 }
 
 /// A reply line: the answer, or the service's error as it said it.
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
+    let value = checked_reply(bytes)?;
+    serde_json::from_value(value).map_err(|e| format!("the service's reply is not understood: {e}"))
+}
+
+/// A reply line as JSON of this schema, or the service's error as it said it.
+fn checked_reply(bytes: &[u8]) -> Result<serde_json::Value, String> {
     if bytes.len() > MAX_REPLY_BYTES {
         return Err(format!(
             "the service's reply is over {MAX_REPLY_BYTES} bytes"
@@ -151,7 +180,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
             schema.map_or("none".into(), |s| s.to_string())
         ));
     }
-    serde_json::from_value(value).map_err(|e| format!("the service's reply is not understood: {e}"))
+    Ok(value)
 }
 
 /// Asks the service in force ([`socket_path`]), as a snapshot does.

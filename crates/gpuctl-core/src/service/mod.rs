@@ -9,7 +9,8 @@
 //! reads only and signals nothing.
 //!
 //! One JSON request and one JSON reply per connection, each one line ([`Request`],
-//! [`Reply`]); documented in docs/json.md. [`client`] asks; [`crate::serve`] builds the
+//! [`Reply`], or [`LeaseFilesReply`] to a `lease_files` request: the service, root, makes
+//! the lease files of `gpuctl run` that only root may make); documented in docs/json.md. [`client`] asks; [`crate::serve`] builds the
 //! reply on the host; [`caller`] is the namespace arithmetic it relies on. This module
 //! needs nothing of the snapshot, so a snapshot can ask through it.
 
@@ -61,6 +62,10 @@ pub struct Request {
 pub enum RequestKind {
     /// The GPU processes of the caller's PID namespace.
     Processes,
+    /// Make the lease file of every GPU and MIG instance the service sees that has none, in
+    /// the service's lease directory (only root makes them: [`crate::lease`]). Nothing in
+    /// the request names a file.
+    LeaseFiles,
 }
 
 impl Request {
@@ -70,6 +75,28 @@ impl Request {
             request: RequestKind::Processes,
         }
     }
+
+    pub fn lease_files() -> Request {
+        Request {
+            schema: SCHEMA,
+            request: RequestKind::LeaseFiles,
+        }
+    }
+}
+
+/// The answer to a `lease_files` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFilesReply {
+    pub schema: u32,
+    pub lease_files: LeaseFilesMade,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFilesMade {
+    /// The service's lease directory.
+    pub directory: PathBuf,
+    /// How many lease files it made or put right now.
+    pub made: usize,
 }
 
 /// Parses one request (its bytes, the line end excluded). The error is one line that names
