@@ -180,6 +180,10 @@ fn the_demo_shows_a_teams_server() {
         euid, 0,
         "the demo shows users and owners only as root (it makes accounts and cgroups): run the suite as root"
     );
+    // The demo's accounts exist only while a launcher holds them (the guide's examples too).
+    let _accounts = crate::util::TEAM_ACCOUNTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let demo = |args: &[&str]| {
         let out = Command::new(repo_root().join("scripts/demo"))
             .args(args)
