@@ -192,6 +192,7 @@ fn the_demo_shows_a_teams_server() {
             .env("GPUCTL_DEMO_BIN", crate::util::target_dir())
             .env("LANG", "C.UTF-8")
             .env_remove("GPUCTL_CONFIG")
+            .env_remove("GPUCTL_DEMO_HEAD_START")
             .stdin(Stdio::null())
             .output()
             .expect("run scripts/demo");
@@ -220,6 +221,11 @@ fn the_demo_shows_a_teams_server() {
     users.sort();
     users.dedup();
     assert_eq!(users, ["alice", "bob", "carol"], "{doc:#}");
+    // The stand-ins have run a while when gpuctl looks: AGE shows them running, not 0s.
+    for process in &processes {
+        let age = process["age_seconds"].as_u64();
+        assert!(age.is_some_and(|a| a >= 1), "age {age:?}: {process:#}");
+    }
     let owner_of = |kind: &str| {
         processes
             .iter()
