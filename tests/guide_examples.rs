@@ -233,7 +233,6 @@ fn normalize(line: &str) -> String {
         };
         out.push(value);
     }
-    // Non-UTF-8 bytes would have been split out above; a line is text here.
     out.join(" ")
 }
 
