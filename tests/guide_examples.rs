@@ -266,6 +266,14 @@ fn run_example(example: &Example, commands: &[&str]) -> Result<String, String> {
             empty
         }
     };
+    if example.columns.is_some()
+        && !Command::new("script")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        return Err("columns= needs script(1) from util-linux, not found on PATH".into());
+    }
     // Each command sees the status of the one before it, as at a prompt (`echo $?`).
     let mut script = String::from("exec 2>&1\nstatus=0\n");
     for command in commands {
