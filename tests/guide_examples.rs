@@ -254,6 +254,28 @@ fn quoted(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 
+/// The shell script that runs `commands` as at a prompt: each line shown, then run.
+fn script_of(example: &Example, commands: &[&str]) -> String {
+    // Each command sees the status of the one before it, as at a prompt (`echo $?`).
+    let mut script = String::from("exec 2>&1\nstatus=0\n");
+    for command in commands {
+        let shown = quoted(&format!("$ {command}"));
+        // A terminal that wide, as the page's screen was taken in (gpuctl cuts to a
+        // terminal's width only): script(1) gives it one.
+        let run = match example.columns {
+            Some(columns) => format!(
+                "script -qec {} /dev/null",
+                quoted(&format!("stty cols {columns} rows 60; {command}"))
+            ),
+            None => command.to_string(),
+        };
+        script.push_str(&format!(
+            "printf '%s\\n' {shown}; (exit $status); {run}\nstatus=$?\n"
+        ));
+    }
+    script
+}
+
 /// Runs the block's commands in one simulation of its scenario; what they printed.
 fn run_example(example: &Example, commands: &[&str]) -> Result<String, String> {
     let scratch = tempfile::tempdir().expect("tempdir");
@@ -274,23 +296,7 @@ fn run_example(example: &Example, commands: &[&str]) -> Result<String, String> {
     {
         return Err("columns= needs script(1) from util-linux, not found on PATH".into());
     }
-    // Each command sees the status of the one before it, as at a prompt (`echo $?`).
-    let mut script = String::from("exec 2>&1\nstatus=0\n");
-    for command in commands {
-        let shown = quoted(&format!("$ {command}"));
-        // A terminal that wide, as the page's screen was taken in (gpuctl cuts to a
-        // terminal's width only): script(1) gives it one.
-        let run = match example.columns {
-            Some(columns) => format!(
-                "script -qec {} /dev/null",
-                quoted(&format!("stty cols {columns} rows 60; {command}"))
-            ),
-            None => command.to_string(),
-        };
-        script.push_str(&format!(
-            "printf '%s\\n' {shown}; (exit $status); {run}\nstatus=$?\n"
-        ));
-    }
+    let script = script_of(example, commands);
     let kernel_log = scratch.path().join("kmsg");
     std::fs::write(&kernel_log, "").expect("create the kernel log");
     let path = format!(
