@@ -6,6 +6,7 @@ mod util;
 mod container;
 mod docker;
 mod exit_codes;
+mod guide_examples;
 mod health;
 mod holders;
 mod hostile;

@@ -180,6 +180,10 @@ fn the_demo_shows_a_teams_server() {
         euid, 0,
         "the demo shows users and owners only as root (it makes accounts and cgroups): run the suite as root"
     );
+    // The demo's accounts exist only while a launcher holds them (the guide's examples too).
+    let _accounts = crate::util::TEAM_ACCOUNTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let demo = |args: &[&str]| {
         let out = Command::new(repo_root().join("scripts/demo"))
             .args(args)
@@ -188,6 +192,7 @@ fn the_demo_shows_a_teams_server() {
             .env("GPUCTL_DEMO_BIN", crate::util::target_dir())
             .env("LANG", "C.UTF-8")
             .env_remove("GPUCTL_CONFIG")
+            .env_remove("GPUCTL_DEMO_HEAD_START")
             .stdin(Stdio::null())
             .output()
             .expect("run scripts/demo");
@@ -216,6 +221,11 @@ fn the_demo_shows_a_teams_server() {
     users.sort();
     users.dedup();
     assert_eq!(users, ["alice", "bob", "carol"], "{doc:#}");
+    // The stand-ins have run a while when gpuctl looks: AGE shows them running, not 0s.
+    for process in &processes {
+        let age = process["age_seconds"].as_u64();
+        assert!(age.is_some_and(|a| a >= 1), "age {age:?}: {process:#}");
+    }
     let owner_of = |kind: &str| {
         processes
             .iter()

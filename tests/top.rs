@@ -720,3 +720,35 @@ fn a_gpu_that_needs_a_reset_is_marked_until_it_heals() {
         s.lines().any(|l| l.starts_with("GPU 1 ")) && !s.contains("[needs a reset]")
     });
 }
+
+/// `top` marks what `clear` would reclaim as `info` does (issue 52): a crashed run's workers
+/// show their finding, `orphaned`, in the STATE column; a healthy process its state.
+#[test]
+fn a_crashed_runs_orphans_show_what_clear_would_reclaim_them_as() {
+    use crate::util::TrainingRun;
+    let mut run = TrainingRun::start(2, "sleep", "python3", &["train.py", "--model", "llama-8b"]);
+    run.crash();
+    let workers = run.workers.pids.clone();
+    let healthy = Proc::sleeper("python3", &["serve.py"]);
+    let sim = Sim::new(
+        &Scenario::new()
+            .gpus(2, Gpu::h200())
+            .process(Process::new(workers[0]).used(2 * GIB))
+            .process(Process::new(workers[1]).used(2 * GIB))
+            .process(Process::new(healthy.pid()).on(1).used(GIB)),
+    );
+    let term = top(&sim, &["--color", "never"], (140, 32));
+    let screen = term.wait_for("three processes", |s| row_pids(s).len() == 3);
+    let row_of = |pid: u32| {
+        rows(&screen)
+            .into_iter()
+            .find(|r| r[2..].split_whitespace().next() == Some(&pid.to_string()))
+            .unwrap_or_else(|| panic!("no row for {pid}:\n{screen}"))
+    };
+    for &pid in &workers {
+        assert!(row_of(pid).contains(" orphaned "), "{}", row_of(pid));
+    }
+    let healthy_row = row_of(healthy.pid());
+    assert!(!healthy_row.contains("orphaned"), "{healthy_row}");
+    assert!(healthy_row.contains(" sleeping "), "{healthy_row}");
+}

@@ -67,6 +67,11 @@ pub fn counted_finding_kinds() -> Vec<&'static str> {
         .collect()
 }
 
+/// Held while a launcher runs with `--create-users` (scripts/demo, the guide's examples):
+/// a run removes the accounts it made when it ends, so two at once would take alice, bob and
+/// carol from under each other.
+pub static TEAM_ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// target/<profile>, found from this test binary (target/<profile>/deps/e2e-HASH).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");

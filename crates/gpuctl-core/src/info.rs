@@ -11,6 +11,7 @@ use crate::act::Identity;
 use crate::classify::{Finding, Policy, Remedy, Verdict};
 use crate::config;
 use crate::error::Result;
+use crate::nvml::Gpus;
 use crate::report::{WatchdogFindings, watchdog_findings_path};
 use crate::session::{Reader, Session, SessionOptions};
 use crate::snapshot::peaks::PeakStore;
@@ -80,13 +81,7 @@ impl Survey {
     /// One snapshot as `info` shows it (peak marks observed and recorded, the processes
     /// `clear` would reclaim and those the watchdog finds idle marked).
     pub fn take(&mut self) -> Result<Snapshot> {
-        let look = self.reader.look(&self.session.gpus)?;
-        // The rules `clear` judges by, on the same evidence: what it would reclaim is shown
-        // before anyone runs it. Lineages cost a read of each leader and parent (once each),
-        // and children are listed only where a group leader is gone.
-        let findings = look.classify(None, &Policy::default());
-        let mut snapshot = look.snapshot;
-        mark_reclaimable(&mut snapshot, &findings);
+        let mut snapshot = take_marking_reclaimable(&mut self.reader, &self.session.gpus)?;
         self.findings = watchdog_findings(Some(&self.session.loaded));
         if let Some(findings) = &mut self.findings {
             mark_idle(&mut snapshot, findings);
@@ -145,6 +140,18 @@ pub fn mark_idle(snapshot: &mut Snapshot, findings: &WatchdogFindings) {
             }
         }
     }
+}
+
+/// One read of `reader` with each process `clear` would reclaim marked (`info`, `top`).
+pub fn take_marking_reclaimable(reader: &mut Reader, gpus: &Gpus) -> Result<Snapshot> {
+    let look = reader.look(gpus)?;
+    // The rules `clear` judges by, on the same evidence: what it would reclaim is shown
+    // before anyone runs it. Lineages cost a read of each leader and parent (once each),
+    // and children are listed only where a group leader is gone.
+    let findings = look.classify(None, &Policy::default());
+    let mut snapshot = look.snapshot;
+    mark_reclaimable(&mut snapshot, &findings);
+    Ok(snapshot)
 }
 
 /// Marks each process `clear` would reclaim (a finding whose verdict and remedy are both

@@ -98,7 +98,11 @@ impl Refresher<'_> {
         // open.
         self.reader
             .set_holders(holders.then(|| self.holders.clone()));
-        Ok(self.reader.take(&self.session.gpus)?)
+        // Marked as `info` marks it: what `clear` would reclaim, by its rules.
+        Ok(gpuctl_core::info::take_marking_reclaimable(
+            &mut self.reader,
+            &self.session.gpus,
+        )?)
     }
 }
 

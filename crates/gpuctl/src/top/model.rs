@@ -450,9 +450,11 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
             .map(|user| text::safe(user).into_owned())
             .or_else(|| host.uid.map(|uid| uid.to_string()))
             .unwrap_or_else(|| "?".into()),
-        // Idle by the watchdog's window: how long, in place of the process state.
-        state: match process.idle {
-            Some(idle) => format!(
+        // What `clear` would reclaim it as (as `info` shows it), else idle by the
+        // watchdog's window (how long), in place of the process state.
+        state: match (process.reclaimable, process.idle) {
+            (Some(kind), _) => kind.to_string(),
+            (None, Some(idle)) => format!(
                 "idle {}",
                 gpuctl_core::classify::idle::short_duration(
                     (gpuctl_core::units::unix_seconds() as u64)
@@ -460,7 +462,7 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
                         .max(idle.idle_seconds)
                 )
             ),
-            None => host
+            (None, None) => host
                 .state
                 .map_or_else(|| "?".to_string(), |s| s.as_str().to_string()),
         },
