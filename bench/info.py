@@ -17,7 +17,7 @@ exec, dynamic linking and exit. `--baseline PATH` also times another gpuctl bina
 build, say), alternating with this one, and prints the ratio.
 
 Leases: every `gpuctl info` runs as on an installed machine, with a lease directory holding two
-held leases (GPUs 0 and 1, each locked with a holder's note, as two `gpuctl run`s hold them), and
+held leases (GPUs 0 and 1, each root's file locked by a process, as two `gpuctl run`s hold them), and
 the same build is timed alternately with no lease directory at all: the ratio is what reading
 the leases costs (issue 46: at most 1.05).
 
@@ -154,21 +154,18 @@ def demo_row(gpuctl, baseline, runs):
 
 
 def hold_leases(directory, uuids):
-    """Two leases held as `gpuctl run` holds them: the lease file of each UUID locked by this
-    process, with its note (pid, start time, since). Returns the open files (closing one
-    releases its lease)."""
+    """Two leases held as `gpuctl run` holds them: the lease file of each UUID (root's, 0666,
+    as root's run makes it) locked with a POSIX record lock by this process. Returns the open
+    files (closing one releases its lease)."""
     import fcntl
     os.makedirs(directory, exist_ok=True)
-    os.chmod(directory, 0o1777)
-    with open("/proc/self/stat") as f:
-        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    note = json.dumps({"pid": os.getpid(), "start_ticks": start_ticks, "since": int(time.time())})
+    os.chmod(directory, 0o755)
     held = []
     for uuid in uuids:
-        f = open(os.path.join(directory, f"{uuid}.lease"), "w")
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        f.write(note)
-        f.flush()
+        path = os.path.join(directory, f"{uuid}.lease")
+        f = open(path, "a+")
+        os.chmod(path, 0o666)
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.append(f)
     return held
 
