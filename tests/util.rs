@@ -185,6 +185,9 @@ impl Sim {
             .env("NVML_SIM_SCENARIO", self.scenario_path())
             .env("NVML_SIM_STATE", self.state_path())
             .env("GPUCTL_CONFIG", self.config_path())
+            // A configuration that names no state_dir keeps the watchdog's state here (as
+            // `gpuctl` keeps its own), never in this machine's /var/lib/gpuctl.
+            .env("GPUCTL_STATE_DIR", self.dir.path().join("gpuctl-state"))
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
