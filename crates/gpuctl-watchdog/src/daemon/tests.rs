@@ -20,6 +20,8 @@ fn daemon(grace: Duration, fraction: Option<&str>) -> Daemon {
 fn logging_daemon(grace: Duration, fraction: Option<&str>) -> (Daemon, Arc<Mutex<Vec<u8>>>) {
     let watchdog = Watchdog {
         grace,
+        // No state at all: never this machine's /var/lib/gpuctl.
+        state_dir: std::path::PathBuf::new(),
         ..Watchdog::default()
     };
     let fraction = fraction.map(|text| {
