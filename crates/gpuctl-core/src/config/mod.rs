@@ -341,7 +341,8 @@ impl WatchdogMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReclaimKind {
-    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]).
+    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]), and a deleted
+    /// pod's leftover ([`crate::classify::Kind::PodLeftover`]).
     Orphaned,
     /// A zombie leader whose threads still hold the context.
     Zombie,
