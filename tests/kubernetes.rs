@@ -766,3 +766,61 @@ fn a_removed_pods_leftover_is_named_by_its_last_name_and_clear_ends_it_alone() {
         let _ = std::fs::remove_dir(dir);
     }
 }
+
+#[test]
+fn protect_owners_spare_a_namespaces_pods_from_clear() {
+    let mut server = Pod::run("prod", "server-0", &["server"]);
+    let mut trainer = Pod::run("ml", "trainer-1", &["trainer"]);
+    let mut spared = Proc::sleeper("python3", &["serve.py"]);
+    server.adopt(spared.pid());
+    let mut ended = Proc::sleeper("python3", &["train.py"]);
+    trainer.adopt(ended.pid());
+    let sim = Sim::new(&scenario(&[
+        (spared.pid(), 8 * GIB),
+        (ended.pid(), 8 * GIB),
+    ]));
+    let config = format!(
+        "{}\n[protect]\nowners = [\"namespace:prod\"]\n",
+        runtime_config(&node().socket, "10s")
+    );
+    std::fs::write(sim.config_path(), config).unwrap();
+    // Seen named while the pods live, then both deleted, leaving their processes.
+    assert_eq!(sim.run(&["info"]).code, 0);
+    server.remove();
+    trainer.remove();
+
+    // A target spared is one not reclaimed: exit status 1, as for a protected user.
+    let cleared = sim.run(&["clear", "--json"]);
+    assert_eq!(cleared.code, 1, "{}{}", cleared.stdout, cleared.stderr);
+    let report: serde_json::Value = serde_json::from_str(&cleared.stdout).unwrap();
+    let outcome = |pid: u32| {
+        report["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["pid"] == pid)
+            .cloned()
+            .unwrap_or_else(|| panic!("no outcome for {pid}: {report}"))
+    };
+    assert_eq!(
+        outcome(ended.pid())["ended"]["outcome"],
+        "exited",
+        "{report}"
+    );
+    let skipped = outcome(spared.pid())["skipped"].to_string();
+    assert!(
+        skipped.contains("protected owner: namespace:prod"),
+        "{report}"
+    );
+    assert!(alive(spared.pid()));
+    wait_until(Duration::from_secs(10), || !alive(ended.pid()));
+    spared.kill();
+    ended.kill();
+    for dir in server
+        .cgroup_dirs()
+        .into_iter()
+        .chain(trainer.cgroup_dirs())
+    {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
