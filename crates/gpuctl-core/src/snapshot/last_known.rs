@@ -78,9 +78,9 @@ impl LastKnown {
     /// writes the file when one is new to it. A failed write is not an error of the read
     /// that learned them: the names are kept in memory and written again next time.
     pub fn remember(&mut self, pods: &[(String, String, String)], socket: &Path, now: u64) {
-        if self.path.is_none() || pods.is_empty() {
+        let Some(path) = self.path.clone().filter(|_| !pods.is_empty()) else {
             return;
-        }
+        };
         let known = self.pods();
         let stale = |seen: &Seen, namespace: &str, name: &str| {
             seen.namespace != namespace
@@ -108,7 +108,6 @@ impl LastKnown {
         if fresh.is_empty() {
             return;
         }
-        let path = self.path.clone().expect("checked above");
         // Merged with the file as it is now: another reader (the watchdog, `info`) may
         // have written it since this one read it.
         let mut merged = read(&path);
