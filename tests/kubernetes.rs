@@ -455,6 +455,11 @@ impl Pod {
         }
         remove_sandbox(&mut node().runtime(), &self.sandbox);
         PODS.lock().unwrap().remove(&self.sandbox);
+        // The pod's own cgroup is the kubelet's to remove, not the runtime's; one that still
+        // holds a process (a test's leftover) stays until the test removes it.
+        for dir in self.cgroup_dirs() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -626,4 +631,205 @@ fn an_absent_or_hanging_runtime_leaves_pods_named_by_uid_and_says_why() {
         json["devices"][0]["processes"][0]["owner"]["pod_uid"],
         pod.uid.as_str()
     );
+}
+
+impl Pod {
+    /// Moves `pid` into the pod's own cgroup, beside its containers' (in every hierarchy
+    /// that has it): a process outside its containers' lifecycle. The runtime ends only
+    /// what is in a container's cgroup when it removes the pod; what is left in the pod's
+    /// is the kubelet's to end, and is what a pod whose cleanup failed leaves behind.
+    fn adopt(&self, pid: u32) {
+        let mut moved = 0;
+        for hierarchy in self.cgroup_dirs() {
+            if std::fs::write(hierarchy.join("cgroup.procs"), pid.to_string()).is_ok() {
+                moved += 1;
+            }
+        }
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert!(
+            moved > 0 && cgroup.contains(&format!("pod{}", self.uid)),
+            "{cgroup}"
+        );
+    }
+
+    /// The pod's own cgroup directory in each hierarchy that has one.
+    fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let relative = format!("kubepods/burstable/pod{}", self.uid);
+        let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+        if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+            roots.extend(entries.flatten().map(|entry| entry.path()));
+        }
+        roots
+            .into_iter()
+            .map(|root| root.join(&relative))
+            .filter(|dir| dir.is_dir())
+            .collect()
+    }
+}
+
+#[test]
+fn a_removed_pods_leftover_is_named_by_its_last_name_and_clear_ends_it_alone() {
+    let mut trainer = Pod::run("ml", "trainer-0", &["trainer"]);
+    let keeper = Pod::run("ml", "keeper-1", &["worker"]);
+    let mut leftover = Proc::sleeper("python3", &["train.py", "--rank", "0"]);
+    trainer.adopt(leftover.pid());
+    let mut bystander = Proc::sleeper("python3", &["notebook.py"]);
+    let sim = Sim::new(&scenario(&[
+        (leftover.pid(), 20 * GIB),
+        (keeper.pid(0), 4 * GIB),
+        (bystander.pid(), 2 * GIB),
+    ]));
+    let socket = &node().socket;
+    std::fs::write(sim.config_path(), runtime_config(socket, "10s")).unwrap();
+    let process = |json: &serde_json::Value, pid: u32| -> serde_json::Value {
+        json["devices"][0]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .cloned()
+            .unwrap_or_else(|| panic!("no process {pid}: {json}"))
+    };
+
+    // While the pod lives, its process is the pod's, named, and nothing to reclaim.
+    let living = sim.json(&["info"]);
+    let before = process(&living, leftover.pid());
+    assert_eq!(before["owner"]["pod"]["name"], "trainer-0", "{before}");
+    assert!(before.get("reclaimable").is_none(), "{before}");
+
+    trainer.remove();
+    assert!(
+        alive(leftover.pid()),
+        "the runtime ended the pod's own cgroup"
+    );
+
+    // A runtime that does not answer has lost no pod: nothing is reclaimable.
+    let absent = sim.dir.path().join("no-runtime.sock");
+    std::fs::write(sim.config_path(), runtime_config(&absent, "300ms")).unwrap();
+    let down = sim.json(&["info"]);
+    assert!(down["pod_runtime"]["error"].is_string(), "{down}");
+    let unanswered = process(&down, leftover.pid());
+    assert!(unanswered.get("reclaimable").is_none(), "{unanswered}");
+    let dry = sim.run(&["clear", "--dry-run", "--json"]);
+    assert!(
+        !dry.stdout.contains(&format!("\"pid\": {}", leftover.pid())),
+        "{}",
+        dry.stdout
+    );
+
+    // The runtime answers that it no longer has the pod: a leftover, by its last name.
+    std::fs::write(sim.config_path(), runtime_config(socket, "10s")).unwrap();
+    let gone = sim.json(&["info"]);
+    crate::schema::conforms(&crate::schema::schema("info-v1.schema.json"), &gone).unwrap();
+    let after = process(&gone, leftover.pid());
+    assert_eq!(after["reclaimable"], "pod_leftover", "{after}");
+    assert_eq!(after["owner"]["pod"]["namespace"], "ml", "{after}");
+    assert_eq!(after["owner"]["pod"]["name"], "trainer-0", "{after}");
+    assert!(process(&gone, keeper.pid(0)).get("reclaimable").is_none());
+    let table = sim.run(&["info"]);
+    let line = table
+        .stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with(&leftover.pid().to_string()))
+        .unwrap_or_else(|| panic!("{}", table.stdout));
+    assert!(
+        line.contains("pod_leftover") && line.contains("pod ml/trainer-0"),
+        "{line}"
+    );
+
+    // The watchdog judges it so too (a dry run: clear is the one that ends it here).
+    let watchdog = crate::watchdog::command(&sim, &["--once", "--mode", "reclaim", "--dry-run"])
+        .env("GPUCTL_STATE_DIR", sim.dir.path().join("gpuctl-state"))
+        .output()
+        .expect("run gpuctl-watchdog");
+    let watchdog = Run::from(watchdog);
+    assert!(
+        watchdog.stderr.contains("ACTION=would-reclaim")
+            && watchdog.stderr.contains("leftover of pod ml/trainer-0"),
+        "{}",
+        watchdog.stderr
+    );
+    assert!(alive(leftover.pid()));
+
+    let cleared = sim.run(&["clear", "--json"]);
+    assert_eq!(cleared.code, 0, "{}{}", cleared.stdout, cleared.stderr);
+    let report: serde_json::Value = serde_json::from_str(&cleared.stdout).unwrap();
+    crate::schema::conforms(&crate::schema::schema("reclaim-v1.schema.json"), &report).unwrap();
+    let outcomes = report["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 1, "{report}");
+    assert_eq!(outcomes[0]["pid"], leftover.pid(), "{report}");
+    assert_eq!(outcomes[0]["ended"]["outcome"], "exited", "{report}");
+    assert!(
+        outcomes[0]["reasons"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("leftover of pod ml/trainer-0:"),
+        "{report}"
+    );
+    wait_until(Duration::from_secs(10), || !alive(leftover.pid()));
+    assert!(alive(keeper.pid(0)), "the living pod's process was spared");
+    assert!(alive(bystander.pid()), "the process of no pod was spared");
+    leftover.kill();
+    bystander.kill();
+    for dir in trainer.cgroup_dirs() {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+#[test]
+fn protect_owners_spare_a_namespaces_pods_from_clear() {
+    let mut server = Pod::run("prod", "server-0", &["server"]);
+    let mut trainer = Pod::run("ml", "trainer-1", &["trainer"]);
+    let mut spared = Proc::sleeper("python3", &["serve.py"]);
+    server.adopt(spared.pid());
+    let mut ended = Proc::sleeper("python3", &["train.py"]);
+    trainer.adopt(ended.pid());
+    let sim = Sim::new(&scenario(&[
+        (spared.pid(), 8 * GIB),
+        (ended.pid(), 8 * GIB),
+    ]));
+    let config = format!(
+        "{}\n[protect]\nowners = [\"namespace:prod\"]\n",
+        runtime_config(&node().socket, "10s")
+    );
+    std::fs::write(sim.config_path(), config).unwrap();
+    // Seen named while the pods live, then both deleted, leaving their processes.
+    assert_eq!(sim.run(&["info"]).code, 0);
+    server.remove();
+    trainer.remove();
+
+    // A target spared is one not reclaimed: exit status 1, as for a protected user.
+    let cleared = sim.run(&["clear", "--json"]);
+    assert_eq!(cleared.code, 1, "{}{}", cleared.stdout, cleared.stderr);
+    let report: serde_json::Value = serde_json::from_str(&cleared.stdout).unwrap();
+    let outcome = |pid: u32| {
+        report["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["pid"] == pid)
+            .cloned()
+            .unwrap_or_else(|| panic!("no outcome for {pid}: {report}"))
+    };
+    assert_eq!(
+        outcome(ended.pid())["ended"]["outcome"],
+        "exited",
+        "{report}"
+    );
+    let skipped = outcome(spared.pid())["skipped"].to_string();
+    assert!(
+        skipped.contains("protected owner: namespace:prod"),
+        "{report}"
+    );
+    assert!(alive(spared.pid()));
+    wait_until(Duration::from_secs(10), || !alive(ended.pid()));
+    spared.kill();
+    ended.kill();
+    for dir in server
+        .cgroup_dirs()
+        .into_iter()
+        .chain(trainer.cgroup_dirs())
+    {
+        let _ = std::fs::remove_dir(dir);
+    }
 }

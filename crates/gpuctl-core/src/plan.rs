@@ -88,6 +88,9 @@ impl Guard {
         {
             return Some(format!("protected user: {user}"));
         }
+        if let Some(pattern) = self.protection.owner_protected(target.host.owner.as_ref()) {
+            return Some(format!("protected owner: {pattern} ([protect] owners)"));
+        }
         if !self.root && target.uid != Some(self.caller_uid) {
             return Some(format!(
                 "permission denied: pid {pid} belongs to {}",

@@ -147,18 +147,37 @@ impl Claim {
     }
 }
 
-/// The programs never signalled, and the users whose processes automatic reclaim spares.
+/// The programs never signalled, and the users and pods whose processes automatic reclaim
+/// spares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Protection {
     pub programs: Vec<Program>,
     pub users: Vec<String>,
+    /// `[protect] owners`: pods by the runtime's names (`pod:kube-system/*`).
+    pub owners: Vec<crate::owner::OwnerMatch>,
 }
 
 impl Protection {
     /// The built-in programs, and the configuration's `[protect]` lists (its commands may run
     /// as root or as its users).
     pub fn configured(protect: &crate::config::Protect) -> Protection {
-        Protection::built_in().with(&protect.commands, &protect.users)
+        let mut protection = Protection::built_in().with(&protect.commands, &protect.users);
+        // Checked when the file was read: a word that does not parse is not there.
+        protection.owners = protect
+            .owners
+            .iter()
+            .filter_map(|owner| owner.parse().ok())
+            .collect();
+        protection
+    }
+
+    /// The `[protect] owners` pattern that spares a process of `owner`, if any.
+    pub fn owner_protected(&self, owner: Option<&crate::owner::Owner>) -> Option<String> {
+        let owner = owner?;
+        self.owners
+            .iter()
+            .find(|wanted| wanted.matches(owner))
+            .map(|wanted| wanted.to_string())
     }
 
     pub fn built_in() -> Protection {
@@ -172,6 +191,7 @@ impl Protection {
                 })
                 .collect(),
             users: Vec::new(),
+            owners: Vec::new(),
         }
     }
 
@@ -190,11 +210,12 @@ impl Protection {
         self
     }
 
-    /// Programs only: an explicit `kill` is the admin's call, so users are not spared (a
-    /// configured command still runs as one of them: its users stay with it).
+    /// Programs only: an explicit `kill` is the admin's call, so users and pods are not
+    /// spared (a configured command still runs as one of them: its users stay with it).
     pub fn programs_only(self) -> Protection {
         Protection {
             users: Vec::new(),
+            owners: Vec::new(),
             ..self
         }
     }

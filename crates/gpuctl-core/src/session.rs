@@ -347,9 +347,12 @@ impl Reader {
     }
 
     /// Names pods where `[kubernetes]` says to ask (a reader without it asks the runtime at
-    /// its usual socket).
+    /// its usual socket), keeping the names of the pods seen on a GPU in the state
+    /// directory for after the runtime forgets them.
     pub fn naming_pods(mut self, kubernetes: &config::Kubernetes) -> Reader {
-        self.pods = PodNames::configured(kubernetes);
+        let last_known = crate::snapshot::peaks::state_dir()
+            .map(|dir| dir.join(crate::snapshot::last_known::FILE_NAME));
+        self.pods = PodNames::configured(kubernetes).remembering(last_known);
         self
     }
 

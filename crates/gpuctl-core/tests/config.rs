@@ -90,6 +90,7 @@ fn the_example_file_is_valid() {
             protect: Protect {
                 commands: vec!["my-monitor".to_string()],
                 users: vec!["slurm".to_string()],
+                owners: vec!["namespace:kube-system".to_string()],
             },
             // The example documents the defaults: enabled, they change nothing.
             watchdog: config::parse("[watchdog]\n", Path::new("defaults"))
@@ -179,7 +180,7 @@ fn unknown_keys_name_file_line_and_key() {
     );
     assert_eq!(
         error_of("[protect]\ncommand = [\"x\"]\n"),
-        "FILE: line 2: unknown key 'protect.command' (known keys in [protect]: commands, users)"
+        "FILE: line 2: unknown key 'protect.command' (known keys in [protect]: commands, users, owners)"
     );
     assert_eq!(
         error_of("[fractions.user]\nalice = 0.5\n"),
@@ -268,6 +269,14 @@ fn bad_values_name_file_line_and_key() {
     assert_eq!(
         error_of("[protect]\nusers = \"slurm\"\n"),
         "FILE: line 2: protect.users: expected an array, found the string \"slurm\""
+    );
+    assert_eq!(
+        error_of("[protect]\nowners = [\"slurm:12\"]\n"),
+        "FILE: line 2: protect.owners: 'slurm:12' is not a pod: give pod:NAMESPACE/NAME, namespace:NAME or pod:UID"
+    );
+    assert_eq!(
+        error_of("[protect]\nowners = [\"namespace:ML\"]\n"),
+        "FILE: line 2: protect.owners: 'namespace:ML': a namespace is lowercase letters, digits and '-', with * and ? as globs"
     );
     assert_eq!(
         error_of("fraction = 0.5\n"),
@@ -406,13 +415,14 @@ fn the_user_file_may_only_lower_the_system_value() {
     // Protect lists add up.
     let both = loaded(
         Some("[protect]\ncommands = [\"a\"]\nusers = [\"slurm\"]\n"),
-        Some("[protect]\ncommands = [\"b\", \"a\"]\n"),
+        Some("[protect]\ncommands = [\"b\", \"a\"]\nowners = [\"pod:ml/trainer-*\"]\n"),
     );
     assert_eq!(
         both.protect(),
         Protect {
             commands: vec!["a".into(), "b".into()],
-            users: vec!["slurm".into()]
+            users: vec!["slurm".into()],
+            owners: vec!["pod:ml/trainer-*".into()],
         }
     );
 }

@@ -50,12 +50,28 @@ pub struct ByteSeconds {
 pub struct Accounts {
     pub users: BTreeMap<Vec<String>, ByteSeconds>,
     pub owners: BTreeMap<Vec<String>, ByteSeconds>,
+    /// Per Kubernetes namespace, of the pods the container runtime named (a pod known only
+    /// by its UID has no namespace to count in).
+    pub namespaces: BTreeMap<Vec<String>, ByteSeconds>,
     /// GPUs given to a Slurm job (its prolog's record) on which none of its processes has
     /// run for `[idle] after`: index, UUID, job.
     pub allocated_unused: Vec<(u32, String, u64)>,
 }
 
 impl Accounts {
+    /// Counts `add` for `process`'s user, its owner and its pod's namespace (a pod the
+    /// runtime named), each series kind capped at `max`.
+    fn count(&mut self, process: &GpuProcess, add: ByteSeconds, max: usize) {
+        let (user, owner) = labels_of(process);
+        let other = || vec!["other".to_string()];
+        Accounts::add(&mut self.users, user, other(), max, add);
+        let other_owner = vec!["other".to_string(), "other".to_string()];
+        Accounts::add(&mut self.owners, owner, other_owner, max, add);
+        if let Some(namespace) = namespace_of(process) {
+            Accounts::add(&mut self.namespaces, vec![namespace], other(), max, add);
+        }
+    }
+
     fn add(
         series: &mut BTreeMap<Vec<String>, ByteSeconds>,
         labels: Vec<String>,
@@ -168,11 +184,7 @@ impl IdleWatch {
                     held: held.byte_seconds,
                     idle: if held.idle { held.byte_seconds } else { 0.0 },
                 };
-                let (user, owner) = labels_of(process);
-                let other = || vec!["other".to_string()];
-                Accounts::add(&mut self.accounts.users, user, other(), max_series, add);
-                let other = vec!["other".to_string(), "other".to_string()];
-                Accounts::add(&mut self.accounts.owners, owner, other, max_series, add);
+                self.accounts.count(process, add, max_series);
             }
             for (key, (seconds, all_idle)) in pass_jobs {
                 if let Some(usage) = self.jobs.get_mut(&key).filter(|_| all_idle) {
@@ -435,6 +447,16 @@ fn processes_of(snapshot: &Snapshot) -> PidMap<Identity, &GpuProcess> {
         .collect()
 }
 
+/// The Kubernetes namespace of a process's pod, where the runtime named the pod.
+fn namespace_of(process: &GpuProcess) -> Option<String> {
+    match &process.host.owner {
+        Some(gpuctl_core::owner::Owner::KubernetesPod { pod: Some(pod), .. }) => {
+            Some(pod.namespace.clone())
+        }
+        _ => None,
+    }
+}
+
 /// A process's user label and owner labels (kind, key), as the memory series name them.
 fn labels_of(process: &GpuProcess) -> (Vec<String>, Vec<String>) {
     let host = &process.host;
@@ -452,6 +474,42 @@ mod tests {
 
     fn labels(name: &str) -> Vec<String> {
         vec![name.to_string()]
+    }
+
+    #[test]
+    fn named_pods_count_per_namespace_capped_as_the_other_series() {
+        use gpuctl_core::owner::{Owner, PodName};
+        let pod = |pid: u32, uid: &str, namespace: Option<&str>| {
+            let named = namespace.map(|namespace| PodName {
+                namespace: namespace.into(),
+                name: format!("p{pid}"),
+                container: None,
+            });
+            gpuctl_core::fixtures::process(pid)
+                .owner(Some(Owner::KubernetesPod {
+                    pod_uid: uid.into(),
+                    qos: None,
+                    container_id: None,
+                    runtime: None,
+                    pod: named,
+                }))
+                .build()
+        };
+        let add = |held: f64, idle: f64| ByteSeconds { held, idle };
+        let mut accounts = Accounts::default();
+        accounts.count(&pod(1, "aaaa-1", Some("ml")), add(10.0, 10.0), 2);
+        accounts.count(&pod(2, "aaaa-2", Some("ml")), add(5.0, 0.0), 2);
+        accounts.count(&pod(3, "bbbb-1", Some("prod")), add(1.0, 0.0), 2);
+        // Past the cap of 2: in namespace "other" from then on.
+        accounts.count(&pod(4, "cccc-1", Some("batch")), add(7.0, 7.0), 2);
+        // A pod the runtime did not name has no namespace to count in.
+        accounts.count(&pod(5, "dddd-1", None), add(100.0, 0.0), 2);
+        assert_eq!(accounts.namespaces.len(), 3, "{:?}", accounts.namespaces);
+        assert_eq!(accounts.namespaces[&labels("ml")], add(15.0, 10.0));
+        assert_eq!(accounts.namespaces[&labels("prod")], add(1.0, 0.0));
+        assert_eq!(accounts.namespaces[&labels("other")], add(7.0, 7.0));
+        let held: f64 = accounts.owners.values().map(|v| v.held).sum();
+        assert_eq!(held, 123.0, "every pod still counts per owner");
     }
 
     #[test]

@@ -447,6 +447,24 @@ pub fn render(m: &Metrics) -> String {
         owners,
         true,
     ));
+    let namespaces = &m.idle.namespaces;
+    blocks.push(byte_seconds(
+        "gpuctl_namespace_memory_byte_seconds_total",
+        "GPU memory held by the pods of each Kubernetes namespace over time, of the pods the \
+         container runtime named (at most watchdog.metrics_max_owners namespaces, later ones \
+         in namespace=\"other\").",
+        &["namespace"],
+        namespaces,
+        false,
+    ));
+    blocks.push(byte_seconds(
+        "gpuctl_namespace_idle_memory_byte_seconds_total",
+        "GPU memory held by the pods of each Kubernetes namespace while their SM utilization \
+         was under idle.util_below (measured), over time.",
+        &["namespace"],
+        namespaces,
+        true,
+    ));
     let name = family(
         "gpuctl_gpu_allocated_unused",
         "gauge",
@@ -592,8 +610,29 @@ mod tests {
             reclaimed_bytes_total: 7,
             last_good_poll: Some(12.5),
             interval_seconds: 0.5,
+            idle: crate::idle::Accounts {
+                namespaces: [(
+                    vec!["ml".to_string()],
+                    crate::idle::ByteSeconds {
+                        held: 30.0,
+                        idle: 20.0,
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            },
             ..Metrics::default()
         });
+        assert!(
+            text.contains(
+                "# TYPE gpuctl_namespace_memory_byte_seconds_total counter\ngpuctl_namespace_memory_byte_seconds_total{namespace=\"ml\"} 30\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpuctl_namespace_idle_memory_byte_seconds_total{namespace=\"ml\"} 20\n"),
+            "{text}"
+        );
         assert!(text.contains(
             "# HELP gpuctl_nvml_up Whether NVML answered the last loop (1) or is unavailable (0).\n# TYPE gpuctl_nvml_up gauge\ngpuctl_nvml_up 1\n"
         ), "{text}");

@@ -17,6 +17,7 @@ pub mod holders;
 pub mod idle;
 pub mod mps_wedged;
 mod orphaned;
+mod pod_leftover;
 mod state;
 pub mod stuck;
 mod unattributed;
@@ -59,6 +60,9 @@ pub enum Kind {
     Idle,
     /// A CUDA MPS server with no client left that holds more than its own overhead.
     MpsWedged,
+    /// A process of a Kubernetes pod the node's container runtime answered it no longer
+    /// has: a deleted or crashed pod's leftover.
+    PodLeftover,
 }
 
 /// What is done about a finding of a kind, when its verdict is [`Verdict::Reclaim`].
@@ -82,7 +86,7 @@ impl std::fmt::Display for Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Orphaned,
         Kind::ZombieHolder,
         Kind::Stopped,
@@ -93,6 +97,7 @@ impl Kind {
         Kind::Stuck,
         Kind::Idle,
         Kind::MpsWedged,
+        Kind::PodLeftover,
     ];
 
     /// Its name in JSON, the journal and metrics.
@@ -108,6 +113,7 @@ impl Kind {
             Kind::Stuck => "stuck",
             Kind::Idle => "idle",
             Kind::MpsWedged => "mps_wedged",
+            Kind::PodLeftover => "pod_leftover",
         }
     }
 
@@ -115,9 +121,11 @@ impl Kind {
         match self {
             // An unlisted holder is ended only by `clear --holders`: the scan that finds it
             // runs only when asked, and the watchdog has no reclaim kind for it.
-            Kind::Orphaned | Kind::ZombieHolder | Kind::Stopped | Kind::UnlistedHolder => {
-                Remedy::Reclaim
-            }
+            Kind::Orphaned
+            | Kind::ZombieHolder
+            | Kind::Stopped
+            | Kind::UnlistedHolder
+            | Kind::PodLeftover => Remedy::Reclaim,
             Kind::AboveFraction => Remedy::Enforce,
             // The `[idle]` ladder (report, notify, reclaim) is the watchdog's own.
             Kind::Uninterruptible | Kind::Unattributed | Kind::Stuck | Kind::Idle => Remedy::Report,
@@ -129,7 +137,8 @@ impl Kind {
     /// The `watchdog.reclaim` entry that lets the watchdog end a finding of this kind.
     pub fn reclaim_kind(self) -> Option<ReclaimKind> {
         match self {
-            Kind::Orphaned => Some(ReclaimKind::Orphaned),
+            // A pod's leftover is a crashed run's: `reclaim = ["orphaned"]` covers both.
+            Kind::Orphaned | Kind::PodLeftover => Some(ReclaimKind::Orphaned),
             Kind::ZombieHolder => Some(ReclaimKind::Zombie),
             Kind::Stopped => Some(ReclaimKind::Stopped),
             Kind::Uninterruptible
@@ -261,6 +270,7 @@ const RULES: &[Rule] = &[
     Rule::Process(Kind::ZombieHolder, state::zombie),
     Rule::Process(Kind::Stopped, state::stopped),
     Rule::Process(Kind::Orphaned, orphaned::judge),
+    Rule::Process(Kind::PodLeftover, pod_leftover::judge),
     Rule::Process(Kind::AboveFraction, above_fraction::judge),
     Rule::Process(Kind::Idle, idle::judge),
     Rule::Process(Kind::MpsWedged, mps_wedged::judge),
@@ -624,6 +634,9 @@ mod tests {
                 socket: None,
                 error: None,
                 ready_pod_uids: ready.iter().map(|uid| uid.to_string()).collect(),
+                // It has the pod either way: ready, or stopped and not yet removed.
+                known_pod_uids: ["aaaa-1".to_string()].into(),
+                gone_pods: Default::default(),
             });
         };
         let kinds = |ready: &[&str]| -> Vec<(u32, Kind, Verdict)> {
@@ -639,11 +652,79 @@ mod tests {
         };
         // Its container restarted and it was reparented, but the pod's sandbox is ready.
         assert_eq!(kinds(&["aaaa-1"]), vec![]);
-        // The runtime no longer has the pod: the worker of a crashed run, as before.
+        // The pod's sandbox is not ready: the worker of a crashed run, as before.
         assert_eq!(
             kinds(&["bbbb-2"]),
             vec![(200, Kind::Orphaned, Verdict::Reclaim)]
         );
+    }
+
+    #[test]
+    fn a_pod_the_runtime_answered_it_no_longer_has_leaves_a_reclaimable_leftover() {
+        use crate::snapshot::pods::RuntimeUse;
+        let answered = |known: &[&str], gone_named: bool| RuntimeUse {
+            socket: Some("/run/containerd/containerd.sock".into()),
+            error: None,
+            ready_pod_uids: known.iter().map(|uid| uid.to_string()).collect(),
+            known_pod_uids: known.iter().map(|uid| uid.to_string()).collect(),
+            gone_pods: match gone_named {
+                true => [("aaaa-1".into(), ("ml".into(), "trainer-0".into()))].into(),
+                false => Default::default(),
+            },
+        };
+        let found = |runtime: RuntimeUse| -> Vec<(Kind, Verdict, String)> {
+            // A healthy, busy process: nothing in its ancestry says its run died.
+            let healthy = P {
+                sm: Some(50),
+                ..P::new(200)
+            };
+            run_in(&[healthy], None, &Policy::default(), |snapshot| {
+                let process = &mut snapshot.devices[0].processes[0];
+                Arc::make_mut(&mut process.host).owner = Some(crate::owner::Owner::KubernetesPod {
+                    pod_uid: "AAAA-1".into(),
+                    qos: None,
+                    container_id: Some("c1".into()),
+                    runtime: None,
+                    pod: None,
+                });
+                snapshot.pod_runtime = Some(runtime);
+            })
+            .into_iter()
+            .map(|f| (f.kind, f.verdict, f.reason))
+            .collect()
+        };
+        let leftover = found(answered(&["bbbb-2"], true));
+        assert_eq!(leftover.len(), 1, "{leftover:?}");
+        assert_eq!(
+            (leftover[0].0, leftover[0].1),
+            (Kind::PodLeftover, Verdict::Reclaim)
+        );
+        assert!(
+            leftover[0].2.contains("leftover of pod ml/trainer-0"),
+            "{}",
+            leftover[0].2
+        );
+        // Gone, but never seen named through this socket: shown, not reclaimed.
+        let unnamed = found(answered(&["bbbb-2"], false));
+        assert_eq!(
+            (unnamed[0].0, unnamed[0].1),
+            (Kind::PodLeftover, Verdict::Report)
+        );
+        assert!(unnamed[0].2.contains("gpuctl kill --pid 200"));
+        // The runtime has it: nothing.
+        assert_eq!(found(answered(&["aaaa-1"], false)), vec![]);
+        // The runtime did not answer: it has lost no pod, whatever it was last known as.
+        let down = RuntimeUse {
+            error: Some("cannot connect".into()),
+            ..answered(&[], true)
+        };
+        assert_eq!(found(down), vec![]);
+        let no_runtime = RuntimeUse {
+            socket: None,
+            error: Some("no container runtime socket".into()),
+            ..answered(&[], true)
+        };
+        assert_eq!(found(no_runtime), vec![]);
     }
 
     #[test]

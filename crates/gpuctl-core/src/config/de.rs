@@ -353,6 +353,23 @@ pub(super) fn command<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 }
 
 /// Owner selectors (`unit:vllm.service`, `slurm:123`, ...), each checked.
+/// `[protect] owners`: pod forms only (`pod:NAMESPACE/NAME`, `namespace:NAME`, `pod:UID`).
+pub(super) fn pod_owners<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    use crate::owner::OwnerMatch;
+    let words = owners(d)?;
+    for word in &words {
+        if !matches!(
+            word.parse::<OwnerMatch>(),
+            Ok(OwnerMatch::Pod(_) | OwnerMatch::PodName { .. } | OwnerMatch::Namespace(_))
+        ) {
+            return Err(de::Error::custom(format!(
+                "'{word}' is not a pod: give pod:NAMESPACE/NAME, namespace:NAME or pod:UID"
+            )));
+        }
+    }
+    Ok(words)
+}
+
 pub(super) fn owners<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let words = Vec::<String>::deserialize(d)?;
     for word in &words {

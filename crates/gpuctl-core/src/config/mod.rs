@@ -202,6 +202,12 @@ pub struct Protect {
     /// User names.
     #[serde(deserialize_with = "de::names")]
     pub users: Vec<String>,
+    /// Kubernetes pods whose processes `clear` and the watchdog never signal, as the
+    /// node's container runtime names them: `pod:NAMESPACE/NAME`, `namespace:NAME` (globs),
+    /// `pod:UID`. Only pod forms: their names come from the root-only runtime socket and the
+    /// kubelet's cgroups, never from anything a user can set.
+    #[serde(deserialize_with = "de::pod_owners")]
+    pub owners: Vec<String>,
 }
 
 /// `[watchdog]`: the reclaim daemon's settings (`gpuctl-watchdog`). Durations are written as
@@ -341,7 +347,8 @@ impl WatchdogMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReclaimKind {
-    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]).
+    /// The workers of a crashed run ([`crate::classify::Kind::Orphaned`]), and a deleted
+    /// pod's leftover ([`crate::classify::Kind::PodLeftover`]).
     Orphaned,
     /// A zombie leader whose threads still hold the context.
     Zombie,
@@ -522,6 +529,11 @@ impl Loaded {
             for user in &config.protect.users {
                 if !protect.users.contains(user) {
                     protect.users.push(user.clone());
+                }
+            }
+            for owner in &config.protect.owners {
+                if !protect.owners.contains(owner) {
+                    protect.owners.push(owner.clone());
                 }
             }
         }

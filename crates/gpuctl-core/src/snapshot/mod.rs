@@ -3,6 +3,7 @@
 //! a snapshot; none queries NVML or /proc on its own.
 
 mod health;
+pub mod last_known;
 pub mod peaks;
 pub mod pods;
 mod read;

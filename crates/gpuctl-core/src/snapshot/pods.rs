@@ -4,13 +4,14 @@
 //! pod not named yet is on a GPU, and under a deadline of its own. Names never change for
 //! a UID or a container id, so a long-running reader (the watchdog, `top`) keeps them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::last_known::LastKnown;
 use super::{GpuProcess, Snapshot};
 use crate::config;
 use crate::cri::{self, Runtime};
@@ -34,7 +35,17 @@ pub struct RuntimeUse {
     /// The UIDs (lowercase) of the pods it has a ready sandbox for: their processes are
     /// alive, whatever their ancestry says after a container restarted.
     #[serde(skip)]
-    pub ready_pod_uids: std::collections::BTreeSet<String>,
+    pub ready_pod_uids: BTreeSet<String>,
+    /// The UIDs (lowercase) of every pod it has a sandbox for, in any state. Only an answer
+    /// (`error` is `None`) says anything of a pod missing here: a runtime that is down or
+    /// slow has lost no pod.
+    #[serde(skip)]
+    pub known_pod_uids: BTreeSet<String>,
+    /// The pods of this snapshot's processes that it answered it does not have, by UID
+    /// (lowercase), with the namespace and name they had when this same socket last named
+    /// them ([`super::last_known`]); a UID without a name here was never seen named.
+    #[serde(skip)]
+    pub gone_pods: BTreeMap<String, (String, String)>,
 }
 
 /// The names learned from the runtime, and where to ask for more.
@@ -47,6 +58,8 @@ pub struct PodNames {
     by_uid: HashMap<String, (String, String)>,
     /// The last failed ask, and when to ask again.
     failed: Option<(RuntimeUse, Instant)>,
+    /// The names of the pods seen on a GPU, kept for after the runtime forgets them.
+    last_known: LastKnown,
 }
 
 impl PodNames {
@@ -60,18 +73,28 @@ impl PodNames {
             by_container: HashMap::new(),
             by_uid: HashMap::new(),
             failed: None,
+            last_known: LastKnown::default(),
         }
+    }
+
+    /// Keeps the names of the pods seen on a GPU in `file` (see [`super::last_known`]), so
+    /// that a pod's leftover is named after the runtime removed the pod.
+    pub fn remembering(mut self, file: Option<PathBuf>) -> PodNames {
+        self.last_known = LastKnown::at(file);
+        self
     }
 
     /// Names every pod process of `snapshot` that the runtime names, asking it first (its
     /// pods' names and which of them run); how it was asked goes into
     /// `snapshot.pod_runtime`. Nothing is asked without a pod's process on a GPU.
     pub fn name(&mut self, snapshot: &mut Snapshot) {
-        let mut pods = false;
+        let mut uids = BTreeSet::new();
         for_each_process(snapshot, &mut |process| {
-            pods |= matches!(process.host.owner, Some(Owner::KubernetesPod { .. }));
+            if let Some(Owner::KubernetesPod { pod_uid, .. }) = &process.host.owner {
+                uids.insert(pod_uid.to_ascii_lowercase());
+            }
         });
-        if !pods {
+        if uids.is_empty() {
             return;
         }
         if let Some((failure, retry_at)) = &self.failed
@@ -80,13 +103,43 @@ impl PodNames {
             snapshot.pod_runtime = Some(failure.clone());
             return;
         }
-        let asked = self.ask();
+        let mut asked = self.ask();
         self.failed = asked
             .error
             .is_some()
             .then(|| (asked.clone(), Instant::now() + RETRY_AFTER));
+        if asked.error.is_none() {
+            self.remember(&uids, &mut asked);
+        }
         snapshot.pod_runtime = Some(asked);
         for_each_process(snapshot, &mut |process| self.apply(process));
+    }
+
+    /// After an answer: keeps the names of the GPU's pods the runtime has, and looks up
+    /// the last known names of those it answered it does not have.
+    fn remember(&mut self, uids: &BTreeSet<String>, asked: &mut RuntimeUse) {
+        let Some(socket) = asked.socket.clone() else {
+            return;
+        };
+        let (present, gone): (Vec<&String>, Vec<&String>) = uids
+            .iter()
+            .partition(|uid| asked.known_pod_uids.contains(*uid));
+        let seen: Vec<(String, String, String)> = present
+            .into_iter()
+            .filter_map(|uid| {
+                let (namespace, name) = self.by_uid.get(uid)?;
+                Some((uid.clone(), namespace.clone(), name.clone()))
+            })
+            .collect();
+        let now = crate::units::unix_seconds() as u64;
+        self.last_known.remember(&seen, &socket, now);
+        for uid in gone {
+            if let Some(names) = self.last_known.name(uid, &socket) {
+                // A UID's names never change: they name its processes as before.
+                self.by_uid.insert(uid.clone(), names.clone());
+                asked.gone_pods.insert(uid.clone(), names);
+            }
+        }
     }
 
     fn lookup(&self, pod_uid: &str, container_id: Option<&str>) -> Option<PodName> {
@@ -124,7 +177,9 @@ impl PodNames {
         let Some(socket) = self.socket.clone().or_else(cri::detect_socket) else {
             return RuntimeUse {
                 socket: None,
-                ready_pod_uids: Default::default(),
+                ready_pod_uids: BTreeSet::new(),
+                known_pod_uids: BTreeSet::new(),
+                gone_pods: BTreeMap::new(),
                 error: Some(format!(
                     "no container runtime socket (looked for {}; set [kubernetes] runtime_socket)",
                     cri::RUNTIME_SOCKETS.join(", ")
@@ -134,9 +189,13 @@ impl PodNames {
         let deadline = Instant::now() + self.timeout;
         let answer = Runtime::connect(&socket, deadline)
             .and_then(|mut runtime| Ok((runtime.pods()?, runtime.containers()?)));
-        let mut ready_pod_uids = std::collections::BTreeSet::new();
+        let (mut ready_pod_uids, mut known_pod_uids) = (BTreeSet::new(), BTreeSet::new());
         let error = match answer {
             Ok((pods, containers)) => {
+                known_pod_uids = pods
+                    .iter()
+                    .map(|pod| pod.uid.to_ascii_lowercase())
+                    .collect();
                 ready_pod_uids = pods
                     .iter()
                     .filter(|pod| pod.ready)
@@ -156,6 +215,8 @@ impl PodNames {
             socket: Some(socket),
             error,
             ready_pod_uids,
+            known_pod_uids,
+            gone_pods: BTreeMap::new(),
         }
     }
 

@@ -21,7 +21,7 @@ const STALE_INTERVALS: f64 = 3.0;
 const MIN_STALE: f64 = 60.0;
 
 /// The kinds whose memory `gpuctl clear` gets back on the node.
-pub const CLEARED_KINDS: [&str; 3] = ["orphaned", "zombie_holder", "stopped"];
+pub const CLEARED_KINDS: [&str; 4] = ["orphaned", "zombie_holder", "stopped", "pod_leftover"];
 
 /// The label matcher of `--node PATTERN` (matched whole against the node's name, the
 /// instance without its port), or every instance.

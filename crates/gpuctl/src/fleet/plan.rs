@@ -80,7 +80,7 @@ fn steps(node: &Node, in_slurm: bool) -> Vec<Step> {
         return steps;
     }
     let count = |k: &str| node.findings.get(k).copied().unwrap_or(0);
-    let leftovers = count("orphaned") + count("zombie_holder") + count("stopped");
+    let leftovers: u64 = super::model::CLEARED_KINDS.iter().map(|k| count(k)).sum();
     if leftovers > 0 || node.clearable_bytes > 0 {
         let mut command = words(&["gpuctl", "clear"]);
         if count("stopped") > 0 || node.held_bytes.contains_key("stopped") {
