@@ -39,6 +39,19 @@ fn configure(sim: &Sim, watchdog: &str, idle: &str) {
     std::fs::rename(&tmp, &path).unwrap();
 }
 
+/// Reclaim mode, idle after 500 ms and reclaimed 1 s later, but for `exempt_owners` (the
+/// inside of its TOML array).
+fn reclaim_idle_exempting(sim: &Sim, exempt_owners: &str) {
+    configure(
+        sim,
+        "mode = \"reclaim\"",
+        &format!(
+            "after = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
+             exempt_owners = [{exempt_owners}]"
+        ),
+    );
+}
+
 /// The value of the first series in `text` whose line starts with `series`.
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -324,14 +337,7 @@ fn an_environment_claim_on_an_exempt_job_by_another_user_shields_nothing() {
     let alices = Proc::spawn_as_with_env(ALICE, "sleep", &["train.py"], &env);
     let mallorys = Proc::spawn_as_with_env(MALLORY, "sleep", &["attack.py"], &env);
     let sim = Sim::new(&two(&alices, &mallorys, 0, 0));
-    configure(
-        &sim,
-        "mode = \"reclaim\"",
-        &format!(
-            "after = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
-             exempt_owners = [\"slurm:{job}\", \"slurm:{job}@{ALICE}\"]"
-        ),
-    );
+    reclaim_idle_exempting(&sim, &format!("\"slurm:{job}\", \"slurm:{job}@{ALICE}\""));
     let daemon = Daemon::start(&sim, &[]);
     let line = daemon.expect_count(&["ACTION=reclaimed"], 1);
     assert!(line.contains(&format!("PID={} ", mallorys.pid())), "{line}");
@@ -593,14 +599,7 @@ fn a_users_own_unit_named_as_an_exempt_system_unit_shields_nothing() {
         .map(|p| p["owner"].clone())
         .unwrap();
     assert_eq!(owner["kind"], "systemd_user_unit", "{owner}");
-    configure(
-        &sim,
-        "mode = \"reclaim\"",
-        &format!(
-            "after = \"500ms\"\naction = \"reclaim\"\nreclaim_after = \"1s\"\n\
-             exempt_owners = [\"unit:{unit}\"]"
-        ),
-    );
+    reclaim_idle_exempting(&sim, &format!("\"unit:{unit}\""));
     let daemon = Daemon::start(&sim, &[]);
     let line = daemon.expect_count(&["ACTION=reclaimed"], 1);
     assert!(line.contains(&format!("PID={} ", mallorys.pid())), "{line}");

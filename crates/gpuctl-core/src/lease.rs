@@ -331,14 +331,8 @@ impl LeaseDir {
                 )
                 .is_ok()
             }
-            Ok(stat) => {
-                let how = if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    UnlinkatFlags::RemoveDir
-                } else {
-                    UnlinkatFlags::NoRemoveDir
-                };
-                unlinkat(&*self.dir, name, how).is_ok()
-                    && self.create(name).is_ok_and(|made| made.is_some())
+            Ok(_) => {
+                self.remove(name).is_ok() && self.create(name).is_ok_and(|made| made.is_some())
             }
             Err(_) => false,
         }
@@ -625,6 +619,18 @@ impl LeaseDir {
         )
     }
 
+    /// Removes what is at `name`, a directory too (only an empty one), never following it.
+    fn remove(&self, name: &str) -> std::result::Result<(), Errno> {
+        let is_dir = fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        let how = if is_dir {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        unlinkat(&*self.dir, name, how)
+    }
+
     /// Something that is no lease file at a lease's name: never followed. The directory's
     /// owner removes it (nobody can hold a lease on it), then the next try makes the lease
     /// file; anyone else is told whose it is.
@@ -632,14 +638,7 @@ impl LeaseDir {
         let path = self.path.join(name);
         let owner = owner_of(&self.dir, name);
         if self.makes_files() {
-            let is_dir = fstatat(&*self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFDIR);
-            let how = if is_dir {
-                UnlinkatFlags::RemoveDir
-            } else {
-                UnlinkatFlags::NoRemoveDir
-            };
-            return match unlinkat(&*self.dir, name, how) {
+            return match self.remove(name) {
                 Ok(()) => self
                     .open_file(name)
                     .map_err(|_| format!("{}: {what} ({owner}) was removed", path.display())),

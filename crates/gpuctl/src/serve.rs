@@ -153,13 +153,7 @@ fn lease_files(server: &Server) -> String {
             directory: dir.path().to_path_buf(),
         },
     };
-    match serde_json::to_string(&reply) {
-        Ok(mut line) => {
-            line.push('\n');
-            line
-        }
-        Err(e) => ErrorReply::new(format!("cannot write the reply: {e}")).line(),
-    }
+    reply_line(&reply)
 }
 
 /// Answers one complete request on a thread of its own.
@@ -202,7 +196,12 @@ fn serve(server: &Server, ready: &Ready) -> String {
         Err(error) => return ErrorReply::new(error).line(),
     };
     let reply = gpuctl_core::serve::answer(&host.0, &host.1, &caller);
-    match serde_json::to_string(&reply) {
+    reply_line(&reply)
+}
+
+/// A reply as its one line, newline included.
+fn reply_line(reply: &impl serde::Serialize) -> String {
+    match serde_json::to_string(reply) {
         Ok(mut line) => {
             line.push('\n');
             line
