@@ -174,14 +174,9 @@ impl HealthDocument {
     }
 }
 
-/// Records an acknowledgement of the Xids of the GPUs named by `names` (`--gpu` selectors),
-/// now, in the watchdog's state directory (`gpuctl health --ack`).
-pub fn acknowledge(
-    loaded: Option<&Loaded>,
-    gpus: &crate::nvml::Gpus,
-    snapshot: &Snapshot,
-    names: &[String],
-) -> Result<()> {
+/// Records an acknowledgement of the Xids of GPUs `indices` (what `--ack` names, resolved
+/// by the session), now, in the watchdog's state directory (`gpuctl health --ack`).
+pub fn acknowledge(loaded: Option<&Loaded>, indices: &[u32], snapshot: &Snapshot) -> Result<()> {
     let dir = config::watchdog_state_dir(loaded).ok_or_else(|| {
         CoreError::BadSetting(
             "--ack needs the watchdog's state directory, which the configuration disables \
@@ -189,9 +184,8 @@ pub fn acknowledge(
                 .into(),
         )
     })?;
-    let indices = gpus.resolve(names)?;
     let now = crate::units::unix_seconds() as u64;
-    for index in indices {
+    for &index in indices {
         let uuid = snapshot
             .devices
             .iter()

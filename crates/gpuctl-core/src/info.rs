@@ -30,6 +30,9 @@ pub struct InfoRequest {
     /// The NVML deadline asked for (`--timeout`); else the environment's, the
     /// configuration's, or 10 s.
     pub timeout: Option<Duration>,
+    /// Refuse a configuration that cannot be read (`gpuctl health` judges by its Xid
+    /// actions); without it, `info` shows the GPUs under built-in defaults.
+    pub config_required: bool,
 }
 
 /// NVML opened and everything a snapshot for `info` needs decided once: taken again and
@@ -38,7 +41,7 @@ pub struct InfoRequest {
 pub struct Survey {
     /// The configuration (empty where it cannot be read: `info` still shows the GPUs with
     /// one that cannot be; `kill` and `clear` refuse to run then) and NVML.
-    pub session: Session,
+    session: Session,
     reader: Reader,
     /// The device-file scan runs only when asked for (`--holders`): it reads every
     /// process's descriptors, which a launcher polling `info --json` would pay each call.
@@ -53,7 +56,7 @@ impl Survey {
     pub fn open(request: &InfoRequest) -> Result<Survey> {
         let session = Session::open_with(&SessionOptions {
             timeout: request.timeout,
-            config_optional: true,
+            config_optional: !request.config_required,
             holders: true,
             ..SessionOptions::default()
         })?;
@@ -66,7 +69,7 @@ impl Survey {
         let reader = session
             .reader(SnapshotOptions::info(None))
             .showing_leases()
-            .judging_health(&session.loaded)
+            .judging_health(session.loaded())
             .places(places)
             .holders(holders);
         Ok(Survey {
@@ -81,8 +84,8 @@ impl Survey {
     /// One snapshot as `info` shows it (peak marks observed and recorded, the processes
     /// `clear` would reclaim and those the watchdog finds idle marked).
     pub fn take(&mut self) -> Result<Snapshot> {
-        let mut snapshot = take_marking_reclaimable(&mut self.reader, &self.session.gpus)?;
-        self.findings = watchdog_findings(Some(&self.session.loaded));
+        let mut snapshot = take_marking_reclaimable(&mut self.reader, self.session.gpus()?)?;
+        self.findings = watchdog_findings(Some(self.session.loaded()));
         if let Some(findings) = &mut self.findings {
             mark_idle(&mut snapshot, findings);
             keep_shown(findings, &snapshot);
@@ -106,6 +109,11 @@ impl Survey {
     /// The peak store's warning that its file is too large, if it is.
     pub fn peaks_warning(&self) -> Option<String> {
         self.peaks.as_ref()?.oversized_warning()
+    }
+
+    /// The configuration and NVML this survey reads through.
+    pub fn session(&self) -> &Session {
+        &self.session
     }
 
     /// The watchdog's findings as the last [`Survey::take`] read them ([`watchdog_findings`]).

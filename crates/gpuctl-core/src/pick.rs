@@ -255,9 +255,10 @@ impl<'a> Picker<'a> {
             )));
         }
         let named = session.places(&request.gpus)?;
-        let reader = Reader::new(SnapshotOptions::pick(named.as_deref().map(Place::gpus)))
+        let reader = session
+            .plain_reader(SnapshotOptions::pick(named.as_deref().map(Place::gpus)))
             .places(named.clone())
-            .judging_health(&session.loaded);
+            .judging_health(session.loaded());
         Ok(Picker {
             session,
             reader,
@@ -269,7 +270,7 @@ impl<'a> Picker<'a> {
 
     /// Every place considered, judged now.
     pub fn look(&mut self) -> Result<Vec<Spot>> {
-        let snapshot = self.reader.take(&self.session.gpus)?;
+        let snapshot = self.session.take(&mut self.reader)?;
         let spots = judge(&snapshot, self.named.as_deref(), &self.request.criteria);
         if !self.checked {
             if let Some(count) = self.request.count

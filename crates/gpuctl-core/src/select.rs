@@ -348,11 +348,14 @@ fn matched_criteria(selector: &Selector, target: &Target, age: Option<u64>) -> V
             .places
             .iter()
             .filter(|(gpu, gi)| places.iter().any(|p| p.holds(*gpu, *gi)))
-            .map(|(gpu, gi)| match gi {
-                Some(gi) if places.iter().any(|p| p.gpu_instance.is_some()) => {
-                    format!("{gpu}/{gi}")
+            .map(|&(gpu, gi)| {
+                // Instances are named only where the selector named instances.
+                let named = places.iter().any(|p| p.gpu_instance.is_some());
+                Place {
+                    gpu,
+                    gpu_instance: gi.filter(|_| named),
                 }
-                _ => gpu.to_string(),
+                .to_string()
             })
             .collect();
         matched.push(format!("selected: on GPU {}", on.join(", ")));

@@ -23,6 +23,7 @@ use crate::host::{FactCache, Lineage, ProcView};
 use crate::nvml::{self, Gpus, Place};
 use crate::pidmap::PidMap;
 use crate::protect::{self, Protection};
+use crate::settings;
 use crate::snapshot::pods::PodNames;
 use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 use crate::units::Amount;
@@ -44,20 +45,57 @@ pub struct SessionOptions {
     /// (GPUCTL_DEV_DIR, `dev_dir`) is checked before NVML is loaded, so a refused one stops
     /// the command first.
     pub holders: bool,
+    /// Whether NVML is opened: required (the default), where it loads, or not at all.
+    pub nvml: NvmlNeed,
+}
+
+impl SessionOptions {
+    /// The configuration only, read as the default reads it (an unreadable one is an
+    /// error): for commands that read no GPU (`slurm account`, `fleet`).
+    pub fn config_only() -> SessionOptions {
+        SessionOptions {
+            nvml: NvmlNeed::Never,
+            ..SessionOptions::default()
+        }
+    }
+}
+
+/// Whether a session opens NVML.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NvmlNeed {
+    /// Opened, or no session: whatever reads or acts on the GPUs.
+    #[default]
+    Required,
+    /// Opened where the library loads; where it does not, the session stands without the
+    /// GPUs (`fraction`'s policy for every GPU, the trainer's NVML readings). Any other
+    /// NVML failure is still an error.
+    IfAvailable,
+    /// Not opened: the configuration only.
+    Never,
+}
+
+/// Why a session holds no NVML, said again by whatever asks it for the GPUs.
+#[derive(Debug, Clone)]
+struct NoNvml {
+    library: String,
+    reason: String,
+    hint: &'static str,
 }
 
 /// The configuration, NVML and what follows from them, opened once per command (or once
 /// for the life of a long-running reader), whatever reads or acts after.
 pub struct Session {
-    pub loaded: Loaded,
-    pub gpus: Gpus,
+    loaded: Loaded,
+    /// `None`: not opened ([`NvmlNeed::Never`]), or not available ([`NvmlNeed::IfAvailable`]).
+    gpus: Option<Gpus>,
+    no_nvml: NoNvml,
     protection: Protection,
     dev_dir: Option<PathBuf>,
     /// GPU names resolved so far: each list is resolved once per session, however many
     /// steps of a command name it (the Slurm epilog's kill, wait and reset).
     resolved: Mutex<Vec<(Vec<String>, Vec<Place>)>>,
     /// How long opening took: the configuration read and NVML loaded and initialised.
-    pub opened: Duration,
+    opened: Duration,
 }
 
 impl std::fmt::Debug for Session {
@@ -72,7 +110,8 @@ impl Session {
         Session::open_with(&SessionOptions::default())
     }
 
-    /// NVML opened under the configuration already read.
+    /// NVML opened under the configuration already read (a service that reads its
+    /// settings once at start).
     pub fn with(loaded: Loaded) -> Result<Session> {
         Session::from_loaded(
             loaded,
@@ -94,6 +133,17 @@ impl Session {
         Session::from_loaded(loaded, options, started)
     }
 
+    /// This session with NVML opened as [`Session::open`] opens it, where it was opened
+    /// without (the Slurm commands read the configuration first: it says where their log
+    /// goes, whether or not NVML then opens).
+    pub fn with_nvml(mut self) -> Result<Session> {
+        if self.gpus.is_none() {
+            let deadline = nvml::timeout(None, self.loaded.nvml_timeout())?;
+            self.gpus = Some(Gpus::open_within(deadline)?);
+        }
+        Ok(self)
+    }
+
     /// `started`: when opening began (the configuration read included).
     fn from_loaded(
         loaded: Loaded,
@@ -104,19 +154,52 @@ impl Session {
             .holders
             .then(|| config::device_dir(Some(&loaded)))
             .transpose()?;
-        let mut deadline = nvml::timeout(options.timeout, loaded.nvml_timeout())?;
-        if let Some(most) = options.at_most {
-            deadline = deadline.min(most);
-        }
-        let gpus = Gpus::open_within(deadline)?;
+        let (gpus, no_nvml) = open_nvml(&loaded, options)?;
         Ok(Session {
             protection: Protection::configured(&loaded.protect()),
             loaded,
             gpus,
+            no_nvml,
             dev_dir,
             resolved: Mutex::new(Vec::new()),
             opened: started.elapsed(),
         })
+    }
+
+    /// The configuration this session read (empty where it was optional and unreadable).
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+
+    /// The GPUs, through NVML: an error where this session holds none (the library did
+    /// not load, or it was not asked for).
+    pub fn gpus(&self) -> Result<&Gpus> {
+        self.gpus
+            .as_ref()
+            .ok_or_else(|| CoreError::NvmlUnavailable {
+                library: self.no_nvml.library.clone(),
+                reason: self.no_nvml.reason.clone(),
+                hint: self.no_nvml.hint,
+            })
+    }
+
+    /// The GPUs where NVML was opened, `None` where it was not ([`NvmlNeed::IfAvailable`]).
+    pub fn nvml(&self) -> Option<&Gpus> {
+        self.gpus.as_ref()
+    }
+
+    /// How long opening took: the configuration read and NVML loaded and initialised.
+    pub fn opened(&self) -> Duration {
+        self.opened
+    }
+
+    /// The GPUs `names` lie on (a MIG instance named: its GPU), each once, in order; every
+    /// GPU for no names.
+    pub fn gpu_indices(&self, names: &[String]) -> Result<Vec<u32>> {
+        match self.places(names)? {
+            Some(places) => Ok(Place::gpus(&places)),
+            None => Ok((0..self.gpus()?.count()?).collect()),
+        }
     }
 
     /// The programs never signalled (built in, and the configuration's `[protect]`).
@@ -134,7 +217,7 @@ impl Session {
         if let Some((_, places)) = resolved.iter().find(|(named, _)| named == names) {
             return Ok(Some(places.clone()));
         }
-        let places = self.gpus.places(names)?;
+        let places = self.gpus()?.places(names)?;
         resolved.push((names.to_vec(), places.clone()));
         Ok(Some(places))
     }
@@ -166,9 +249,24 @@ impl Session {
     /// A reader for `purpose` that marks protected programs and annotates device-file
     /// holders, as a person is shown them.
     pub fn reader(&self, purpose: SnapshotOptions) -> Reader {
-        Reader::new(purpose)
+        self.plain_reader(purpose)
             .shown_with(self.protection.clone())
-            .naming_pods(&self.loaded.kubernetes())
+    }
+
+    /// A reader for `purpose` with nothing marked (what acts or only counts), naming pods
+    /// as `[kubernetes]` says.
+    pub fn plain_reader(&self, purpose: SnapshotOptions) -> Reader {
+        Reader::new(purpose).naming_pods(&self.loaded.kubernetes())
+    }
+
+    /// One read of this session's GPUs by `reader`.
+    pub fn take(&self, reader: &mut Reader) -> Result<Snapshot> {
+        reader.take(self.gpus()?)
+    }
+
+    /// One read of this session's GPUs by `reader`, with the evidence classification reads.
+    pub fn look(&self, reader: &mut Reader) -> Result<Look> {
+        reader.look(self.gpus()?)
     }
 
     /// Polls NVML until `places` (`None`: every GPU) are free or `limit` passes (see
@@ -179,7 +277,7 @@ impl Session {
         limit: Duration,
         min_free: Option<Amount>,
     ) -> Result<WaitReport> {
-        verify::wait_until_free(&self.gpus, places, limit, min_free)
+        verify::wait_until_free(self.gpus()?, places, limit, min_free)
     }
 
     /// [`Session::wait_for_free`], saying what it waits for (see
@@ -191,7 +289,7 @@ impl Session {
         min_free: Option<Amount>,
         waiting: &mut dyn FnMut(&[verify::GpuState]),
     ) -> Result<WaitReport> {
-        verify::wait_until_free_saying(&self.gpus, places, limit, min_free, waiting)
+        verify::wait_until_free_saying(self.gpus()?, places, limit, min_free, waiting)
     }
 
     /// One look at `places`' GPUs as a person is shown them (their UUIDs, MIG instances and
@@ -202,8 +300,41 @@ impl Session {
             return None;
         }
         Reader::new(SnapshotOptions::info(Some(gpus)))
-            .take(&self.gpus)
+            .take(self.gpus.as_ref()?)
             .ok()
+    }
+}
+
+/// NVML as `options` asks for it, under the deadline in force; where it is not opened,
+/// why not.
+fn open_nvml(loaded: &Loaded, options: &SessionOptions) -> Result<(Option<Gpus>, NoNvml)> {
+    let not_asked = NoNvml {
+        library: "libnvidia-ml.so.1".into(),
+        reason: "this command does not open it".into(),
+        hint: "",
+    };
+    if options.nvml == NvmlNeed::Never {
+        return Ok((None, not_asked));
+    }
+    let mut deadline = nvml::timeout(options.timeout, loaded.nvml_timeout())?;
+    if let Some(most) = options.at_most {
+        deadline = deadline.min(most);
+    }
+    match Gpus::open_within(deadline) {
+        Ok(gpus) => Ok((Some(gpus), not_asked)),
+        Err(CoreError::NvmlUnavailable {
+            library,
+            reason,
+            hint,
+        }) if options.nvml == NvmlNeed::IfAvailable => Ok((
+            None,
+            NoNvml {
+                library,
+                reason,
+                hint,
+            },
+        )),
+        Err(error) => Err(error),
     }
 }
 
@@ -491,42 +622,71 @@ pub struct ShareInForce {
     pub share: Option<FractionInForce>,
 }
 
-/// The shares `request` asks for (what `gpuctl fraction`, `gpuctl enable` and the Python
-/// package's `fraction()` report): with NVML (`gpus`), one per GPU named, or per GPU of
-/// this machine when none is named (the GPU tables read once); without it, or on a machine
-/// with no GPU, the one share that applies to every GPU. A GPU entry beats a user entry
-/// beats the default (see [`config::fraction_for`]).
-pub fn shares(
-    loaded: &Loaded,
-    gpus: Option<&Gpus>,
-    request: &ShareRequest,
-) -> Result<Vec<ShareInForce>> {
-    let user = request.user.as_deref();
-    let on_gpus: Vec<(u32, Option<String>)> = match gpus {
-        None => Vec::new(),
-        Some(gpus) => {
-            let tables = gpus.tables()?;
-            nvml::resolve_selectors(&request.gpus, &tables.uuids, &tables.buses)?
-                .into_iter()
-                .map(|index| (index, tables.uuids.get(index as usize).cloned().flatten()))
-                .collect()
+impl Session {
+    /// The shares `request` asks for (what `gpuctl fraction` and the Python package's
+    /// `fraction()` report): with NVML, one per GPU named (a MIG instance: its GPU's), or
+    /// per GPU of this machine when none is named; without it, or on a machine with no GPU,
+    /// the one share that applies to every GPU. A GPU entry beats a user entry beats the
+    /// default (see [`config::fraction_for`]).
+    pub fn shares(&self, request: &ShareRequest) -> Result<Vec<ShareInForce>> {
+        let user = request.user.as_deref();
+        let on_gpus: Vec<(u32, Option<String>)> = match &self.gpus {
+            None => Vec::new(),
+            Some(gpus) => {
+                let uuids = gpus.uuids()?;
+                self.gpu_indices(&request.gpus)?
+                    .into_iter()
+                    .map(|index| (index, uuids.get(index as usize).cloned().flatten()))
+                    .collect()
+            }
+        };
+        if on_gpus.is_empty() {
+            return Ok(vec![self.share_on_every_gpu(user)]);
         }
-    };
-    if on_gpus.is_empty() {
-        return Ok(vec![ShareInForce {
+        Ok(on_gpus
+            .into_iter()
+            .map(|(index, uuid)| ShareInForce {
+                share: config::share_for(&self.loaded, Some((index, uuid.as_deref())), user),
+                index: Some(index),
+                uuid,
+            })
+            .collect())
+    }
+
+    /// The share that applies to every GPU, for `user`'s processes.
+    fn share_on_every_gpu(&self, user: Option<&str>) -> ShareInForce {
+        ShareInForce {
             index: None,
             uuid: None,
-            share: config::share_for(loaded, None, user),
-        }]);
+            share: config::share_for(&self.loaded, None, user),
+        }
     }
-    Ok(on_gpus
-        .into_iter()
-        .map(|(index, uuid)| ShareInForce {
-            share: config::share_for(loaded, Some((index, uuid.as_deref())), user),
-            index: Some(index),
-            uuid,
-        })
-        .collect())
+
+    /// `gpuctl enable`'s settings for a program whose environment `environ` reads (its own
+    /// values kept), with the caller's share on the first of `named` GPUs or, with none
+    /// named, on every GPU: what `enable` prints or runs a command with, what `gpuctl run`
+    /// adds, and what the Python package sets.
+    pub fn allocator_env(
+        &self,
+        named: &[String],
+        environ: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(Vec<settings::EnvSetting>, Option<FractionInForce>)> {
+        let caller = ShareRequest::for_caller();
+        let share = match named {
+            [] => self.share_on_every_gpu(caller.user.as_deref()),
+            _ => {
+                let request = ShareRequest {
+                    gpus: named.to_vec(),
+                    ..caller
+                };
+                let mut found = self.shares(&request)?;
+                found.swap_remove(0)
+            }
+        };
+        let fraction = share.share;
+        let env = settings::enable_env(environ, fraction.as_ref().map(|f| f.value));
+        Ok((env, fraction))
+    }
 }
 
 #[cfg(test)]

@@ -123,6 +123,16 @@ pub struct GpuState {
     pub processes: Vec<u32>,
 }
 
+impl GpuState {
+    /// The GPU, or the MIG instance, waited for.
+    pub fn place(&self) -> Place {
+        Place {
+            gpu: self.index,
+            gpu_instance: self.gpu_instance,
+        }
+    }
+}
+
 /// Polls NVML until every selected GPU or MIG instance (`None`: every GPU) is free, or
 /// `limit` passes. Free: at least `min_free` free (of the instance's memory, for an
 /// instance), or with none given, no process left and under [`CLEAN_USED_BYTES`] in use.

@@ -13,17 +13,15 @@ use std::time::Duration;
 
 use gpuctl_core::CoreError;
 use gpuctl_core::act::{Ended, Signal};
-use gpuctl_core::config;
 use gpuctl_core::exit::Exit;
 use gpuctl_core::info::{InfoRequest, Survey, document};
-use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::owner::Owner;
 use gpuctl_core::plan::{Disposition, Outcome};
 use gpuctl_core::reclaim::{self, ClearRequest, Ending, KillRequest, Session};
 use gpuctl_core::runfile::{self, Record, RunError, RunFile};
 use gpuctl_core::select::OwnerMatch;
-use gpuctl_core::session::{self, ShareRequest};
-use gpuctl_core::settings::{self, Framework};
+use gpuctl_core::session::{NvmlNeed, SessionOptions, ShareRequest};
+use gpuctl_core::settings::Framework;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -432,13 +430,9 @@ fn enable_settings(
 ) -> PyResult<Vec<(String, String, bool, String)>> {
     let framework =
         Framework::parse(framework).map_err(|e| Failure::usage(format!("framework: {e}")))?;
-    let loaded = config::load()
-        .map_err(CoreError::from)
+    let (env, _) = Session::open_with(&SessionOptions::config_only())
+        .and_then(|session| session.allocator_env(&[], &|name| environ.get(name).cloned()))
         .map_err(Failure::from)?;
-    let every_gpu =
-        session::shares(&loaded, None, &ShareRequest::for_caller()).map_err(Failure::from)?;
-    let share = every_gpu.into_iter().find_map(|found| found.share);
-    let env = settings::enable_env(&|name| environ.get(name).cloned(), share.map(|s| s.value));
     Ok(env
         .into_iter()
         .filter(|setting| framework.wants(setting))
@@ -455,16 +449,19 @@ fn fraction(
     gpu: Option<String>,
 ) -> PyResult<Option<(f64, String, Option<String>)>> {
     outside_gil(py, move || {
-        let loaded = config::load().map_err(CoreError::from)?;
-        let gpus = gpu
-            .is_some()
-            .then(|| Gpus::open_within(nvml::timeout(None, loaded.nvml_timeout())?))
-            .transpose()?;
+        let session = Session::open_with(&SessionOptions {
+            nvml: match gpu {
+                Some(_) => NvmlNeed::Required,
+                None => NvmlNeed::Never,
+            },
+            ..SessionOptions::default()
+        })?;
         let request = ShareRequest {
             gpus: gpu.iter().cloned().collect(),
             ..ShareRequest::for_caller()
         };
-        let found = session::shares(&loaded, gpus.as_ref(), &request)?
+        let found = session
+            .shares(&request)?
             .into_iter()
             .next()
             .ok_or_else(|| Failure::usage(format!("gpu: {gpu:?} names no GPU")))?;
@@ -614,9 +611,11 @@ fn run_clean_up(
     outside_gil(py, move || {
         let previous: Record = serde_json::from_str(&previous)
             .map_err(|e| Failure::usage(format!("previous run record: {e}")))?;
-        let loaded = config::load().map_err(CoreError::from)?;
+        let session = Session::open_with(&SessionOptions::config_only())?;
         let mut lines = Vec::new();
-        let cleanup = runfile::clean_up(&previous, &loaded.protect(), &mut |line| lines.push(line));
+        let cleanup = runfile::clean_up(&previous, &session.loaded().protect(), &mut |line| {
+            lines.push(line)
+        });
         Ok((
             cleanup.leftovers,
             cleanup.freed_bytes,

@@ -26,6 +26,7 @@ use cli::{Args, DeviceArg, MicroBatch, Precision, validate};
 use data::DataSpec;
 use failure::{Failure, log};
 use gpuctl_core::exit::Exit;
+use gpuctl_core::session::Session;
 use memory::{Monitor, Trace, bytes};
 use model::{Model, ModelConfig};
 use optim::{AdamW, AdamWConfig};
@@ -81,7 +82,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         run_file,
         mut record,
         device_arg,
-        policy,
+        session,
     } = start_up(args)?;
 
     steps::handle_stop_signals()?;
@@ -95,7 +96,7 @@ fn run(args: &Args) -> Result<(), Failure> {
             applied.join(" ")
         ));
     }
-    let mut monitor = Monitor::new(cuda_index);
+    let mut monitor = Monitor::new(cuda_index, session.nvml());
     log(format!("memory [start]: {}", monitor.milestone()));
     let Built {
         config,
@@ -103,7 +104,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         model,
         params,
         mut optimizer,
-    } = build_model(args, &policy, device_arg, &mut monitor)?;
+    } = build_model(args, &session, device_arg, &mut monitor)?;
 
     let spec = DataSpec {
         seed: args.seed,
@@ -191,7 +192,7 @@ struct Built {
 /// autocast of a CUDA run set in between (as before the optimizer's state is allocated).
 fn build_model(
     args: &Args,
-    policy: &gpuctl_core::config::Loaded,
+    session: &Session,
     device_arg: DeviceArg,
     monitor: &mut Monitor,
 ) -> Result<Built, Failure> {
@@ -220,7 +221,7 @@ fn build_model(
     ));
     log(format!("memory [model on device]: {}", monitor.milestone()));
     if let Some(index) = cuda_index {
-        apply_fraction(args, policy, index)?;
+        apply_fraction(args, session, index)?;
         if args.precision == Precision::Bf16 {
             alloc::autocast_bf16().map_err(|e| Failure::Failed(format!("bf16 autocast: {e}")))?;
         }
@@ -312,11 +313,7 @@ fn choose_micro_batch(
 }
 
 /// `--memory-fraction`, or the fraction policy of gpuctl.toml, applied to the allocator.
-fn apply_fraction(
-    args: &Args,
-    loaded: &gpuctl_core::config::Loaded,
-    index: usize,
-) -> Result<(), Failure> {
+fn apply_fraction(args: &Args, session: &Session, index: usize) -> Result<(), Failure> {
     let (fraction, source) = match args.memory_fraction {
         Some(fraction) => (fraction, "--memory-fraction".to_string()),
         None => {
@@ -326,12 +323,12 @@ fn apply_fraction(
                 .map(|u| u.name);
             // The policy names GPUs by NVML index or UUID; without CUDA_VISIBLE_DEVICES the
             // CUDA index is the NVML one in PCI order.
-            let uuid = gpuctl_core::nvml::Gpus::open()
-                .ok()
+            let uuid = session
+                .nvml()
                 .and_then(|gpus| gpus.uuids().ok())
                 .and_then(|uuids| uuids.get(index).cloned().flatten());
             match gpuctl_core::config::fraction_for(
-                loaded,
+                session.loaded(),
                 index as u32,
                 uuid.as_deref(),
                 user.as_deref(),

@@ -24,11 +24,11 @@ pub struct Reading {
 }
 
 /// Reads memory for one device.
-pub struct Monitor {
+pub struct Monitor<'s> {
     /// CUDA device index, when training on CUDA.
     cuda: Option<usize>,
-    /// Opened at the first milestone that asks; `None` inside when NVML is unavailable.
-    nvml: Option<Option<Gpus>>,
+    /// The run's NVML (its session's), where it is on CUDA and the library loaded.
+    nvml: Option<&'s Gpus>,
     /// Host memory and this process's resident set, refreshed at milestones only; made at the
     /// first that asks (making one reads the boot time from /proc/stat).
     host: Option<System>,
@@ -38,11 +38,11 @@ pub struct Monitor {
     spent: Cell<Duration>,
 }
 
-impl Monitor {
-    pub fn new(cuda: Option<usize>) -> Monitor {
+impl<'s> Monitor<'s> {
+    pub fn new(cuda: Option<usize>, nvml: Option<&'s Gpus>) -> Monitor<'s> {
         Monitor {
             cuda,
-            nvml: None,
+            nvml,
             host: None,
             earlier_peak: 0,
             spent: Cell::new(Duration::ZERO),
@@ -70,11 +70,7 @@ impl Monitor {
     /// What NVML reports this process holds, over all GPUs; `None` without NVML or when this
     /// process is not listed (no CUDA context yet).
     pub fn nvml_used(&mut self) -> Option<u64> {
-        let gpus = self
-            .nvml
-            .get_or_insert_with(|| Gpus::open().ok())
-            .as_ref()?;
-        gpus.used_by(std::process::id()).ok().flatten()
+        self.nvml?.used_by(std::process::id()).ok().flatten()
     }
 
     fn host(&mut self) -> &mut System {
@@ -300,7 +296,7 @@ mod tests {
 
     #[test]
     fn host_readings_match_the_kernels_figures() {
-        let mut monitor = Monitor::new(None);
+        let mut monitor = Monitor::new(None, None);
         let available = monitor.host_available().expect("MemAvailable");
         let by_hand = by_hand::kib_field("/proc/meminfo", "MemAvailable:").unwrap();
         assert!(close(available, by_hand), "{available} vs {by_hand}");
@@ -340,7 +336,7 @@ mod tests {
             println!("{name:<44} {us:>7.1} us");
             us
         }
-        let mut monitor = Monitor::new(None);
+        let mut monitor = Monitor::new(None, None);
         let statm = median("resident: /proc/self/statm by hand", &mut by_hand::rss);
         let process = median("resident: sysinfo, this pid, memory only", &mut || {
             monitor.rss()
@@ -356,7 +352,7 @@ mod tests {
             monitor.host_available().unwrap_or(0)
         });
         let fresh = median("available: sysinfo, new System each time", &mut || {
-            Monitor::new(None).host_available().unwrap_or(0)
+            Monitor::new(None, None).host_available().unwrap_or(0)
         });
         println!(
             "ratios: resident {:.2}, peak {:.2}, available {:.2} (new System {:.2})",

@@ -9,6 +9,7 @@ use crate::cli::{Args, DeviceArg};
 use crate::failure::{Failure, log};
 use crate::memory::bytes;
 use crate::{cuda, runfile};
+use gpuctl_core::session::{NvmlNeed, Session, SessionOptions};
 
 /// The allocator settings of `gpuctl enable`, set in this process's environment where the
 /// user did not set their own; returns them as `NAME=value`.
@@ -30,7 +31,8 @@ pub struct Startup {
     pub run_file: runfile::RunFile,
     pub record: runfile::Record,
     pub device_arg: DeviceArg,
-    pub policy: gpuctl_core::config::Loaded,
+    /// gpuctl.toml, and NVML where this run is on CUDA and the library loads.
+    pub session: Session,
 }
 
 /// A field of core's run file as the flag that sets it, for core's errors that name one.
@@ -59,10 +61,17 @@ pub fn start_up(args: &Args) -> Result<Startup, Failure> {
     // gpuctl.toml: its [protect] lists guard startup cleanup, its [fraction] policy the
     // allocator.
     // An invalid or untrusted configuration is bad input: the one conversion says so.
-    let policy = gpuctl_core::config::load().map_err(gpuctl_core::CoreError::from)?;
+    let session = Session::open_with(&SessionOptions {
+        nvml: match device_arg {
+            DeviceArg::Cpu => NvmlNeed::Never,
+            _ => NvmlNeed::IfAvailable,
+        },
+        ..SessionOptions::default()
+    })?;
     let freed = match &previous {
         Some(previous) => {
-            let cleanup = runfile::clean_up(previous, &policy.protect(), &mut |line| log(line));
+            let cleanup =
+                runfile::clean_up(previous, &session.loaded().protect(), &mut |line| log(line));
             if !cleanup.failures.is_empty() {
                 return Err(Failure::NotFree(format!(
                     "startup cleanup could not end the previous run's leftovers or free their \
@@ -90,7 +99,7 @@ pub fn start_up(args: &Args) -> Result<Startup, Failure> {
         run_file,
         record,
         device_arg,
-        policy,
+        session,
     })
 }
 

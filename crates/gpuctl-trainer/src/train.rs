@@ -92,7 +92,7 @@ pub struct Trainer<'a> {
     pub micro_batch: u32,
     pub clip_grad: f64,
     pub inject_oom_above: Option<u32>,
-    pub monitor: Monitor,
+    pub monitor: Monitor<'a>,
     /// The per-micro-step trace, when asked for (the "memory hooks").
     pub trace: Option<Trace>,
     pub oom_recoveries: u64,

@@ -36,22 +36,19 @@ pub fn run(args: &HealthArgs, style: Style) -> Result<Exit> {
 /// Opens NVML as `info` does (its survey reads and judges each GPU's health), after
 /// recording `--ack` where asked.
 fn check(args: &HealthArgs) -> Result<HealthDocument> {
+    // `info` shows the GPUs under a configuration it cannot read; health cannot judge
+    // without its Xid actions: the file's one-line error, status 2.
     let mut survey = Survey::open(&InfoRequest {
         gpus: args.gpu.gpus.clone(),
         all_holders: false,
         timeout: args.timeout,
+        config_required: true,
     })?;
-    // `info` shows the GPUs under a configuration it cannot read; health cannot judge
-    // without its Xid actions: the file's one-line error, status 2.
-    gpuctl_core::config::load()?;
     let mut snapshot = survey.take()?;
     if !args.ack.is_empty() {
-        checkup::acknowledge(
-            Some(&survey.session.loaded),
-            &survey.session.gpus,
-            &snapshot,
-            &args.ack,
-        )?;
+        let session = survey.session();
+        let indices = session.gpu_indices(&args.ack)?;
+        checkup::acknowledge(Some(session.loaded()), &indices, &snapshot)?;
         snapshot = survey.take()?;
     }
     Ok(checkup::document(&snapshot))

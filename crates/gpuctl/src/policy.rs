@@ -4,14 +4,12 @@ use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
 
 use anyhow::Result;
-use gpuctl_core::CoreError;
 use gpuctl_core::cardset;
 use gpuctl_core::config::{self, FractionInForce, FractionScope, Origin};
-use gpuctl_core::nvml::{self, Gpus};
 use gpuctl_core::report::{
     EnableDocument, FileEntry, FractionDocument, POLICY_SCHEMA, PersistenceEntry, ShareEntry,
 };
-use gpuctl_core::session::{self, ShareRequest};
+use gpuctl_core::session::{NvmlNeed, Session, SessionOptions, ShareRequest};
 use gpuctl_core::settings::{self, Shell};
 
 use crate::render::{self, Color, Style};
@@ -44,8 +42,8 @@ fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
     let mut out = io::stdout().lock();
     writeln!(out, "{key} = {value} in {target}")?;
     if target.origin == Origin::User {
-        let loaded = config::load()?;
-        let every_gpu = session::shares(&loaded, None, &ShareRequest::for_caller())?;
+        let session = Session::open_with(&SessionOptions::config_only())?;
+        let every_gpu = session.shares(&ShareRequest::for_caller())?;
         if let Some(note) = every_gpu.into_iter().find_map(|s| s.share?.note) {
             writeln!(out, "note: {note}")?;
         }
@@ -54,7 +52,16 @@ fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
 }
 
 fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
-    let loaded = config::load()?;
+    // Per GPU where NVML answers; without it, the entries that apply to every GPU (a GPU
+    // named needs NVML to be found).
+    let session = Session::open_with(&SessionOptions {
+        nvml: match args.gpu {
+            Some(_) => NvmlNeed::Required,
+            None => NvmlNeed::IfAvailable,
+        },
+        ..SessionOptions::default()
+    })?;
+    let loaded = session.loaded();
     let user = args.user.clone().or_else(config::caller_name);
     let (system, user_file) = config::paths();
     let files: Vec<FileEntry> = std::iter::once((system, loaded.system.is_some()))
@@ -65,18 +72,12 @@ fn show_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
             present,
         })
         .collect();
-    // Per GPU where NVML answers; without it, the entries that apply to every GPU.
-    let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
-    let gpus = match Gpus::open_within(timeout) {
-        Ok(gpus) => Some(gpus),
-        Err(CoreError::NvmlUnavailable { .. }) if args.gpu.is_none() => None,
-        Err(error) => return Err(error.into()),
-    };
     let request = ShareRequest {
         user: user.clone(),
         gpus: args.gpu.iter().cloned().collect(),
     };
-    let shares: Vec<ShareEntry> = session::shares(&loaded, gpus.as_ref(), &request)?
+    let shares: Vec<ShareEntry> = session
+        .shares(&request)?
         .into_iter()
         .map(|found| ShareEntry {
             index: found.index,
@@ -138,30 +139,6 @@ fn fraction_table(document: &FractionDocument, style: &Style) -> String {
     out
 }
 
-/// `gpuctl enable`'s settings for this caller's environment (the caller's own values kept),
-/// with the share of the first of `named` GPUs (or, with none named, the user or default
-/// one): what `enable` prints or runs a command with, and `gpuctl run` adds.
-pub fn allocator_env(
-    loaded: &config::Loaded,
-    gpus: Option<&Gpus>,
-    named: &[String],
-) -> Result<(Vec<settings::EnvSetting>, Option<FractionInForce>)> {
-    let request = ShareRequest {
-        gpus: named.to_vec(),
-        ..ShareRequest::for_caller()
-    };
-    let named = gpus.filter(|_| !named.is_empty());
-    let fraction = session::shares(loaded, named, &request)?
-        .into_iter()
-        .next()
-        .and_then(|found| found.share);
-    let env = settings::enable_env(
-        &|name| std::env::var(name).ok(),
-        fraction.as_ref().map(|f| f.value),
-    );
-    Ok((env, fraction))
-}
-
 /// A command that could not be started (`enable -- COMMAND`, `run`): said on one line, and
 /// the shells' status: 127 when it was not found, else 126.
 pub fn cannot_run(program: &std::ffi::OsStr, error: &io::Error) -> Exit {
@@ -181,20 +158,21 @@ pub fn cannot_run(program: &std::ffi::OsStr, error: &io::Error) -> Exit {
 }
 
 pub fn run_enable(args: &EnableArgs) -> Result<Exit> {
-    let loaded = config::load()?;
-    let timeout = nvml::timeout(None, loaded.nvml_timeout())?;
-    let nvml = (args.persistence || !args.gpus.is_empty())
-        .then(|| Gpus::open_within(timeout))
-        .transpose()?;
-    let indices = match &nvml {
-        Some(gpus) => gpus.resolve(&args.gpus)?,
-        None => Vec::new(),
-    };
-    let (env, fraction) = allocator_env(&loaded, nvml.as_ref(), &args.gpus)?;
+    let session = Session::open_with(&SessionOptions {
+        nvml: match args.persistence || !args.gpus.is_empty() {
+            true => NvmlNeed::Required,
+            false => NvmlNeed::Never,
+        },
+        ..SessionOptions::default()
+    })?;
+    let (env, fraction) = session.allocator_env(&args.gpus, &|name| std::env::var(name).ok())?;
 
-    let persistence = match (&nvml, args.persistence) {
-        (Some(gpus), true) => Some(cardset::enable_persistence(gpus, &indices)),
-        _ => None,
+    let persistence = match args.persistence {
+        true => Some(cardset::enable_persistence(
+            session.gpus()?,
+            &session.gpu_indices(&args.gpus)?,
+        )),
+        false => None,
     };
     let mut failed = false;
     if let Some(results) = &persistence {

@@ -89,10 +89,7 @@ fn busy_places(busy: &[GpuState]) -> String {
             let used = g.used_bytes.map_or("memory unknown".into(), |b| {
                 format!("{} in use", units::bytes(b))
             });
-            let place = match g.gpu_instance {
-                Some(gi) => format!("{}/{gi}", g.index),
-                None => g.index.to_string(),
-            };
+            let place = g.place();
             match g.processes.len() {
                 0 => format!("GPU {place}: {used}, held by no process (unattributed)"),
                 n => format!(

@@ -99,7 +99,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     }
     if !args.no_enable {
         let named: Vec<String> = spots.iter().map(|s| s.place.gpu.to_string()).collect();
-        let (settings, _) = policy::allocator_env(&session.loaded, Some(&session.gpus), &named)?;
+        let (settings, _) = session.allocator_env(&named, &|name| std::env::var(name).ok())?;
         command.envs(
             settings
                 .iter()
@@ -156,7 +156,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     let cleanup = if left.is_empty() {
         Cleanup::default()
     } else {
-        runfile::end_leftovers(&label, &left, &session.loaded.protect(), &mut |line| {
+        runfile::end_leftovers(&label, &left, &session.loaded().protect(), &mut |line| {
             lines.push(line)
         })
     };
@@ -240,8 +240,9 @@ fn claim_name(name: &str, session: &Session, say: &dyn Fn(&str)) -> Result<RunFi
         say(notice);
     }
     if let Some(previous) = previous {
-        let cleanup =
-            runfile::clean_up(&previous, &session.loaded.protect(), &mut |line| say(&line));
+        let cleanup = runfile::clean_up(&previous, &session.loaded().protect(), &mut |line| {
+            say(&line)
+        });
         if !cleanup.failures.is_empty() {
             say(&format!(
                 "{} leftover{} of the previous run of {name:?} could not be ended",
@@ -453,7 +454,7 @@ impl Sampler {
         let Some(reader) = &mut self.reader else {
             return;
         };
-        let Ok(snapshot) = reader.take(&session.gpus) else {
+        let Ok(snapshot) = session.take(reader) else {
             return;
         };
         for (spot, figures) in &mut self.places {

@@ -69,7 +69,7 @@ pub fn run(args: &ServeArgs) -> Result<Exit> {
     let server = Arc::new(Server {
         latest: Mutex::new(Latest {
             reader: Reader::new(SnapshotOptions::reclaim(None))
-                .naming_pods(&session.loaded.kubernetes())
+                .naming_pods(&session.loaded().kubernetes())
                 .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
                 .host_only(),
             answer: None,
@@ -116,8 +116,9 @@ impl Server {
             return Ok(Arc::clone(answer));
         }
         let Latest { reader, answer } = &mut *latest;
-        let look = reader
-            .look(&self.session.gpus)
+        let look = self
+            .session
+            .look(reader)
             .map_err(|e| gpuctl_core::text::escape(&e.to_string()).into_owned())?;
         let findings = look.classify(None, &Policy::default());
         let fresh = Arc::new((look.snapshot, findings));

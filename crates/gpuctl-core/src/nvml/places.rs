@@ -67,6 +67,16 @@ impl Place {
     }
 }
 
+/// As a `--gpu` selector names it: `3`, or `3/9` for GPU 3's GPU instance 9.
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.gpu_instance {
+            Some(instance) => write!(f, "{}/{instance}", self.gpu),
+            None => write!(f, "{}", self.gpu),
+        }
+    }
+}
+
 impl Gpus {
     /// What `--gpu` selectors name: whole GPUs (index, UUID or its prefix, bus id, as
     /// [`Gpus::resolve`]) or MIG instances: a MIG device's UUID (`MIG-…`, as

@@ -147,3 +147,13 @@ fn no_gpus_says_so() {
         .to_string();
     assert!(message.contains("this machine has no GPUs"), "{message}");
 }
+
+#[test]
+fn a_place_is_written_as_a_selector_names_it() {
+    assert_eq!(Place::whole(3).to_string(), "3");
+    let instance = Place {
+        gpu: 3,
+        gpu_instance: Some(9),
+    };
+    assert_eq!(instance.to_string(), "3/9");
+}

@@ -77,7 +77,7 @@ pub fn clear_saying(
     request: &ClearRequest,
     waiting: &mut dyn FnMut(&[crate::verify::GpuState]),
 ) -> Result<Cleared> {
-    let gpus = &session.gpus;
+    let gpus = session.gpus()?;
     let places = session.places(&request.gpus)?;
     let policy = Policy {
         include_stopped: request.include_stopped,

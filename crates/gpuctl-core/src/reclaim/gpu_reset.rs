@@ -14,7 +14,6 @@ use crate::error::{CoreError, Result};
 use crate::health::log::Acks;
 use crate::nvml::Place;
 pub use crate::report::{GpuReset, GpuResetOutcome};
-use crate::session::Reader;
 use crate::snapshot::{GpuSnapshot, HolderScan, SnapshotOptions};
 
 /// Which GPUs to reset: named, never implied.
@@ -31,7 +30,7 @@ pub fn gpu_reset(session: &Session, request: &GpuResetRequest) -> Result<Vec<Gpu
             "--gpu-reset resets only the GPUs named: give --gpu GPU".into(),
         ));
     }
-    let places = session.gpus.places(&request.gpus)?;
+    let places = session.places(&request.gpus)?.unwrap_or_default();
     let mut results = Vec::new();
     for place in places.iter().filter(|p| p.gpu_instance.is_some()) {
         results.push(GpuReset {
@@ -40,10 +39,8 @@ pub fn gpu_reset(session: &Session, request: &GpuResetRequest) -> Result<Vec<Gpu
             pci_bus_id: None,
             outcome: GpuResetOutcome::Skipped {
                 why: format!(
-                    "GPU {}/{} is a MIG instance: a reset is the whole GPU's, its other \
+                    "GPU {place} is a MIG instance: a reset is the whole GPU's, its other \
                      instances' too (name GPU {} to reset it)",
-                    place.gpu,
-                    place.gpu_instance.unwrap_or_default(),
                     place.gpu
                 ),
             },
@@ -62,12 +59,12 @@ pub fn gpu_reset(session: &Session, request: &GpuResetRequest) -> Result<Vec<Gpu
     // Every holder counts: NVML's processes and the device files' (any size held).
     let options = SnapshotOptions {
         holders: Some(HolderScan {
-            dev_dir: config::device_dir(Some(&session.loaded))?,
+            dev_dir: config::device_dir(Some(session.loaded()))?,
             above_unattributed: None,
         }),
         ..SnapshotOptions::info(Some(indices.clone()))
     };
-    let snapshot = Reader::new(options).take(&session.gpus)?;
+    let snapshot = session.take(&mut session.plain_reader(options))?;
     let via_nvml = nvml_reset_offered(session);
     let via = if via_nvml { "nvml" } else { "nvidia-smi" }.to_string();
     for gpu in &snapshot.devices {
@@ -139,10 +136,12 @@ const FUNCTION_NOT_FOUND: u32 = 13;
 /// Whether the driver's NVML has the drain and remove calls (a real driver answers them for
 /// root on data-center GPUs).
 fn nvml_reset_offered(session: &Session) -> bool {
-    let lib = session.gpus.nvml().lib();
-    lib.nvmlDeviceModifyDrainState.is_ok()
-        && lib.nvmlDeviceRemoveGpu_v2.is_ok()
-        && lib.nvmlDeviceDiscoverGpus.is_ok()
+    session.nvml().is_some_and(|gpus| {
+        let lib = gpus.nvml().lib();
+        lib.nvmlDeviceModifyDrainState.is_ok()
+            && lib.nvmlDeviceRemoveGpu_v2.is_ok()
+            && lib.nvmlDeviceDiscoverGpus.is_ok()
+    })
 }
 
 fn reset_one(
@@ -186,7 +185,7 @@ fn reset_one(
 
 /// Drain, remove (keeping the PCIe link), rediscover: NVML's reset of one GPU.
 fn nvml_reset(session: &Session, index: u32) -> std::result::Result<(), u32> {
-    let nvml = session.gpus.nvml();
+    let nvml = session.nvml().ok_or(NOT_SUPPORTED)?.nvml();
     let lib = nvml.lib();
     let device = nvml.device_by_index(index).map_err(|_| NOT_SUPPORTED)?;
     let pci = device.pci_info().map_err(|_| NOT_SUPPORTED)?;
@@ -226,7 +225,7 @@ fn nvml_reset(session: &Session, index: u32) -> std::result::Result<(), u32> {
 /// The GPU's Xids up to the reset are history now.
 fn acknowledge(session: &Session, gpu: &GpuSnapshot) {
     let (Some(dir), Some(uuid)) = (
-        config::watchdog_state_dir(Some(&session.loaded)),
+        config::watchdog_state_dir(Some(session.loaded())),
         gpu.uuid.as_deref(),
     ) else {
         return;

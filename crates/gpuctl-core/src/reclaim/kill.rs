@@ -9,7 +9,7 @@ use super::{Ending, Session, classified};
 use crate::act::{Ended, Identity, Signal};
 use crate::classify::Policy;
 use crate::error::{CoreError, Result};
-use crate::nvml::Place;
+use crate::nvml::{Gpus, Place};
 use crate::plan::{Disposition, Guard, Outcome};
 use crate::report::{RECLAIM_SCHEMA, ReclaimReport};
 use crate::select::{self, Criterion, OwnerMatch, Refusal, Selector, Target};
@@ -124,7 +124,8 @@ impl Killed {
 /// A kill selected and guarded but not yet carried out: a front that asks before acting
 /// (a terminal prompt, `gpuctl top`'s confirmation) looks at it between the two steps.
 pub struct PreparedKill<'s> {
-    session: &'s Session,
+    /// The GPUs the plan was read from, and is verified on.
+    gpus: &'s Gpus,
     request: KillRequest,
     snapshot: Snapshot,
     targets: Vec<Target>,
@@ -172,7 +173,7 @@ pub fn prepare_kill<'s>(
     let mut planned = crate::plan::plan(targets.clone(), &guard);
     super::mps::name_the_clients(&mut planned, &snapshot);
     Ok(Some(PreparedKill {
-        session,
+        gpus: session.gpus()?,
         request: request.clone(),
         snapshot,
         targets,
@@ -271,12 +272,7 @@ impl PreparedKill<'_> {
         let mut outcomes = self
             .request
             .ending
-            .reclaim(
-                &self.session.gpus,
-                &self.snapshot,
-                &self.guard,
-                self.request.dry_run,
-            )
+            .reclaim(self.gpus, &self.snapshot, &self.guard, self.request.dry_run)
             .carry_out(self.planned);
         if !self.request.processes.is_empty() {
             for outcome in &mut outcomes {

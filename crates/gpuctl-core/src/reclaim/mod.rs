@@ -40,7 +40,6 @@ use crate::nvml::Gpus;
 use crate::plan::{self, Disposition, Guard, Outcome};
 use crate::protect::Protection;
 use crate::select::Target;
-use crate::session::Reader;
 use crate::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 use crate::verify;
 
@@ -198,10 +197,10 @@ fn classified(
     protection: &Protection,
 ) -> Result<(Snapshot, Vec<Finding>)> {
     // Holders that are protected programs are tools, not suspects.
-    let look = Reader::new(SnapshotOptions::reclaim(holders))
-        .naming_pods(&session.loaded.kubernetes())
-        .marking_holders(protection.clone())
-        .look(&session.gpus)?;
+    let mut reader = session
+        .plain_reader(SnapshotOptions::reclaim(holders))
+        .marking_holders(protection.clone());
+    let look = session.look(&mut reader)?;
     let findings = look.classify(None, policy);
     Ok((look.snapshot, findings))
 }

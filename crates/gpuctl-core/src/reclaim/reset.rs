@@ -60,7 +60,7 @@ impl Restored {
 
 /// Restores what `request` names, GPU by GPU.
 pub fn reset(session: &Session, request: &ResetRequest) -> Result<Restored> {
-    let gpus = &session.gpus;
+    let gpus = session.gpus()?;
     let items = request.items();
     // A MIG instance (`MIG-...`, `0/9`, as a Slurm epilog passes a job's slice) has no
     // settings of its own: the card's are shared by its other instances' tenants.
@@ -77,11 +77,9 @@ pub fn reset(session: &Session, request: &ResetRequest) -> Result<Restored> {
     let mut results = cardset::reset(gpus, &indices, &items, request.dry_run, peaks.as_ref());
     for place in places.iter().filter(|p| p.gpu_instance.is_some()) {
         let why = format!(
-            "GPU {}/{} is a MIG instance; card settings and peak marks are the whole GPU's, \
+            "GPU {place} is a MIG instance; card settings and peak marks are the whole GPU's, \
              shared with its other instances (reset --gpu {} for the card; the MIG layout is \
              never changed)",
-            place.gpu,
-            place.gpu_instance.unwrap_or_default(),
             place.gpu
         );
         results.push(GpuItems {

@@ -15,6 +15,7 @@ use gpuctl_core::exit::Exit;
 
 use crate::render::{self, Style};
 use gpuctl::cli::{FleetArgs, FleetBy};
+use gpuctl_core::session::{Session, SessionOptions};
 use model::By;
 use prometheus::{Client, Endpoint, FleetError};
 
@@ -22,7 +23,9 @@ use prometheus::{Client, Endpoint, FleetError};
 const DEFAULT_CONCURRENCY: usize = 8;
 
 pub fn run(args: &FleetArgs, style: Style) -> Result<Exit> {
-    let config = gpuctl_core::config::load()?.fleet();
+    let config = Session::open_with(&SessionOptions::config_only())?
+        .loaded()
+        .fleet();
     match fleet(args, &config, &style) {
         Ok(exit) => Ok(exit),
         Err(error) => {

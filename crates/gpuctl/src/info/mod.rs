@@ -33,8 +33,9 @@ pub fn run(args: &InfoArgs, style: Style) -> Result<Exit> {
         gpus: args.gpu.gpus.clone(),
         all_holders: args.holders,
         timeout: args.timeout,
+        ..InfoRequest::default()
     })?;
-    let opened = survey.session.opened;
+    let opened = survey.session().opened();
     let unscanned_above = survey.unscanned_above();
     let mut warned = false;
     let Some(interval) = args.watch else {

@@ -260,8 +260,9 @@ fn summary(line: &AccountLine) -> String {
 /// `gpuctl slurm account`: the accounts in slurm-jobs.jsonl (`job`: only that job's), as a
 /// table or, with `json`, one document `{"schema": 1, "jobs": [line, ...]}`.
 pub fn show(job: Option<u64>, json: bool) -> anyhow::Result<crate::Exit> {
-    let loaded = gpuctl_core::config::load()?;
-    let Some(dir) = gpuctl_core::config::watchdog_state_dir(Some(&loaded)) else {
+    use gpuctl_core::session::{Session, SessionOptions};
+    let session = Session::open_with(&SessionOptions::config_only())?;
+    let Some(dir) = gpuctl_core::config::watchdog_state_dir(Some(session.loaded())) else {
         anyhow::bail!("watchdog.state_dir is \"\": no job accounts are kept");
     };
     let path = dir.join("slurm-jobs.jsonl");

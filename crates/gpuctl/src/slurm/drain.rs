@@ -46,10 +46,7 @@ pub fn blame(not_free: &[GpuState], outcomes: &[Outcome], seen: Option<&Snapshot
                 Some(_) => instance.and_then(|m| m.uuid.clone()),
                 None => device.and_then(|d| d.uuid.clone()),
             };
-            let place = match state.gpu_instance {
-                Some(gi) => format!("GPU {}/{gi}", state.index),
-                None => format!("GPU {}", state.index),
-            };
+            let place = format!("GPU {}", state.place());
             let place = match uuid {
                 Some(uuid) => format!("{place} ({uuid})"),
                 None => place,

@@ -7,7 +7,6 @@ use anyhow::Result;
 use gpuctl_core::checkup::Judge;
 use gpuctl_core::config::Loaded;
 use gpuctl_core::reclaim::Session;
-use gpuctl_core::session::Reader;
 use gpuctl_core::snapshot::SnapshotOptions;
 
 use super::drain::REASON_PREFIX;
@@ -16,9 +15,10 @@ use super::job::Job;
 /// For each GPU that needs a GPU-level action: "GPU 1 needs a reset: row remap pending;
 /// Xid 64 under job 812". Empty when every GPU is fit.
 pub fn needs(session: &Session) -> Result<Vec<String>> {
-    let snapshot = Reader::new(SnapshotOptions::info(None))
-        .judging_health(&session.loaded)
-        .take(&session.gpus)?;
+    let mut reader = session
+        .plain_reader(SnapshotOptions::info(None))
+        .judging_health(session.loaded());
+    let snapshot = session.take(&mut reader)?;
     Ok(snapshot
         .devices
         .iter()

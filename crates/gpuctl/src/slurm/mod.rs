@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use gpuctl_core::config;
-use gpuctl_core::reclaim::Session;
+use gpuctl_core::session::{Session, SessionOptions};
 use gpuctl_core::verify::GpuState;
 
 use crate::Exit;
@@ -65,13 +65,13 @@ fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
         let problems = steps::epilog(&job, timeout, &session, &mut account)?;
         // The application Xids the watchdog saw hit this job's processes, by name.
         let uuids: Vec<(u32, String)> = session
-            .gpus
+            .gpus()?
             .uuids()?
             .into_iter()
             .enumerate()
             .filter_map(|(index, uuid)| Some((index as u32, uuid?)))
             .collect();
-        for line in health::job_xids(&session.loaded, &uuids, &job) {
+        for line in health::job_xids(session.loaded(), &uuids, &job) {
             log.line(&line);
         }
         Ok(problems)
@@ -101,11 +101,11 @@ fn epilog(timeout: Duration, no_drain: bool) -> Result<Exit> {
 /// discards its stderr, and a drained node would otherwise stay so with no record of why.
 fn healthcheck(node: Option<&str>, dry_run: bool) -> Result<Exit> {
     let node = node_name(node);
-    let loaded = config::load();
-    let log = Log::new("healthcheck", loaded.as_ref().ok());
-    let checked = loaded
+    let configured = Session::open_with(&SessionOptions::config_only());
+    let log = Log::new("healthcheck", configured.as_ref().ok().map(Session::loaded));
+    let checked = configured
         .map_err(anyhow::Error::from)
-        .and_then(|loaded| check_node(&node, loaded, &log, dry_run));
+        .and_then(|configured| check_node(&node, configured, &log, dry_run));
     if let Err(error) = &checked {
         // Only to the file: the error itself goes to stderr as every command's does.
         log.record(&format!(
@@ -115,14 +115,15 @@ fn healthcheck(node: Option<&str>, dry_run: bool) -> Result<Exit> {
     checked
 }
 
-fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> Result<Exit> {
+/// `configured`: the configuration read, NVML not yet opened.
+fn check_node(node: &str, configured: Session, log: &Log, dry_run: bool) -> Result<Exit> {
     let node = node.to_string();
     let shown = scontrol(&["show", "node", &node]).map_err(anyhow::Error::msg)?;
     let state = NodeState::parse(&shown)
         .with_context(|| format!("scontrol show node {node}: no State= in its answer"))?;
     // Every check reads the GPUs' health: a GPU that needs a reset, a reboot or a drain
     // drains the node (an admin's drain is left as it is).
-    let opened = Session::with(loaded).map_err(anyhow::Error::from);
+    let opened = configured.with_nvml().map_err(anyhow::Error::from);
     let read = opened.and_then(|session| {
         let needs = health::needs(&session)?;
         Ok((session, needs))
@@ -208,10 +209,10 @@ fn check_node(node: &str, loaded: config::Loaded, log: &Log, dry_run: bool) -> R
 
 /// The configuration, the log it places, and NVML: read once per command.
 fn open(command: &'static str) -> (Log, Result<Session>) {
-    match config::load() {
-        Ok(loaded) => (
-            Log::new(command, Some(&loaded)),
-            Session::with(loaded).map_err(Into::into),
+    match Session::open_with(&SessionOptions::config_only()) {
+        Ok(configured) => (
+            Log::new(command, Some(configured.loaded())),
+            configured.with_nvml().map_err(Into::into),
         ),
         Err(error) => (Log::new(command, None), Err(error.into())),
     }

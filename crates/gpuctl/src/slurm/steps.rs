@@ -59,7 +59,7 @@ fn record_allocation(job: &Job, session: &Session, log: &Log) {
     let Some(dir) = &log.dir else { return };
     let recorded = (|| -> Result<()> {
         let places = session.places(&job.gpus)?.unwrap_or_default();
-        let uuids = session.gpus.uuids()?;
+        let uuids = session.gpus()?.uuids()?;
         let seen = session.look_at(&places);
         let gpus = places
             .iter()

@@ -71,7 +71,7 @@ pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
             .keeping_facts(FactCache::refreshing_every(Duration::ZERO))
             .host_only()
             // Each GPU's health verdict, marked on its line when it needs an action.
-            .judging_health(&session.loaded),
+            .judging_health(session.loaded()),
         session: &session,
     };
     let mut screen = Screen::enter().context("cannot take over the terminal")?;
@@ -101,7 +101,7 @@ impl Refresher<'_> {
         // Marked as `info` marks it: what `clear` would reclaim, by its rules.
         Ok(gpuctl_core::info::take_marking_reclaimable(
             &mut self.reader,
-            &self.session.gpus,
+            self.session.gpus()?,
         )?)
     }
 }
@@ -134,7 +134,7 @@ fn run_loop(
         if Instant::now() >= next_read {
             let holders = matches!(model.panel, Panel::Holders(_));
             let mut snapshot = reader.read(holders)?;
-            let watchdog = gpuctl_core::info::watchdog_findings(Some(&session.loaded));
+            let watchdog = gpuctl_core::info::watchdog_findings(Some(session.loaded()));
             if let Some(findings) = &watchdog {
                 gpuctl_core::info::mark_idle(&mut snapshot, findings);
             }

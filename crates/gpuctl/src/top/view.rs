@@ -3,6 +3,7 @@
 //! the table. Everything a process chose arrives escaped from the model; nothing here
 //! writes text of its own choosing that a process could have set.
 
+use gpuctl_core::nvml::Place;
 use gpuctl_core::snapshot::totals::{By, totals};
 use gpuctl_core::snapshot::{GpuSnapshot, GpuStatus};
 use gpuctl_core::units;
@@ -470,10 +471,11 @@ impl Columns {
         palette: Palette,
     ) -> TextLine<'static> {
         let unicode = palette.unicode;
-        let gpu = match row.instance {
-            Some(gi) => format!("{}/{gi}", row.gpu),
-            None => row.gpu.to_string(),
-        };
+        let gpu = Place {
+            gpu: row.gpu,
+            gpu_instance: row.instance,
+        }
+        .to_string();
         // In the tree, a process hangs under its owner's heading.
         let mark = match (marked, indent, unicode) {
             (true, _, _) => "*",
