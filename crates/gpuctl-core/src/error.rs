@@ -96,51 +96,13 @@ fn either<'a>(words: impl Iterator<Item = &'a str>) -> String {
 }
 
 /// A configuration file that is invalid or not trusted is bad input, like a bad option.
-fn config_exit(_: &ConfigError) -> Exit {
+pub(crate) fn config_exit(_: &ConfigError) -> Exit {
     Exit::Usage
-}
-
-/// The exit status an error documents, for every binary: the first error of core's own
-/// kinds in its chain of causes decides; anything else is a failed operation.
-pub fn exit_of(error: &(dyn std::error::Error + 'static)) -> Exit {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        if let Some(core) = error.downcast_ref::<CoreError>() {
-            return core.exit();
-        }
-        if let Some(config) = error.downcast_ref::<ConfigError>() {
-            return config_exit(config);
-        }
-        cause = error.source();
-    }
-    Exit::Failed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_kind_has_its_documented_exit_through_any_wrapping() {
-        let unavailable = CoreError::NvmlUnavailable {
-            library: "libnvidia-ml.so.1".into(),
-            reason: "not found".into(),
-            hint: "",
-        };
-        assert_eq!(exit_of(&unavailable), Exit::Unavailable);
-        assert_eq!(exit_of(&CoreError::Usage("x".into())), Exit::Usage);
-        assert_eq!(exit_of(&CoreError::GpuSelector("x".into())), Exit::Usage);
-        let config = ConfigError::Value("bad".into());
-        assert_eq!(exit_of(&config), Exit::Usage);
-        assert_eq!(exit_of(&CoreError::from(config)), Exit::Usage);
-        let io = std::io::Error::other("disk");
-        assert_eq!(exit_of(&io), Exit::Failed);
-        // Found as the cause of another error (as anyhow's context wraps it).
-        #[derive(Debug, thiserror::Error)]
-        #[error("while doing it")]
-        struct Context(#[source] CoreError);
-        assert_eq!(exit_of(&Context(CoreError::Usage("y".into()))), Exit::Usage);
-    }
 
     #[test]
     fn a_front_words_the_fields_it_offers_and_keeps_the_exit() {

@@ -70,6 +70,13 @@ pub enum LeaseError {
     Io { path: PathBuf, error: io::Error },
 }
 
+impl LeaseError {
+    /// The documented exit status: a lease that cannot be taken safely is a failure.
+    pub fn exit(&self) -> crate::exit::Exit {
+        crate::exit::Exit::Failed
+    }
+}
+
 type Result<T> = std::result::Result<T, LeaseError>;
 
 /// The directory of lease files, opened once and checked.

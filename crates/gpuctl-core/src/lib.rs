@@ -15,6 +15,7 @@ pub mod config;
 pub mod cri;
 pub mod error;
 pub mod exit;
+pub mod failure;
 pub mod files;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
@@ -38,6 +39,7 @@ pub mod service;
 pub mod session;
 pub mod settings;
 pub mod snapshot;
+pub mod supervise;
 pub mod sys;
 pub mod text;
 pub mod units;

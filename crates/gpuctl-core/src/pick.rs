@@ -215,8 +215,7 @@ impl PickError {
     pub fn exit(&self) -> Exit {
         match self {
             PickError::Core(error) => error.exit(),
-            PickError::Lease(LeaseError::Unsafe(_)) => Exit::Failed,
-            PickError::Lease(LeaseError::Io { .. }) => Exit::Failed,
+            PickError::Lease(error) => error.exit(),
             PickError::TooFew(_) => Exit::NotClean,
         }
     }

@@ -73,11 +73,12 @@ impl Failure {
     }
 }
 
-impl From<CoreError> for Failure {
-    fn from(error: CoreError) -> Failure {
-        // The CLI's `{error:#}`: the error and its causes on one line.
+impl Failure {
+    /// `error` as the CLI says it (`{error:#}`: the error and its causes on one line), with
+    /// the status its kind documents.
+    fn of(error: &(dyn std::error::Error + 'static)) -> Failure {
         let mut message = error.to_string();
-        let mut cause = std::error::Error::source(&error);
+        let mut cause = error.source();
         while let Some(inner) = cause {
             let text = inner.to_string();
             if !message.ends_with(&text) {
@@ -86,9 +87,15 @@ impl From<CoreError> for Failure {
             cause = inner.source();
         }
         Failure {
-            exit: error.exit(),
+            exit: gpuctl_core::failure::exit_of(error),
             message,
         }
+    }
+}
+
+impl From<CoreError> for Failure {
+    fn from(error: CoreError) -> Failure {
+        Failure::of(&error)
     }
 }
 
@@ -155,7 +162,7 @@ fn pick(
     min_free: Option<String>,
     max_util: Option<u32>,
 ) -> PyResult<Vec<String>> {
-    use gpuctl_core::pick::{Criteria, PickError, PickRequest, Picker};
+    use gpuctl_core::pick::{Criteria, PickRequest, Picker};
     outside_gil(py, || {
         let min_free = min_free
             .map(|text| {
@@ -172,12 +179,7 @@ fn pick(
         let mut picker = Picker::new(&session, request)?;
         match picker.pick(&mut |_| {}) {
             Ok(spots) => Ok(spots.into_iter().filter_map(|s| s.uuid).collect()),
-            Err(PickError::TooFew(why)) => Err(Failure {
-                exit: Exit::NotClean,
-                message: why,
-            }),
-            Err(PickError::Core(error)) => Err(error.into()),
-            Err(PickError::Lease(error)) => Err(Failure::failed(error.to_string())),
+            Err(error) => Err(Failure::of(&error)),
         }
     })
 }
@@ -471,14 +473,7 @@ fn fraction(
 
 impl From<RunError> for Failure {
     fn from(error: RunError) -> Failure {
-        let exit = match error {
-            RunError::BadName(_) => Exit::Usage,
-            _ => Exit::Failed,
-        };
-        Failure {
-            exit,
-            message: error.to_string(),
-        }
+        Failure::of(&error)
     }
 }
 

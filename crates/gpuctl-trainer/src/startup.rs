@@ -43,11 +43,12 @@ fn flag(field: &str) -> Option<&'static str> {
 /// Startup cleanup: takes the run's name, ends what a crashed previous run left, waits
 /// until its GPU memory can be allocated again, and records this run.
 pub fn start_up(args: &Args) -> Result<Startup, Failure> {
-    let run_path =
-        runfile::location(&args.run_name, args.checkpoint.as_deref()).map_err(|e| match e {
-            runfile::RunError::BadName(_) => Failure::Usage(e.to_string()),
+    let run_path = runfile::location(&args.run_name, args.checkpoint.as_deref()).map_err(|e| {
+        match e.exit() {
+            gpuctl_core::exit::Exit::Usage => Failure::Usage(e.to_string()),
             _ => Failure::Failed(e.to_string()),
-        })?;
+        }
+    })?;
     let (run_file, previous) =
         runfile::acquire(&args.run_name, &run_path).map_err(|e| Failure::Failed(e.worded(flag)))?;
     // Another user's directory or lock where the run file would be: stepped around, said.

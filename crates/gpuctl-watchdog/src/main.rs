@@ -35,7 +35,7 @@ fn main() {
                 "gpuctl-watchdog: {}",
                 gpuctl_core::text::escape(&error.to_string())
             );
-            std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
+            std::process::exit(gpuctl_core::failure::exit_of(&error).code().into());
         }
     };
     // A library root may not load (GPUCTL_NVML_LIB) is a refusal at start, not an NVML
@@ -45,7 +45,7 @@ fn main() {
             "gpuctl-watchdog: {}",
             gpuctl_core::text::escape(&error.to_string())
         );
-        std::process::exit(gpuctl_core::error::exit_of(&error).code().into());
+        std::process::exit(gpuctl_core::failure::exit_of(&error).code().into());
     }
     if let Err(error) = signals::install() {
         eprintln!("gpuctl-watchdog: cannot install signal handlers: {error}");

@@ -20,18 +20,6 @@ use gpuctl_core::exit::Exit;
 
 use gpuctl::cli::{Cli, Command};
 
-/// A request that cannot be carried out as given (exit status 2).
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -46,21 +34,23 @@ fn main() -> ExitCode {
         }
     };
     let color = render::Style::choose(cli.color);
-    let result = match cli.command.unwrap_or(Command::Info(Default::default())) {
-        Command::Info(args) => info::run(&args, color),
-        Command::Kill(args) => reclaim::run_kill(&args, color),
-        Command::Clear(args) => reclaim::run_clear(&args, color),
-        Command::Reset(args) => reset::run(&args, color),
-        Command::Health(args) => health::run(&args, color),
-        Command::Fleet(args) => fleet::run(&args, color),
-        Command::Fraction(args) => policy::run_fraction(&args, color),
-        Command::Enable(args) => policy::run_enable(&args),
-        Command::Top(args) => top::run(&args, color),
-        Command::Slurm(command) => slurm::run(&command),
-        Command::Serve(args) => serve::run(&args),
-        Command::Run(args) => run::run(&args),
-        Command::Pick(args) => run::pick(&args),
-    };
+    // `run`'s status is its command's; every other command's is a documented one.
+    let result: anyhow::Result<ExitCode> =
+        match cli.command.unwrap_or(Command::Info(Default::default())) {
+            Command::Info(args) => info::run(&args, color).map(ExitCode::from),
+            Command::Kill(args) => reclaim::run_kill(&args, color).map(ExitCode::from),
+            Command::Clear(args) => reclaim::run_clear(&args, color).map(ExitCode::from),
+            Command::Reset(args) => reset::run(&args, color).map(ExitCode::from),
+            Command::Health(args) => health::run(&args, color).map(ExitCode::from),
+            Command::Fleet(args) => fleet::run(&args, color).map(ExitCode::from),
+            Command::Fraction(args) => policy::run_fraction(&args, color).map(ExitCode::from),
+            Command::Enable(args) => policy::run_enable(&args).map(ExitCode::from),
+            Command::Top(args) => top::run(&args, color).map(ExitCode::from),
+            Command::Slurm(command) => slurm::run(&command).map(ExitCode::from),
+            Command::Serve(args) => serve::run(&args).map(ExitCode::from),
+            Command::Run(args) => run::run(&args),
+            Command::Pick(args) => run::pick(&args).map(ExitCode::from),
+        };
     // In a container whose host service could not be asked: one line naming what to mount,
     // escaped (it quotes GPUCTL_SOCKET and what the service said).
     if let Some(hint) = gpuctl_core::service::client::hint() {
@@ -68,7 +58,7 @@ fn main() -> ExitCode {
         let _ = writeln!(io::stderr().lock(), "gpuctl: {hint}");
     }
     match result {
-        Ok(exit) => ExitCode::from(exit),
+        Ok(exit) => exit,
         Err(error) => report(&error),
     }
 }
@@ -130,11 +120,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
         // The reader (head, less) went away: that is how piped output ends, not a failure.
         return ExitCode::from(Exit::Ok);
     }
-    let exit = if error.downcast_ref::<Usage>().is_some() {
-        Exit::Usage
-    } else {
-        gpuctl_core::error::exit_of(error.as_ref())
-    };
+    let exit = gpuctl_core::failure::exit_of(error.as_ref());
     // Folded onto one line, then escaped: an error may quote what a user chose.
     let message = folded(error).replace('\n', " ");
     let message = gpuctl_core::text::escape(&message);

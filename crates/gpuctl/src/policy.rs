@@ -12,9 +12,10 @@ use gpuctl_core::report::{
 use gpuctl_core::session::{NvmlNeed, Session, SessionOptions, ShareRequest};
 use gpuctl_core::settings::{self, Shell};
 
+use crate::Exit;
 use crate::render::{self, Color, Style};
-use crate::{Exit, Usage};
 use gpuctl::cli::{EnableArgs, FractionArgs, ShellKind};
+use gpuctl_core::CoreError;
 
 pub fn run_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
     match &args.value {
@@ -24,7 +25,7 @@ pub fn run_fraction(args: &FractionArgs, style: Style) -> Result<Exit> {
 }
 
 fn set_fraction(args: &FractionArgs, text: &str) -> Result<Exit> {
-    let value = config::parse_fraction(text).map_err(Usage)?;
+    let value = config::parse_fraction(text).map_err(CoreError::Usage)?;
     let (system, user_file) = config::paths();
     let root = nix::unistd::geteuid().is_root();
     // Root sets policy; anyone else keeps their own defaults (which may only lower it).

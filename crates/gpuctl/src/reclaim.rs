@@ -10,9 +10,10 @@ use gpuctl_core::report::ReclaimReport;
 use gpuctl_core::units;
 use gpuctl_core::verify::{GpuState, WaitReport};
 
+use crate::Exit;
 use crate::render::{self, Color, Style};
-use crate::{Exit, Usage};
 use gpuctl::cli::{ClearArgs, KillArgs};
+use gpuctl_core::CoreError;
 
 pub fn run_kill(args: &KillArgs, style: Style) -> Result<Exit> {
     let session = Session::open()?;
@@ -136,7 +137,7 @@ fn confirm(consent: &Consent) -> Result<()> {
 }
 
 fn usage(message: &str) -> anyhow::Error {
-    anyhow::Error::new(Usage(message.to_string()))
+    anyhow::Error::new(CoreError::Usage(message.to_string()))
 }
 
 fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String {

@@ -4,31 +4,25 @@
 //! same candidates, printed, with no lease.
 
 use std::io::{self, Write};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
+use gpuctl_core::CoreError;
 use gpuctl_core::host::tree;
 use gpuctl_core::lease::{Lease, LeaseDir};
 use gpuctl_core::nvml::Place;
-use gpuctl_core::pick::{PickError, PickRequest, Picker, Spot};
+use gpuctl_core::pick::{PickRequest, Picker, Spot};
 use gpuctl_core::report::{RUN_SCHEMA, RunGpu, RunSummary};
 use gpuctl_core::runfile::{self, Cleanup, Record, Recorded, RunFile};
 use gpuctl_core::session::{Reader, Session};
 use gpuctl_core::snapshot::SnapshotOptions;
+use gpuctl_core::supervise::{Status, Supervisor, Tick};
 use gpuctl_core::text;
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::Signal;
 
-use crate::{Exit, Usage, policy, render};
+use crate::{Exit, policy, render};
 use gpuctl::cli::{PickArgs, RunArgs};
-
-/// The signals passed on to the command.
-const FORWARDED: [Signal; 4] = [
-    Signal::SIGINT,
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-];
 
 /// How often the leased GPUs are sampled while the command runs (the first sample sooner,
 /// so a short command has one).
@@ -38,101 +32,44 @@ const FIRST_SAMPLE: Duration = Duration::from_millis(200);
 /// How often a named run's file is brought up to date with the command's processes.
 const RECORD_EVERY: Duration = Duration::from_secs(2);
 
-pub fn run(args: &RunArgs) -> Result<Exit> {
+/// `gpuctl run`: its status is the command's (128+N for signal N), or a documented one
+/// where the command did not run.
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let program = args.command.first().filter(|p| !p.is_empty());
     let Some(program) = program else {
-        return Err(Usage("the command is empty".into()).into());
+        return Err(CoreError::Usage("the command is empty".into()).into());
     };
     // A mistyped command fails now, not after `--wait` held the user for the GPUs; exec
     // still decides in the end (the file may change meanwhile).
     if let Err(error) = executable(program) {
-        return Ok(policy::cannot_run(program, &error));
+        return Ok(policy::cannot_run(program, &error).into());
     }
-    // Before any thread starts (NVML's workers inherit the mask): these signals wait for
-    // the loop below, never ending gpuctl before it has ended what its command left.
-    let mut mask = SigSet::empty();
-    for signal in FORWARDED.iter().copied().chain([Signal::SIGCHLD]) {
-        mask.add(signal);
-    }
-    mask.thread_block()?;
-    // SAFETY: prctl with an integer argument, no pointers.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(anyhow!(
-            "cannot become a child subreaper: {}",
-            io::Error::last_os_error()
-        ));
-    }
+    // Before any thread starts (NVML's workers inherit the signal mask).
+    let supervisor = Supervisor::start()?;
     let session = Session::open()?;
-    let quiet = args.quiet;
     let say = |line: &str| {
         let _ = writeln!(io::stderr().lock(), "gpuctl run: {}", text::escape(line));
     };
-
     let run_file = match &args.name {
         Some(name) => Some(claim_name(name, &session, &say)?),
         None => None,
     };
-
-    let request = PickRequest {
-        gpus: args.gpus.clone(),
-        count: args.gpus.is_empty().then(|| args.count.unwrap_or(1)),
-        criteria: args.candidates.criteria(),
-        wait: args.wait,
-    };
-    let mut picker = Picker::new(&session, request)?;
     let dir = LeaseDir::open()?;
-    let leased = match picker.lease(&dir, &mut |line| {
-        if !quiet {
-            say(line)
-        }
-    }) {
-        Ok(leased) => leased,
-        Err(error) => return too_few(error),
-    };
-    let (spots, leases): (Vec<Spot>, Vec<Lease>) = leased.into_iter().unzip();
-
-    let mut command = Command::new(program);
-    command.args(&args.command[1..]);
-    for (name, value) in environment(&spots) {
-        command.env(name, value);
-    }
-    if !args.no_enable {
-        let named: Vec<String> = spots.iter().map(|s| s.place.gpu.to_string()).collect();
-        let (settings, _) = session.allocator_env(&named, &|name| std::env::var(name).ok())?;
-        command.envs(
-            settings
-                .iter()
-                .filter(|s| !s.kept)
-                .map(|s| (s.name, &s.value)),
-        );
-    }
-    // The command starts with no signal blocked (gpuctl's own mask is inherited across
-    // exec): it must die of a SIGTERM, and its workers too.
-    let unblock = mask;
-    // SAFETY: between fork and exec only pthread_sigmask runs, which is async-signal-safe
-    // and touches no memory shared with the parent.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
-            unblock.thread_unblock().map_err(io::Error::from)
-        });
-    }
+    let (spots, leases) = lease(args, &session, &dir, &say)?;
+    let mut command = command(args, program, &spots, &session)?;
     let launched = Instant::now();
-    let child = match command.spawn() {
+    let child = match supervisor.spawn(&mut command) {
         Ok(child) => child,
-        Err(error) => return Ok(policy::cannot_run(program, &error)),
+        Err(error) => return Ok(policy::cannot_run(program, &error).into()),
     };
-    let child_pid = child.id();
-    // Reaped below by waitpid, with every orphan handed to this subreaper: never by std.
-    drop(child);
     if let Some(file) = &run_file {
-        record(file, args, &spots, child_pid);
+        record(file, args, &spots, child);
     }
-
     let mut sampler = Sampler::new(&spots);
-    let status = watch(
-        &mask,
-        child_pid,
+    let status = supervise(
+        &supervisor,
+        child,
         &mut sampler,
         &session,
         &run_file,
@@ -143,14 +80,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
 
     // Everything still below gpuctl is a leftover: the command's workers, and whatever left
     // its session (orphans come to this subreaper).
-    let left: Vec<Recorded> = tree::descendants(std::process::id())
-        .into_iter()
-        .map(|stat| Recorded {
-            pid: stat.pid,
-            start_ticks: stat.starttime,
-            role: stat.comm,
-        })
-        .collect();
+    let left = supervisor.leftovers();
     let mut lines = Vec::new();
     let label = args.name.clone().unwrap_or_else(|| "gpuctl run".into());
     let cleanup = if left.is_empty() {
@@ -160,7 +90,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
             lines.push(line)
         })
     };
-    reap_all();
+    supervisor.reap_all();
     // Said even with --quiet: the GPU may have been shared against the user's will.
     for lease in &leases {
         if let Some(why) = dir.lost(lease) {
@@ -175,7 +105,6 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
     {
         file.finish();
     }
-
     let summary = RunSummary {
         schema: RUN_SCHEMA,
         command: args
@@ -190,21 +119,81 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         exit_code: status.code,
         signal: status.signal,
         leftovers: cleanup.leftovers,
-        leftover_lines: lines.clone(),
+        leftover_lines: lines,
         leftovers_failed: cleanup.failures.len(),
         needs_reset: cleanup.needs_reset.clone(),
     };
-    if !quiet {
-        for line in summary_lines(&summary, &spots) {
+    sum_up(args, &summary, &spots, &cleanup.failures, &say)?;
+    Ok(ExitCode::from(status.exit_status()))
+}
+
+/// Picks and leases the GPUs the run asks for (waiting, with `--wait`, saying for what).
+fn lease(
+    args: &RunArgs,
+    session: &Session,
+    dir: &LeaseDir,
+    say: &dyn Fn(&str),
+) -> Result<(Vec<Spot>, Vec<Lease>)> {
+    let request = PickRequest {
+        gpus: args.gpus.clone(),
+        count: args.gpus.is_empty().then(|| args.count.unwrap_or(1)),
+        criteria: args.candidates.criteria(),
+        wait: args.wait,
+    };
+    let mut picker = Picker::new(session, request)?;
+    let leased = picker.lease(dir, &mut |line| {
+        if !args.quiet {
+            say(line)
+        }
+    })?;
+    Ok(leased.into_iter().unzip())
+}
+
+/// The command as it runs on `spots`: their variables, and `gpuctl enable`'s settings
+/// unless `--no-enable`.
+fn command(
+    args: &RunArgs,
+    program: &std::ffi::OsStr,
+    spots: &[Spot],
+    session: &Session,
+) -> Result<Command> {
+    let mut command = Command::new(program);
+    command.args(&args.command[1..]);
+    for (name, value) in environment(spots) {
+        command.env(name, value);
+    }
+    if !args.no_enable {
+        let named: Vec<String> = spots.iter().map(|s| s.place.gpu.to_string()).collect();
+        let (settings, _) = session.allocator_env(&named, &|name| std::env::var(name).ok())?;
+        command.envs(
+            settings
+                .iter()
+                .filter(|s| !s.kept)
+                .map(|s| (s.name, &s.value)),
+        );
+    }
+    Ok(command)
+}
+
+/// The summary: said (only failures with `--quiet`), and written with `--json-summary`.
+fn sum_up(
+    args: &RunArgs,
+    summary: &RunSummary,
+    spots: &[Spot],
+    failures: &[String],
+    say: &dyn Fn(&str),
+) -> Result<()> {
+    if !args.quiet {
+        for line in summary_lines(summary, spots) {
             say(&line);
         }
     } else {
-        for line in &cleanup.failures {
+        for line in failures {
             say(line);
         }
     }
     if let Some(path) = &args.json_summary {
-        let mut json = serde_json::to_vec_pretty(&summary)?;
+        let mut json = serde_json::to_vec_pretty(summary)?;
         json.push(b'\n');
         // Replaced whole, never written through a link planted at the path (root's run may
         // write where another user can).
@@ -213,7 +202,7 @@ pub fn run(args: &RunArgs) -> Result<Exit> {
         }
     }
     let _ = io::stderr().flush();
-    std::process::exit(status.exit_status());
+    Ok(())
 }
 
 /// The command's variables: the leased UUIDs as CUDA numbers them (PCI bus order, as
@@ -231,9 +220,9 @@ fn environment(spots: &[Spot]) -> Vec<(&'static str, String)> {
 /// Takes the run name: a live run of it is refused; a crashed one's leftovers are ended
 /// first (so its GPUs can be leased).
 fn claim_name(name: &str, session: &Session, say: &dyn Fn(&str)) -> Result<RunFile> {
-    let path = runfile::location(name, None).map_err(|e| Usage(e.to_string()))?;
+    let path = runfile::location(name, None)?;
     let (file, previous) = runfile::acquire(name, &path).map_err(|error| match error {
-        runfile::RunError::BadName(_) => anyhow!(Usage(error.to_string())),
+        runfile::RunError::BadName(_) => anyhow!(error),
         other => anyhow!(other.worded(|field| (field == "name").then_some("--name"))),
     })?;
     for notice in file.notices() {
@@ -283,27 +272,10 @@ fn record(file: &RunFile, args: &RunArgs, spots: &[Spot], child: u32) {
     let _ = file.record(&record);
 }
 
-/// How the command ended.
-#[derive(Debug, Clone, Copy)]
-struct Status {
-    code: Option<i32>,
-    signal: Option<i32>,
-}
-
-impl Status {
-    /// gpuctl's own exit status: the command's, 128+N for signal N.
-    fn exit_status(self) -> i32 {
-        match (self.code, self.signal) {
-            (Some(code), _) => code,
-            (None, Some(signal)) => 128 + signal,
-            (None, None) => 1,
-        }
-    }
-}
-
-/// Waits for the command's main process, forwarding signals and sampling the GPUs.
-fn watch(
-    mask: &SigSet,
+/// Waits for the command's main process (the supervisor forwarding signals), sampling the
+/// GPUs and keeping a named run's file up to date.
+fn supervise(
+    supervisor: &Supervisor,
     child: u32,
     sampler: &mut Sampler,
     session: &Session,
@@ -311,35 +283,29 @@ fn watch(
     args: &RunArgs,
     spots: &[Spot],
 ) -> Status {
-    let launched = Instant::now();
-    let mut next_sample = launched + FIRST_SAMPLE;
-    let mut next_record = launched + RECORD_EVERY;
-    loop {
-        if let Some(status) = reap(child) {
-            return status;
-        }
-        let now = Instant::now();
-        if now >= next_sample {
-            sampler.sample(session);
-            next_sample = now + SAMPLE_EVERY;
-        }
-        if let Some(file) = run_file
-            && now >= next_record
-        {
+    let mut sample = || sampler.sample(session);
+    let mut keep_record = || {
+        if let Some(file) = run_file {
             record(file, args, spots, child);
-            next_record = now + RECORD_EVERY;
         }
-        let until = next_sample.min(if run_file.is_some() {
-            next_record
-        } else {
-            next_sample
-        });
-        if let Some(info) = wait_signal(mask, until.saturating_duration_since(Instant::now()))
-            && info.si_signo != libc::SIGCHLD
-        {
-            forward(&info, child);
-        }
-    }
+    };
+    let mut ticks = [
+        Tick {
+            first: FIRST_SAMPLE,
+            every: SAMPLE_EVERY,
+            work: &mut sample,
+        },
+        Tick {
+            first: RECORD_EVERY,
+            every: RECORD_EVERY,
+            work: &mut keep_record,
+        },
+    ];
+    let ticks = match run_file {
+        Some(_) => &mut ticks[..],
+        None => &mut ticks[..1],
+    };
+    supervisor.wait(child, ticks)
 }
 
 /// Whether `program` can be executed as exec would find it: a path as it is, a bare name
@@ -367,61 +333,6 @@ fn executable(program: &std::ffi::OsStr) -> io::Result<()> {
         }
     }
     Err(found)
-}
-
-/// One of `mask`'s signals, or none within `timeout`.
-fn wait_signal(mask: &SigSet, timeout: Duration) -> Option<libc::siginfo_t> {
-    let timeout = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: an all-zero siginfo_t is a valid value for the kernel to fill in.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the set, siginfo and timespec are valid for the call; the signals are blocked
-    // in this thread, as sigtimedwait requires.
-    let signal = unsafe { libc::sigtimedwait(mask.as_ref(), &mut info, &timeout) };
-    (signal > 0).then_some(info)
-}
-
-/// Passes a signal on to the command, unless the terminal sent it: a terminal's Ctrl-C,
-/// Ctrl-\ or hangup goes to its whole foreground process group, the command's too.
-fn forward(info: &libc::siginfo_t, child: u32) {
-    if info.si_code == libc::SI_KERNEL {
-        return;
-    }
-    if let Ok(signal) = Signal::try_from(info.si_signo) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child as i32), signal);
-    }
-}
-
-/// Reaps every child that has ended (orphans handed to this subreaper included); the
-/// command's status once its main process has.
-fn reap(child: u32) -> Option<Status> {
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-    let mut found = None;
-    loop {
-        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(pid, code)) if pid.as_raw() as u32 == child => {
-                found = Some(Status {
-                    code: Some(code),
-                    signal: None,
-                });
-            }
-            Ok(WaitStatus::Signaled(pid, signal, _)) if pid.as_raw() as u32 == child => {
-                found = Some(Status {
-                    code: None,
-                    signal: Some(signal as i32),
-                });
-            }
-            Ok(WaitStatus::StillAlive) | Err(_) => return found,
-            Ok(_) => {}
-        }
-    }
-}
-
-/// Reaps the leftovers ended (they were this subreaper's children).
-fn reap_all() {
-    let _ = reap(0);
 }
 
 /// Peak memory and mean utilization of each leased place, sampled while the command runs.
@@ -532,19 +443,6 @@ fn summary_lines(summary: &RunSummary, spots: &[Spot]) -> Vec<String> {
     lines
 }
 
-/// How `run` and `pick` end when no pick was made: too few places is exit 4 with its one
-/// line; anything else is an error with its own exit status.
-fn too_few(error: PickError) -> Result<Exit> {
-    match error {
-        PickError::TooFew(why) => {
-            let _ = writeln!(io::stderr().lock(), "gpuctl: {}", text::escape(&why));
-            Ok(Exit::NotClean)
-        }
-        PickError::Core(error) => Err(error.into()),
-        PickError::Lease(error) => Err(error.into()),
-    }
-}
-
 /// `gpuctl pick`.
 pub fn pick(args: &PickArgs) -> Result<Exit> {
     let session = Session::open()?;
@@ -555,10 +453,7 @@ pub fn pick(args: &PickArgs) -> Result<Exit> {
         wait: None,
     };
     let mut picker = Picker::new(&session, request)?;
-    let spots = match picker.pick(&mut |_| {}) {
-        Ok(spots) => spots,
-        Err(error) => return too_few(error),
-    };
+    let spots = picker.pick(&mut |_| {})?;
     let document = gpuctl_core::report::PickDocument {
         schema: gpuctl_core::report::PICK_SCHEMA,
         gpus: spots

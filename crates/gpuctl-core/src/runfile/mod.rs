@@ -21,6 +21,8 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 
+use crate::exit::Exit;
+
 mod cleanup;
 pub use cleanup::{Cleanup, clean_up, end_leftovers, processes};
 
@@ -60,6 +62,14 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// The documented exit status: a bad name is bad input; anything else a failure.
+    pub fn exit(&self) -> Exit {
+        match self {
+            RunError::BadName(_) => Exit::Usage,
+            _ => Exit::Failed,
+        }
+    }
+
     /// This error in a front's own words: `word` names the run's `name` as the front's users
     /// give it (`--run-name` for the trainer, `name=` in Python); `None` keeps core's.
     pub fn worded(&self, word: impl Fn(&str) -> Option<&'static str>) -> String {

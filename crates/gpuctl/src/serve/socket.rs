@@ -51,7 +51,7 @@ pub fn listener(explicit: Option<PathBuf>) -> Result<(UnixListener, Option<Made>
 }
 
 fn usage(text: String) -> anyhow::Error {
-    crate::Usage(text).into()
+    gpuctl_core::CoreError::Usage(text).into()
 }
 
 fn shown(path: &Path) -> String {

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use gpuctl_core::select::OwnerMatch;
 
-use crate::Usage;
+use gpuctl_core::CoreError;
 
 /// The job slurmd runs a prolog or epilog for, from the environment it gives them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,12 +22,12 @@ impl Job {
     pub fn from_env() -> Result<Job> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let id = var("SLURM_JOB_ID").ok_or_else(|| {
-            anyhow::Error::new(Usage(
+            anyhow::Error::new(CoreError::Usage(
                 "SLURM_JOB_ID is not set: run this as slurmd's Prolog or Epilog".into(),
             ))
         })?;
         let Ok(id) = id.parse::<u64>() else {
-            return Err(Usage(format!("SLURM_JOB_ID '{id}' is not a job id")).into());
+            return Err(CoreError::Usage(format!("SLURM_JOB_ID '{id}' is not a job id")).into());
         };
         let user = var("SLURM_JOB_USER");
         Ok(Job {

@@ -23,9 +23,10 @@ use gpuctl_core::reclaim::PreparedKill;
 use gpuctl_core::session::{Reader, Session, SessionOptions};
 use gpuctl_core::snapshot::{HolderScan, Snapshot, SnapshotOptions};
 
+use crate::Exit;
 use crate::render::Style;
-use crate::{Exit, Usage};
 use gpuctl::cli::TopArgs;
+use gpuctl_core::CoreError;
 use keys::{Action, TableArea};
 use model::{Model, Panel};
 use screen::Screen;
@@ -40,7 +41,7 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(250);
 
 pub fn run(args: &TopArgs, style: Style) -> Result<Exit> {
     if !std::io::stdout().is_terminal() {
-        return Err(Usage(
+        return Err(CoreError::Usage(
             "top needs a terminal on stdout; for scripts and pipes use `gpuctl info --watch \
              SECONDS` or `gpuctl info --json`"
                 .into(),
