@@ -78,33 +78,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     );
     let wall = launched.elapsed();
 
-    // Everything still below gpuctl is a leftover: the command's workers, and whatever left
-    // its session (orphans come to this subreaper).
-    let left = supervisor.leftovers();
-    let mut lines = Vec::new();
-    let label = args.name.clone().unwrap_or_else(|| "gpuctl run".into());
-    let cleanup = if left.is_empty() {
-        Cleanup::default()
-    } else {
-        runfile::end_leftovers(&label, &left, &session.loaded().protect(), &mut |line| {
-            lines.push(line)
-        })
-    };
-    supervisor.reap_all();
-    // Said even with --quiet: the GPU may have been shared against the user's will.
-    for lease in &leases {
-        if let Some(why) = dir.lost(lease) {
-            say(&why);
-        }
-    }
-    // Only now may another run have these GPUs.
-    drop(leases);
-    // Kept where a leftover survived: the next run of the name tries it again.
-    if let Some(file) = run_file
-        && cleanup.failures.is_empty()
-    {
-        file.finish();
-    }
+    let (cleanup, lines) = end_leftovers(&supervisor, args, &session);
+    release(&dir, leases, run_file, &cleanup, &say);
     let summary = RunSummary {
         schema: RUN_SCHEMA,
         command: args
@@ -125,6 +100,51 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     };
     sum_up(args, &summary, &spots, &cleanup.failures, &say)?;
     Ok(ExitCode::from(status.exit_status()))
+}
+
+/// Ends everything still below gpuctl: the command's workers, and whatever left its
+/// session (orphans come to this subreaper). What was done, and the lines saying so.
+fn end_leftovers(
+    supervisor: &Supervisor,
+    args: &RunArgs,
+    session: &Session,
+) -> (Cleanup, Vec<String>) {
+    let left = supervisor.leftovers();
+    let mut lines = Vec::new();
+    let label = args.name.clone().unwrap_or_else(|| "gpuctl run".into());
+    let cleanup = if left.is_empty() {
+        Cleanup::default()
+    } else {
+        runfile::end_leftovers(&label, &left, &session.loaded().protect(), &mut |line| {
+            lines.push(line)
+        })
+    };
+    supervisor.reap_all();
+    (cleanup, lines)
+}
+
+/// Releases the leases (saying, even with --quiet, any lost meanwhile: the GPU may have
+/// been shared against the user's will), then the run's name, which is kept where a
+/// leftover survived: the next run of the name tries it again.
+fn release(
+    dir: &LeaseDir,
+    leases: Vec<Lease>,
+    run_file: Option<RunFile>,
+    cleanup: &Cleanup,
+    say: &dyn Fn(&str),
+) {
+    for lease in &leases {
+        if let Some(why) = dir.lost(lease) {
+            say(&why);
+        }
+    }
+    // Only now may another run have these GPUs.
+    drop(leases);
+    if let Some(file) = run_file
+        && cleanup.failures.is_empty()
+    {
+        file.finish();
+    }
 }
 
 /// Picks and leases the GPUs the run asks for (waiting, with `--wait`, saying for what).
