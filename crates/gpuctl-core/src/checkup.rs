@@ -184,7 +184,7 @@ pub fn acknowledge(loaded: Option<&Loaded>, indices: &[u32], snapshot: &Snapshot
                 .into(),
         )
     })?;
-    let now = crate::units::unix_seconds() as u64;
+    let now = crate::units::unix_whole_seconds();
     for &index in indices {
         let uuid = snapshot
             .devices

@@ -820,7 +820,7 @@ fn started_unix(start_ticks: u64) -> Option<u64> {
     let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
     let up = crate::host::boot_clock().ok()?.as_secs();
     let age = up.checked_sub(start_ticks / per_second.max(1))?;
-    unix_now().checked_sub(age)
+    crate::units::unix_whole_seconds().checked_sub(age)
 }
 
 /// What naming a holder needs, and no more (a reader pays for it on every read): its start
@@ -859,12 +859,6 @@ fn holder_facts(pid: u32) -> Option<HolderFacts> {
         uid,
         command,
     })
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl Drop for Lease {

@@ -128,6 +128,11 @@ pub fn unix_seconds() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Now, in whole seconds since the Unix epoch: what the state files keep.
+pub fn unix_whole_seconds() -> u64 {
+    unix_seconds() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -230,5 +230,5 @@ fn acknowledge(session: &Session, gpu: &GpuSnapshot) {
     ) else {
         return;
     };
-    let _ = Acks::acknowledge(&dir, uuid, crate::units::unix_seconds() as u64);
+    let _ = Acks::acknowledge(&dir, uuid, crate::units::unix_whole_seconds());
 }

@@ -170,7 +170,7 @@ impl PeakStore {
     /// Two writers at once may lose one's update: a peak is then recorded at the next look
     /// (and an owner taken meanwhile comes back, to be dropped after the retention).
     fn write(&self, file: &mut PeakFile) -> Result<(), String> {
-        prune_owners(&mut file.owners, now_unix());
+        prune_owners(&mut file.owners, crate::units::unix_whole_seconds());
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
@@ -188,7 +188,7 @@ impl PeakStore {
     /// marks unrecorded.
     pub fn observe(&self, snapshot: &Snapshot) -> BTreeMap<String, Peak> {
         let mut file = self.read();
-        let now = now_unix();
+        let now = crate::units::unix_whole_seconds();
         let mut changed = false;
         for gpu in &snapshot.devices {
             let (Some(uuid), Some(memory)) = (&gpu.uuid, gpu.memory) else {
@@ -391,11 +391,6 @@ fn prune_owners(owners: &mut BTreeMap<String, OwnerPeaks>, now: u64) -> bool {
         owners.retain(|key, _| kept.contains(key));
     }
     owners.len() != before
-}
-
-/// Now, in whole seconds: the peaks file keeps no finer.
-fn now_unix() -> u64 {
-    crate::units::unix_seconds() as u64
 }
 
 #[cfg(test)]
@@ -628,7 +623,7 @@ mod owner_tests {
             gpus: BTreeMap::from([("GPU-0".into(), 1)]),
             user: None,
             first_seen_unix: 0,
-            last_seen_unix: now_unix() - 8 * 24 * 3600,
+            last_seen_unix: crate::units::unix_whole_seconds() - 8 * 24 * 3600,
         };
         let mut file = PeakFile::default();
         file.owners.insert("slurm:old".into(), old);
@@ -690,7 +685,7 @@ mod owner_tests {
                 since_unix: 1,
             },
         );
-        let now = now_unix();
+        let now = crate::units::unix_whole_seconds();
         // Padded past the limit with owners: valid JSON, too big to read.
         let entry = serde_json::to_string(&owner_peaks(1, now)).unwrap();
         let mut owners = Vec::new();

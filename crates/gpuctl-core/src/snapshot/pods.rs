@@ -131,7 +131,7 @@ impl PodNames {
                 Some((uid.clone(), namespace.clone(), name.clone()))
             })
             .collect();
-        let now = crate::units::unix_seconds() as u64;
+        let now = crate::units::unix_whole_seconds();
         self.last_known.remember(&seen, &socket, now);
         for uid in gone {
             if let Some(names) = self.last_known.name(uid, &socket) {
