@@ -218,3 +218,25 @@ fn info_gpu_names_a_mig_instance() {
         );
     }
 }
+
+#[test]
+fn a_mig_instance_named_to_fraction_stands_for_its_gpu() {
+    let sim = Sim::new(&h100_mig());
+    std::fs::write(
+        sim.config_path(),
+        "[fraction]\ndefault = 0.9\n\n[fraction.gpu]\n\"0\" = 0.5\n",
+    )
+    .unwrap();
+    for name in ["0/9", "0"] {
+        let doc = sim.json(&["fraction", "--gpu", name]);
+        let shares = doc["gpus"].as_array().unwrap();
+        assert_eq!(shares.len(), 1, "{name}: {doc}");
+        assert_eq!(shares[0]["index"], 0, "{name}: {doc}");
+        assert_eq!(shares[0]["fraction"].as_f64(), Some(0.5), "{name}: {doc}");
+    }
+    // The other GPU keeps the default; an instance that does not exist is refused.
+    let other = sim.json(&["fraction", "--gpu", "1"]);
+    assert_eq!(other["gpus"][0]["fraction"].as_f64(), Some(0.9), "{other}");
+    sim.run(&["fraction", "--gpu", "0/2"])
+        .assert_one_line_error(2, "GPU 0 has no GPU instance 2");
+}
