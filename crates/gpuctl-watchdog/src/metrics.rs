@@ -132,441 +132,454 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The health families: each GPU's action, remapped rows and ECC counts (GPUs read in the
-/// last loop), and the Xid counters.
-fn health_blocks(
-    m: &Metrics,
-    family: &mut dyn FnMut(&str, &str, &str) -> String,
-) -> Vec<Vec<String>> {
-    use gpuctl_core::health::Action;
-    let gpus = if m.nvml_up { &m.health.gpus[..] } else { &[] };
-    let label = |g: &crate::health::GpuHealthMetrics| {
-        format!("gpu=\"{}\",uuid=\"{}\"", g.index, escape(&g.uuid))
-    };
-    let mut blocks = Vec::new();
-    let name = family(
+/// One metric family: its HELP and TYPE lines, then the samples `samples` makes for the
+/// loop's figures (given the family's name to start each line with).
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: fn(&Metrics, &str) -> Vec<String>,
+    /// Declared only when it has a sample (the poll time, before any good poll).
+    omitted_when_empty: bool,
+}
+
+const GAUGE: &str = "gauge";
+const COUNTER: &str = "counter";
+
+/// A gauge declared whether or not it has samples.
+const fn gauge(
+    name: &'static str,
+    help: &'static str,
+    samples: fn(&Metrics, &str) -> Vec<String>,
+) -> Family {
+    Family {
+        name,
+        kind: GAUGE,
+        help,
+        samples,
+        omitted_when_empty: false,
+    }
+}
+
+/// A counter declared whether or not it has samples.
+const fn counter(
+    name: &'static str,
+    help: &'static str,
+    samples: fn(&Metrics, &str) -> Vec<String>,
+) -> Family {
+    Family {
+        kind: COUNTER,
+        ..gauge(name, help, samples)
+    }
+}
+
+/// Every family, in the order of the file.
+const FAMILIES: &[Family] = &[
+    gauge(
+        "gpuctl_nvml_up",
+        "Whether NVML answered the last loop (1) or is unavailable (0).",
+        |m, name| vec![format!("{name} {}", u8::from(m.nvml_up))],
+    ),
+    gauge(
+        "gpuctl_gpu_up",
+        "Whether the GPU answered every query in the last loop (0: lost or failing).",
+        |m, name| per_gpu(m, name, |g| Some(u64::from(g.ok))),
+    ),
+    gauge(
+        "gpuctl_gpu_memory_used_bytes",
+        "GPU memory in use.",
+        |m, name| per_gpu(m, name, |g| g.used_bytes),
+    ),
+    gauge(
+        "gpuctl_gpu_memory_total_bytes",
+        "GPU memory in all.",
+        |m, name| per_gpu(m, name, |g| g.total_bytes),
+    ),
+    gauge(
+        "gpuctl_gpu_processes",
+        "Processes holding memory on the GPU.",
+        |m, name| per_gpu(m, name, |g| Some(g.processes as u64)),
+    ),
+    gauge(
+        "gpuctl_gpu_stale_processes",
+        "Processes on the GPU classified as stale (leftovers of crashed runs).",
+        |m, name| per_gpu(m, name, |g| Some(g.stale as u64)),
+    ),
+    gauge(
+        "gpuctl_gpu_stuck",
+        "Whether the GPU has looked stuck for watchdog.stuck_after: busy at low power with \
+         steady memory, as a job hung in a collective looks (1), or not (0).",
+        |m, name| per_gpu(m, name, |g| Some(u64::from(g.stuck))),
+    ),
+    gauge(
+        "gpuctl_gpu_unattributed_bytes",
+        "GPU memory in use that no listed process accounts for.",
+        |m, name| per_gpu(m, name, |g| g.unattributed_bytes),
+    ),
+    gauge(
+        "gpuctl_holders",
+        "Processes holding the GPU's device file that NVML does not list (GPUs the \
+         device-file scan ran for: some GPU had holders_threshold unattributed, at most once a minute).",
+        |m, name| per_gpu(m, name, |g| g.holders.map(|n| n as u64)),
+    ),
+    gauge(
+        "gpuctl_mig_memory_used_bytes",
+        "Memory in use in a MIG device (GPU instance) of a MIG-enabled GPU.",
+        |m, name| per_instance(m, name, |i| i.used_bytes),
+    ),
+    gauge(
+        "gpuctl_mig_memory_total_bytes",
+        "Memory of a MIG device (GPU instance).",
+        |m, name| per_instance(m, name, |i| i.total_bytes),
+    ),
+    gauge(
+        "gpuctl_mig_processes",
+        "Processes holding memory in a MIG device (GPU instance).",
+        |m, name| per_instance(m, name, |i| Some(i.processes as u64)),
+    ),
+    gauge(
+        "gpuctl_mig_unattributed_bytes",
+        "Memory in use in a MIG device that no listed process accounts for.",
+        |m, name| per_instance(m, name, |i| i.unattributed_bytes),
+    ),
+    gauge(
+        "gpuctl_user_memory_bytes",
+        "GPU memory held by each user's processes, summed over GPUs (the largest \
+         watchdog.metrics_max_owners users; the rest in user=\"other\").",
+        |m, name| per_holding(name, &["user"], &m.users, |h| h.used_bytes),
+    ),
+    gauge(
+        "gpuctl_user_processes",
+        "GPU processes (distinct pids) of each user, for the users of gpuctl_user_memory_bytes.",
+        |m, name| per_holding(name, &["user"], &m.users, |h| h.processes as u64),
+    ),
+    gauge(
+        "gpuctl_owner_memory_bytes",
+        "GPU memory by owner (the key gpuctl kill --owner takes; the largest \
+         watchdog.metrics_max_owners owners; the rest in owner=\"other\").",
+        |m, name| per_holding(name, &OWNER_KEYS, &m.owners, |h| h.used_bytes),
+    ),
+    gauge(
+        "gpuctl_pod_memory_bytes",
+        "GPU memory by Kubernetes pod, as the node's container runtime names it (the largest \
+         watchdog.metrics_max_owners pods; the rest in pod=\"other\").",
+        |m, name| per_holding(name, &["namespace", "pod"], &m.pods, |h| h.used_bytes),
+    ),
+    counter(
+        "gpuctl_user_memory_byte_seconds_total",
+        "GPU memory held by each user's processes over time (increase() over a window gives \
+         byte-seconds held; at most watchdog.metrics_max_owners users, later ones in \
+         user=\"other\").",
+        |m, name| byte_seconds(name, &["user"], &m.idle.users, |v| v.held),
+    ),
+    counter(
+        "gpuctl_user_idle_memory_byte_seconds_total",
+        "GPU memory held by each user's processes while their SM utilization was under \
+         idle.util_below (measured), over time.",
+        |m, name| byte_seconds(name, &["user"], &m.idle.users, |v| v.idle),
+    ),
+    counter(
+        "gpuctl_owner_memory_byte_seconds_total",
+        "GPU memory held by each owner over time (at most watchdog.metrics_max_owners owners, \
+         later ones in owner=\"other\").",
+        |m, name| byte_seconds(name, &OWNER_KEYS, &m.idle.owners, |v| v.held),
+    ),
+    counter(
+        "gpuctl_owner_idle_memory_byte_seconds_total",
+        "GPU memory held by each owner while its processes' SM utilization was under \
+         idle.util_below (measured), over time.",
+        |m, name| byte_seconds(name, &OWNER_KEYS, &m.idle.owners, |v| v.idle),
+    ),
+    counter(
+        "gpuctl_namespace_memory_byte_seconds_total",
+        "GPU memory held by the pods of each Kubernetes namespace over time, of the pods the \
+         container runtime named (at most watchdog.metrics_max_owners namespaces, later ones \
+         in namespace=\"other\").",
+        |m, name| byte_seconds(name, &["namespace"], &m.idle.namespaces, |v| v.held),
+    ),
+    counter(
+        "gpuctl_namespace_idle_memory_byte_seconds_total",
+        "GPU memory held by the pods of each Kubernetes namespace while their SM utilization \
+         was under idle.util_below (measured), over time.",
+        |m, name| byte_seconds(name, &["namespace"], &m.idle.namespaces, |v| v.idle),
+    ),
+    gauge(
+        "gpuctl_gpu_allocated_unused",
+        "1 for a GPU given to a Slurm job (its prolog's record) on which none of the job's \
+         processes has run for idle.after.",
+        |m, name| {
+            let unused = m.idle.allocated_unused.iter();
+            unused
+                .map(|(gpu, uuid, job)| {
+                    let uuid = escape(uuid);
+                    format!("{name}{{gpu=\"{gpu}\",uuid=\"{uuid}\",job=\"{job}\"}} 1")
+                })
+                .collect()
+        },
+    ),
+    gauge(
+        "gpuctl_findings",
+        "Current findings of each kind (impostor: a process claiming a protected name that is not it).",
+        |m, name| {
+            let findings = m.findings.iter();
+            findings
+                .map(|(kind, n)| format!("{name}{{kind=\"{kind}\"}} {n}"))
+                .collect()
+        },
+    ),
+    gauge(
+        "gpuctl_finding_memory_bytes",
+        "GPU memory held by the processes of current findings, by kind, GPU and owner (owners \
+         as gpuctl_owner_memory_bytes caps them); a stuck GPU's finding holds its processes' memory.",
+        |m, name| {
+            m.finding_memory
+                .iter()
+                .map(|f| finding_memory(name, f))
+                .collect()
+        },
+    ),
+    gauge(
         "gpuctl_gpu_health_action",
-        "gauge",
         "The GPU's health verdict (gpuctl health): 1 for the action it needs (none, gpu_reset, \
          node_reboot, drain_p2p, drain_and_reset), 0 for the others.",
-    );
+        health_actions,
+    ),
+    gauge(
+        "gpuctl_gpu_remapped_rows",
+        "Remapped rows (nvmlDeviceGetRemappedRows): kind correctable and uncorrectable count \
+         rows; pending (a reset applies a remap) and failure (an RMA criterion) are 0 or 1.",
+        remapped_rows,
+    ),
+    gauge(
+        "gpuctl_gpu_ecc_errors",
+        "Device-memory ECC errors (nvmlDeviceGetTotalEccErrors), by type (corrected, \
+         uncorrected) and counter (volatile: since the last reset or driver load; aggregate: \
+         the board's life).",
+        ecc_errors,
+    ),
+    gauge(
+        "gpuctl_gpu_app_xid_jobs",
+        "Distinct jobs (owners) that hit an application Xid (restart_app) on the GPU in the \
+         last 24 hours: several is NVIDIA's \"same GPU, different apps\" hint of hardware.",
+        |m, name| {
+            let gpus = health_gpus(m).iter();
+            gpus.map(|g| format!("{name}{{{}}} {}", health_labels(g), g.app_xid_jobs))
+                .collect()
+        },
+    ),
+    counter(
+        "gpuctl_xid_errors_total",
+        "Xid errors the driver raised on the GPU since the watchdog started, by Xid number.",
+        |m, name| {
+            let xids = m.health.xids.iter();
+            xids.map(|((gpu, uuid, xid), n)| {
+                let uuid = escape(uuid);
+                format!("{name}{{gpu=\"{gpu}\",uuid=\"{uuid}\",xid=\"{xid}\"}} {n}")
+            })
+            .collect()
+        },
+    ),
+    gauge(
+        "gpuctl_watchdog_interval_seconds",
+        "The watchdog's loop interval in force.",
+        |m, name| vec![format!("{name} {}", m.interval_seconds)],
+    ),
+    counter(
+        "gpuctl_reclaims_total",
+        "Processes the watchdog ended whose memory came back.",
+        |m, name| vec![format!("{name} {}", m.reclaims_total)],
+    ),
+    counter(
+        "gpuctl_reclaimed_bytes_total",
+        "GPU memory the watchdog got back by ending processes.",
+        |m, name| vec![format!("{name} {}", m.reclaimed_bytes_total)],
+    ),
+    counter(
+        "gpuctl_reclaim_failures_total",
+        "Reclaims that failed: the process survived, was refused, or its memory stayed held.",
+        |m, name| vec![format!("{name} {}", m.reclaim_failures_total)],
+    ),
+    counter(
+        "gpuctl_watchdog_loops_total",
+        "Loops the watchdog has run.",
+        |m, name| vec![format!("{name} {}", m.loops_total)],
+    ),
+    Family {
+        omitted_when_empty: true,
+        ..gauge(
+            "gpuctl_last_good_poll_timestamp_seconds",
+            "Unix time of the last loop in which every GPU answered.",
+            |m, name| {
+                m.last_good_poll
+                    .map(|at| format!("{name} {at:.3}"))
+                    .into_iter()
+                    .collect()
+            },
+        )
+    },
+];
+
+/// The labels of an owner's series: its kind and key.
+const OWNER_KEYS: [&str; 2] = ["owner_kind", "owner"];
+
+/// One sample per GPU read in the last loop for which `value` is known.
+fn per_gpu(m: &Metrics, name: &str, value: fn(&GpuMetrics) -> Option<u64>) -> Vec<String> {
+    let known = m.gpus.iter().filter_map(|gpu| Some((gpu, value(gpu)?)));
+    known
+        .map(|(gpu, v)| {
+            let uuid = escape(&gpu.uuid);
+            format!("{name}{{gpu=\"{}\",uuid=\"{uuid}\"}} {v}", gpu.index)
+        })
+        .collect()
+}
+
+/// One sample per MIG device for which `value` is known, labelled with its GPU too.
+fn per_instance(
+    m: &Metrics,
+    name: &str,
+    value: fn(&InstanceMetrics) -> Option<u64>,
+) -> Vec<String> {
     let mut block = Vec::new();
-    for g in gpus {
+    for gpu in &m.gpus {
+        for instance in &gpu.instances {
+            if let Some(v) = value(instance) {
+                block.push(format!(
+                    "{name}{{gpu=\"{}\",uuid=\"{}\",gpu_instance=\"{}\",mig_uuid=\"{}\"}} {v}",
+                    gpu.index,
+                    escape(&gpu.uuid),
+                    instance.gpu_instance,
+                    escape(&instance.mig_uuid)
+                ));
+            }
+        }
+    }
+    block
+}
+
+/// `{key="value",...}`: each of `keys` with its value of `values`, escaped.
+fn label_set(keys: &[&str], values: &[String]) -> String {
+    let mut set = String::from("{");
+    for (i, (key, value)) in keys.iter().zip(values).enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(set, "{comma}{key}=\"{}\"", escape(value));
+    }
+    set.push('}');
+    set
+}
+
+/// One sample per user's, owner's or pod's row.
+fn per_holding(
+    name: &str,
+    keys: &[&str],
+    rows: &[Holding],
+    value: fn(&Holding) -> u64,
+) -> Vec<String> {
+    let samples = rows.iter();
+    samples
+        .map(|row| format!("{name}{} {}", label_set(keys, &row.labels), value(row)))
+        .collect()
+}
+
+/// One counter sample per series of byte-seconds, held or held idle as `value` picks.
+fn byte_seconds(
+    name: &str,
+    keys: &[&str],
+    rows: &BTreeMap<Vec<String>, ByteSeconds>,
+    value: fn(&ByteSeconds) -> f64,
+) -> Vec<String> {
+    let samples = rows.iter();
+    samples
+        .map(|(labels, v)| format!("{name}{} {:.0}", label_set(keys, labels), value(v)))
+        .collect()
+}
+
+fn finding_memory(name: &str, f: &FindingMemory) -> String {
+    format!(
+        "{name}{{kind=\"{}\",gpu=\"{}\",uuid=\"{}\",owner_kind=\"{}\",owner=\"{}\"}} {}",
+        f.kind,
+        f.gpu,
+        escape(&f.uuid),
+        escape(&f.owner[0]),
+        escape(&f.owner[1]),
+        f.bytes
+    )
+}
+
+/// The GPUs whose health the last loop read (none while NVML is down).
+fn health_gpus(m: &Metrics) -> &[crate::health::GpuHealthMetrics] {
+    if m.nvml_up { &m.health.gpus[..] } else { &[] }
+}
+
+fn health_labels(g: &crate::health::GpuHealthMetrics) -> String {
+    format!("gpu=\"{}\",uuid=\"{}\"", g.index, escape(&g.uuid))
+}
+
+/// Each GPU's verdict as one sample per action (restart_app is a process's, not a GPU's).
+fn health_actions(m: &Metrics, name: &str) -> Vec<String> {
+    use gpuctl_core::health::Action;
+    let mut block = Vec::new();
+    for g in health_gpus(m) {
         for action in Action::ALL.into_iter().filter(|a| *a != Action::RestartApp) {
             block.push(format!(
                 "{name}{{{},action=\"{}\"}} {}",
-                label(g),
+                health_labels(g),
                 action.name(),
                 u8::from(g.action == action)
             ));
         }
     }
-    blocks.push(block);
-    let name = family(
-        "gpuctl_gpu_remapped_rows",
-        "gauge",
-        "Remapped rows (nvmlDeviceGetRemappedRows): kind correctable and uncorrectable count \
-         rows; pending (a reset applies a remap) and failure (an RMA criterion) are 0 or 1.",
-    );
+    block
+}
+
+fn remapped_rows(m: &Metrics, name: &str) -> Vec<String> {
     let mut block = Vec::new();
-    for g in gpus {
+    for g in health_gpus(m) {
         if let Some(rows) = g.remapped_rows {
-            for (kind, v) in ["correctable", "uncorrectable", "pending", "failure"]
-                .into_iter()
-                .zip(rows)
-            {
-                block.push(format!("{name}{{{},kind=\"{kind}\"}} {v}", label(g)));
+            let kinds = ["correctable", "uncorrectable", "pending", "failure"];
+            for (kind, v) in kinds.into_iter().zip(rows) {
+                block.push(format!(
+                    "{name}{{{},kind=\"{kind}\"}} {v}",
+                    health_labels(g)
+                ));
             }
         }
     }
-    blocks.push(block);
-    let name = family(
-        "gpuctl_gpu_ecc_errors",
-        "gauge",
-        "Device-memory ECC errors (nvmlDeviceGetTotalEccErrors), by type (corrected, \
-         uncorrected) and counter (volatile: since the last reset or driver load; aggregate: \
-         the board's life).",
-    );
+    block
+}
+
+fn ecc_errors(m: &Metrics, name: &str) -> Vec<String> {
+    let kinds = [
+        ("corrected", "volatile"),
+        ("uncorrected", "volatile"),
+        ("corrected", "aggregate"),
+        ("uncorrected", "aggregate"),
+    ];
     let mut block = Vec::new();
-    for g in gpus {
+    for g in health_gpus(m) {
         if let Some(ecc) = g.ecc {
-            let kinds = [
-                ("corrected", "volatile"),
-                ("uncorrected", "volatile"),
-                ("corrected", "aggregate"),
-                ("uncorrected", "aggregate"),
-            ];
             for ((kind, counter), v) in kinds.into_iter().zip(ecc) {
                 block.push(format!(
                     "{name}{{{},type=\"{kind}\",counter=\"{counter}\"}} {v}",
-                    label(g)
+                    health_labels(g)
                 ));
             }
         }
     }
-    blocks.push(block);
-    let name = family(
-        "gpuctl_gpu_app_xid_jobs",
-        "gauge",
-        "Distinct jobs (owners) that hit an application Xid (restart_app) on the GPU in the \
-         last 24 hours: several is NVIDIA's \"same GPU, different apps\" hint of hardware.",
-    );
-    blocks.push(
-        gpus.iter()
-            .map(|g| format!("{name}{{{}}} {}", label(g), g.app_xid_jobs))
-            .collect(),
-    );
-    let name = family(
-        "gpuctl_xid_errors_total",
-        "counter",
-        "Xid errors the driver raised on the GPU since the watchdog started, by Xid number.",
-    );
-    blocks.push(
-        m.health
-            .xids
-            .iter()
-            .map(|((gpu, uuid, xid), n)| {
-                format!(
-                    "{name}{{gpu=\"{gpu}\",uuid=\"{}\",xid=\"{xid}\"}} {n}",
-                    escape(uuid)
-                )
-            })
-            .collect(),
-    );
-    blocks
+    block
 }
 
+/// The textfile: each family's HELP and TYPE lines, then its samples.
 pub fn render(m: &Metrics) -> String {
-    let mut out = String::with_capacity(2048);
-    let mut family = |name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        name.to_string()
-    };
-    let mut lines: Vec<String> = Vec::new();
-    let header = family(
-        "gpuctl_nvml_up",
-        "gauge",
-        "Whether NVML answered the last loop (1) or is unavailable (0).",
-    );
-    lines.push(format!("{header} {}", u8::from(m.nvml_up)));
-    let mut per_gpu = |name: &str, help: &str, value: &dyn Fn(&GpuMetrics) -> Option<u64>| {
-        let name = family(name, "gauge", help);
-        let mut block = Vec::new();
-        for gpu in &m.gpus {
-            if let Some(v) = value(gpu) {
-                block.push(format!(
-                    "{name}{{gpu=\"{}\",uuid=\"{}\"}} {v}",
-                    gpu.index,
-                    escape(&gpu.uuid)
-                ));
-            }
+    let mut text = String::with_capacity(4096);
+    for family in FAMILIES {
+        let samples = (family.samples)(m, family.name);
+        if samples.is_empty() && family.omitted_when_empty {
+            continue;
         }
-        block
-    };
-    let mut blocks = vec![lines];
-    blocks.push(per_gpu(
-        "gpuctl_gpu_up",
-        "Whether the GPU answered every query in the last loop (0: lost or failing).",
-        &|g| Some(u64::from(g.ok)),
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_memory_used_bytes",
-        "GPU memory in use.",
-        &|g| g.used_bytes,
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_memory_total_bytes",
-        "GPU memory in all.",
-        &|g| g.total_bytes,
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_processes",
-        "Processes holding memory on the GPU.",
-        &|g| Some(g.processes as u64),
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_stale_processes",
-        "Processes on the GPU classified as stale (leftovers of crashed runs).",
-        &|g| Some(g.stale as u64),
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_stuck",
-        "Whether the GPU has looked stuck for watchdog.stuck_after: busy at low power with \
-         steady memory, as a job hung in a collective looks (1), or not (0).",
-        &|g| Some(u64::from(g.stuck)),
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_gpu_unattributed_bytes",
-        "GPU memory in use that no listed process accounts for.",
-        &|g| g.unattributed_bytes,
-    ));
-    blocks.push(per_gpu(
-        "gpuctl_holders",
-        "Processes holding the GPU's device file that NVML does not list (GPUs the \
-         device-file scan ran for: some GPU had holders_threshold unattributed, at most once a minute).",
-        &|g| g.holders.map(|n| n as u64),
-    ));
-    let mut per_instance =
-        |name: &str, help: &str, value: &dyn Fn(&InstanceMetrics) -> Option<u64>| {
-            let name = family(name, "gauge", help);
-            let mut block = Vec::new();
-            for gpu in &m.gpus {
-                for instance in &gpu.instances {
-                    if let Some(v) = value(instance) {
-                        block.push(format!(
-                            "{name}{{gpu=\"{}\",uuid=\"{}\",gpu_instance=\"{}\",mig_uuid=\"{}\"}} {v}",
-                            gpu.index,
-                            escape(&gpu.uuid),
-                            instance.gpu_instance,
-                            escape(&instance.mig_uuid)
-                        ));
-                    }
-                }
-            }
-            block
-        };
-    blocks.push(per_instance(
-        "gpuctl_mig_memory_used_bytes",
-        "Memory in use in a MIG device (GPU instance) of a MIG-enabled GPU.",
-        &|i| i.used_bytes,
-    ));
-    blocks.push(per_instance(
-        "gpuctl_mig_memory_total_bytes",
-        "Memory of a MIG device (GPU instance).",
-        &|i| i.total_bytes,
-    ));
-    blocks.push(per_instance(
-        "gpuctl_mig_processes",
-        "Processes holding memory in a MIG device (GPU instance).",
-        &|i| Some(i.processes as u64),
-    ));
-    blocks.push(per_instance(
-        "gpuctl_mig_unattributed_bytes",
-        "Memory in use in a MIG device that no listed process accounts for.",
-        &|i| i.unattributed_bytes,
-    ));
-    let mut per_holding = |name: &str,
-                           help: &str,
-                           keys: &[&str],
-                           rows: &[Holding],
-                           value: &dyn Fn(&Holding) -> u64| {
-        let name = family(name, "gauge", help);
-        rows.iter()
-            .map(|row| {
-                let mut line = format!("{name}{{");
-                for (i, (key, value)) in keys.iter().zip(&row.labels).enumerate() {
-                    let comma = if i == 0 { "" } else { "," };
-                    let _ = write!(line, "{comma}{key}=\"{}\"", escape(value));
-                }
-                let _ = write!(line, "}} {}", value(row));
-                line
-            })
-            .collect::<Vec<_>>()
-    };
-    blocks.push(per_holding(
-        "gpuctl_user_memory_bytes",
-        "GPU memory held by each user's processes, summed over GPUs (the largest \
-         watchdog.metrics_max_owners users; the rest in user=\"other\").",
-        &["user"],
-        &m.users,
-        &|h| h.used_bytes,
-    ));
-    blocks.push(per_holding(
-        "gpuctl_user_processes",
-        "GPU processes (distinct pids) of each user, for the users of gpuctl_user_memory_bytes.",
-        &["user"],
-        &m.users,
-        &|h| h.processes as u64,
-    ));
-    blocks.push(per_holding(
-        "gpuctl_owner_memory_bytes",
-        "GPU memory by owner (the key gpuctl kill --owner takes; the largest \
-         watchdog.metrics_max_owners owners; the rest in owner=\"other\").",
-        &["owner_kind", "owner"],
-        &m.owners,
-        &|h| h.used_bytes,
-    ));
-    blocks.push(per_holding(
-        "gpuctl_pod_memory_bytes",
-        "GPU memory by Kubernetes pod, as the node's container runtime names it (the largest \
-         watchdog.metrics_max_owners pods; the rest in pod=\"other\").",
-        &["namespace", "pod"],
-        &m.pods,
-        &|h| h.used_bytes,
-    ));
-    let mut byte_seconds = |name: &str,
-                            help: &str,
-                            keys: &[&str],
-                            rows: &BTreeMap<Vec<String>, ByteSeconds>,
-                            idle: bool| {
-        let name = family(name, "counter", help);
-        rows.iter()
-            .map(|(labels, value)| {
-                let mut line = format!("{name}{{");
-                for (i, (key, label)) in keys.iter().zip(labels).enumerate() {
-                    let comma = if i == 0 { "" } else { "," };
-                    let _ = write!(line, "{comma}{key}=\"{}\"", escape(label));
-                }
-                let value = if idle { value.idle } else { value.held };
-                let _ = write!(line, "}} {value:.0}");
-                line
-            })
-            .collect::<Vec<_>>()
-    };
-    let (users, owners) = (&m.idle.users, &m.idle.owners);
-    blocks.push(byte_seconds(
-        "gpuctl_user_memory_byte_seconds_total",
-        "GPU memory held by each user's processes over time (increase() over a window gives \
-         byte-seconds held; at most watchdog.metrics_max_owners users, later ones in \
-         user=\"other\").",
-        &["user"],
-        users,
-        false,
-    ));
-    blocks.push(byte_seconds(
-        "gpuctl_user_idle_memory_byte_seconds_total",
-        "GPU memory held by each user's processes while their SM utilization was under \
-         idle.util_below (measured), over time.",
-        &["user"],
-        users,
-        true,
-    ));
-    blocks.push(byte_seconds(
-        "gpuctl_owner_memory_byte_seconds_total",
-        "GPU memory held by each owner over time (at most watchdog.metrics_max_owners owners, \
-         later ones in owner=\"other\").",
-        &["owner_kind", "owner"],
-        owners,
-        false,
-    ));
-    blocks.push(byte_seconds(
-        "gpuctl_owner_idle_memory_byte_seconds_total",
-        "GPU memory held by each owner while its processes' SM utilization was under \
-         idle.util_below (measured), over time.",
-        &["owner_kind", "owner"],
-        owners,
-        true,
-    ));
-    let namespaces = &m.idle.namespaces;
-    blocks.push(byte_seconds(
-        "gpuctl_namespace_memory_byte_seconds_total",
-        "GPU memory held by the pods of each Kubernetes namespace over time, of the pods the \
-         container runtime named (at most watchdog.metrics_max_owners namespaces, later ones \
-         in namespace=\"other\").",
-        &["namespace"],
-        namespaces,
-        false,
-    ));
-    blocks.push(byte_seconds(
-        "gpuctl_namespace_idle_memory_byte_seconds_total",
-        "GPU memory held by the pods of each Kubernetes namespace while their SM utilization \
-         was under idle.util_below (measured), over time.",
-        &["namespace"],
-        namespaces,
-        true,
-    ));
-    let name = family(
-        "gpuctl_gpu_allocated_unused",
-        "gauge",
-        "1 for a GPU given to a Slurm job (its prolog's record) on which none of the job's \
-         processes has run for idle.after.",
-    );
-    blocks.push(
-        m.idle
-            .allocated_unused
-            .iter()
-            .map(|(gpu, uuid, job)| {
-                format!(
-                    "{name}{{gpu=\"{gpu}\",uuid=\"{}\",job=\"{job}\"}} 1",
-                    escape(uuid)
-                )
-            })
-            .collect(),
-    );
-    let name = family(
-        "gpuctl_findings",
-        "gauge",
-        "Current findings of each kind (impostor: a process claiming a protected name that is not it).",
-    );
-    blocks.push(
-        m.findings
-            .iter()
-            .map(|(kind, n)| format!("{name}{{kind=\"{kind}\"}} {n}"))
-            .collect(),
-    );
-    let name = family(
-        "gpuctl_finding_memory_bytes",
-        "gauge",
-        "GPU memory held by the processes of current findings, by kind, GPU and owner (owners \
-         as gpuctl_owner_memory_bytes caps them); a stuck GPU's finding holds its processes' memory.",
-    );
-    blocks.push(
-        m.finding_memory
-            .iter()
-            .map(|f| {
-                format!(
-                    "{name}{{kind=\"{}\",gpu=\"{}\",uuid=\"{}\",owner_kind=\"{}\",owner=\"{}\"}} {}",
-                    f.kind,
-                    f.gpu,
-                    escape(&f.uuid),
-                    escape(&f.owner[0]),
-                    escape(&f.owner[1]),
-                    f.bytes
-                )
-            })
-            .collect(),
-    );
-    blocks.extend(health_blocks(m, &mut family));
-    let name = family(
-        "gpuctl_watchdog_interval_seconds",
-        "gauge",
-        "The watchdog's loop interval in force.",
-    );
-    blocks.push(vec![format!("{name} {}", m.interval_seconds)]);
-    let counters = [
-        (
-            "gpuctl_reclaims_total",
-            "Processes the watchdog ended whose memory came back.",
-            m.reclaims_total,
-        ),
-        (
-            "gpuctl_reclaimed_bytes_total",
-            "GPU memory the watchdog got back by ending processes.",
-            m.reclaimed_bytes_total,
-        ),
-        (
-            "gpuctl_reclaim_failures_total",
-            "Reclaims that failed: the process survived, was refused, or its memory stayed held.",
-            m.reclaim_failures_total,
-        ),
-        (
-            "gpuctl_watchdog_loops_total",
-            "Loops the watchdog has run.",
-            m.loops_total,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let name = family(name, "counter", help);
-        blocks.push(vec![format!("{name} {value}")]);
-    }
-    if let Some(at) = m.last_good_poll {
-        let name = family(
-            "gpuctl_last_good_poll_timestamp_seconds",
-            "gauge",
-            "Unix time of the last loop in which every GPU answered.",
-        );
-        blocks.push(vec![format!("{name} {at:.3}")]);
-    }
-    // The HELP/TYPE lines were written in order; interleave each with its samples.
-    let headers: Vec<&str> = out.lines().collect();
-    let mut text = String::with_capacity(out.len() * 2);
-    for (pair, samples) in headers.chunks(2).zip(&blocks) {
-        for line in pair {
-            text.push_str(line);
-            text.push('\n');
-        }
+        let (name, kind, help) = (family.name, family.kind, family.help);
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for sample in samples {
-            text.push_str(sample);
+            text.push_str(&sample);
             text.push('\n');
         }
     }
