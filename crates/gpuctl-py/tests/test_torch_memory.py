@@ -439,7 +439,7 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
 
     import gpuctl.torch as module
 
-    stub = ast.parse(open(os.path.join(os.path.dirname(module.__file__), "torch.pyi")).read())
+    stub = ast.parse(open(os.path.join(os.path.dirname(module.__file__), "__init__.pyi")).read())
     declared = {}
     for node in stub.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -447,7 +447,7 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
         elif isinstance(node, ast.ImportFrom):
             declared.update({alias.asname or alias.name: node for alias in node.names})
     missing = [name for name in module.__all__ if name not in declared]
-    assert missing == [], f"torch.pyi lacks {missing}"
+    assert missing == [], f"gpuctl/torch/__init__.pyi lacks {missing}"
 
     def parameters(function):
         args = function.args
@@ -463,4 +463,4 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
         elif not isinstance(node, ast.FunctionDef):
             continue
         expected = [p for p in inspect.signature(runtime).parameters if p != "self"]
-        assert parameters(node) == expected, f"torch.pyi's {name}: {parameters(node)} != {expected}"
+        assert parameters(node) == expected, f"gpuctl/torch/__init__.pyi's {name}: {parameters(node)} != {expected}"
