@@ -211,7 +211,7 @@ def test_oom_at_micro_batch_one_says_what_to_change():
         rec.step(torch.randn(4, 16), lambda mb: model(mb).sum())
     message = str(raised.value)
     assert "even with micro-batch 1" in message and "mixed precision" in message
-    assert "one sample's logits alone take 0.19 GiB (seq 1024 x vocab 50257)" in message
+    assert "one sample's logits alone take 196 MiB (seq 1024 x vocab 50257)" in message
     assert all(p.grad is None for p in model.parameters()), "the failed step's gradients are dropped"
     assert isinstance(raised.value, gpuctl.Error)
 

@@ -1,5 +1,5 @@
-"""What the modules of gpuctl.torch share: the log line, memory as people read it, this
-process's children, tensor storages and batches, and torch's caching allocator's figures."""
+"""What the modules of gpuctl.torch share: the log line, memory as gpuctl writes it, the
+processes below this one, tensor storages and batches, and torch's caching allocator's figures."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ import sys
 import torch
 
 import gpuctl
+from gpuctl import _gpuctl
 
 _GIB = float(1 << 30)
 
 
-def _gib(value) -> str:
-    return "n/a" if value is None else f"{value / _GIB:.2f} GiB"
-
-
-def _bytes_text(n: float) -> str:
-    """Bytes for people: ``48 MiB``, ``1.5 GiB``, ``12 B``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if abs(value) >= 10 else f"{value:.1f} {unit}"
-    return f"{n:.0f} B"
+def _bytes(value) -> str:
+    """Memory in a message, as gpuctl-core writes it with the trainer's two decimals:
+    ``3.00 GiB``, ``48 MiB``, ``12 B``; ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    value = round(value)
+    return _gpuctl.bytes(value, 2) if value >= 0 else "-" + _gpuctl.bytes(-value, 2)
 
 
 def _log(line: str) -> None:
@@ -31,28 +28,9 @@ def _log(line: str) -> None:
 
 
 def _children() -> list:
-    """This process's child processes (the DataLoader's workers among them)."""
-    pids = set()
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        return sorted(pids)
-    except OSError:
-        pass
-    # Kernels without the children file: every process whose parent is this one.
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-            pids.add(int(entry))
-    return sorted(pids)
+    """The processes below this one (the DataLoader's workers, and theirs), sorted: core's
+    process tree, as `gpuctl run` finds what is left below it."""
+    return _gpuctl.descendants(os.getpid())
 
 
 def _storage(tensor):
@@ -132,7 +110,7 @@ def _fragmented(request, allocated, reserved):
     idle = reserved - allocated
     if request >= idle:
         return None
-    return (f"the allocator is fragmented: it holds {_gib(idle)} reserved but unallocated, more than the "
-            f"{_gib(request)} asked for, in pieces too small for it. Set "
+    return (f"the allocator is fragmented: it holds {_bytes(idle)} reserved but unallocated, more than the "
+            f"{_bytes(request)} asked for, in pieces too small for it. Set "
             f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts (gpuctl.enable() "
             f"does, keeping your own settings; or start the run with `gpuctl enable python train.py`)")

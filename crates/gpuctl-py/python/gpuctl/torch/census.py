@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from ._shared import _bytes_text, _storage
+from ._shared import _bytes, _storage
 
 
 class MemoryLeakWarning(UserWarning):
@@ -46,7 +46,7 @@ class Leak:
 
     def __str__(self) -> str:
         tensors = f"{self.tensors} tensor" + ("" if self.tensors == 1 else "s")
-        growth = f"+{_bytes_text(self.bytes_per_step)}/step"
+        growth = f"+{_bytes(self.bytes_per_step)}/step"
         if self.nodes_per_step >= 1 and self.bytes_per_step < 1024:
             # A graph that grows as a chain (a running value updated without .detach()).
             growth += f", +{self.nodes_per_step:.0f} graph nodes/step"

@@ -60,8 +60,8 @@ class RunGuard:
     guarded road of ``gpuctl clear``: those on a GPU are signalled and NVML must show their
     memory released. Anything it could not end raises :class:`gpuctl.Error` (exit status 4,
     as the trainer's). Then it records this process and, every ``watch`` seconds while the
-    run lives, its child processes (the DataLoader's workers); :meth:`record` does so at
-    once. A clean exit removes the run file; an exception keeps it, so the next start cleans
+    run lives, the processes below it (the DataLoader's workers, a forkserver's among them),
+    as gpuctl-core's process tree finds them; :meth:`record` does so at once. A clean exit removes the run file; an exception keeps it, so the next start cleans
     up after this one.
     """
 
@@ -116,7 +116,7 @@ class RunGuard:
         return self
 
     def record(self, workers=None) -> None:
-        """Records this process and ``workers`` (pids; default: its child processes now)."""
+        """Records this process and ``workers`` (pids; default: the processes below it now)."""
         if self._lock is None:
             raise Error(f"run {self.name!r} is not held: use RunGuard as a context manager")
         workers = _children() if workers is None else sorted(int(p) for p in workers)

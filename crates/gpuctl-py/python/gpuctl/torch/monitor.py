@@ -14,7 +14,7 @@ import torch
 import gpuctl
 from gpuctl import Error
 
-from ._shared import _GIB, _allocator, _cuda_up, _gib, _log
+from ._shared import _GIB, _allocator, _bytes, _cuda_up, _log
 from .census import Leak, MemoryLeakWarning, _Census, _remedy
 
 
@@ -185,11 +185,11 @@ class MemoryMonitor:
             "largest_free_block_bytes": allocator.get("largest_free_block"),
         }
         self.rows.append(row)
-        line = (f"{label}: allocated {_gib(row['allocated_bytes'])}, reserved {_gib(row['reserved_bytes'])}, "
-                f"peak {_gib(row['peak_bytes'])}, NVML {_gib(row['nvml_bytes'])}")
+        line = (f"{label}: allocated {_bytes(row['allocated_bytes'])}, reserved {_bytes(row['reserved_bytes'])}, "
+                f"peak {_bytes(row['peak_bytes'])}, NVML {_bytes(row['nvml_bytes'])}")
         if row["fragmentation"] is not None:
             line += (f", fragmentation {row['fragmentation']:.0%} ({row['num_alloc_retries']} allocation retries, "
-                     f"largest free block {_gib(row['largest_free_block_bytes'])})")
+                     f"largest free block {_bytes(row['largest_free_block_bytes'])})")
         _log(line)
         if self.trace is not None:
             with open(self.trace, "a", newline="") as f:

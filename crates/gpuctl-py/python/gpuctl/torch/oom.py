@@ -9,8 +9,9 @@ import re
 import torch
 
 import gpuctl
+from gpuctl import _gpuctl
 
-from ._shared import _allocator, _children, _cuda_up, _fragmentation, _fragmented, _gib
+from ._shared import _allocator, _bytes, _children, _cuda_up, _fragmentation, _fragmented
 
 
 def logits_bytes(batch: int, seq: int, vocab: int, dtype=torch.float32) -> int:
@@ -64,8 +65,9 @@ def _cuda_index(device, text: str) -> int:
 
 def _nvml_device(index: int, devices):
     """The NVML GPU behind CUDA device ``index``, and how it was found. With CUDA up, by
-    the UUID CUDA gives it; without, as CUDA would read CUDA_VISIBLE_DEVICES (indices or
-    UUIDs, unique prefixes included, up to its first invalid entry), else NVML's index."""
+    the UUID CUDA gives it; without, as CUDA reads CUDA_VISIBLE_DEVICES (up to its first
+    entry that names no GPU), each entry named as ``--gpu`` names a GPU (gpuctl-core's
+    session.places), else NVML's index."""
     if _cuda_up() and index < torch.cuda.device_count():
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         for device in devices:
@@ -73,22 +75,12 @@ def _nvml_device(index: int, devices):
             if any(i.lower().endswith(uuid.lower()) for i in ids if i):
                 return device, f"CUDA's UUID {uuid}"
         return None, f"no GPU NVML lists has the UUID CUDA gives cuda:{index} ({uuid})"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        found = next((d for d in devices if d.index == index), None)
-        return found, "NVML's index (CUDA_VISIBLE_DEVICES is not set)" if found else f"NVML has no GPU {index}"
-    entries = [e.strip() for e in visible.split(",")] if visible.strip() else []
-    if index >= len(entries):
-        return None, f"CUDA_VISIBLE_DEVICES={visible} makes no cuda:{index} visible"
-    entry = entries[index]
-    if entry.isdigit():
-        found = next((d for d in devices if d.index == int(entry)), None)
-        return found, f"CUDA_VISIBLE_DEVICES={visible}" if found else f"NVML has no GPU {entry} (CUDA_VISIBLE_DEVICES={visible})"
-    for device in devices:
-        ids = [device.uuid or ""] + [m.uuid or "" for m in device.mig_devices]
-        if any(i and i.startswith(entry) for i in ids):
-            return device, f"CUDA_VISIBLE_DEVICES={visible}"
-    return None, f"no GPU NVML lists matches {entry!r} of CUDA_VISIBLE_DEVICES={visible}"
+    try:
+        gpu, _instance, how = _gpuctl.cuda_place(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except gpuctl.Error as why:
+        return None, str(why)
+    found = next((d for d in devices if d.index == gpu), None)
+    return found, how if found else f"{how}: GPU {gpu}, which gpuctl's snapshot does not show"
 
 
 def _clear_would(index: int) -> dict:
@@ -141,11 +133,11 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
         allocated = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated by PyTorch", text)
         idle = _amount(r"([\d.]+) (B|KiB|MiB|GiB|TiB) is reserved by PyTorch but unallocated", text)
         reserved = None if allocated is None or idle is None else allocated + idle
-    asked = f": tried to allocate {_gib(request)}" if request is not None else ""
+    asked = f": tried to allocate {_bytes(request)}" if request is not None else ""
     head = f"out of memory on cuda:{index}{asked}"
     if allocated is not None:
         frag = _fragmentation(allocated, reserved)
-        lines.append(f"this process: {_gib(allocated)} allocated by torch, {_gib(reserved)} reserved"
+        lines.append(f"this process: {_bytes(allocated)} allocated by torch, {_bytes(reserved)} reserved"
                      + (f" (fragmentation {frag:.0%}" + (f", {retries} allocation retries)" if retries is not None else ")")
                         if frag is not None else ""))
     me = os.getpid()
@@ -162,7 +154,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
         used, total = gpu.memory_used, gpu.memory_total
         others = [p for p in gpu.processes if p.pid != me]
         mine = sum(p.used_bytes or 0 for p in gpu.processes if p.pid == me)
-        lines.append(f"GPU {gpu.index}: {_gib(used)} used of {_gib(total)}; this process holds {_gib(mine)} of it")
+        lines.append(f"GPU {gpu.index}: {_bytes(used)} used of {_bytes(total)}; this process holds {_bytes(mine)} of it")
         try:
             verdicts = _clear_would(gpu.index)
         except Exception as failure:  # noqa: BLE001 - an explanation, never a second error
@@ -171,13 +163,13 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
         children = set(_children())
         freeable = []
         for p in sorted(others, key=lambda p: -(p.used_bytes or 0)):
-            who = p.user or "unknown user"
-            owner = f", {p.owner}" if p.owner else ""
+            who = _gpuctl.escape(p.user) if p.user else "unknown user"
+            owner = f", {_gpuctl.escape(p.owner)}" if p.owner else ""
             verdict = verdicts.get(p.pid)
             finding = verdict[1] if verdict else ("a child of this process" if p.pid in children else
                                                   f"live ({p.state})" if p.state else "live")
-            lines.append(f"  pid {p.pid} {who}{owner} {_gib(p.used_bytes)}: {_command(p.command)} ({finding})")
-            size = _gib(p.used_bytes)
+            lines.append(f"  pid {p.pid} {who}{owner} {_bytes(p.used_bytes)}: {_command(p.command)} ({finding})")
+            size = _bytes(p.used_bytes)
             what = ("an orphaned worker of a run that ended" if verdict and "orphan" in verdict[1] else
                     "a zombie holder" if verdict and "zombie" in verdict[1] else "a leftover of a run that ended")
             if verdict and verdict[0] == "frees":
@@ -194,15 +186,15 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
                 todo.append(f"pid {p.pid} ({size}) is another live process of yours{owner}: end it if it is done "
                             f"(`gpuctl kill --pid {p.pid}`), or run on another GPU (gpuctl info)")
             else:
-                job = f" ({p.owner})" if p.owner else ""
+                job = f" ({_gpuctl.escape(p.owner)})" if p.owner else ""
                 todo.append(f"pid {p.pid} ({size}) is {who}'s live job{job}: ask {who} before anything, or run on "
                             f"a GPU with room (gpuctl info)")
         todo[:0] = freeable  # what frees memory at once, first
-    own = (f"this process's own size ({_gib(allocated if allocated is not None else mine or None)}): "
+    own = (f"this process's own size ({_bytes(allocated if allocated is not None else mine or None)}): "
            f"OOMRecovery(model, batch_size, micro_batch=\"auto\") keeps the effective batch with a smaller "
            f"micro-batch (gpuctl.torch.estimate gives the largest that fits), or lower the micro-batch")
     if seq_len and vocab_size:
-        own += (f"; one sample's logits take {_gib(logits_bytes(1, seq_len, vocab_size, logits_dtype))} "
+        own += (f"; one sample's logits take {_bytes(logits_bytes(1, seq_len, vocab_size, logits_dtype))} "
                 f"(logits_bytes(1, {seq_len}, {vocab_size}))")
     todo.append(own)
     fragmented = _fragmented(request, allocated, reserved)
@@ -230,12 +222,12 @@ def _explained(text: str, **keywords) -> str:
 
 
 def _command(command) -> str:
-    """A process's command on one line: whitespace collapsed, control and bidirectional
-    characters shown as ?, cut at 60 characters."""
+    """A process's command on one line: whitespace collapsed, cut at 60 characters, its
+    control and bidirectional characters escaped as gpuctl's tables escape them."""
     if not command:
         return "?"
-    text = re.sub(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]", "?", " ".join(command.split()))
-    return text if len(text) <= 60 else text[:59] + "…"
+    text = " ".join(command.split())
+    return _gpuctl.escape(text if len(text) <= 60 else text[:59] + "…")
 
 
 def _user_name():

@@ -10,7 +10,7 @@ import torch
 import gpuctl
 from gpuctl import Error
 
-from ._shared import _bytes_text, _gib, _log, _size
+from ._shared import _bytes, _log, _size
 from .oom import _explained, _fragmented_in, is_out_of_memory, logits_bytes
 from .sizing import Estimate
 
@@ -83,8 +83,8 @@ class OOMRecovery:
             free_bytes = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
         fits = self.estimate.largest_micro_batch(int(free_bytes))
         micro = max(1, min(batch_size, fits))
-        log(f"micro-batch {micro} from the estimate: a step's peak {_gib(self.estimate.peak_bytes(micro))} of "
-            f"{_gib(free_bytes)} free ({_bytes_text(self.estimate.activations_per_sample_bytes)} of activations per "
+        log(f"micro-batch {micro} from the estimate: a step's peak {_bytes(self.estimate.peak_bytes(micro))} of "
+            f"{_bytes(free_bytes)} free ({_bytes(self.estimate.activations_per_sample_bytes)} of activations per "
             f"sample); {-(-batch_size // micro)} accumulation steps for the batch of {batch_size}")
         return micro
 
@@ -139,11 +139,11 @@ class OOMRecovery:
 
     def _unrecoverable(self, message: str, text: str) -> str:
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        figures = f"parameters {_gib(params)}, their gradients {_gib(params)}"
+        figures = f"parameters {_bytes(params)}, their gradients {_bytes(params)}"
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             free, total = torch.cuda.mem_get_info()
-            figures += (f", allocated {_gib(torch.cuda.memory_allocated())}, reserved "
-                        f"{_gib(torch.cuda.memory_reserved())}, {_gib(free)} free of {_gib(total)}")
+            figures += (f", allocated {_bytes(torch.cuda.memory_allocated())}, reserved "
+                        f"{_bytes(torch.cuda.memory_reserved())}, {_bytes(free)} free of {_bytes(total)}")
         share = None
         try:
             share = gpuctl.fraction()
@@ -152,7 +152,7 @@ class OOMRecovery:
         logits = ""
         if self.seq_len and self.vocab_size:
             one = logits_bytes(1, self.seq_len, self.vocab_size, self.logits_dtype)
-            logits = (f"; one sample's logits alone take {_gib(one)} (seq {self.seq_len} x vocab "
+            logits = (f"; one sample's logits alone take {_bytes(one)} (seq {self.seq_len} x vocab "
                       f"{self.vocab_size}): a shorter sequence, or a smaller vocabulary")
         limit = f"; this process may hold only {share:.0%} of a GPU (gpuctl fraction)" if share else ""
         return (f"out of memory at step {self.steps} even with micro-batch 1 ({message}); memory: {figures}. "

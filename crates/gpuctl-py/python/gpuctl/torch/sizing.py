@@ -9,7 +9,7 @@ import torch
 
 import gpuctl
 
-from ._shared import _bytes_text, _gib, _size, _storage, _tensors_in
+from ._shared import _bytes, _size, _storage, _tensors_in
 
 
 class Estimate:
@@ -48,9 +48,9 @@ class Estimate:
         return max(1, int(min(slopes))) if slopes else 1 << 30
 
     def __str__(self) -> str:
-        return (f"parameters {_gib(self.parameters_bytes)}, gradients {_gib(self.gradients_bytes)}, optimizer state "
-                f"{_gib(self.optimizer_bytes)}, activations {_bytes_text(self.activations_per_sample_bytes)} per "
-                f"sample; a step's peak {_gib(self.peak_bytes(1))} at micro-batch 1 ({self.how})")
+        return (f"parameters {_bytes(self.parameters_bytes)}, gradients {_bytes(self.gradients_bytes)}, optimizer state "
+                f"{_bytes(self.optimizer_bytes)}, activations {_bytes(self.activations_per_sample_bytes)} per "
+                f"sample; a step's peak {_bytes(self.peak_bytes(1))} at micro-batch 1 ({self.how})")
 
     def __repr__(self) -> str:
         return (f"Estimate(parameters_bytes={self.parameters_bytes}, gradients_bytes={self.gradients_bytes}, "
