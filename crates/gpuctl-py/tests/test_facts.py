@@ -109,3 +109,34 @@ def test_the_facts_need_no_torch():
                            "_gpuctl.descendants(os.getpid()); _gpuctl.escape('x'); _gpuctl.bytes(1); "
                            "assert 'torch' not in sys.modules"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_clear_says_what_kind_of_finding_selected_each_process(sim, scenario, crashed_run):
+    workers = crashed_run(2)
+    sim.write(scenario.process(workers[0], gpu=0, used=2 * GIB).process(workers[1], gpu=0, used=GIB))
+    document = gpuctl.clear(gpus=[0], dry_run=True).to_dict()
+    assert {o["pid"]: o["kinds"] for o in document["outcomes"]} == {workers[0]: ["orphaned"], workers[1]: ["orphaned"]}
+    assert all(len(o["kinds"]) == len(o["reasons"]) for o in document["outcomes"])
+    assert all(alive(pid) for pid in workers), "a dry run ends nothing"
+    # Chosen by a selector, not a finding: no kind.
+    planned = gpuctl.kill(pids=[workers[0]], dry_run=True).to_dict()
+    assert planned["outcomes"][0]["kinds"] == []
+
+
+def test_explain_oom_names_a_leftover_by_its_findings_kind_never_by_its_reasons_words(monkeypatch):
+    from gpuctl.torch import oom
+
+    # Reasons quote what processes chose (a command, a unit name): their words decide nothing.
+    document = {"outcomes": [
+        {"pid": 10, "action": "dry_run", "reasons": ["a zombie-like name \x1b[2J"], "kinds": ["orphaned"]},
+        {"pid": 11, "action": "skip", "reasons": ["orphaned-looking"], "kinds": ["zombie_holder"],
+         "skipped": "permission denied"},
+        {"pid": 12, "action": "dry_run", "reasons": ["orphaned, zombie"], "kinds": ["pod_leftover"]}],
+        "reported": [{"kind": "orphaned", "reason": "possibly orphaned", "identity": {"pid": 13}}]}
+    monkeypatch.setattr(gpuctl, "clear", lambda **_: type("R", (), {"to_dict": lambda self: document})())
+    found = oom._clear_would(0)
+    assert found[10] == ("frees", "a zombie-like name \\e[2J", None, ("orphaned",))
+    assert found[11] == ("cannot", "orphaned-looking", "permission denied", ("zombie_holder",))
+    assert found[13] == ("reports", "possibly orphaned", None, ("orphaned",))
+    assert [oom._leftover(found[pid][3]) for pid in (10, 11, 12)] == [
+        "an orphaned worker of a run that ended", "a zombie holder", "a leftover of a run that ended"]

@@ -84,21 +84,33 @@ def _nvml_device(index: int, devices):
 
 
 def _clear_would(index: int) -> dict:
-    """What `gpuctl clear` would do on NVML GPU ``index``, by pid: ("frees", reason),
-    ("cannot", why not) or ("reports", reason)."""
+    """What `gpuctl clear` would do on NVML GPU ``index``, by pid: ("frees", reason, None,
+    kinds), ("cannot", reason, why not, kinds) or ("reports", reason, None, kinds), with the
+    kinds of the findings behind it (``orphaned``, ``zombie_holder``...). The reasons are
+    escaped for the terminal; the JSON keeps what processes chose exact."""
     document = gpuctl.clear(gpus=[index], dry_run=True).to_dict()
     found = {}
     for outcome in document.get("outcomes", []):
-        reason = "; ".join(outcome.get("reasons") or []) or "a leftover"
+        reason = _gpuctl.escape("; ".join(outcome.get("reasons") or []) or "a leftover")
+        kinds = tuple(outcome.get("kinds") or ())
         if outcome.get("action") == "skip":
-            found[outcome["pid"]] = ("cannot", reason, outcome.get("skipped") or "skipped")
+            found[outcome["pid"]] = ("cannot", reason, _gpuctl.escape(outcome.get("skipped") or "skipped"), kinds)
         else:
-            found[outcome["pid"]] = ("frees", reason, None)
+            found[outcome["pid"]] = ("frees", reason, None, kinds)
     for finding in document.get("reported", []):
         identity = finding.get("identity") or {}
         if identity.get("pid") is not None and identity["pid"] not in found:
-            found[identity["pid"]] = ("reports", finding.get("reason") or finding.get("kind"), None)
+            reason = _gpuctl.escape(finding.get("reason") or finding.get("kind"))
+            found[identity["pid"]] = ("reports", reason, None, (finding.get("kind"),))
     return found
+
+
+# What a leftover is, by the kind of finding `gpuctl clear` has of it.
+_LEFTOVERS = (("orphaned", "an orphaned worker of a run that ended"), ("zombie_holder", "a zombie holder"))
+
+
+def _leftover(kinds) -> str:
+    return next((what for kind, what in _LEFTOVERS if kind in kinds), "a leftover of a run that ended")
 
 
 def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: int | None = None,
@@ -170,8 +182,7 @@ def explain_oom(error, device=None, *, seq_len: int | None = None, vocab_size: i
                                                   f"live ({p.state})" if p.state else "live")
             lines.append(f"  pid {p.pid} {who}{owner} {_bytes(p.used_bytes)}: {_command(p.command)} ({finding})")
             size = _bytes(p.used_bytes)
-            what = ("an orphaned worker of a run that ended" if verdict and "orphan" in verdict[1] else
-                    "a zombie holder" if verdict and "zombie" in verdict[1] else "a leftover of a run that ended")
+            what = _leftover(verdict[3] if verdict else ())
             if verdict and verdict[0] == "frees":
                 freeable.append(f"pid {p.pid} ({who}, {size}) is {what}: `gpuctl clear` frees it")
             elif verdict and verdict[0] == "cannot":
