@@ -616,6 +616,11 @@ fn stopped_processes_are_reclaimed_only_with_include_stopped() {
     let (doc, code, _) = json_with_code(&sim, &["clear", "--include-stopped", "--timeout", "1s"]);
     assert_eq!(code, 0, "{doc:#}");
     let outcome = outcome_of(&doc, stopped.pid());
+    assert_eq!(
+        outcome["kinds"],
+        serde_json::json!(["stopped"]),
+        "{outcome:#}"
+    );
     // SIGTERM stays pending on a stopped process; the SIGCONT after it lets it act.
     assert_eq!(ended(outcome), "exited", "{outcome:#}");
     assert_eq!(outcome["ended"]["signal"], "SIGTERM");
@@ -632,6 +637,12 @@ fn clear_reclaims_a_zombie_holder() {
     let outcome = outcome_of(&doc, holder.pid());
     assert!(
         outcome["reasons"].to_string().contains("zombie holder"),
+        "{outcome:#}"
+    );
+    // What it was selected for, as a kind a consumer decides by (Python's explain_oom).
+    assert_eq!(
+        outcome["kinds"],
+        serde_json::json!(["zombie_holder"]),
         "{outcome:#}"
     );
     assert_eq!(ended(outcome), "exited", "{outcome:#}");

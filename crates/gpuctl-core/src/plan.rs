@@ -498,6 +498,7 @@ mod tests {
             "command",
             "ended",
             "gpus",
+            "kinds",
             "left_gpu",
             "memory_released",
             "pid",

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::act::Identity;
-use crate::classify::{Finding, Remedy, Verdict};
+use crate::classify::{Finding, Kind, Remedy, Verdict};
 use crate::host::HostProcess;
 use crate::nvml::Place;
 pub use crate::owner::OwnerMatch;
@@ -28,6 +28,9 @@ pub struct Target {
     pub used_bytes: Option<u64>,
     /// Why it was selected: the findings' reasons, or the selectors it matched.
     pub reasons: Vec<String>,
+    /// The kinds of the findings that selected it, in the order of their reasons (none when
+    /// selectors chose it): what a consumer decides by, never the reasons' words.
+    pub kinds: Vec<Kind>,
     /// What the host knows of it (owner, command name, argv[0]), shared with the snapshot.
     #[serde(skip)]
     pub(crate) host: Arc<HostProcess>,
@@ -101,6 +104,7 @@ impl Target {
             gpus: Vec::new(),
             used_bytes: Some(0),
             reasons: Vec::new(),
+            kinds: Vec::new(),
             host: Arc::clone(host),
             places: Vec::new(),
         }
@@ -403,8 +407,10 @@ pub fn from_findings(
         }
         if let Some(existing) = targets.iter_mut().find(|t| t.pid == identity.pid) {
             existing.reasons.push(finding.reason.clone());
+            existing.kinds.push(finding.kind);
         } else if let Some(mut target) = Target::of(snapshot, identity.pid) {
             target.reasons.push(finding.reason.clone());
+            target.kinds.push(finding.kind);
             targets.push(target);
         }
     }

@@ -6,6 +6,8 @@
 //! package's exceptions with the CLI's one-line message, chosen by the exit status the CLI
 //! would give; a panic is caught here and becomes `gpuctl.Error`, never a crash.
 
+mod facts;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -649,5 +651,6 @@ fn _gpuctl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_acquire, m)?)?;
     m.add_function(wrap_pyfunction!(run_clean_up, m)?)?;
     m.add_function(wrap_pyfunction!(run_location, m)?)?;
+    facts::register(m)?;
     Ok(())
 }

@@ -211,7 +211,7 @@ def test_oom_at_micro_batch_one_says_what_to_change():
         rec.step(torch.randn(4, 16), lambda mb: model(mb).sum())
     message = str(raised.value)
     assert "even with micro-batch 1" in message and "mixed precision" in message
-    assert "one sample's logits alone take 0.19 GiB (seq 1024 x vocab 50257)" in message
+    assert "one sample's logits alone take 196 MiB (seq 1024 x vocab 50257)" in message
     assert all(p.grad is None for p in model.parameters()), "the failed step's gradients are dropped"
     assert isinstance(raised.value, gpuctl.Error)
 
@@ -260,3 +260,33 @@ def test_memory_monitor_logs_what_nvml_says_this_process_holds(sim, scenario, tm
     else:
         monitor.plot(tmp_path / "mem.png")
         assert (tmp_path / "mem.png").stat().st_size > 0
+
+
+# Every public name of gpuctl.torch when it was one module (torch.py): the package keeps
+# each, importable from gpuctl.torch as before.
+PUBLIC_NAMES = ["Cleanup", "Estimate", "Leak", "MemoryLeakWarning", "MemoryMonitor", "OOMRecovery",
+                "OutOfMemoryAtOne", "RunGuard", "RunningError", "estimate", "explain_oom",
+                "find_executable_micro_batch", "is_out_of_memory", "logits_bytes"]
+
+
+def test_the_package_keeps_every_public_name_of_the_module_it_was():
+    import gpuctl.torch as package
+
+    assert sorted(package.__all__) == sorted(set(PUBLIC_NAMES) - {"Cleanup"})
+    for name in PUBLIC_NAMES:
+        scope = {}
+        exec(f"from gpuctl.torch import {name}", scope)
+        assert scope[name] is getattr(package, name), name
+        # Defined in the package (RunningError is gpuctl's own), never a submodule's name.
+        assert getattr(scope[name], "__module__", "").startswith("gpuctl"), name
+    assert package.RunningError is gpuctl.RunningError
+    assert callable(package.estimate) and callable(package.explain_oom)
+
+
+def test_no_module_of_the_package_is_over_600_lines():
+    import gpuctl.torch as package
+
+    directory = os.path.dirname(package.__file__)
+    sizes = {name: sum(1 for _ in open(os.path.join(directory, name)))
+             for name in os.listdir(directory) if name.endswith(".py")}
+    assert len(sizes) > 1 and all(lines <= 600 for lines in sizes.values()), sizes

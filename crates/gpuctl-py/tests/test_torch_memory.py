@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import os
 import pwd
 import subprocess
@@ -145,7 +146,7 @@ def test_a_leak_in_a_closure_is_found_by_the_sweep_through_gc_referrers():
             monitor.step()
     warned = [str(w.message) for w in caught if issubclass(w.category, MemoryLeakWarning)]
     assert len(warned) == 1 and warned[0].startswith(
-        "history (closure of make_history.<locals>.record) (list, 15 tensors, +1.0 KiB/step)"), warned
+        "history (closure of make_history.<locals>.record) (list, 15 tensors, +1 KiB/step)"), warned
     assert "(history.append(x.detach())" in warned[0]
     # Without the sweep the census does not look inside closures: nothing is said.
     monitor = MemoryMonitor(check_every=5, sweep_every=None, census_share=None)
@@ -221,12 +222,16 @@ TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total 
 # Python process) lives on. It is not this test's child, as another user's job is not.
 ANOTHER_USERS_JOB = r"""
 import os, sys, time
-pid = os.fork()
-if pid == 0:
+# Forked twice, the job is reparented away: another user's job, not a process below this one.
+if os.fork() == 0:
+    pid = os.fork()
+    if pid:
+        print(pid, flush=True)
+        os._exit(0)
     os.setgid(65534)
     os.setuid(65534)
     os.execv("/bin/sleep", ["sleep", "600"])
-print(pid, flush=True)
+os.wait()
 time.sleep(600)
 """
 
@@ -420,8 +425,10 @@ def test_oom_recovery_auto_starts_at_the_estimate():
     logged = []
     rec = OOMRecovery(model, batch_size=1024, micro_batch="auto", estimate=found, free_bytes=free, log=logged.append)
     assert rec.micro_batch == found.largest_micro_batch(free) == 400
-    assert logged == [f"micro-batch 400 from the estimate: a step's peak {found.peak_bytes(400) / 2**30:.2f} GiB of "
-                      f"{free / 2**30:.2f} GiB free ({found.activations_per_sample_bytes // 1024} KiB of activations "
+    # Memory as gpuctl-core writes it (the trainer's two decimals from GiB up).
+    size = functools.partial(gpuctl._gpuctl.bytes, decimals=2)
+    assert logged == [f"micro-batch 400 from the estimate: a step's peak {size(found.peak_bytes(400))} of "
+                      f"{size(free)} free ({found.activations_per_sample_bytes // 1024} KiB of activations "
                       f"per sample); 3 accumulation steps for the batch of 1024"]
     # A step goes on from there, in micro-batches of 400.
     seen = []
@@ -439,7 +446,7 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
 
     import gpuctl.torch as module
 
-    stub = ast.parse(open(os.path.join(os.path.dirname(module.__file__), "torch.pyi")).read())
+    stub = ast.parse(open(os.path.join(os.path.dirname(module.__file__), "__init__.pyi")).read())
     declared = {}
     for node in stub.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -447,7 +454,7 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
         elif isinstance(node, ast.ImportFrom):
             declared.update({alias.asname or alias.name: node for alias in node.names})
     missing = [name for name in module.__all__ if name not in declared]
-    assert missing == [], f"torch.pyi lacks {missing}"
+    assert missing == [], f"gpuctl/torch/__init__.pyi lacks {missing}"
 
     def parameters(function):
         args = function.args
@@ -463,4 +470,4 @@ def test_the_type_stub_declares_every_public_name_with_its_parameters():
         elif not isinstance(node, ast.FunctionDef):
             continue
         expected = [p for p in inspect.signature(runtime).parameters if p != "self"]
-        assert parameters(node) == expected, f"torch.pyi's {name}: {parameters(node)} != {expected}"
+        assert parameters(node) == expected, f"gpuctl/torch/__init__.pyi's {name}: {parameters(node)} != {expected}"

@@ -1,4 +1,4 @@
-"""Typed interface of gpuctl.torch (see torch.py for the documentation)."""
+"""Typed interface of gpuctl.torch (see its modules for the documentation)."""
 
 from os import PathLike
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
