@@ -193,6 +193,70 @@ impl Session {
         self.opened
     }
 
+    /// The NVML GPU (and MIG GPU instance) behind CUDA device `index`, and how it was
+    /// found. CUDA numbers what CUDA_VISIBLE_DEVICES (`visible`) names, in its order, up to
+    /// the first entry that names nothing; each entry is resolved as `--gpu` resolves a
+    /// name (an index, a GPU UUID or a unique prefix of it, a MIG UUID). Without it, the
+    /// index is NVML's. A CUDA device that is no GPU is a usage error saying why.
+    pub fn cuda_place(&self, index: usize, visible: Option<&str>) -> Result<(Place, String)> {
+        let (place, how) = match visible {
+            None => (
+                self.place_of(&index.to_string(), |why| {
+                    format!("NVML has no GPU {index} (CUDA_VISIBLE_DEVICES is not set): {why}")
+                })?,
+                "NVML's index (CUDA_VISIBLE_DEVICES is not set)".to_string(),
+            ),
+            Some(visible) => self.visible_place(index, visible)?,
+        };
+        let how = match place.gpu_instance {
+            Some(_) => format!("{how}, MIG instance {place}"),
+            None => how,
+        };
+        Ok((place, how))
+    }
+
+    /// CUDA device `index` among those `visible` (CUDA_VISIBLE_DEVICES) names.
+    fn visible_place(&self, index: usize, visible: &str) -> Result<(Place, String)> {
+        let shown = crate::text::escape(visible);
+        let entries: Vec<&str> = match visible.trim() {
+            "" => Vec::new(),
+            _ => visible.split(',').map(str::trim).collect(),
+        };
+        let Some(wanted) = entries.get(index) else {
+            return Err(CoreError::Usage(format!(
+                "CUDA_VISIBLE_DEVICES={shown} makes no cuda:{index} visible"
+            )));
+        };
+        for earlier in &entries[..index] {
+            self.place_of(earlier, |why| {
+                format!(
+                    "CUDA_VISIBLE_DEVICES={shown} makes no cuda:{index} visible: CUDA stops at \
+                     '{}', which names no GPU ({why})",
+                    crate::text::escape(earlier)
+                )
+            })?;
+        }
+        let place = self.place_of(wanted, |why| {
+            format!(
+                "no GPU NVML lists matches '{}' of CUDA_VISIBLE_DEVICES={shown} ({why})",
+                crate::text::escape(wanted)
+            )
+        })?;
+        Ok((place, format!("CUDA_VISIBLE_DEVICES={shown}")))
+    }
+
+    /// The place `name` names; a name that names none is `worded`'s usage error, any other
+    /// failure (NVML's) its own.
+    fn place_of(&self, name: &str, worded: impl FnOnce(&str) -> String) -> Result<Place> {
+        match self.places(&[name.to_string()]) {
+            Ok(places) => places
+                .and_then(|places| places.into_iter().next())
+                .ok_or_else(|| CoreError::Usage(worded("an empty name"))),
+            Err(CoreError::GpuSelector(why)) => Err(CoreError::Usage(worded(&why))),
+            Err(other) => Err(other),
+        }
+    }
+
     /// The GPUs `names` lie on (a MIG instance named: its GPU), each once, in order; every
     /// GPU for no names.
     pub fn gpu_indices(&self, names: &[String]) -> Result<Vec<u32>> {

@@ -321,15 +321,21 @@ fn apply_fraction(args: &Args, session: &Session, index: usize) -> Result<(), Fa
                 .ok()
                 .flatten()
                 .map(|u| u.name);
-            // The policy names GPUs by NVML index or UUID; without CUDA_VISIBLE_DEVICES the
-            // CUDA index is the NVML one in PCI order.
-            let uuid = session
-                .nvml()
-                .and_then(|gpus| gpus.uuids().ok())
-                .and_then(|uuids| uuids.get(index).cloned().flatten());
+            // The policy names GPUs by NVML index or UUID: the GPU behind cuda:INDEX, as
+            // CUDA_VISIBLE_DEVICES maps it; without NVML, the CUDA index stands for it.
+            let (gpu, uuid) = match session.nvml() {
+                Some(gpus) => {
+                    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                    let (place, _) = session.cuda_place(index, visible.as_deref())?;
+                    let uuids = gpus.uuids()?;
+                    let uuid = uuids.get(place.gpu as usize).cloned().flatten();
+                    (place.gpu, uuid)
+                }
+                None => (index as u32, None),
+            };
             match gpuctl_core::config::fraction_for(
                 session.loaded(),
-                index as u32,
+                gpu,
                 uuid.as_deref(),
                 user.as_deref(),
             ) {
