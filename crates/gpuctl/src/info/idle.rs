@@ -4,19 +4,12 @@
 use std::time::{Duration, SystemTime};
 
 use gpuctl_core::Snapshot;
-use gpuctl_core::classify::idle;
 use gpuctl_core::report::WatchdogFindings;
-use gpuctl_core::snapshot::{GpuProcess, IdleFacts};
+use gpuctl_core::snapshot::GpuProcess;
 use gpuctl_core::units;
 
-use super::processes::host_cells;
+use super::processes::{host_cells, idle_for};
 use crate::render::{self, Color, Style};
-
-/// How long a process has been idle, now ("3h12m").
-pub(super) fn idle_for(idle: &IdleFacts) -> String {
-    let now = units::unix_seconds() as u64;
-    idle::short_duration(now.saturating_sub(idle.idle_since).max(idle.idle_seconds))
-}
 
 /// `info --idle`: the idle processes only, longest idle first, one row each. Idleness is
 /// what the watchdog measured, so a missing or stale findings file is said: "none" from a

@@ -1,11 +1,11 @@
 //! The process rows of `gpuctl info`'s view: one table per GPU or MIG instance, and the
 //! cells shown of a process's host facts, which the device-file holders and `--idle` share.
 
+use gpuctl_core::classify::idle;
 use gpuctl_core::host::HostProcess;
-use gpuctl_core::snapshot::GpuProcess;
+use gpuctl_core::snapshot::{GpuProcess, IdleFacts};
 use gpuctl_core::units;
 
-use super::idle::idle_for;
 use crate::render::{self, Color, Style};
 
 struct Row {
@@ -197,6 +197,12 @@ pub(super) fn host_cells(host: &HostProcess) -> HostCells {
         ),
         command,
     }
+}
+
+/// How long a process has been idle, now ("3h12m"): its state cell, and `--idle`'s column.
+pub(super) fn idle_for(idle: &IdleFacts) -> String {
+    let now = units::unix_seconds() as u64;
+    idle::short_duration(now.saturating_sub(idle.idle_since).max(idle.idle_seconds))
 }
 
 fn row(process: &GpuProcess) -> Row {
