@@ -88,7 +88,6 @@ impl FindingLog {
         findings: &[Finding],
         once: bool,
     ) {
-        let watchdog = &settings.watchdog;
         let logged = || {
             findings
                 .iter()
@@ -102,65 +101,82 @@ impl FindingLog {
             if self.logged.contains(&key) {
                 continue;
             }
-            let covered = f
-                .kind
-                .reclaim_kind()
-                .is_some_and(|k| watchdog.reclaim.contains(&k));
-            let (priority, action, note) = match (f.verdict, covered) {
-                // Becoming idle, once; and again when it becomes due for reclaim.
-                _ if f.kind == Kind::Idle => match f.verdict {
-                    Verdict::Report => (Priority::Notice, "idle", String::new()),
-                    Verdict::Reclaim => (
-                        Priority::Warning,
-                        "idle",
-                        "; idle for idle.reclaim_after: reclaimed (idle.action = reclaim)".into(),
-                    ),
-                },
-                (Verdict::Reclaim, true) => (
-                    Priority::Warning,
-                    "stale",
-                    reclaim_note(watchdog, settings.dry_run, once),
-                ),
-                (Verdict::Reclaim, false) => (
-                    Priority::Notice,
-                    "report",
-                    " (its kind is not in watchdog.reclaim)".to_string(),
-                ),
-                (Verdict::Report, _) => (Priority::Notice, "report", String::new()),
-            };
-            let gpus = units::gpu_list(&f.gpus);
-            let (message, mut fields) = match f.identity {
-                Some(id) => {
-                    let fields = fields_of(snapshot, id, &[]);
-                    let user = fields
-                        .iter()
-                        .find(|(k, _)| *k == "USER")
-                        .map_or("?".to_string(), |(_, v)| v.clone());
-                    (
-                        format!("pid {} ({user}) on GPU {gpus}: {}{note}", id.pid, f.reason),
-                        fields,
-                    )
-                }
-                // A GPU finding: the GPU by index and UUID, and the memory it concerns when
-                // the finding counts some (unattributed memory).
-                None => {
-                    let fields = gpu_uuid_fields(snapshot, &f.gpus);
-                    let uuid = fields
-                        .iter()
-                        .find(|(k, _)| *k == "GPU_UUID")
-                        .map_or("?".to_string(), |(_, v)| v.clone());
-                    let amount = f
-                        .bytes
-                        .map(|b| format!("{} ", bytes(b)))
-                        .unwrap_or_default();
-                    (format!("GPU {gpus} ({uuid}): {amount}{}", f.reason), fields)
-                }
-            };
+            let (priority, action, note) = how_logged(f, settings, once);
+            let (message, mut fields) = finding_line(f, snapshot, &note);
             fields.push(("REASON", f.reason.clone()));
             fields.push(("ACTION", action.into()));
             log.log(priority, &message, &fields);
         }
         self.logged = keys;
+    }
+}
+
+/// A finding's priority, ACTION and the note its line ends with: idle (reported, then
+/// due for reclaim), stale (a kind the watchdog reclaims), or only reported.
+fn how_logged(f: &Finding, settings: &Settings, once: bool) -> (Priority, &'static str, String) {
+    let watchdog = &settings.watchdog;
+    let covered = f
+        .kind
+        .reclaim_kind()
+        .is_some_and(|k| watchdog.reclaim.contains(&k));
+    match (f.verdict, covered) {
+        // Becoming idle, once; and again when it becomes due for reclaim.
+        _ if f.kind == Kind::Idle => match f.verdict {
+            Verdict::Report => (Priority::Notice, "idle", String::new()),
+            Verdict::Reclaim => (
+                Priority::Warning,
+                "idle",
+                "; idle for idle.reclaim_after: reclaimed (idle.action = reclaim)".into(),
+            ),
+        },
+        (Verdict::Reclaim, true) => (
+            Priority::Warning,
+            "stale",
+            reclaim_note(watchdog, settings.dry_run, once),
+        ),
+        (Verdict::Reclaim, false) => (
+            Priority::Notice,
+            "report",
+            " (its kind is not in watchdog.reclaim)".to_string(),
+        ),
+        (Verdict::Report, _) => (Priority::Notice, "report", String::new()),
+    }
+}
+
+/// A finding's message and the fields naming its process (or its GPU), `note` ending the
+/// message of a process's.
+fn finding_line(
+    f: &Finding,
+    snapshot: &Snapshot,
+    note: &str,
+) -> (String, Vec<(&'static str, String)>) {
+    let gpus = units::gpu_list(&f.gpus);
+    match f.identity {
+        Some(id) => {
+            let fields = fields_of(snapshot, id, &[]);
+            let user = fields
+                .iter()
+                .find(|(k, _)| *k == "USER")
+                .map_or("?".to_string(), |(_, v)| v.clone());
+            (
+                format!("pid {} ({user}) on GPU {gpus}: {}{note}", id.pid, f.reason),
+                fields,
+            )
+        }
+        // A GPU finding: the GPU by index and UUID, and the memory it concerns when
+        // the finding counts some (unattributed memory).
+        None => {
+            let fields = gpu_uuid_fields(snapshot, &f.gpus);
+            let uuid = fields
+                .iter()
+                .find(|(k, _)| *k == "GPU_UUID")
+                .map_or("?".to_string(), |(_, v)| v.clone());
+            let amount = f
+                .bytes
+                .map(|b| format!("{} ", bytes(b)))
+                .unwrap_or_default();
+            (format!("GPU {gpus} ({uuid}): {amount}{}", f.reason), fields)
+        }
     }
 }
 

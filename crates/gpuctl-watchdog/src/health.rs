@@ -93,6 +93,43 @@ impl HealthWatch {
         }
         self.register(gpus, logger);
         self.kernel.begin(state_dir, logger);
+        let mut changed = self.take_events(gpus, snapshot, logger);
+        self.kernel.end(state_dir);
+        self.judge
+            .set_acks(state_dir.map(Acks::read).unwrap_or_default());
+        changed |= self.forget_resets(snapshot);
+        if changed
+            && let Some(dir) = state_dir
+            && let Err(error) = self.judge.log().write(dir)
+        {
+            logger.log(
+                Priority::Err,
+                &format!(
+                    "cannot write the Xid log {}: {error}",
+                    XidLog::path(dir).display()
+                ),
+                &[("ACTION", "health-log-failed".into())],
+            );
+        }
+        self.judge.annotate(snapshot);
+        let now = units::unix_seconds() as u64;
+        self.metrics.gpus = snapshot
+            .devices
+            .iter()
+            .filter_map(|gpu| {
+                let mut metrics = gpu_metrics(gpu)?;
+                metrics.app_xid_jobs = gpu
+                    .uuid
+                    .as_deref()
+                    .map_or(0, |uuid| self.app_xid_jobs(uuid, now));
+                Some(metrics)
+            })
+            .collect();
+    }
+
+    /// The pending events: each Xid logged and recorded, each recovery action logged.
+    /// Whether the Xid log changed.
+    fn take_events(&mut self, gpus: &Gpus, snapshot: &Snapshot, logger: &Logger) -> bool {
         let events = match &mut self.events {
             Some(watch) => watch.drain(MAX_EVENTS_PER_LOOP),
             None => Vec::new(),
@@ -125,9 +162,13 @@ impl HealthWatch {
                 }
             }
         }
-        self.kernel.end(state_dir);
-        self.judge
-            .set_acks(state_dir.map(Acks::read).unwrap_or_default());
+        changed
+    }
+
+    /// Forgets each GPU's Xids from before its last reset (or acknowledgement); whether the
+    /// Xid log changed.
+    fn forget_resets(&mut self, snapshot: &Snapshot) -> bool {
+        let mut changed = false;
         for gpu in &snapshot.devices {
             let (Some(uuid), Some(readings)) = (&gpu.uuid, &gpu.health_readings) else {
                 continue;
@@ -139,33 +180,7 @@ impl HealthWatch {
                 .log_mut()
                 .forget_reset(uuid, volatile, acknowledged);
         }
-        if changed
-            && let Some(dir) = state_dir
-            && let Err(error) = self.judge.log().write(dir)
-        {
-            logger.log(
-                Priority::Err,
-                &format!(
-                    "cannot write the Xid log {}: {error}",
-                    XidLog::path(dir).display()
-                ),
-                &[("ACTION", "health-log-failed".into())],
-            );
-        }
-        self.judge.annotate(snapshot);
-        let now = units::unix_seconds() as u64;
-        self.metrics.gpus = snapshot
-            .devices
-            .iter()
-            .filter_map(|gpu| {
-                let mut metrics = gpu_metrics(gpu)?;
-                metrics.app_xid_jobs = gpu
-                    .uuid
-                    .as_deref()
-                    .map_or(0, |uuid| self.app_xid_jobs(uuid, now));
-                Some(metrics)
-            })
-            .collect();
+        changed
     }
 
     /// How many jobs hit an app Xid on GPU `uuid` in the window before `now`.
@@ -251,22 +266,7 @@ impl HealthWatch {
         let on_gpu = device.map(processes_on).unwrap_or_default();
         let processes = kernel_log::culprits(on_gpu, line.as_ref(), app);
         let named = line.as_ref().is_some_and(|l| l.pid.is_some());
-        let on = if app && !named {
-            "culprit unknown (no kernel log line named a process)".to_string()
-        } else if processes.is_empty() {
-            "no process on the GPU".to_string()
-        } else if named {
-            format!("the kernel names {}", processes[0])
-        } else {
-            format!(
-                "on the GPU: {}",
-                processes
-                    .iter()
-                    .map(XidProcess::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
+        let on = culprit_phrase(&processes, app, named);
         let mut fields = vec![
             ("ACTION", "xid".to_string()),
             ("GPU", gpu.to_string()),
@@ -275,24 +275,7 @@ impl HealthWatch {
             ("XID_MEANING", rule.meaning.clone()),
             ("HEALTH_ACTION", rule.action.name().to_string()),
         ];
-        if app || named {
-            let culprit = match (named, processes.first()) {
-                (true, Some(p)) => p.pid.to_string(),
-                _ => "unknown".to_string(),
-            };
-            fields.push(("CULPRIT", culprit));
-        }
-        let pids: Vec<String> = processes.iter().map(|p| p.pid.to_string()).collect();
-        if !pids.is_empty() {
-            fields.push(("PIDS", pids.join(",")));
-        }
-        let owners: Vec<String> = processes
-            .iter()
-            .filter_map(|p| Some(p.owner.as_ref()?.to_string()))
-            .collect();
-        if !owners.is_empty() {
-            fields.push(("OWNERS", owners.join(",")));
-        }
+        fields.extend(culprit_fields(&processes, app, named));
         logger.log(
             Priority::Err,
             &format!(
@@ -325,6 +308,52 @@ impl HealthWatch {
         );
         true
     }
+}
+
+/// Who an Xid is on, for its log line: the process the kernel names, else the processes on
+/// the GPU (an application Xid that no kernel line pins on a process has no culprit).
+fn culprit_phrase(processes: &[XidProcess], app: bool, named: bool) -> String {
+    if app && !named {
+        "culprit unknown (no kernel log line named a process)".to_string()
+    } else if processes.is_empty() {
+        "no process on the GPU".to_string()
+    } else if named {
+        format!("the kernel names {}", processes[0])
+    } else {
+        format!(
+            "on the GPU: {}",
+            processes
+                .iter()
+                .map(XidProcess::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// The journal fields naming an Xid's processes: its culprit (where one is looked for),
+/// the pids and the owners.
+fn culprit_fields(processes: &[XidProcess], app: bool, named: bool) -> Vec<(&'static str, String)> {
+    let mut fields = Vec::new();
+    if app || named {
+        let culprit = match (named, processes.first()) {
+            (true, Some(p)) => p.pid.to_string(),
+            _ => "unknown".to_string(),
+        };
+        fields.push(("CULPRIT", culprit));
+    }
+    let pids: Vec<String> = processes.iter().map(|p| p.pid.to_string()).collect();
+    if !pids.is_empty() {
+        fields.push(("PIDS", pids.join(",")));
+    }
+    let owners: Vec<String> = processes
+        .iter()
+        .filter_map(|p| Some(p.owner.as_ref()?.to_string()))
+        .collect();
+    if !owners.is_empty() {
+        fields.push(("OWNERS", owners.join(",")));
+    }
+    fields
 }
 
 /// What a needs-action GPU's reclaim failure says instead of a retry: "GPU 1 needs a reset:

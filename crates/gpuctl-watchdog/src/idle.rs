@@ -11,7 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuctl_core::act::Identity;
-use gpuctl_core::classify::idle::{self, IdleCriteria, IdleFacts, IdleTracker, Window};
+use gpuctl_core::classify::idle::{
+    self, Accounted, IdleCriteria, IdleFacts, IdleTracker, Sample, Window,
+};
 use gpuctl_core::classify::{Finding, Kind};
 use gpuctl_core::config::IdleAction;
 use gpuctl_core::host;
@@ -156,43 +158,71 @@ impl IdleWatch {
         let clock = (now_ms, covers.as_millis() as u64);
         let accounted = self.tracker.observe(&samples, &criteria, clock, complete);
         if !accounted.is_empty() {
-            let processes = processes_of(snapshot);
-            // Per Slurm job this pass: the longest interval, and whether all was idle.
-            let mut pass_jobs: BTreeMap<String, (f64, bool)> = BTreeMap::new();
-            let now_unix = now_ms / 1000;
-            for held in &accounted {
-                let Some(process) = processes.get(&held.identity) else {
-                    continue;
-                };
-                let job = process.host.owner.as_ref().and_then(OwnerMatch::of);
-                if let Some(key) = job.filter(|o| o.kind() == "slurm").map(|o| o.to_string()) {
-                    let usage = self.jobs.entry(key.clone()).or_default();
-                    usage.held_byte_seconds += held.byte_seconds;
-                    if held.idle {
-                        usage.idle_byte_seconds += held.byte_seconds;
-                    }
-                    if let Some(pct) = held.sm_pct {
-                        usage.sm_pct_seconds += f64::from(pct) * held.seconds;
-                        usage.measured_seconds += held.seconds;
-                    }
-                    usage.last_seen_unix = now_unix;
-                    let entry = pass_jobs.entry(key).or_insert((0.0, true));
-                    entry.0 = entry.0.max(held.seconds);
-                    entry.1 &= held.idle;
-                }
-                let add = ByteSeconds {
-                    held: held.byte_seconds,
-                    idle: if held.idle { held.byte_seconds } else { 0.0 },
-                };
-                self.accounts.count(process, add, max_series);
-            }
-            for (key, (seconds, all_idle)) in pass_jobs {
-                if let Some(usage) = self.jobs.get_mut(&key).filter(|_| all_idle) {
-                    usage.idle_seconds += seconds;
-                }
-            }
+            self.account(snapshot, &accounted, now_ms / 1000, max_series);
         }
         let idle = self.tracker.idle(&criteria, now_ms);
+        self.log_woken(&idle, &samples, snapshot, &criteria, log);
+        self.idle = idle.clone();
+        self.allocated_unused(snapshot, &criteria, log);
+        self.save(log);
+        idle
+    }
+
+    /// What each process held since the last pass, counted for its user, owner and pod's
+    /// namespace (at most `max_series` each) and for its Slurm job's usage.
+    fn account(
+        &mut self,
+        snapshot: &Snapshot,
+        accounted: &[Accounted],
+        now_unix: u64,
+        max_series: usize,
+    ) {
+        let processes = processes_of(snapshot);
+        // Per Slurm job this pass: the longest interval, and whether all was idle.
+        let mut pass_jobs: BTreeMap<String, (f64, bool)> = BTreeMap::new();
+        for held in accounted {
+            let Some(process) = processes.get(&held.identity) else {
+                continue;
+            };
+            let job = process.host.owner.as_ref().and_then(OwnerMatch::of);
+            if let Some(key) = job.filter(|o| o.kind() == "slurm").map(|o| o.to_string()) {
+                let usage = self.jobs.entry(key.clone()).or_default();
+                usage.held_byte_seconds += held.byte_seconds;
+                if held.idle {
+                    usage.idle_byte_seconds += held.byte_seconds;
+                }
+                if let Some(pct) = held.sm_pct {
+                    usage.sm_pct_seconds += f64::from(pct) * held.seconds;
+                    usage.measured_seconds += held.seconds;
+                }
+                usage.last_seen_unix = now_unix;
+                let entry = pass_jobs.entry(key).or_insert((0.0, true));
+                entry.0 = entry.0.max(held.seconds);
+                entry.1 &= held.idle;
+            }
+            let add = ByteSeconds {
+                held: held.byte_seconds,
+                idle: if held.idle { held.byte_seconds } else { 0.0 },
+            };
+            self.accounts.count(process, add, max_series);
+        }
+        for (key, (seconds, all_idle)) in pass_jobs {
+            if let Some(usage) = self.jobs.get_mut(&key).filter(|_| all_idle) {
+                usage.idle_seconds += seconds;
+            }
+        }
+    }
+
+    /// Logs each process idle after the last pass, still on the GPUs and not idle now
+    /// (`idle`), with what woke it.
+    fn log_woken(
+        &self,
+        idle: &PidMap<Identity, IdleFacts>,
+        samples: &[Sample],
+        snapshot: &Snapshot,
+        criteria: &IdleCriteria,
+        log: &Logger,
+    ) {
         for (id, was) in &self.idle {
             if idle.contains_key(id) {
                 continue;
@@ -223,10 +253,6 @@ impl IdleWatch {
             );
             log.log(Priority::Info, &message, &fields);
         }
-        self.idle = idle.clone();
-        self.allocated_unused(snapshot, &criteria, log);
-        self.save(log);
-        idle
     }
 
     /// The GPUs the prologs recorded for a job, given at least `after` ago, on which no

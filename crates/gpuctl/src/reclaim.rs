@@ -5,6 +5,8 @@ use std::io::{self, IsTerminal};
 use std::time::Duration;
 
 use anyhow::Result;
+use gpuctl_core::classify::Finding;
+use gpuctl_core::plan::Outcome;
 use gpuctl_core::reclaim::{self, Consent, Session};
 use gpuctl_core::report::ReclaimReport;
 use gpuctl_core::units;
@@ -149,65 +151,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
             style.paint(Color::Dim, "nothing to reclaim")
         ));
     } else if !outcomes.is_empty() {
-        let rows: Vec<[String; 6]> = outcomes
-            .iter()
-            .map(|o| {
-                let t = &o.target;
-                [
-                    t.pid.to_string(),
-                    render::safe(&t.owner_name()).into_owned(),
-                    units::gpu_list(&t.gpus),
-                    t.used_bytes.map_or("n/a".into(), units::bytes),
-                    match o.skipped() {
-                        Some(reason) => format!("skipped: {}", render::safe(reason)),
-                        None => o.summary(),
-                    },
-                    render::safe(&t.shown_command()).into_owned(),
-                ]
-            })
-            .collect();
-        let headers = ["PID", "USER", "GPU", "MEMORY", "RESULT", "COMMAND"].map(String::from);
-        // The command, last, is cut to what room is left rather than padded.
-        let widths = render::column_widths(&headers, &rows, 5);
-        let line = |cells: &[String; 6]| {
-            let fixed = format!(
-                "  {}  {}  {}  {}  {}  ",
-                render::pad_left(&cells[0], widths[0]),
-                render::pad(&cells[1], widths[1]),
-                render::pad(&cells[2], widths[2]),
-                render::pad_left(&cells[3], widths[3]),
-                render::pad(&cells[4], widths[4]),
-            );
-            let room = style
-                .width
-                .map(|w| w.saturating_sub(fixed.chars().count()).max(20));
-            let command = match room {
-                Some(room) => render::cut_middle(&cells[5], room, style.unicode),
-                None => cells[5].clone(),
-            };
-            format!("{fixed}{command}")
-        };
-        out.push_str(&style.paint(Color::Dim, line(&headers).trim_end()));
-        out.push('\n');
-        for (row, outcome) in rows.iter().zip(outcomes) {
-            let text = line(row);
-            let color = if outcome.succeeded() {
-                None
-            } else {
-                Some(Color::Red)
-            };
-            match color {
-                Some(color) => out.push_str(&style.paint(color, text.trim_end())),
-                None => out.push_str(text.trim_end()),
-            }
-            out.push('\n');
-            if with_reasons {
-                for reason in &outcome.target.reasons {
-                    let reason = render::safe(reason);
-                    out.push_str(&format!("         {}\n", style.paint(Color::Dim, &reason)));
-                }
-            }
-        }
+        outcome_table(&mut out, outcomes, style, with_reasons);
     }
     for refusal in document.refused {
         let reason = render::safe(&refusal.reason);
@@ -215,21 +159,7 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
         out.push('\n');
     }
     if !document.reported.is_empty() {
-        out.push_str(&format!(
-            "\n{}\n",
-            style.paint(Color::Bold, "reported, not acted on:")
-        ));
-        for finding in &document.reported {
-            let gpus = units::gpu_list(&finding.gpus);
-            let subject = match finding.identity {
-                Some(identity) => format!("pid {} on GPU {gpus}", identity.pid),
-                None => format!(
-                    "GPU {gpus}: {}",
-                    finding.bytes.map_or("memory".into(), units::bytes)
-                ),
-            };
-            out.push_str(&format!("  {subject}: {}\n", render::safe(&finding.reason)));
-        }
+        reported_lines(&mut out, &document.reported, style);
     }
     // A wait that ran out is said once, on stderr, with the deadline the user gave
     // (`not_free_message`).
@@ -241,4 +171,87 @@ fn table(document: &ReclaimReport, style: &Style, with_reasons: bool) -> String 
         ));
     }
     out
+}
+
+/// One row per process acted on (or skipped): what came of it, in red where it failed,
+/// with the reasons it was chosen under it when asked for.
+fn outcome_table(out: &mut String, outcomes: &[Outcome], style: &Style, with_reasons: bool) {
+    let rows: Vec<[String; 6]> = outcomes
+        .iter()
+        .map(|o| {
+            let t = &o.target;
+            [
+                t.pid.to_string(),
+                render::safe(&t.owner_name()).into_owned(),
+                units::gpu_list(&t.gpus),
+                t.used_bytes.map_or("n/a".into(), units::bytes),
+                match o.skipped() {
+                    Some(reason) => format!("skipped: {}", render::safe(reason)),
+                    None => o.summary(),
+                },
+                render::safe(&t.shown_command()).into_owned(),
+            ]
+        })
+        .collect();
+    let headers = ["PID", "USER", "GPU", "MEMORY", "RESULT", "COMMAND"].map(String::from);
+    // The command, last, is cut to what room is left rather than padded.
+    let widths = render::column_widths(&headers, &rows, 5);
+    let line = |cells: &[String; 6]| {
+        let fixed = format!(
+            "  {}  {}  {}  {}  {}  ",
+            render::pad_left(&cells[0], widths[0]),
+            render::pad(&cells[1], widths[1]),
+            render::pad(&cells[2], widths[2]),
+            render::pad_left(&cells[3], widths[3]),
+            render::pad(&cells[4], widths[4]),
+        );
+        let room = style
+            .width
+            .map(|w| w.saturating_sub(fixed.chars().count()).max(20));
+        let command = match room {
+            Some(room) => render::cut_middle(&cells[5], room, style.unicode),
+            None => cells[5].clone(),
+        };
+        format!("{fixed}{command}")
+    };
+    out.push_str(&style.paint(Color::Dim, line(&headers).trim_end()));
+    out.push('\n');
+    for (row, outcome) in rows.iter().zip(outcomes) {
+        let text = line(row);
+        let color = if outcome.succeeded() {
+            None
+        } else {
+            Some(Color::Red)
+        };
+        match color {
+            Some(color) => out.push_str(&style.paint(color, text.trim_end())),
+            None => out.push_str(text.trim_end()),
+        }
+        out.push('\n');
+        if with_reasons {
+            for reason in &outcome.target.reasons {
+                let reason = render::safe(reason);
+                out.push_str(&format!("         {}\n", style.paint(Color::Dim, &reason)));
+            }
+        }
+    }
+}
+
+/// What `clear` found and only reports: each finding's process or GPU, and why.
+fn reported_lines(out: &mut String, reported: &[&Finding], style: &Style) {
+    out.push_str(&format!(
+        "\n{}\n",
+        style.paint(Color::Bold, "reported, not acted on:")
+    ));
+    for finding in reported {
+        let gpus = units::gpu_list(&finding.gpus);
+        let subject = match finding.identity {
+            Some(identity) => format!("pid {} on GPU {gpus}", identity.pid),
+            None => format!(
+                "GPU {gpus}: {}",
+                finding.bytes.map_or("memory".into(), units::bytes)
+            ),
+        };
+        out.push_str(&format!("  {subject}: {}\n", render::safe(&finding.reason)));
+    }
 }

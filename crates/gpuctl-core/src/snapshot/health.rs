@@ -11,7 +11,7 @@ use nvml_wrapper::structs::device::FieldId;
 
 use crate::health::{Action, EccCounts, Readings, RemappedRows, RetiredPages};
 
-use super::read::optional;
+use super::field::optional;
 
 /// The recovery-action field (R550 on).
 const FIELD_RECOVERY_ACTION: u32 =

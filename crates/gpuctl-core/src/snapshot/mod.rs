@@ -2,6 +2,7 @@
 //! the host knows about each process. Every later stage (classify, select, act, verify) reads
 //! a snapshot; none queries NVML or /proc on its own.
 
+mod field;
 mod health;
 pub mod last_known;
 pub mod peaks;

@@ -15,6 +15,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use crate::error::Result;
 use crate::nvml::{Gpus, describe};
 
+use super::field::optional;
 use super::*;
 
 /// A process as one GPU lists it, before its host facts are joined.
@@ -279,15 +280,6 @@ impl GpuSnapshot {
             self.status = GpuStatus::Error;
             self.error = Some(format!("{what}: {}", describe(error)));
         }
-    }
-}
-
-/// `Ok(None)` for a field this GPU or driver does not offer; `Err` only for a lost GPU.
-pub(super) fn optional<T>(result: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(NvmlError::GpuLost) => Err(NvmlError::GpuLost),
-        Err(_) => Ok(None),
     }
 }
 

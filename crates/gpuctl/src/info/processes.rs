@@ -1,11 +1,11 @@
 //! The process rows of `gpuctl info`'s view: one table per GPU or MIG instance, and the
 //! cells shown of a process's host facts, which the device-file holders and `--idle` share.
 
+use gpuctl_core::classify::idle;
 use gpuctl_core::host::HostProcess;
-use gpuctl_core::snapshot::GpuProcess;
+use gpuctl_core::snapshot::{GpuProcess, IdleFacts};
 use gpuctl_core::units;
 
-use super::idle::idle_for;
 use crate::render::{self, Color, Style};
 
 struct Row {
@@ -48,63 +48,23 @@ pub(super) fn process_table(
     let headers = [
         "PID", "USER", "MEMORY", "SM", "AGE", "STATE", "OWNER", "COMMAND",
     ];
-    let width = |pick: fn(&Row) -> &str, header: &str, cap: usize| {
-        rows.iter()
-            .map(|r| pick(r).chars().count())
-            .chain([header.len()])
-            .max()
-            .unwrap_or(0)
-            .min(cap)
-    };
-    let w_pid = width(|r| &r.pid, "PID", 10);
-    let w_user = width(|r| &r.user, "USER", 12);
-    let w_mem = width(|r| &r.memory, "MEMORY", 10);
-    let w_sm = width(|r| &r.sm, "SM", 4);
-    let w_age = width(|r| &r.age, "AGE", 7);
-    let w_state = width(|r| &r.state, "STATE", 12);
-    // A pod named by its namespace and name is wider than a job number.
-    let w_owner = width(
-        |r| &r.owner,
-        "OWNER",
-        gpuctl_core::owner::POD_LABEL_MAX_CHARS,
-    );
-    let fixed = 2 + w_pid + w_user + w_mem + w_sm + w_age + w_state + w_owner + 2 * 7;
-    // Without a terminal nothing is cut; on a narrow one the command keeps at least 20.
-    let w_command = style.width.map(|w| w.saturating_sub(fixed).max(20));
-
-    let line = |cells: [String; 8], ours: bool| {
-        let [pid, user, mem, sm, age, state, owner, command] = cells;
-        format!(
-            "  {}  {}  {}  {}  {}  {}  {}  {}",
-            render::pad_left(&pid, w_pid),
-            render::pad(&render::cut(&user, w_user, style.unicode), w_user),
-            render::pad_left(&mem, w_mem),
-            render::pad_left(&sm, w_sm),
-            render::pad_left(&age, w_age),
-            state,
-            render::pad(&render::cut(&owner, w_owner, style.unicode), w_owner),
-            match w_command {
-                Some(w) if ours => render::cut(&command, w, style.unicode),
-                Some(w) => render::cut_middle(&command, w, style.unicode),
-                None => command,
-            }
-        )
-    };
+    let widths = Widths::fit(&rows, style);
     let header_cells = headers.map(str::to_string);
     let mut header = header_cells.clone();
-    header[5] = render::pad(&header_cells[5], w_state);
-    out.push_str(&style.paint(Color::Dim, line(header, true).trim_end()));
+    header[5] = render::pad(&header_cells[5], widths.state);
+    out.push_str(&style.paint(Color::Dim, widths.line(header, true, style).trim_end()));
     out.push('\n');
     for r in rows {
         let state = match r.state_color {
-            Some(color) => style.paint(color, &render::pad(&r.state, w_state)),
-            None => render::pad(&r.state, w_state),
+            Some(color) => style.paint(color, &render::pad(&r.state, widths.state)),
+            None => render::pad(&r.state, widths.state),
         };
-        let text = line(
+        let text = widths.line(
             [
                 r.pid, r.user, r.memory, r.sm, r.age, state, r.owner, r.command,
             ],
             r.ours,
+            style,
         );
         let text = text.trim_end();
         if r.dim {
@@ -113,6 +73,76 @@ pub(super) fn process_table(
             out.push_str(text);
         }
         out.push('\n');
+    }
+}
+
+/// The process table's column widths: each column's widest cell or heading, up to a cap;
+/// the command takes what a terminal leaves (nothing is cut without one).
+struct Widths {
+    pid: usize,
+    user: usize,
+    memory: usize,
+    sm: usize,
+    age: usize,
+    state: usize,
+    owner: usize,
+    command: Option<usize>,
+}
+
+impl Widths {
+    fn fit(rows: &[Row], style: &Style) -> Widths {
+        let width = |pick: fn(&Row) -> &str, header: &str, cap: usize| {
+            rows.iter()
+                .map(|r| pick(r).chars().count())
+                .chain([header.len()])
+                .max()
+                .unwrap_or(0)
+                .min(cap)
+        };
+        let pid = width(|r| &r.pid, "PID", 10);
+        let user = width(|r| &r.user, "USER", 12);
+        let memory = width(|r| &r.memory, "MEMORY", 10);
+        let sm = width(|r| &r.sm, "SM", 4);
+        let age = width(|r| &r.age, "AGE", 7);
+        let state = width(|r| &r.state, "STATE", 12);
+        // A pod named by its namespace and name is wider than a job number.
+        let owner = width(
+            |r| &r.owner,
+            "OWNER",
+            gpuctl_core::owner::POD_LABEL_MAX_CHARS,
+        );
+        let fixed = 2 + pid + user + memory + sm + age + state + owner + 2 * 7;
+        Widths {
+            pid,
+            user,
+            memory,
+            sm,
+            age,
+            state,
+            owner,
+            // On a narrow terminal the command keeps at least 20.
+            command: style.width.map(|w| w.saturating_sub(fixed).max(20)),
+        }
+    }
+
+    /// One line of the table; the state cell comes padded (and painted).
+    fn line(&self, cells: [String; 8], ours: bool, style: &Style) -> String {
+        let [pid, user, mem, sm, age, state, owner, command] = cells;
+        format!(
+            "  {}  {}  {}  {}  {}  {}  {}  {}",
+            render::pad_left(&pid, self.pid),
+            render::pad(&render::cut(&user, self.user, style.unicode), self.user),
+            render::pad_left(&mem, self.memory),
+            render::pad_left(&sm, self.sm),
+            render::pad_left(&age, self.age),
+            state,
+            render::pad(&render::cut(&owner, self.owner, style.unicode), self.owner),
+            match self.command {
+                Some(w) if ours => render::cut(&command, w, style.unicode),
+                Some(w) => render::cut_middle(&command, w, style.unicode),
+                None => command,
+            }
+        )
     }
 }
 
@@ -167,6 +197,12 @@ pub(super) fn host_cells(host: &HostProcess) -> HostCells {
         ),
         command,
     }
+}
+
+/// How long a process has been idle, now ("3h12m"): its state cell, and `--idle`'s column.
+pub(super) fn idle_for(idle: &IdleFacts) -> String {
+    let now = units::unix_seconds() as u64;
+    idle::short_duration(now.saturating_sub(idle.idle_since).max(idle.idle_seconds))
 }
 
 fn row(process: &GpuProcess) -> Row {

@@ -233,6 +233,40 @@ fn gpu_block(
     style: &Style,
     dot: &str,
 ) {
+    gpu_title(out, gpu, style, dot);
+    if matches!(gpu.status, GpuStatus::Lost | GpuStatus::NotAnswering) {
+        return;
+    }
+    for line in pack(&gpu_figures(gpu, style), style.width) {
+        out.push_str(&format!("  {line}\n"));
+    }
+
+    if !gpu.mig_devices.is_empty() {
+        // A MIG GPU: each instance with its memory and its processes.
+        for mig in &gpu.mig_devices {
+            mig_block(out, mig, &gpu.leases, style, dot);
+        }
+    } else {
+        let unattributed = gpu
+            .memory
+            .and_then(|m| m.unattributed_bytes)
+            .filter(|&bytes| bytes >= 1024 * 1024);
+        if gpu.processes.is_empty() && unattributed.is_none() {
+            out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
+        } else {
+            process_table(out, &gpu.processes, unattributed, style);
+        }
+    }
+    if let Some(holders) = &gpu.holders {
+        holder_lines(out, gpu, holders, style);
+    } else if let Some(threshold) = unscanned_above {
+        unscanned_line(out, gpu, threshold, style);
+    }
+}
+
+/// The GPU's title line: index, name, bus id, UUID and the leases on the whole GPU, then
+/// its status where it is not answering and its health where it needs something.
+fn gpu_title(out: &mut String, gpu: &GpuSnapshot, style: &Style, dot: &str) {
     let mut title = vec![format!("GPU {}", gpu.index)];
     title.extend(gpu.name.clone());
     title.extend(gpu.pci_bus_id.clone());
@@ -270,10 +304,11 @@ fn gpu_block(
         ));
     }
     out.push('\n');
-    if matches!(gpu.status, GpuStatus::Lost | GpuStatus::NotAnswering) {
-        return;
-    }
+}
 
+/// The GPU's figures as far as they were read: memory bar, peak, utilization, temperature,
+/// power, persistence, compute mode, memory held from outside this PID namespace.
+fn gpu_figures(gpu: &GpuSnapshot, style: &Style) -> Vec<String> {
     let mut figures = Vec::new();
     if let Some(memory) = gpu.memory {
         let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
@@ -313,31 +348,7 @@ fn gpu_block(
     if let Some(outside) = gpu.outside_namespace_bytes {
         figures.push(format!("outside this namespace {}", units::bytes(outside)));
     }
-    for line in pack(&figures, style.width) {
-        out.push_str(&format!("  {line}\n"));
-    }
-
-    if !gpu.mig_devices.is_empty() {
-        // A MIG GPU: each instance with its memory and its processes.
-        for mig in &gpu.mig_devices {
-            mig_block(out, mig, &gpu.leases, style, dot);
-        }
-    } else {
-        let unattributed = gpu
-            .memory
-            .and_then(|m| m.unattributed_bytes)
-            .filter(|&bytes| bytes >= 1024 * 1024);
-        if gpu.processes.is_empty() && unattributed.is_none() {
-            out.push_str(&format!("  {}\n", style.paint(Color::Dim, "no processes")));
-        } else {
-            process_table(out, &gpu.processes, unattributed, style);
-        }
-    }
-    if let Some(holders) = &gpu.holders {
-        holder_lines(out, gpu, holders, style);
-    } else if let Some(threshold) = unscanned_above {
-        unscanned_line(out, gpu, threshold, style);
-    }
+    figures
 }
 
 /// Where memory no listed process accounts for is worth explaining (at least `threshold`)
@@ -456,60 +467,66 @@ fn holder_lines(out: &mut String, gpu: &GpuSnapshot, holders: &[Holder], style: 
         ));
     }
     for holder in suspected {
-        let HostCells {
-            user,
-            state,
-            owner,
-            command,
-            ..
-        } = host_cells(&holder.host);
-        let line = format!("    {}  {user}  {state}  {owner}  {command}", holder.pid);
-        let line = match style.width {
-            Some(width) => render::cut(&line, width.saturating_sub(1), style.unicode),
-            None => line,
-        };
-        out.push_str(&line);
-        out.push('\n');
-        let why = format!(
-            "      {}: {}",
-            holder.suspect.unwrap_or("unknown"),
-            render::safe(holder.reason.as_deref().unwrap_or(""))
-        );
-        out.push_str(&style.paint(Color::Dim, &why));
-        out.push('\n');
+        suspect_lines(out, holder, style);
     }
     if !innocent.is_empty() {
-        let tools: Vec<String> = innocent
-            .iter()
-            .filter(|h| h.suspect == Some("tool"))
-            .map(|h| {
-                let name = h
-                    .host
-                    .protection
-                    .as_ref()
-                    .map_or("tool", |claim| claim.name.as_str());
-                format!("{} ({})", render::safe(name), h.pid)
-            })
-            .collect();
-        let elsewhere = innocent.len() - tools.len();
-        let mut parts = Vec::new();
-        if elsewhere > 0 {
-            parts.push(format!(
-                "{elsewhere} process{} NVML lists on other GPUs",
-                units::plural(elsewhere, "es")
-            ));
-        }
-        if !tools.is_empty() {
-            parts.push(format!("monitoring tools: {}", tools.join(", ")));
-        }
-        out.push_str(&format!(
-            "  {}\n",
-            style.paint(
-                Color::Dim,
-                &format!("{file} is also open in {}", parts.join("; "))
-            )
+        let also = format!("{file} is also open in {}", innocent_holders(&innocent));
+        out.push_str(&format!("  {}\n", style.paint(Color::Dim, &also)));
+    }
+}
+
+/// A suspected holder: its process's cells, then what it is suspected to be and why.
+fn suspect_lines(out: &mut String, holder: &Holder, style: &Style) {
+    let HostCells {
+        user,
+        state,
+        owner,
+        command,
+        ..
+    } = host_cells(&holder.host);
+    let line = format!("    {}  {user}  {state}  {owner}  {command}", holder.pid);
+    let line = match style.width {
+        Some(width) => render::cut(&line, width.saturating_sub(1), style.unicode),
+        None => line,
+    };
+    out.push_str(&line);
+    out.push('\n');
+    let why = format!(
+        "      {}: {}",
+        holder.suspect.unwrap_or("unknown"),
+        render::safe(holder.reason.as_deref().unwrap_or(""))
+    );
+    out.push_str(&style.paint(Color::Dim, &why));
+    out.push('\n');
+}
+
+/// The holders that explain themselves, in one phrase: how many processes NVML lists on
+/// other GPUs, and the monitoring tools by name and pid.
+fn innocent_holders(innocent: &[&Holder]) -> String {
+    let tools: Vec<String> = innocent
+        .iter()
+        .filter(|h| h.suspect == Some("tool"))
+        .map(|h| {
+            let name = h
+                .host
+                .protection
+                .as_ref()
+                .map_or("tool", |claim| claim.name.as_str());
+            format!("{} ({})", render::safe(name), h.pid)
+        })
+        .collect();
+    let elsewhere = innocent.len() - tools.len();
+    let mut parts = Vec::new();
+    if elsewhere > 0 {
+        parts.push(format!(
+            "{elsewhere} process{} NVML lists on other GPUs",
+            units::plural(elsewhere, "es")
         ));
     }
+    if !tools.is_empty() {
+        parts.push(format!("monitoring tools: {}", tools.join(", ")));
+    }
+    parts.join("; ")
 }
 
 /// The parts of a GPU's title joined by `dot`, a part that would pass `width` starting a new

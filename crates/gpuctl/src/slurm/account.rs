@@ -149,41 +149,9 @@ impl Account {
     /// (processes only their environment ties to the job): another user's process that
     /// claims the job by its environment is kept under its own uid and never taken here.
     pub fn finish(self, log: &Log, reason: Option<&str>) {
-        let peaks: Option<OwnerPeaks> = log.dir.as_deref().and_then(|dir| {
-            let store = PeakStore::in_dir(dir);
-            let take = |key: &str| store.take_owner(key).ok().flatten();
-            let named = take(&self.job.owner_key());
-            let claimed = self.job.claim_key().and_then(|key| take(&key));
-            merge(named, claimed)
-        });
-        // The same two keys' usage, as the watchdog measured it.
-        let usage = log.dir.as_deref().and_then(|dir| {
-            let jobs = usage::read(dir);
-            let named = jobs.get(&self.job.owner_key()).copied();
-            let claimed = (self.job.claim_key()).and_then(|key| jobs.get(&key).copied());
-            match (named, claimed) {
-                (Some(a), Some(b)) => Some(a.merge(b)),
-                (a, b) => a.or(b),
-            }
-        });
-        let mut by_uuid: BTreeMap<String, u64> =
-            peaks.as_ref().map(|p| p.gpus.clone()).unwrap_or_default();
-        let mut gpus: Vec<AccountGpu> = self
-            .allocated
-            .iter()
-            .map(|(index, uuid)| AccountGpu {
-                index: Some(*index),
-                uuid: uuid.clone(),
-                peak_bytes: by_uuid.remove(uuid).or(peaks.as_ref().map(|_| 0)),
-            })
-            .collect();
-        // GPUs the job used without being given them (a job that ignored
-        // CUDA_VISIBLE_DEVICES): accounted too.
-        gpus.extend(by_uuid.into_iter().map(|(uuid, peak)| AccountGpu {
-            index: None,
-            uuid,
-            peak_bytes: Some(peak),
-        }));
+        let peaks = self.take_peaks(log);
+        let usage = self.usage(log);
+        let gpus = self.gpus(peaks.as_ref());
         let line = AccountLine {
             schema: ACCOUNT_SCHEMA,
             time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -228,6 +196,53 @@ impl Account {
         // has; later versions may take it. The log file is the record either way.
         let comment = format!("AdminComment={text}");
         let _ = scontrol(&["update", &format!("JobId={}", self.job.id), &comment]);
+    }
+
+    /// The job's peaks, taken from the watchdog's store (see [`Account::finish`]).
+    fn take_peaks(&self, log: &Log) -> Option<OwnerPeaks> {
+        log.dir.as_deref().and_then(|dir| {
+            let store = PeakStore::in_dir(dir);
+            let take = |key: &str| store.take_owner(key).ok().flatten();
+            let named = take(&self.job.owner_key());
+            let claimed = self.job.claim_key().and_then(|key| take(&key));
+            merge(named, claimed)
+        })
+    }
+
+    /// The same two keys' usage, as the watchdog measured it.
+    fn usage(&self, log: &Log) -> Option<JobUsage> {
+        log.dir.as_deref().and_then(|dir| {
+            let jobs = usage::read(dir);
+            let named = jobs.get(&self.job.owner_key()).copied();
+            let claimed = (self.job.claim_key()).and_then(|key| jobs.get(&key).copied());
+            match (named, claimed) {
+                (Some(a), Some(b)) => Some(a.merge(b)),
+                (a, b) => a.or(b),
+            }
+        })
+    }
+
+    /// The GPUs given to the job, each with its peak where the watchdog kept peaks, then
+    /// those it used without being given them.
+    fn gpus(&self, peaks: Option<&OwnerPeaks>) -> Vec<AccountGpu> {
+        let mut by_uuid: BTreeMap<String, u64> = peaks.map(|p| p.gpus.clone()).unwrap_or_default();
+        let mut gpus: Vec<AccountGpu> = self
+            .allocated
+            .iter()
+            .map(|(index, uuid)| AccountGpu {
+                index: Some(*index),
+                uuid: uuid.clone(),
+                peak_bytes: by_uuid.remove(uuid).or(peaks.map(|_| 0)),
+            })
+            .collect();
+        // GPUs the job used without being given them (a job that ignored
+        // CUDA_VISIBLE_DEVICES): accounted too.
+        gpus.extend(by_uuid.into_iter().map(|(uuid, peak)| AccountGpu {
+            index: None,
+            uuid,
+            peak_bytes: Some(peak),
+        }));
+        gpus
     }
 }
 

@@ -166,43 +166,48 @@ fn check_node(node: &str, configured: Session, log: &Log, dry_run: bool) -> Resu
         // An admin's drain (or Slurm's own): theirs to lift.
         return Ok(Exit::Ok);
     };
-    // Drained for a GPU's health, which is fit again: resumed whatever jobs still run.
+    resume_when_fit(&node, reason, &session, log, dry_run)
+}
+
+/// `node`, drained by gpuctl for `reason`, resumed if what it was drained for is over: the
+/// GPUs' health (whatever jobs still run), or the GPUs the reason names being held.
+fn resume_when_fit(
+    node: &str,
+    reason: &str,
+    session: &Session,
+    log: &Log,
+    dry_run: bool,
+) -> Result<Exit> {
     if health::is_health_reason(reason) {
-        if dry_run {
-            log.line(&format!(
-                "{node} would be resumed: every GPU is healthy again (drained for: {reason})"
-            ));
-        } else {
-            scontrol(&["update", &format!("NodeName={node}"), "State=RESUME"])
-                .map_err(anyhow::Error::msg)?;
-            log.line(&format!(
-                "resumed {node}: every GPU is healthy again (drained for: {reason})"
-            ));
-        }
-        return Ok(Exit::Ok);
+        return resume(node, "every GPU is healthy again", reason, log, dry_run);
     }
     // The GPUs the reason names, where they still resolve; every GPU otherwise.
     let places = session.places(&named_gpus(reason)).ok().flatten();
     let look = session.wait_for_free(places.as_deref(), Duration::ZERO, None)?;
     if !look.met {
         let busy: Vec<GpuState> = look.gpus.into_iter().filter(|g| !g.free).collect();
-        let seen = steps::held_by(&session, &busy);
+        let seen = steps::held_by(session, &busy);
         log.line(&format!(
             "{node} stays drained: {}",
             blame(&busy, &[], seen.as_ref()).join("; ")
         ));
         return Ok(Exit::Ok);
     }
+    resume(node, "its GPUs are free", reason, log, dry_run)
+}
+
+/// Resumes `node` (`dry_run`: says it would), saying `because` and what it was drained for.
+fn resume(node: &str, because: &str, reason: &str, log: &Log, dry_run: bool) -> Result<Exit> {
     if dry_run {
         log.line(&format!(
-            "{node} would be resumed: its GPUs are free (drained for: {reason})"
+            "{node} would be resumed: {because} (drained for: {reason})"
         ));
         return Ok(Exit::Ok);
     }
     scontrol(&["update", &format!("NodeName={node}"), "State=RESUME"])
         .map_err(anyhow::Error::msg)?;
     log.line(&format!(
-        "resumed {node}: its GPUs are free (drained for: {reason})"
+        "resumed {node}: {because} (drained for: {reason})"
     ));
     Ok(Exit::Ok)
 }

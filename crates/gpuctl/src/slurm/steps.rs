@@ -9,6 +9,7 @@ use anyhow::Result;
 use gpuctl_core::Snapshot;
 use gpuctl_core::act::Signal;
 use gpuctl_core::nvml::Place;
+use gpuctl_core::plan::Outcome;
 use gpuctl_core::reclaim::{
     self, ClearRequest, Cleared, Ending, KillRequest, Killed, ResetRequest, Session,
 };
@@ -105,6 +106,44 @@ pub fn epilog(
     account: &mut Account,
 ) -> Result<Vec<String>> {
     let mut problems = Vec::new();
+    let Killed { outcomes, refused } = end_leftovers(job, timeout, session, &mut problems)?;
+    account.leftovers(&outcomes);
+    for refusal in &refused {
+        problems.push(format!("pid {}: {}", refusal.pid, refusal.reason));
+    }
+
+    // Resolved once: the reset below names the same GPUs and gets these places back.
+    let places = session.places(&job.gpus)?.unwrap_or_default();
+    let not_free: Vec<GpuState> = if places.is_empty() {
+        Vec::new()
+    } else {
+        session
+            .wait_for_free(Some(&places), timeout, None)?
+            .gpus
+            .into_iter()
+            .filter(|g| !g.free)
+            .collect()
+    };
+    let seen = session.look_at(&places);
+    if let Some(seen) = &seen {
+        account.allocated(seen, &places);
+    }
+    problems.extend(blame(&not_free, &outcomes, seen.as_ref()));
+    problems.extend(survivors_elsewhere(&outcomes, &not_free));
+    if !job.gpus.is_empty() {
+        problems.extend(restore_settings(job, session)?);
+    }
+    Ok(problems)
+}
+
+/// The job's leftovers, each given `timeout` after SIGTERM; none, with the reason in
+/// `problems`, when the job's user is unknown.
+fn end_leftovers(
+    job: &Job,
+    timeout: Duration,
+    session: &Session,
+    problems: &mut Vec<String>,
+) -> Result<Killed> {
     let killed = match job.uid {
         Some(uid) => {
             let request = KillRequest {
@@ -130,33 +169,16 @@ pub fn epilog(
             None
         }
     };
-    let Killed { outcomes, refused } = killed.unwrap_or(Killed {
+    Ok(killed.unwrap_or(Killed {
         outcomes: Vec::new(),
         refused: Vec::new(),
-    });
-    account.leftovers(&outcomes);
-    for refusal in &refused {
-        problems.push(format!("pid {}: {}", refusal.pid, refusal.reason));
-    }
+    }))
+}
 
-    // Resolved once: the reset below names the same GPUs and gets these places back.
-    let places = session.places(&job.gpus)?.unwrap_or_default();
-    let not_free: Vec<GpuState> = if places.is_empty() {
-        Vec::new()
-    } else {
-        session
-            .wait_for_free(Some(&places), timeout, None)?
-            .gpus
-            .into_iter()
-            .filter(|g| !g.free)
-            .collect()
-    };
-    let seen = session.look_at(&places);
-    if let Some(seen) = &seen {
-        account.allocated(seen, &places);
-    }
-    problems.extend(blame(&not_free, &outcomes, seen.as_ref()));
-    // A leftover that would not die, on a GPU the job was not given (or with none).
+/// A leftover that would not die, on a GPU the job was not given (or with none): the GPUs
+/// not free are blamed already.
+fn survivors_elsewhere(outcomes: &[Outcome], not_free: &[GpuState]) -> Vec<String> {
+    let mut problems = Vec::new();
     for outcome in outcomes.iter().filter(|o| !o.succeeded()) {
         let on_reported = outcome
             .target
@@ -176,21 +198,24 @@ pub fn epilog(
             ));
         }
     }
+    problems
+}
 
-    if !job.gpus.is_empty() {
-        let request = ResetRequest {
-            gpus: job.gpus.clone(),
-            ..ResetRequest::default()
-        };
-        for gpu in &reclaim::reset(session, &request)?.gpus {
-            for item in gpu.items.iter().filter(|i| i.outcome.is_failure()) {
-                problems.push(format!(
-                    "GPU {}: {} not restored ({})",
-                    gpu.index,
-                    item.item.label(),
-                    item.outcome.label()
-                ));
-            }
+/// The job's GPUs' settings reset; each one not restored.
+fn restore_settings(job: &Job, session: &Session) -> Result<Vec<String>> {
+    let request = ResetRequest {
+        gpus: job.gpus.clone(),
+        ..ResetRequest::default()
+    };
+    let mut problems = Vec::new();
+    for gpu in &reclaim::reset(session, &request)?.gpus {
+        for item in gpu.items.iter().filter(|i| i.outcome.is_failure()) {
+            problems.push(format!(
+                "GPU {}: {} not restored ({})",
+                gpu.index,
+                item.item.label(),
+                item.outcome.label()
+            ));
         }
     }
     Ok(problems)

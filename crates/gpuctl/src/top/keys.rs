@@ -93,37 +93,51 @@ fn on_key(model: &mut Model, key: &KeyEvent, area: TableArea) -> Action {
         };
     }
     if model.editing_filter {
-        match key.code {
-            KeyCode::Esc => {
-                model.filter.clear();
-                model.editing_filter = false;
-            }
-            KeyCode::Enter => model.editing_filter = false,
-            KeyCode::Backspace => {
-                model.filter.pop();
-            }
-            // Typed text is the user's own, but a pasted control byte is still not drawn.
-            KeyCode::Char(c) if !gpuctl_core::text::needs_escape(c) => model.filter.push(c),
-            _ => return Action::Nothing,
-        }
-        model.relayout();
-        return Action::Redraw;
+        return on_filter_key(model, key);
     }
     if model.panel != Panel::None {
-        // Any panel but the plan closes on its own key, Esc or q.
-        let closes = matches!(
-            (&model.panel, key.code),
-            (_, KeyCode::Esc | KeyCode::Char('q'))
-                | (Panel::Help, KeyCode::Char('?'))
-                | (Panel::Users, KeyCode::Char('u'))
-                | (Panel::Holders(_), KeyCode::Char('h'))
-        );
-        if closes {
-            model.panel = Panel::None;
-            return Action::Redraw;
-        }
-        return Action::Nothing;
+        return on_panel_key(model, key);
     }
+    on_table_key(model, key, area)
+}
+
+/// A key while the filter is being typed: a character, Backspace, Enter keeps, Esc clears.
+fn on_filter_key(model: &mut Model, key: &KeyEvent) -> Action {
+    match key.code {
+        KeyCode::Esc => {
+            model.filter.clear();
+            model.editing_filter = false;
+        }
+        KeyCode::Enter => model.editing_filter = false,
+        KeyCode::Backspace => {
+            model.filter.pop();
+        }
+        // Typed text is the user's own, but a pasted control byte is still not drawn.
+        KeyCode::Char(c) if !gpuctl_core::text::needs_escape(c) => model.filter.push(c),
+        _ => return Action::Nothing,
+    }
+    model.relayout();
+    Action::Redraw
+}
+
+/// A key while a panel other than the plan is open: it closes on its own key, Esc or q.
+fn on_panel_key(model: &mut Model, key: &KeyEvent) -> Action {
+    let closes = matches!(
+        (&model.panel, key.code),
+        (_, KeyCode::Esc | KeyCode::Char('q'))
+            | (Panel::Help, KeyCode::Char('?'))
+            | (Panel::Users, KeyCode::Char('u'))
+            | (Panel::Holders(_), KeyCode::Char('h'))
+    );
+    if closes {
+        model.panel = Panel::None;
+        return Action::Redraw;
+    }
+    Action::Nothing
+}
+
+/// A key on the table itself: moving, marking, sorting, filtering, panels, ending.
+fn on_table_key(model: &mut Model, key: &KeyEvent, area: TableArea) -> Action {
     match key.code {
         KeyCode::Char('q') => return Action::Quit,
         KeyCode::Up => model.move_by(-1),

@@ -105,6 +105,35 @@ impl Refresher<'_> {
             self.session.gpus()?,
         )?)
     }
+
+    /// Reads the GPUs (and the holders, while their panel is open) and the watchdog's
+    /// findings into `model`.
+    fn refresh(&mut self, model: &mut Model) -> Result<()> {
+        let holders = matches!(model.panel, Panel::Holders(_));
+        let mut snapshot = self.read(holders)?;
+        let watchdog = gpuctl_core::info::watchdog_findings(Some(self.session.loaded()));
+        if let Some(findings) = &watchdog {
+            gpuctl_core::info::mark_idle(&mut snapshot, findings);
+        }
+        model.update(snapshot, watchdog);
+        Ok(())
+    }
+}
+
+/// The kill of the chosen processes, ready to carry out once its plan (now in a panel) is
+/// confirmed; none, with the reason in the status line, when nothing can be ended.
+fn prepare_kill<'s>(model: &mut Model, session: &'s Session) -> Result<Option<PreparedKill<'s>>> {
+    let chosen = model.chosen();
+    if chosen.is_empty() {
+        model.status = Some("no process under the cursor".into());
+        return Ok(None);
+    }
+    let (prepared, plan) = kill::prepare(session, &chosen)?;
+    match prepared {
+        Some(_) => model.panel = Panel::Confirm(plan),
+        None => model.status = plan.into_iter().next(),
+    }
+    Ok(prepared)
 }
 
 fn run_loop(
@@ -133,13 +162,7 @@ fn run_loop(
             return Ok(Exit::Ok);
         }
         if Instant::now() >= next_read {
-            let holders = matches!(model.panel, Panel::Holders(_));
-            let mut snapshot = reader.read(holders)?;
-            let watchdog = gpuctl_core::info::watchdog_findings(Some(session.loaded()));
-            if let Some(findings) = &watchdog {
-                gpuctl_core::info::mark_idle(&mut snapshot, findings);
-            }
-            model.update(snapshot, watchdog);
+            reader.refresh(&mut model)?;
             next_read = Instant::now() + interval;
             dirty = true;
         }
@@ -162,18 +185,8 @@ fn run_loop(
             Action::Refresh => next_read = Instant::now(),
             Action::Quit => return Ok(Exit::Ok),
             Action::PrepareKill => {
-                let chosen = model.chosen();
-                if chosen.is_empty() {
-                    model.status = Some("no process under the cursor".into());
-                } else {
-                    let (prepared, plan) = kill::prepare(session, &chosen)?;
-                    match prepared {
-                        Some(prepared) => {
-                            pending = Some(prepared);
-                            model.panel = Panel::Confirm(plan);
-                        }
-                        None => model.status = plan.into_iter().next(),
-                    }
+                if let Some(prepared) = prepare_kill(&mut model, session)? {
+                    pending = Some(prepared);
                 }
                 dirty = true;
             }

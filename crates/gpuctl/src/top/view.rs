@@ -69,45 +69,77 @@ pub struct Drawn {
     pub table: TableArea,
 }
 
+/// Puts `line` on row `y` of `area` and moves `y` down, while rows are left.
+fn put(frame: &mut Frame, area: Rect, line: TextLine, y: &mut u16) {
+    if *y < area.y + area.height {
+        frame.render_widget(Paragraph::new(line), Rect::new(area.x, *y, area.width, 1));
+        *y += 1;
+    }
+}
+
 /// Draws the whole screen; returns where the table's rows went, for the mouse.
 pub fn draw(frame: &mut Frame, model: &mut Model, palette: Palette, interval: &str) -> Drawn {
     let area = frame.area();
-    let (width, height) = (area.width as usize, area.height);
+    let width = area.width as usize;
     let mut y = area.y;
-    let put = |frame: &mut Frame, line: TextLine, y: &mut u16| {
-        if *y < area.y + height {
-            frame.render_widget(Paragraph::new(line), Rect::new(area.x, *y, area.width, 1));
-            *y += 1;
-        }
-    };
+    put(frame, area, header(model, palette, interval), &mut y);
+    draw_gpus(frame, area, model, palette, &mut y);
 
-    put(frame, header(model, palette, interval), &mut y);
+    // The table fills what is left above the status line and the keys.
+    let bottom = area.y + area.height;
+    let table_top = y + 1;
+    let rows_height = bottom.saturating_sub(table_top + 2);
+    let columns = Columns::fit(&model.rows, width);
+    put(frame, area, columns.heading(model, palette), &mut y);
+    model.scroll_into_view(rows_height as usize);
+    let table = Rect::new(area.x, table_top, area.width, rows_height);
+    draw_table(frame, table, model, &columns, palette);
+
+    let mut y = bottom.saturating_sub(2).max(table_top.min(bottom));
+    put(frame, area, status_line(model, palette), &mut y);
+    let footer = match (width, palette.unicode) {
+        (..100, _) => keys::FOOTER_NARROW,
+        (_, true) => keys::FOOTER,
+        (_, false) => keys::FOOTER_ASCII,
+    };
+    let footer = Span::styled(footer, Style::default().add_modifier(Modifier::REVERSED));
+    put(frame, area, TextLine::from(footer), &mut y);
+
+    draw_panel(frame, model, palette);
+    Drawn {
+        table: TableArea {
+            top: table_top,
+            height: rows_height,
+        },
+    }
+}
+
+/// Each GPU's lines (two each, figures then sparklines, where the table keeps room).
+fn draw_gpus(frame: &mut Frame, area: Rect, model: &Model, palette: Palette, y: &mut u16) {
     // Header, table heading, status and keys take four lines; the sparklines get lines of
     // their own only where the table keeps at least eight.
-    let room = height.saturating_sub(4 + 8) as usize;
+    let room = area.height.saturating_sub(4 + 8) as usize;
     let gpus: Vec<&GpuSnapshot> = model.snapshot.iter().flat_map(|s| &s.devices).collect();
     let single: usize = gpus.iter().map(|g| 1 + g.mig_devices.len()).sum();
     let two_lines = single + gpus.len() <= room;
     let empty = History::default();
+    let width = area.width as usize;
     for gpu in &gpus {
         let history = model.history.get(&gpu.index).unwrap_or(&empty);
         for line in gpu_lines(gpu, history, model, palette, width, two_lines) {
-            put(frame, line, &mut y);
+            put(frame, area, line, y);
         }
     }
     if gpus.is_empty() {
-        put(frame, TextLine::from("reading the GPUs…"), &mut y);
+        put(frame, area, TextLine::from("reading the GPUs…"), y);
     }
+}
 
-    // The table fills what is left above the status line and the keys.
-    let bottom = area.y + height;
-    let table_top = y + 1;
-    let rows_height = bottom.saturating_sub(table_top + 2);
-    let columns = Columns::fit(&model.rows, width);
-    put(frame, columns.heading(model, palette), &mut y);
-    model.scroll_into_view(rows_height as usize);
-    let mut row_y = table_top;
-    let end = (model.offset + rows_height as usize).min(model.lines.len());
+/// The table's visible lines (owner headings and processes) in `table`, or why it is empty.
+fn draw_table(frame: &mut Frame, table: Rect, model: &Model, columns: &Columns, palette: Palette) {
+    let area = frame.area();
+    let mut row_y = table.y;
+    let end = (model.offset + table.height as usize).min(model.lines.len());
     for index in model.offset..end {
         let line = match &model.lines[index] {
             Line::Group {
@@ -125,55 +157,20 @@ pub fn draw(frame: &mut Frame, model: &mut Model, palette: Palette, interval: &s
             )),
             Line::Process(i) => {
                 let row = &model.rows[*i];
-                columns.row(
-                    row,
-                    model.marked.contains(&row.key()),
-                    index == model.cursor,
-                    model.grouped,
-                    palette,
-                )
+                let marked = model.marked.contains(&row.key());
+                columns.row(row, marked, index == model.cursor, model.grouped, palette)
             }
         };
-        put(frame, line, &mut row_y);
+        put(frame, area, line, &mut row_y);
     }
-    if model.lines.is_empty() && rows_height > 0 {
+    if model.lines.is_empty() && table.height > 0 {
         let note = if model.filter.is_empty() && model.only_gpu.is_none() {
             "  no processes"
         } else {
             "  no process matches"
         };
-        put(
-            frame,
-            TextLine::from(Span::styled(
-                note,
-                Style::default().add_modifier(Modifier::DIM),
-            )),
-            &mut row_y,
-        );
-    }
-
-    let mut y = bottom.saturating_sub(2).max(table_top.min(bottom));
-    put(frame, status_line(model, palette), &mut y);
-    let footer = match (width, palette.unicode) {
-        (..100, _) => keys::FOOTER_NARROW,
-        (_, true) => keys::FOOTER,
-        (_, false) => keys::FOOTER_ASCII,
-    };
-    put(
-        frame,
-        TextLine::from(Span::styled(
-            footer,
-            Style::default().add_modifier(Modifier::REVERSED),
-        )),
-        &mut y,
-    );
-
-    draw_panel(frame, model, palette);
-    Drawn {
-        table: TableArea {
-            top: table_top,
-            height: rows_height,
-        },
+        let note = Span::styled(note, Style::default().add_modifier(Modifier::DIM));
+        put(frame, area, TextLine::from(note), &mut row_y);
     }
 }
 
@@ -220,17 +217,56 @@ fn gpu_lines(
         } else {
             "NOT ANSWERING"
         };
-        let reason = gpu
-            .error
-            .as_deref()
-            .map(gpuctl_core::text::escape)
-            .unwrap_or_default();
         spans.push(Span::styled(
-            format!(" {label}: {reason}"),
+            format!(" {label}: {}", error_text(gpu)),
             palette.fg(Color::Red).add_modifier(Modifier::BOLD),
         ));
         return vec![TextLine::from(spans)];
     }
+    let bar_cells = if width >= 120 { 20 } else { 10 };
+    gpu_figures(gpu, palette, width, bar_cells, &mut spans);
+    gpu_marks(gpu, model, palette, &mut spans);
+    let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+    let mut lines = Vec::new();
+    if two_lines {
+        lines.push(TextLine::from(spans));
+        let cells = width.saturating_sub(6 + 10) / 2;
+        let mut second = vec![Span::raw("      ")];
+        second.extend(sparklines(
+            history,
+            palette,
+            cells.min(super::model::HISTORY),
+        ));
+        lines.push(TextLine::from(second));
+    } else {
+        // One line each: the sparklines take what the figures leave, if enough.
+        let spare = width.saturating_sub(used + 12) / 2;
+        if spare >= 8 {
+            spans.extend(sparklines(history, palette, spare.min(40)));
+        }
+        lines.push(TextLine::from(spans));
+    }
+    for mig in &gpu.mig_devices {
+        lines.push(mig_line(mig, palette, bar_cells / 2));
+    }
+    lines
+}
+
+/// The GPU's error, escaped (empty when it gave none).
+fn error_text(gpu: &GpuSnapshot) -> std::borrow::Cow<'_, str> {
+    let error = gpu.error.as_deref();
+    error.map(gpuctl_core::text::escape).unwrap_or_default()
+}
+
+/// The GPU's name (on a wide screen), memory bar, utilization, unattributed memory,
+/// temperature and power, as far as they were read.
+fn gpu_figures(
+    gpu: &GpuSnapshot,
+    palette: Palette,
+    width: usize,
+    bar_cells: usize,
+    spans: &mut Vec<Span<'static>>,
+) {
     if width >= 120
         && let Some(name) = &gpu.name
     {
@@ -239,7 +275,6 @@ fn gpu_lines(
             render::cut(&gpuctl_core::text::escape(name), 22, palette.unicode)
         )));
     }
-    let bar_cells = if width >= 120 { 20 } else { 10 };
     if let Some(memory) = gpu.memory {
         let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
         spans.push(Span::raw(" mem "));
@@ -257,15 +292,8 @@ fn gpu_lines(
     if let Some(util) = gpu.utilization {
         spans.push(Span::raw(format!("  util {:>3}%", util.gpu_pct)));
     }
-    if let Some(bytes) = gpu
-        .memory
-        .and_then(|m| m.unattributed_bytes)
-        .filter(|&b| b >= 1024 * 1024)
-    {
-        spans.push(Span::styled(
-            format!("  unattributed {}", units::bytes(bytes)),
-            palette.fg(Color::Yellow),
-        ));
+    if let Some(bytes) = gpu.memory.and_then(|m| m.unattributed_bytes) {
+        spans.extend(unattributed(bytes, palette));
     }
     if let Some(temp) = gpu.temperature_c {
         spans.push(Span::raw(format!(
@@ -280,6 +308,22 @@ fn gpu_lines(
         (Some(power), None) => spans.push(Span::raw(format!("  {} W", power / 1000))),
         _ => {}
     }
+}
+
+/// Memory no listed process accounts for, from a MiB up (less is the driver's own).
+fn unattributed(bytes: u64, palette: Palette) -> Option<Span<'static>> {
+    (bytes >= 1024 * 1024).then(|| {
+        Span::styled(
+            format!("  unattributed {}", units::bytes(bytes)),
+            palette.fg(Color::Yellow),
+        )
+    })
+}
+
+/// What the GPU needs seen: the watchdog's findings on it, its health where it needs an
+/// action, the leases on it, and its error.
+fn gpu_marks(gpu: &GpuSnapshot, model: &Model, palette: Palette, spans: &mut Vec<Span<'static>>) {
+    let alarm = palette.fg(Color::Red).add_modifier(Modifier::BOLD);
     // The watchdog's findings on the GPU itself (stuck), and its own errors.
     for finding in model
         .watchdog
@@ -287,10 +331,8 @@ fn gpu_lines(
         .flat_map(|w| &w.findings)
         .filter(|f| f.pid.is_none() && f.gpus.contains(&gpu.index))
     {
-        spans.push(Span::styled(
-            format!("  [{}]", finding_label(finding.kind)),
-            palette.fg(Color::Red).add_modifier(Modifier::BOLD),
-        ));
+        let label = format!("  [{}]", finding_label(finding.kind));
+        spans.push(Span::styled(label, alarm));
     }
     // The GPU's health, where it needs an action (`gpuctl health` says why).
     if let Some(action) = gpu
@@ -299,102 +341,87 @@ fn gpu_lines(
         .map(|v| v.action)
         .filter(|a| *a != gpuctl_core::health::Action::None)
     {
-        spans.push(Span::styled(
-            format!("  [{}]", action.needs()),
-            palette.fg(Color::Red).add_modifier(Modifier::BOLD),
-        ));
+        spans.push(Span::styled(format!("  [{}]", action.needs()), alarm));
     }
     // `gpuctl run` leases on the GPU or its instances: who holds each (info shows the rest).
     for lease in &gpu.leases {
-        let who = lease.holder.user.clone().unwrap_or_else(|| {
-            lease
-                .holder
-                .uid
-                .map_or("someone".into(), |uid| format!("uid {uid}"))
-        });
-        let place = lease
-            .gpu_instance
-            .map_or(String::new(), |gi| format!("GI {gi} "));
-        let holder = match lease.holder.pid {
-            Some(pid) => format!("{}, pid {pid}", gpuctl_core::text::escape(&who)),
-            None => "an unnamed process".into(),
-        };
-        spans.push(Span::styled(
-            format!("  [{place}leased by {holder}]"),
-            palette.fg(Color::Cyan),
-        ));
+        spans.push(lease_mark(lease, palette));
     }
     if gpu.status == GpuStatus::Error {
-        let reason = gpu
-            .error
-            .as_deref()
-            .map(gpuctl_core::text::escape)
-            .unwrap_or_default();
         spans.push(Span::styled(
-            format!("  ERROR: {reason}"),
+            format!("  ERROR: {}", error_text(gpu)),
             palette.fg(Color::Red),
         ));
     }
-    let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
-    let mut lines = Vec::new();
-    let sparks = |cells: usize| {
-        vec![
-            Span::raw(" mem "),
-            Span::styled(
-                palette.sparkline(&history.memory_pct, cells),
-                palette.fg(Color::Cyan),
-            ),
-            Span::raw(" util "),
-            Span::styled(
-                palette.sparkline(&history.util_pct, cells),
-                palette.fg(Color::Magenta),
-            ),
-        ]
+}
+
+/// `[GI 3 leased by alice, pid 42]`.
+fn lease_mark(lease: &gpuctl_core::lease::Leased, palette: Palette) -> Span<'static> {
+    let who = lease.holder.user.clone().unwrap_or_else(|| {
+        lease
+            .holder
+            .uid
+            .map_or("someone".into(), |uid| format!("uid {uid}"))
+    });
+    let place = lease
+        .gpu_instance
+        .map_or(String::new(), |gi| format!("GI {gi} "));
+    let holder = match lease.holder.pid {
+        Some(pid) => format!("{}, pid {pid}", gpuctl_core::text::escape(&who)),
+        None => "an unnamed process".into(),
     };
-    if two_lines {
-        lines.push(TextLine::from(spans));
-        let cells = width.saturating_sub(6 + 10) / 2;
-        let mut second = vec![Span::raw("      ")];
-        second.extend(sparks(cells.min(crate::top::model::HISTORY)));
-        lines.push(TextLine::from(second));
-    } else {
-        // One line each: the sparklines take what the figures leave, if enough.
-        let spare = width.saturating_sub(used + 12) / 2;
-        if spare >= 8 {
-            spans.extend(sparks(spare.min(40)));
+    Span::styled(
+        format!("  [{place}leased by {holder}]"),
+        palette.fg(Color::Cyan),
+    )
+}
+
+/// The memory and utilization histories as sparklines of `cells` each.
+fn sparklines(history: &History, palette: Palette, cells: usize) -> Vec<Span<'static>> {
+    vec![
+        Span::raw(" mem "),
+        Span::styled(
+            palette.sparkline(&history.memory_pct, cells),
+            palette.fg(Color::Cyan),
+        ),
+        Span::raw(" util "),
+        Span::styled(
+            palette.sparkline(&history.util_pct, cells),
+            palette.fg(Color::Magenta),
+        ),
+    ]
+}
+
+/// A MIG device's line: profile, instance, memory bar and figures.
+fn mig_line(
+    mig: &gpuctl_core::snapshot::MigDevice,
+    palette: Palette,
+    bar_cells: usize,
+) -> TextLine<'static> {
+    let mut spans = vec![Span::raw(format!(
+        "   MIG {} GI {}",
+        mig.profile
+            .as_deref()
+            .map_or("?".into(), gpuctl_core::text::escape),
+        mig.gpu_instance_id.map_or("?".into(), |id| id.to_string())
+    ))];
+    if let Some(memory) = mig.memory {
+        let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
+        spans.push(Span::raw(" mem "));
+        spans.push(Span::styled(
+            palette.bar(fraction, bar_cells),
+            palette.load(fraction),
+        ));
+        spans.push(Span::raw(format!(
+            " {}/{}",
+            units::bytes(memory.used_bytes),
+            units::bytes(memory.total_bytes)
+        )));
+        if let Some(bytes) = memory.unattributed_bytes {
+            spans.extend(unattributed(bytes, palette));
         }
-        lines.push(TextLine::from(spans));
     }
-    for mig in &gpu.mig_devices {
-        let mut spans = vec![Span::raw(format!(
-            "   MIG {} GI {}",
-            mig.profile
-                .as_deref()
-                .map_or("?".into(), gpuctl_core::text::escape),
-            mig.gpu_instance_id.map_or("?".into(), |id| id.to_string())
-        ))];
-        if let Some(memory) = mig.memory {
-            let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
-            spans.push(Span::raw(" mem "));
-            spans.push(Span::styled(
-                palette.bar(fraction, bar_cells / 2),
-                palette.load(fraction),
-            ));
-            spans.push(Span::raw(format!(
-                " {}/{}",
-                units::bytes(memory.used_bytes),
-                units::bytes(memory.total_bytes)
-            )));
-            if let Some(bytes) = memory.unattributed_bytes.filter(|&b| b >= 1024 * 1024) {
-                spans.push(Span::styled(
-                    format!("  unattributed {}", units::bytes(bytes)),
-                    palette.fg(Color::Yellow),
-                ));
-            }
-        }
-        lines.push(TextLine::from(spans));
-    }
-    lines
+    TextLine::from(spans)
 }
 
 /// The process table's column widths, fitted to the screen: the command takes the rest.
@@ -585,71 +612,14 @@ fn draw_panel(frame: &mut Frame, model: &Model, palette: Palette) {
                 .map(|(key, what)| TextLine::from(format!("{key:<27} {what}")))
                 .collect(),
         ),
-        Panel::Users => {
-            let mut lines = vec![TextLine::from(Span::styled(
-                format!(
-                    "{:<20} {:>10}  {:<10} {:>9}",
-                    "USER", "MEMORY", "GPUS", "PROCESSES"
-                ),
-                Style::default().add_modifier(Modifier::BOLD),
-            ))];
-            if let Some(snapshot) = &model.snapshot {
-                for total in totals(snapshot, By::User) {
-                    lines.push(TextLine::from(format!(
-                        "{:<20} {:>10}  {:<10} {:>9}",
-                        render::cut(&gpuctl_core::text::safe(&total.name), 20, palette.unicode),
-                        units::bytes(total.used_bytes),
-                        units::gpu_list(&total.gpus),
-                        total.processes
-                    )));
-                }
-            }
-            ("per-user totals (u or Esc closes)".into(), lines)
-        }
-        Panel::Holders(index) => {
-            let gpu = model
-                .snapshot
-                .iter()
-                .flat_map(|s| &s.devices)
-                .find(|g| g.index == *index);
-            let mut lines = Vec::new();
-            match gpu.and_then(|g| g.holders.as_ref()) {
-                None => lines.push(TextLine::from("reading the device files…")),
-                Some(holders) if holders.is_empty() => lines.push(TextLine::from(
-                    match gpu.and_then(|g| g.holders_not_scanned.as_deref()) {
-                        Some(why) => format!("not looked for: {}", gpuctl_core::text::escape(why)),
-                        None => "no process holds its device file without NVML listing it".into(),
-                    },
-                )),
-                Some(holders) => {
-                    for holder in holders {
-                        let host = &holder.host;
-                        lines.push(TextLine::from(format!(
-                            "{:>7} {:<10} {}",
-                            holder.pid,
-                            host.user
-                                .as_deref()
-                                .map_or("?".into(), gpuctl_core::text::safe),
-                            gpuctl_core::text::safe(&host.shown_command())
-                        )));
-                        lines.push(TextLine::from(Span::styled(
-                            format!(
-                                "        {}: {}",
-                                holder.suspect.unwrap_or("unknown"),
-                                gpuctl_core::text::safe(holder.reason.as_deref().unwrap_or(""))
-                            ),
-                            Style::default().add_modifier(Modifier::DIM),
-                        )));
-                    }
-                }
-            }
-            (
-                format!(
-                    "holders of GPU {index}'s device file, not listed by NVML (h or Esc closes)"
-                ),
-                lines,
-            )
-        }
+        Panel::Users => (
+            "per-user totals (u or Esc closes)".into(),
+            user_totals(model, palette),
+        ),
+        Panel::Holders(index) => (
+            format!("holders of GPU {index}'s device file, not listed by NVML (h or Esc closes)"),
+            holder_lines(model, *index),
+        ),
         Panel::Confirm(plan) => {
             let mut lines: Vec<TextLine<'static>> = plan
                 .iter()
@@ -681,4 +651,69 @@ fn draw_panel(frame: &mut Frame, model: &Model, palette: Palette) {
             .block(Block::default().borders(Borders::ALL).title(title)),
         rect,
     );
+}
+
+/// The per-user totals panel: a heading, then memory, GPUs and processes per user.
+fn user_totals(model: &Model, palette: Palette) -> Vec<TextLine<'static>> {
+    let mut lines = vec![TextLine::from(Span::styled(
+        format!(
+            "{:<20} {:>10}  {:<10} {:>9}",
+            "USER", "MEMORY", "GPUS", "PROCESSES"
+        ),
+        Style::default().add_modifier(Modifier::BOLD),
+    ))];
+    if let Some(snapshot) = &model.snapshot {
+        for total in totals(snapshot, By::User) {
+            lines.push(TextLine::from(format!(
+                "{:<20} {:>10}  {:<10} {:>9}",
+                render::cut(&gpuctl_core::text::safe(&total.name), 20, palette.unicode),
+                units::bytes(total.used_bytes),
+                units::gpu_list(&total.gpus),
+                total.processes
+            )));
+        }
+    }
+    lines
+}
+
+/// The holders panel of GPU `index`: each process holding its device file that NVML does
+/// not list, with the suspicion and its reason; or why there are none to show.
+fn holder_lines(model: &Model, index: u32) -> Vec<TextLine<'static>> {
+    let gpu = model
+        .snapshot
+        .iter()
+        .flat_map(|s| &s.devices)
+        .find(|g| g.index == index);
+    let mut lines = Vec::new();
+    match gpu.and_then(|g| g.holders.as_ref()) {
+        None => lines.push(TextLine::from("reading the device files…")),
+        Some(holders) if holders.is_empty() => lines.push(TextLine::from(
+            match gpu.and_then(|g| g.holders_not_scanned.as_deref()) {
+                Some(why) => format!("not looked for: {}", gpuctl_core::text::escape(why)),
+                None => "no process holds its device file without NVML listing it".into(),
+            },
+        )),
+        Some(holders) => {
+            for holder in holders {
+                let host = &holder.host;
+                lines.push(TextLine::from(format!(
+                    "{:>7} {:<10} {}",
+                    holder.pid,
+                    host.user
+                        .as_deref()
+                        .map_or("?".into(), gpuctl_core::text::safe),
+                    gpuctl_core::text::safe(&host.shown_command())
+                )));
+                lines.push(TextLine::from(Span::styled(
+                    format!(
+                        "        {}: {}",
+                        holder.suspect.unwrap_or("unknown"),
+                        gpuctl_core::text::safe(holder.reason.as_deref().unwrap_or(""))
+                    ),
+                    Style::default().add_modifier(Modifier::DIM),
+                )));
+            }
+        }
+    }
+    lines
 }
