@@ -123,18 +123,19 @@ pub fn lock() -> MutexGuard<'static, Option<Sim>> {
     SIM.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn now_unix_ms() -> u64 {
+/// Now, since the Unix epoch (zero on a clock before it).
+fn since_epoch() -> std::time::Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .unwrap_or_default()
+}
+
+pub fn now_unix_ms() -> u64 {
+    since_epoch().as_millis() as u64
 }
 
 pub fn now_unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    since_epoch().as_micros() as u64
 }
 
 /// The default state-file path for a scenario.
