@@ -55,19 +55,10 @@ impl Container {
         let mut command = match uid {
             None => Command::new("unshare"),
             Some(uid) => {
-                let mut setpriv = Command::new("setpriv");
-                let id = uid.to_string();
-                setpriv.args([
-                    "--reuid",
-                    &id,
-                    "--regid",
-                    &id,
-                    "--clear-groups",
-                    "--",
-                    "unshare",
-                ]);
-                setpriv.args(["--user", "--map-root-user"]);
-                setpriv
+                let mut command = setpriv(uid);
+                command.arg("unshare");
+                command.args(["--user", "--map-root-user"]);
+                command
             }
         };
         command.args(["--pid", "--fork", "--mount-proc", "--"]);
@@ -262,13 +253,6 @@ impl Drop for Container {
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
     }
-}
-
-fn schema(name: &str) -> serde_json::Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/schema")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// A reply line of the service, held to its published schema.
@@ -1215,15 +1199,7 @@ fn a_socket_bound_by_another_container_or_a_host_user_is_not_believed() {
     std::os::unix::fs::chown(theirs.path(), Some(65534), Some(65534)).unwrap();
     let their_socket = theirs.path().join("api.sock");
     let fake = Fake::ready(
-        Command::new("setpriv")
-            .args([
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "--",
-            ])
+        setpriv(65534)
             .arg(system_python())
             .args(["-c", FAKE_SERVICE, their_socket.to_str().unwrap()])
             .arg(empty_reply(&uuid))
@@ -1383,15 +1359,7 @@ fn a_user_holding_1400_connections_crowds_out_no_container() {
     );
     let run_dir = rendezvous();
     let service = Service::start_at(&sim, run_dir.path().join("api.sock"));
-    let mut flooder = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
+    let mut flooder = setpriv(65534)
         .arg(system_python())
         .args(["-c", FLOODER, service.socket.to_str().unwrap(), "1400"])
         .stdin(Stdio::null())
@@ -1522,15 +1490,7 @@ fn a_caller_whose_pid_went_to_a_container_before_the_accept_gets_no_answer() {
     let socket = run_dir.path().join("activated.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let mut mallory = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
+    let mut mallory = setpriv(65534)
         .arg(system_python())
         .args(["-c", HAND_OFF, socket.to_str().unwrap()])
         .stdin(Stdio::null())

@@ -10,16 +10,10 @@
 //! nothing of this machine's configuration or state; the output must equal the page's but
 //! for the volatile fields `normalize` names. A block with no marker fails the count.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use crate::util::{TEAM_ACCOUNTS, target_dir};
-
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the repository")
-}
+use crate::util::{TEAM_ACCOUNTS, repo_root, target_dir};
 
 /// How a block is marked.
 #[derive(Debug, PartialEq)]

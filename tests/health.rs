@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use crate::schema::{conforms, validate};
-use crate::util::{Gpu, Proc, Scenario, Sim};
+use crate::util::{Gpu, Proc, Scenario, Sim, schema};
 
 const NEEDS_ACTION: i32 = 6;
 
@@ -16,13 +16,6 @@ fn sick() -> Gpu {
         .remapped_rows(3, 1, true, false)
         .ecc([0, 2, 10, 2])
         .clock_event_reasons(&["hw_slowdown"])
-}
-
-fn schema(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/schema")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn health_json(sim: &Sim, args: &[&str]) -> (i32, Value) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim};
+use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim, process_on};
 
 /// An argument that would retitle the terminal, clear it, colour what follows, start a
 /// fake row, and reorder the rest with a right-to-left override.
@@ -33,12 +33,7 @@ fn assert_terminal_safe(text: &str) {
 }
 
 fn command_of(doc: &Value, pid: u32) -> String {
-    doc["devices"][0]["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in {doc}"))["command"]
+    process_on(doc, 0, pid).unwrap_or_else(|| panic!("pid {pid} not in {doc}"))["command"]
         .as_str()
         .unwrap()
         .to_string()

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::run::{Background, KillOnDrop, gpuctl, h200s, lease_dir, pid_in, run, uuids};
+use crate::run::{Background, KillOnDrop, gpuctl, lease_dir, pid_in, run, uuids};
 use crate::terminal::quote;
-use crate::util::{PidReuser, Run, Sim, is_root, wait_until};
+use crate::util::{PidReuser, Run, Sim, h200s, is_root, setpriv, wait_until};
 
 /// The user who plants things (nobody) and another who only runs.
 const MALLORY: u32 = 65534;
@@ -182,9 +182,7 @@ fn background_as(sim: &Sim, uid: u32, args: &[&str]) -> Child {
 
 /// `sh -c SCRIPT` as `uid`: whether it succeeded.
 fn as_user(uid: u32, script: &str) -> bool {
-    let id = uid.to_string();
-    Command::new("setpriv")
-        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+    setpriv(uid)
         .args(["sh", "-c", script])
         .stdin(Stdio::null())
         .stderr(Stdio::null())

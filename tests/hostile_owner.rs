@@ -8,7 +8,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::slurm::run_script;
-use crate::util::{GIB, Gpu, Proc, Process, Scenario, Sim, TestCgroup, alive, wait_exited};
+use crate::util::{
+    GIB, Gpu, Proc, Process, Scenario, Sim, TestCgroup, alive, process_in, wait_exited,
+};
 
 const ALICE: u32 = 1000;
 const MALLORY: u32 = 1001;
@@ -33,12 +35,7 @@ fn job_id(salt: u64) -> u64 {
 /// What `gpuctl info --json` says of `pid`.
 fn shown(sim: &Sim, pid: u32) -> Value {
     let doc = sim.json(&["info"]);
-    doc["devices"]
-        .as_array()
-        .expect("devices")
-        .iter()
-        .flat_map(|d| d["processes"].as_array().into_iter().flatten())
-        .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+    process_in(&doc, pid)
         .unwrap_or_else(|| panic!("pid {pid} not shown: {doc}"))
         .clone()
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::util::{
     GIB, Gpu, Proc, Process, RootOwnedProgram, Run, Scenario, Sim, alive, background_workers_of,
-    is_root, testproc_bin, wait_until, watchdog_bin,
+    is_root, process_on, testproc_bin, user_name, wait_until, watchdog_bin,
 };
 
 /// The uid the tests run other users' processes as.
@@ -29,12 +29,7 @@ fn one_gpu(pids: &[u32]) -> Scenario {
 /// `gpuctl info --json`'s protection claim of `pid`.
 fn claim_of(sim: &Sim, pid: u32) -> Value {
     let doc = sim.json(&["info"]);
-    doc["devices"][0]["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not shown: {doc:#}"))["protection"]
+    process_on(&doc, 0, pid).unwrap_or_else(|| panic!("pid {pid} not shown: {doc:#}"))["protection"]
         .clone()
 }
 
@@ -226,14 +221,6 @@ fn tracer_of(pid: u32) -> Option<u32> {
         .trim()
         .parse()
         .ok()
-}
-
-fn user_name(uid: u32) -> String {
-    let out = Command::new("id")
-        .args(["-nu", &uid.to_string()])
-        .output()
-        .expect("run id");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 // ---- (e) The watchdog under the shipped unit's capabilities.

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::util::{Gpu, Proc, Process, Scenario, Sim, TestCgroup, alive, wait_until};
+use crate::util::{Gpu, Proc, Process, Scenario, Sim, TestCgroup, alive, process_on, wait_until};
 use crate::watchdog::{Daemon, metrics, wait_more_loops};
 
 const GIB: u64 = 1 << 30;
@@ -62,11 +62,7 @@ fn value(text: &str, series: &str) -> Option<f64> {
 
 fn user_of(sim: &Sim, pid: u32) -> String {
     let doc = sim.json(&["info"]);
-    doc["devices"][0]["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
+    process_on(&doc, 0, pid)
         .and_then(|p| p["user"].as_str())
         .expect("the process's user")
         .to_string()

@@ -9,12 +9,8 @@ use serde_json::Value;
 
 use crate::util::{
     GIB, Gpu, MIB, Proc, Process, RootOwnedProgram, Scenario, Sim, TrainingRun, alive,
-    background_job, is_root, proc_state,
+    background_job, h200s, is_root, proc_state,
 };
-
-fn h200s(count: usize) -> Scenario {
-    Scenario::new().gpus(count, Gpu::h200())
-}
 
 /// The document of `gpuctl ARGS --json` whatever its exit status, which is returned too.
 fn json_with_code(sim: &Sim, args: &[&str]) -> (Value, i32, String) {

@@ -682,11 +682,7 @@ fn a_removed_pods_leftover_is_named_by_its_last_name_and_clear_ends_it_alone() {
     let socket = &node().socket;
     std::fs::write(sim.config_path(), runtime_config(socket, "10s")).unwrap();
     let process = |json: &serde_json::Value, pid: u32| -> serde_json::Value {
-        json["devices"][0]["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pid"] == pid)
+        crate::util::process_on(json, 0, pid)
             .cloned()
             .unwrap_or_else(|| panic!("no process {pid}: {json}"))
     };

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::util::{
     Fetch, GIB, Gpu, Proc, Process, RootOwnedProgram, Scenario, Sim, TrainingRun, alive, is_root,
-    wait_until,
+    process_on, wait_until,
 };
 use crate::watchdog::{Daemon, wait_more_loops};
 
@@ -66,12 +66,7 @@ impl MpsServer {
 }
 
 fn process(doc: &Value, gpu: usize, pid: u32) -> &Value {
-    doc["devices"][gpu]["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not on GPU {gpu}: {doc}"))
+    process_on(doc, gpu, pid).unwrap_or_else(|| panic!("pid {pid} not on GPU {gpu}: {doc}"))
 }
 
 #[test]

@@ -9,14 +9,9 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::util::{
-    Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, gpuctl_bin, sim_lib, target_dir, wait_until,
+    Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, gpuctl_bin, repo_root, sim_lib, target_dir,
+    wait_until,
 };
-
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the repository")
-}
 
 /// The nvidia-smi binary, fetched once per test run; a test that cannot have it fails with
 /// the fetch script's one-line reason.

@@ -5,13 +5,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::util::{GIB, Gpu, Proc, Process, Pty, Scenario, Sim};
-
-fn repo_root() -> &'static std::path::Path {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the repository")
-}
+use crate::util::{GIB, Gpu, Proc, Process, Pty, Scenario, Sim, repo_root};
 
 /// `gpuctl ARGS` with stdout on a terminal `columns` wide (a pty without a size: gpuctl
 /// takes COLUMNS then), in a UTF-8 locale without colors; what it printed, lines ending in

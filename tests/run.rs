@@ -10,16 +10,12 @@ use std::time::{Duration, Instant};
 
 use crate::terminal::{Terminal, quote};
 use crate::util::{
-    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, default_stop_signals, is_root,
-    testproc_bin, wait_exited, wait_until,
+    GIB, Gpu, Proc, RootOwnedProgram, Run, Scenario, Sim, alive, default_stop_signals, h200s,
+    is_root, testproc_bin, wait_exited, wait_until,
 };
 
 /// Columns and rows of the terminal the tests that need one run gpuctl in.
 const TERMINAL_SIZE: (u16, u16) = (200, 40);
-
-pub(crate) fn h200s(count: usize) -> Scenario {
-    Scenario::new().gpus(count, Gpu::h200())
-}
 
 /// The lease directory of a test: its own, in the scratch directory.
 pub(crate) fn lease_dir(sim: &Sim) -> PathBuf {

@@ -15,10 +15,7 @@ fn schema_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema")
 }
 
-pub fn schema(name: &str) -> Value {
-    let path = schema_dir().join(name);
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
-}
+pub use crate::util::schema;
 
 /// `schema`, held to its meta-schema (2020-12, which `$schema` names), compiled by a complete
 /// JSON Schema validator.

@@ -333,16 +333,8 @@ fn without_a_job_cgroup_the_environment_names_the_job_and_the_epilog_ends_its_le
         (other_job.pid(), 1, 50),
     ]));
     let doc = sim.json(&["info"]);
-    let owner_of = |pid: u32| -> Value {
-        doc["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|d| d["processes"].as_array().unwrap().iter())
-            .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
-            .unwrap()["owner"]
-            .clone()
-    };
+    let owner_of =
+        |pid: u32| -> Value { crate::util::process_in(&doc, pid).unwrap()["owner"].clone() };
     let owner = owner_of(leftover.pid());
     assert_eq!(owner["kind"], "slurm_job", "{owner}");
     assert_eq!(owner["job_id"], 777);

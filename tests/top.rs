@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::terminal::Terminal;
 use crate::util::{
     GIB, Gpu, PidReuser, Proc, Process, RootOwnedProgram, Scenario, Sim, alive, is_root,
-    wait_exited,
+    setpriv_args, wait_exited,
 };
 
 /// `gpuctl top ARGS` against `sim`.
@@ -25,16 +25,10 @@ fn top(sim: &Sim, args: &[&str], size: (u16, u16)) -> Terminal {
 
 /// `gpuctl top` as user and group `uid`, through setpriv.
 fn top_as(sim: &Sim, uid: u32, size: (u16, u16)) -> Terminal {
-    let id = uid.to_string();
-    let wrapper = [
-        "setpriv",
-        "--reuid",
-        &id,
-        "--regid",
-        &id,
-        "--clear-groups",
-        "--",
-    ];
+    let args = setpriv_args(uid);
+    let wrapper: Vec<&str> = std::iter::once("setpriv")
+        .chain(args.iter().map(String::as_str))
+        .collect();
     Terminal::start_wrapped(&top_command(sim, &[]), size, &wrapper)
 }
 

@@ -72,6 +72,83 @@ pub fn counted_finding_kinds() -> Vec<&'static str> {
 /// carol from under each other.
 pub static TEAM_ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A scenario of `count` H200s and no process.
+pub fn h200s(count: usize) -> Scenario {
+    Scenario::new().gpus(count, Gpu::h200())
+}
+
+/// The repository's root (tests/ lives in it).
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the repository")
+}
+
+/// A published JSON schema, `docs/schema/NAME`.
+pub fn schema(name: &str) -> serde_json::Value {
+    let path = repo_root().join("docs/schema").join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The name /etc/passwd (or NSS) gives `uid`.
+pub fn user_name(uid: u32) -> String {
+    let out = Command::new("id")
+        .args(["-nu", &uid.to_string()])
+        .output()
+        .expect("run id");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The last `lines` lines of a file, or a note that it cannot be read.
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("({}: {e})", path.display()),
+    }
+}
+
+/// setpriv's arguments that run the program after them as user and group `uid`, with no
+/// supplementary groups.
+pub fn setpriv_args(uid: u32) -> [String; 6] {
+    let id = uid.to_string();
+    [
+        "--reuid".into(),
+        id.clone(),
+        "--regid".into(),
+        id,
+        "--clear-groups".into(),
+        "--".into(),
+    ]
+}
+
+/// `setpriv` with [`setpriv_args`]: add the program and its arguments.
+pub fn setpriv(uid: u32) -> Command {
+    let mut command = Command::new("setpriv");
+    command.args(setpriv_args(uid));
+    command
+}
+
+/// The entry of process `pid` on GPU `gpu` in a `gpuctl info --json` document.
+pub fn process_on(doc: &serde_json::Value, gpu: usize, pid: u32) -> Option<&serde_json::Value> {
+    doc["devices"][gpu]["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["pid"] == pid)
+}
+
+/// The entry of process `pid` on any GPU in a `gpuctl info --json` document.
+pub fn process_in(doc: &serde_json::Value, pid: u32) -> Option<&serde_json::Value> {
+    doc["devices"]
+        .as_array()?
+        .iter()
+        .flat_map(|d| d["processes"].as_array().into_iter().flatten())
+        .find(|p| p["pid"] == pid)
+}
+
 /// target/<profile>, found from this test binary (target/<profile>/deps/e2e-HASH).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -947,9 +1024,7 @@ impl Proc {
     /// The test process in `mode` as user and group `uid` (through setpriv, which execs it:
     /// the pid is the test process's), once it runs as that user.
     pub fn spawn_as(uid: u32, mode: &str, args: &[&str]) -> Proc {
-        let id = uid.to_string();
-        let mut child = Command::new("setpriv")
-            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+        let mut child = setpriv(uid)
             .arg(testproc_bin())
             .args(args)
             .env("GPUCTL_TESTPROC_MODE", mode)
@@ -1177,13 +1252,9 @@ impl Sim {
 
     /// `gpuctl ARGS` as user and group `uid` (through setpriv), against this scenario.
     pub fn gpuctl_as(&self, uid: u32, args: &[&str]) -> Command {
-        let id = uid.to_string();
         let inner = self.gpuctl(args);
-        let mut command = Command::new("setpriv");
-        command
-            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
-            .arg(inner.get_program())
-            .args(inner.get_args());
+        let mut command = setpriv(uid);
+        command.arg(inner.get_program()).args(inner.get_args());
         for (key, value) in inner.get_envs() {
             match value {
                 Some(value) => command.env(key, value),
@@ -1451,9 +1522,7 @@ impl Proc {
         program: &Path,
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Proc {
-        let id = uid.to_string();
-        let child = Command::new("setpriv")
-            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+        let child = setpriv(uid)
             .arg(program)
             .envs(env.iter().copied())
             .env("GPUCTL_TESTPROC_MODE", "sleep")
@@ -1485,11 +1554,8 @@ pub fn background_workers_of_env(
 ) -> Strays {
     let mut command = match uid {
         Some(uid) => {
-            let id = uid.to_string();
-            let mut command = Command::new("setpriv");
-            command
-                .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
-                .arg(program);
+            let mut command = setpriv(uid);
+            command.arg(program);
             command
         }
         None => Command::new(program),
@@ -1596,9 +1662,7 @@ pub fn wait_until_listed_by(reader: u32, pid: u32) {
 impl Proc {
     /// [`Proc::spawn_as`] with `env` added to its environment (SLURM_JOB_ID and the like).
     pub fn spawn_as_with_env(uid: u32, mode: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
-        let id = uid.to_string();
-        let mut child = Command::new("setpriv")
-            .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+        let mut child = setpriv(uid)
             .arg(testproc_bin())
             .args(args)
             .env("GPUCTL_TESTPROC_MODE", mode)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::{
     Gpu, Proc, Process, Run, Scenario, Sim, TrainingRun, alive, counted_finding_kinds, is_root,
-    sim_lib, wait_until, watchdog_bin,
+    process_in, sim_lib, user_name, wait_until, watchdog_bin,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -870,15 +870,6 @@ fn the_kubernetes_configmap_policy_is_accepted() {
     );
 }
 
-/// The name /etc/passwd (or NSS) gives `uid`.
-fn user_name(uid: u32) -> String {
-    let out = Command::new("id")
-        .args(["-nu", &uid.to_string()])
-        .output()
-        .expect("run id");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 #[test]
 fn a_process_claiming_a_protected_name_is_logged_once_as_an_impostor() {
     let impostor = Proc::spawn_ready("sleep", "nvidia-persistenced", &[]);
@@ -1506,12 +1497,7 @@ struct Lingering {
 
 /// The entries `gpuctl info --json` shows for `pid`, on any GPU.
 fn shown_entry(doc: &serde_json::Value, pid: u32) -> Option<serde_json::Value> {
-    doc["devices"]
-        .as_array()?
-        .iter()
-        .flat_map(|d| d["processes"].as_array().into_iter().flatten())
-        .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
-        .cloned()
+    process_in(doc, pid).cloned()
 }
 
 /// Whether the owner shown for mallory's forger credits her process to alice's job `job`

@@ -145,7 +145,7 @@ pub fn promtool_check_metrics(fleet: &mut Fleet) -> Result<(), String> {
                 node.number,
                 file.display(),
                 out.status,
-                fleet::tail(&file, 40)
+                crate::util::tail(&file, 40)
             ));
         }
     }

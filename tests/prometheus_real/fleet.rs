@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::api;
-use crate::util::{Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, sim_lib, watchdog_bin};
+use crate::util::{Fetch, GIB, Gpu, Proc, Process, Scenario, Sim, sim_lib, tail, watchdog_bin};
 
 /// How long a wait for the fleet (or a condition in a trial) may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(15);
@@ -49,18 +49,6 @@ pub const DASHBOARD: &str = "packaging/grafana/gpuctl-dashboard.json";
 pub fn ensure_prometheus() -> Result<&'static str, String> {
     static PROMETHEUS: Fetch = Fetch::new("fetch-prometheus");
     PROMETHEUS.once()
-}
-
-/// The last `lines` lines of a file, or a note that it cannot be read.
-pub fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("({}: {e})", path.display()),
-    }
 }
 
 /// `count` loopback ports free now (all held while the next is chosen, so they differ).

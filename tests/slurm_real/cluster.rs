@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::util::Fetch;
+use crate::util::{Fetch, tail};
 
 /// How long the waiting loops poll before they give up, unless told otherwise.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -132,18 +132,6 @@ fn is_shell_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-}
-
-/// The last `lines` lines of a file, or a note that it cannot be read.
-fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("({}: {e})", path.display()),
-    }
 }
 
 /// `command`'s output, killed and reported as a failure after `limit`.

@@ -319,33 +319,7 @@ pub fn end_all(targets: &[Identity], how: &Escalation) -> Vec<Ended> {
 pub fn end_all_with(targets: &[Identity], how: &Escalation, method: MethodChoice) -> Vec<Ended> {
     let first = how.signal;
     let mut results: Vec<Option<Ended>> = vec![None; targets.len()];
-    let mut live: Vec<Pending> = Vec::with_capacity(targets.len());
-    let mut first_sent: Option<Instant> = None;
-
-    for (index, target) in targets.iter().enumerate() {
-        let (handle, stat) = match Handle::open(*target, method) {
-            Ok(opened) => opened,
-            Err(ended) => {
-                results[index] = Some(ended);
-                continue;
-            }
-        };
-        first_sent.get_or_insert_with(Instant::now);
-        match handle.signal(first) {
-            Ok(()) => {
-                let mut signals = vec![first.name()];
-                if first.needs_cont() && stat.is_stopped() && handle.signal(Signal::CONT).is_ok() {
-                    signals.push(Signal::CONT.name());
-                }
-                live.push(Pending {
-                    index,
-                    handle,
-                    signals,
-                });
-            }
-            Err(ended) => results[index] = Some(ended),
-        }
-    }
+    let (mut live, first_sent) = send_first(targets, first, method, &mut results);
 
     let t0 = first_sent.unwrap_or_else(Instant::now);
     let elapsed = |at: Instant| {
@@ -363,23 +337,7 @@ pub fn end_all_with(targets: &[Identity], how: &Escalation, method: MethodChoice
     }
 
     if !live.is_empty() && how.escalate && first != Signal::KILL {
-        let survivors = std::mem::take(&mut live);
-        for mut pending in survivors {
-            match pending.handle.signal(Signal::KILL) {
-                Ok(()) => {
-                    pending.signals.push(Signal::KILL.name());
-                    live.push(pending);
-                }
-                // It exited between the last look and SIGKILL: the first signal did it.
-                Err(Ended::Gone | Ended::Reused { .. }) => {
-                    results[pending.index] = Some(Ended::Exited {
-                        signal: first.name(),
-                        after_ms: elapsed(Instant::now()),
-                    });
-                }
-                Err(ended) => results[pending.index] = Some(ended),
-            }
-        }
+        kill_survivors(&mut live, &mut results, first, &elapsed);
         if !live.is_empty() {
             let deadline = Instant::now() + how.kill_timeout;
             for (pending, at) in wait_all(&mut live, deadline) {
@@ -404,6 +362,71 @@ pub fn end_all_with(targets: &[Identity], how: &Escalation, method: MethodChoice
             })
         })
         .collect()
+}
+
+/// Opens each target and sends it the first signal (and SIGCONT to a stopped one that needs
+/// it); those that cannot be signalled get their outcome in `results`. The targets signalled,
+/// and when the first signal went.
+fn send_first(
+    targets: &[Identity],
+    first: Signal,
+    method: MethodChoice,
+    results: &mut [Option<Ended>],
+) -> (Vec<Pending>, Option<Instant>) {
+    let mut live: Vec<Pending> = Vec::with_capacity(targets.len());
+    let mut first_sent: Option<Instant> = None;
+    for (index, target) in targets.iter().enumerate() {
+        let (handle, stat) = match Handle::open(*target, method) {
+            Ok(opened) => opened,
+            Err(ended) => {
+                results[index] = Some(ended);
+                continue;
+            }
+        };
+        first_sent.get_or_insert_with(Instant::now);
+        match handle.signal(first) {
+            Ok(()) => {
+                let mut signals = vec![first.name()];
+                if first.needs_cont() && stat.is_stopped() && handle.signal(Signal::CONT).is_ok() {
+                    signals.push(Signal::CONT.name());
+                }
+                live.push(Pending {
+                    index,
+                    handle,
+                    signals,
+                });
+            }
+            Err(ended) => results[index] = Some(ended),
+        }
+    }
+    (live, first_sent)
+}
+
+/// SIGKILL to each survivor of the first signal; one that exited meanwhile was ended by the
+/// first signal.
+fn kill_survivors(
+    live: &mut Vec<Pending>,
+    results: &mut [Option<Ended>],
+    first: Signal,
+    elapsed: &impl Fn(Instant) -> u64,
+) {
+    let survivors = std::mem::take(live);
+    for mut pending in survivors {
+        match pending.handle.signal(Signal::KILL) {
+            Ok(()) => {
+                pending.signals.push(Signal::KILL.name());
+                live.push(pending);
+            }
+            // It exited between the last look and SIGKILL: the first signal did it.
+            Err(Ended::Gone | Ended::Reused { .. }) => {
+                results[pending.index] = Some(Ended::Exited {
+                    signal: first.name(),
+                    after_ms: elapsed(Instant::now()),
+                });
+            }
+            Err(ended) => results[pending.index] = Some(ended),
+        }
+    }
 }
 
 /// Sends one signal to one identity safely, without waiting (e.g. `--signal USR1`). A stopped

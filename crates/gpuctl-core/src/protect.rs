@@ -487,7 +487,6 @@ fn judge_path(
     must_exist: bool,
     known: &mut std::collections::HashSet<PathBuf>,
 ) -> Result<(), String> {
-    use std::path::Component;
     let top = Path::new("/");
     if !known.contains(top) {
         let meta =
@@ -497,16 +496,7 @@ fn judge_path(
     }
     // Components still to walk, the next one last.
     let mut pending: Vec<std::ffi::OsString> = Vec::new();
-    let push = |pending: &mut Vec<std::ffi::OsString>, path: &Path| {
-        for component in path.components().rev() {
-            match component {
-                Component::Normal(name) => pending.push(name.to_os_string()),
-                Component::ParentDir => pending.push("..".into()),
-                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-            }
-        }
-    };
-    push(&mut pending, path);
+    push_components(&mut pending, path);
     let mut current = top.to_path_buf();
     let mut links = 0;
     // Whether `current` is a sticky directory others may write in (as /tmp): passing through
@@ -551,7 +541,7 @@ fn judge_path(
             if target.is_absolute() {
                 current = top.to_path_buf();
             }
-            push(&mut pending, &target);
+            push_components(&mut pending, &target);
             continue;
         }
         // The last component (the file, or the directory ld.so searches) must be writable by
@@ -569,6 +559,19 @@ fn judge_path(
         current = next;
     }
     Ok(())
+}
+
+/// Pushes `path`'s components onto `pending` so that its first is popped first (`..` kept
+/// as a step up; `/` and `.` dropped).
+fn push_components(pending: &mut Vec<std::ffi::OsString>, path: &Path) {
+    use std::path::Component;
+    for component in path.components().rev() {
+        match component {
+            Component::Normal(name) => pending.push(name.to_os_string()),
+            Component::ParentDir => pending.push("..".into()),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
 }
 
 /// A root-owned directory with the sticky bit: others may add entries, but only root may

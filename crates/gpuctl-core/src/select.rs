@@ -217,6 +217,50 @@ impl Selector {
         self.all
     }
 
+    /// Whether `target`, whose identity is confirmed, meets every criterion but --stale.
+    fn admits(&self, snapshot: &Snapshot, target: &Target, identity: &Identity) -> bool {
+        if !self.on_gpus(target) {
+            return false;
+        }
+        if self.pids.as_ref().is_some_and(|p| !p.contains(&target.pid)) {
+            return false;
+        }
+        if self
+            .processes
+            .as_ref()
+            .is_some_and(|ids| !ids.contains(identity))
+        {
+            return false;
+        }
+        if self
+            .uids
+            .as_ref()
+            .is_some_and(|uids| !target.uid.is_some_and(|u| uids.contains(&u)))
+        {
+            return false;
+        }
+        if self.owners.as_ref().is_some_and(|owners| {
+            !target
+                .host
+                .owner
+                .as_ref()
+                .is_some_and(|owner| owners.iter().any(|m| m.matches(owner)))
+        }) {
+            return false;
+        }
+        if let Some(min) = self.min_bytes
+            && target.used_bytes.is_none_or(|used| used < min)
+        {
+            return false;
+        }
+        if let Some(older) = self.older_than
+            && age_of(snapshot, target.pid).is_none_or(|age| age < older.as_secs())
+        {
+            return false;
+        }
+        true
+    }
+
     fn on_gpus(&self, target: &Target) -> bool {
         self.gpus
             .as_ref()
@@ -255,6 +299,38 @@ pub fn select(
     pids.sort_unstable();
     pids.dedup();
 
+    let refusals = refusals(snapshot, selector);
+    let mut targets = Vec::new();
+    for pid in pids {
+        let Some(mut target) = Target::of(snapshot, pid) else {
+            continue;
+        };
+        // Nothing is done to a process whose identity is not confirmed.
+        let Some(identity) = target.identity() else {
+            continue;
+        };
+        if !selector.admits(snapshot, &target, &identity) {
+            continue;
+        }
+        if selector.stale {
+            match reclaimable.get(&pid) {
+                Some(found) => target
+                    .reasons
+                    .extend(found.iter().map(|f| f.reason.clone())),
+                None => continue,
+            }
+        }
+        target
+            .reasons
+            .extend(matched_criteria(selector, &target, age_of(snapshot, pid)));
+        targets.push(target);
+    }
+    (targets, refusals)
+}
+
+/// A refusal for each pid the selector names (by --pid or --process) that is not a
+/// confirmed GPU process on the selected GPUs.
+fn refusals(snapshot: &Snapshot, selector: &Selector) -> Vec<Refusal> {
     let named = selector.pids.iter().flatten().copied();
     let named_processes = selector.processes.iter().flatten().map(|id| id.pid);
     let mut refusals = Vec::new();
@@ -272,69 +348,7 @@ pub fn select(
         };
         refusals.push(Refusal { pid, reason });
     }
-
-    let mut targets = Vec::new();
-    for pid in pids {
-        let Some(mut target) = Target::of(snapshot, pid) else {
-            continue;
-        };
-        // Nothing is done to a process whose identity is not confirmed.
-        let Some(identity) = target.identity() else {
-            continue;
-        };
-        if !selector.on_gpus(&target) {
-            continue;
-        }
-        if selector.pids.as_ref().is_some_and(|p| !p.contains(&pid)) {
-            continue;
-        }
-        if selector
-            .processes
-            .as_ref()
-            .is_some_and(|ids| !ids.contains(&identity))
-        {
-            continue;
-        }
-        if selector
-            .uids
-            .as_ref()
-            .is_some_and(|uids| !target.uid.is_some_and(|u| uids.contains(&u)))
-        {
-            continue;
-        }
-        if selector.owners.as_ref().is_some_and(|owners| {
-            !target
-                .host
-                .owner
-                .as_ref()
-                .is_some_and(|owner| owners.iter().any(|m| m.matches(owner)))
-        }) {
-            continue;
-        }
-        if let Some(min) = selector.min_bytes
-            && target.used_bytes.is_none_or(|used| used < min)
-        {
-            continue;
-        }
-        if let Some(older) = selector.older_than
-            && age_of(snapshot, pid).is_none_or(|age| age < older.as_secs())
-        {
-            continue;
-        }
-        if selector.stale {
-            match reclaimable.get(&pid) {
-                Some(found) => target
-                    .reasons
-                    .extend(found.iter().map(|f| f.reason.clone())),
-                None => continue,
-            }
-        }
-        target
-            .reasons
-            .extend(matched_criteria(selector, &target, age_of(snapshot, pid)));
-        targets.push(target);
-    }
-    (targets, refusals)
+    refusals
 }
 
 /// Why a target was selected, in the selectors' own terms (a dry run prints them).

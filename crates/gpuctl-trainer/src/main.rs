@@ -106,35 +106,13 @@ fn run(args: &Args) -> Result<(), Failure> {
         mut optimizer,
     } = build_model(args, &session, device_arg, &mut monitor)?;
 
-    let spec = DataSpec {
-        seed: args.seed,
-        vocab: args.vocab_size,
-        length: args.max_length,
-        dataset_size: args.dataset_size,
-        batch_size: args.batch_size,
-    };
-    let fingerprint = checkpoint::Fingerprint {
-        model: config,
-        batch_size: args.batch_size,
-        dataset_size: args.dataset_size,
-        seed: args.seed,
-    };
+    let (spec, fingerprint) = data_and_fingerprint(args, config);
     let resumed = resume(args, fingerprint, &params, &mut optimizer)?;
-    let total_steps = match (args.steps, args.epochs) {
-        (Some(steps), _) => steps,
-        (None, Some(epochs)) => epochs * spec.steps_per_epoch(),
-        (None, None) => spec.steps_per_epoch(),
-    };
+    let total_steps = total_steps(args, &spec);
     let micro_batch =
         choose_micro_batch(args, &config, cuda_index, &mut monitor, resumed.micro_batch)?;
 
-    let mut loader = loader::Loader::start(
-        spec,
-        args.workers as usize,
-        resumed.step,
-        total_steps.max(resumed.step),
-    )
-    .map_err(|e| Failure::Failed(e.to_string()))?;
+    let mut loader = start_loader(args, spec, resumed.step, total_steps)?;
     record.processes = runfile::processes(&loader.worker_pids());
     run_file
         .record(&record)
@@ -157,15 +135,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         trace: hooks.then(Trace::default),
         oom_recoveries: resumed.oom_recoveries,
     };
-    log(format!(
-        "training steps {}..{total_steps}: batch {} as micro-batch {} x {}, {} data worker{}",
-        resumed.step,
-        args.batch_size,
-        trainer.micro_batch,
-        trainer.grad_accum(),
-        args.workers,
-        if args.workers == 1 { "" } else { "s" }
-    ));
+    log_plan(args, &trainer, resumed.step, total_steps);
 
     let run = Steps {
         total: total_steps,
@@ -176,6 +146,61 @@ fn run(args: &Args) -> Result<(), Failure> {
     let ended = train_loop(args, &run, &mut trainer, &mut loader, &resumed)?;
     finish(args, &run, &mut trainer, &resumed, &ended, loader, run_file);
     Ok(())
+}
+
+/// The data the run reads, and what a checkpoint must match to be resumed.
+fn data_and_fingerprint(args: &Args, config: ModelConfig) -> (DataSpec, checkpoint::Fingerprint) {
+    let spec = DataSpec {
+        seed: args.seed,
+        vocab: args.vocab_size,
+        length: args.max_length,
+        dataset_size: args.dataset_size,
+        batch_size: args.batch_size,
+    };
+    let fingerprint = checkpoint::Fingerprint {
+        model: config,
+        batch_size: args.batch_size,
+        dataset_size: args.dataset_size,
+        seed: args.seed,
+    };
+    (spec, fingerprint)
+}
+
+/// --steps, or --epochs of steps, or one epoch.
+fn total_steps(args: &Args, spec: &DataSpec) -> u64 {
+    match (args.steps, args.epochs) {
+        (Some(steps), _) => steps,
+        (None, Some(epochs)) => epochs * spec.steps_per_epoch(),
+        (None, None) => spec.steps_per_epoch(),
+    }
+}
+
+/// The data workers, from the step the run resumes at.
+fn start_loader(
+    args: &Args,
+    spec: DataSpec,
+    first_step: u64,
+    total_steps: u64,
+) -> Result<loader::Loader, Failure> {
+    loader::Loader::start(
+        spec,
+        args.workers as usize,
+        first_step,
+        total_steps.max(first_step),
+    )
+    .map_err(|e| Failure::Failed(e.to_string()))
+}
+
+/// The line that opens training: its steps, batch split and data workers.
+fn log_plan(args: &Args, trainer: &Trainer, first_step: u64, total_steps: u64) {
+    log(format!(
+        "training steps {first_step}..{total_steps}: batch {} as micro-batch {} x {}, {} data worker{}",
+        args.batch_size,
+        trainer.micro_batch,
+        trainer.grad_accum(),
+        args.workers,
+        if args.workers == 1 { "" } else { "s" }
+    ));
 }
 
 /// The model on its device, its parameters (sorted by name) and their optimizer.

@@ -112,18 +112,7 @@ pub fn train_loop(
             }
             Err(e) => return Err(Failure::Failed(e.to_string())),
         };
-        let samples = Tensor::from_slice(&tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
-            .view([i64::from(args.batch_size), i64::from(args.max_length) + 1]);
-        let loss = match trainer.step(step, &samples, &mut |line| log(line)) {
-            Ok(loss) => loss,
-            Err(error) => {
-                write_memory_outputs(args, trainer, &run.device);
-                return Err(match error {
-                    TrainError::OutOfMemory(message) => Failure::OutOfMemory(message),
-                    TrainError::Failed(message) => Failure::Failed(message),
-                });
-            }
-        };
+        let loss = run_step(args, run, trainer, step, &tokens)?;
         step += 1;
         samples_seen += u64::from(args.batch_size);
         window.1 += 1;
@@ -133,32 +122,7 @@ pub fn train_loop(
                 "the loss is {loss} at step {step}: training diverged (lower --lr?)"
             )));
         }
-        if let (Some(every), Some(index)) = (args.empty_cache_every, trainer.cuda_index)
-            && step.is_multiple_of(every)
-        {
-            alloc::empty_cache()
-                .map_err(|e| Failure::Failed(format!("empty_cache on cuda:{index}: {e}")))?;
-        }
-        if step.is_multiple_of(args.log_every) || step == run.total {
-            let rate = window.1 as f64 * f64::from(args.batch_size)
-                / window.0.elapsed().as_secs_f64().max(1e-9);
-            log(format!(
-                "step {step}/{} loss {loss:.4} micro-batch {} x {} {rate:.0} samples/s",
-                run.total,
-                trainer.micro_batch,
-                trainer.grad_accum()
-            ));
-            window = (Instant::now(), 0);
-        }
-        if step.is_multiple_of(run.per_epoch) {
-            log(format!(
-                "memory [epoch {} done]: {}",
-                step / run.per_epoch,
-                trainer.monitor.milestone()
-            ));
-            // Each epoch's log shows its own peak; the summary keeps the run's.
-            trainer.monitor.reset_peak();
-        }
+        after_step(args, run, trainer, step, loss, &mut window)?;
         let stop = stop_signal();
         let save_now = args.checkpoint_every > 0 && step.is_multiple_of(args.checkpoint_every);
         if let Some(dir) = &args.checkpoint
@@ -180,6 +144,67 @@ pub fn train_loop(
         stopped_by,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// One optimizer step on a batch of `tokens`; on failure the memory outputs are written
+/// before the error returns.
+fn run_step(
+    args: &Args,
+    run: &Steps,
+    trainer: &mut Trainer,
+    step: u64,
+    tokens: &[u32],
+) -> Result<f64, Failure> {
+    let samples = Tensor::from_slice(&tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
+        .view([i64::from(args.batch_size), i64::from(args.max_length) + 1]);
+    trainer
+        .step(step, &samples, &mut |line| log(line))
+        .map_err(|error| {
+            write_memory_outputs(args, trainer, &run.device);
+            match error {
+                TrainError::OutOfMemory(message) => Failure::OutOfMemory(message),
+                TrainError::Failed(message) => Failure::Failed(message),
+            }
+        })
+}
+
+/// After step `step` (counted from 1): the cache emptied, the progress line (`window`: since
+/// when, and how many steps since the last one) and the epoch's memory milestone, as asked.
+fn after_step(
+    args: &Args,
+    run: &Steps,
+    trainer: &mut Trainer,
+    step: u64,
+    loss: f64,
+    window: &mut (Instant, u64),
+) -> Result<(), Failure> {
+    if let (Some(every), Some(index)) = (args.empty_cache_every, trainer.cuda_index)
+        && step.is_multiple_of(every)
+    {
+        alloc::empty_cache()
+            .map_err(|e| Failure::Failed(format!("empty_cache on cuda:{index}: {e}")))?;
+    }
+    if step.is_multiple_of(args.log_every) || step == run.total {
+        let rate = window.1 as f64 * f64::from(args.batch_size)
+            / window.0.elapsed().as_secs_f64().max(1e-9);
+        log(format!(
+            "step {step}/{} loss {loss:.4} micro-batch {} x {} {rate:.0} samples/s",
+            run.total,
+            trainer.micro_batch,
+            trainer.grad_accum()
+        ));
+        *window = (Instant::now(), 0);
+    }
+    if step.is_multiple_of(run.per_epoch) {
+        log(format!(
+            "memory [epoch {} done]: {}",
+            step / run.per_epoch,
+            trainer.monitor.milestone()
+        ));
+        // Each epoch's log shows its own peak; the summary keeps the run's.
+        trainer.monitor.reset_peak();
+    }
+    Ok(())
 }
 
 /// The end of a run: the last memory milestone, the memory outputs, the summary line, the

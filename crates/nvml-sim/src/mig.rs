@@ -277,57 +277,22 @@ pub fn layout(gpu_name: &str, requests: &[MigRequest]) -> Result<Vec<MigInstance
             "MIG is modelled on H100 80GB and H200 only, not on '{gpu_name}'"
         ));
     };
-    let names = || table.iter().map(|p| p.name).collect::<Vec<_>>().join(", ");
     let mut profiles = Vec::with_capacity(requests.len());
-    for (k, r) in requests.iter().enumerate() {
-        let Some(p) = table.iter().find(|p| p.name == r.profile) else {
-            return Err(format!(
-                "mig[{k}]: unknown profile '{}' for {gpu_name} (one of {})",
-                r.profile,
-                names()
-            ));
-        };
-        if let Some(gi) = r.gpu_instance
-            && gi > MAX_GI_ID
-        {
-            return Err(format!(
-                "mig[{k}]: gpu_instance must be in 0..={MAX_GI_ID}, not {gi}"
-            ));
-        }
-        if let Some(ci) = r.compute_instance
-            && ci > MAX_CI_ID
-        {
-            return Err(format!(
-                "mig[{k}]: compute_instance must be in 0..={MAX_CI_ID}, not {ci}"
-            ));
-        }
-        if let Some(gi) = r.gpu_instance
-            && requests[..k].iter().any(|o| o.gpu_instance == Some(gi))
-        {
-            return Err(format!("mig[{k}]: gpu_instance {gi} is used twice"));
-        }
-        profiles.push(p);
+    for k in 0..requests.len() {
+        profiles.push(checked_profile(table, requests, k, gpu_name)?);
     }
     let slices: u32 = profiles.iter().map(|p| p.slices).sum();
     if slices > COMPUTE_SLICES || requests.len() as u32 > MAX_MIG_DEVICES {
         return Err(format!(
             "the MIG instances take {slices} compute slices ({}); a GPU has {COMPUTE_SLICES}",
-            requests
-                .iter()
-                .map(|r| r.profile.as_str())
-                .collect::<Vec<_>>()
-                .join(" + ")
+            joined(requests)
         ));
     }
     let mut starts = vec![0u32; profiles.len()];
     if !place(&profiles, 0, 0, &mut starts) {
         return Err(format!(
             "the MIG instances {} do not fit the GPU's {MEMORY_SLICES} memory slices together",
-            requests
-                .iter()
-                .map(|r| r.profile.as_str())
-                .collect::<Vec<_>>()
-                .join(" + ")
+            joined(requests)
         ));
     }
     let mut taken: Vec<u32> = requests.iter().filter_map(|r| r.gpu_instance).collect();
@@ -352,6 +317,52 @@ pub fn layout(gpu_name: &str, requests: &[MigRequest]) -> Result<Vec<MigInstance
     }
     out.sort_by_key(|m| m.gi);
     Ok(out)
+}
+
+/// Request `k`'s profile, with its ids checked (in range, no GI id used twice).
+fn checked_profile(
+    table: &'static [MigProfile],
+    requests: &[MigRequest],
+    k: usize,
+    gpu_name: &str,
+) -> Result<&'static MigProfile, String> {
+    let r = &requests[k];
+    let Some(p) = table.iter().find(|p| p.name == r.profile) else {
+        let names = table.iter().map(|p| p.name).collect::<Vec<_>>().join(", ");
+        return Err(format!(
+            "mig[{k}]: unknown profile '{}' for {gpu_name} (one of {names})",
+            r.profile,
+        ));
+    };
+    if let Some(gi) = r.gpu_instance
+        && gi > MAX_GI_ID
+    {
+        return Err(format!(
+            "mig[{k}]: gpu_instance must be in 0..={MAX_GI_ID}, not {gi}"
+        ));
+    }
+    if let Some(ci) = r.compute_instance
+        && ci > MAX_CI_ID
+    {
+        return Err(format!(
+            "mig[{k}]: compute_instance must be in 0..={MAX_CI_ID}, not {ci}"
+        ));
+    }
+    if let Some(gi) = r.gpu_instance
+        && requests[..k].iter().any(|o| o.gpu_instance == Some(gi))
+    {
+        return Err(format!("mig[{k}]: gpu_instance {gi} is used twice"));
+    }
+    Ok(p)
+}
+
+/// The requests' profile names, as `1g.18gb + 3g.71gb`.
+fn joined(requests: &[MigRequest]) -> String {
+    requests
+        .iter()
+        .map(|r| r.profile.as_str())
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 /// Backtracking placement: each instance, in entry order, at the lowest start that lets

@@ -123,18 +123,19 @@ pub fn lock() -> MutexGuard<'static, Option<Sim>> {
     SIM.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn now_unix_ms() -> u64 {
+/// Now, since the Unix epoch (zero on a clock before it).
+fn since_epoch() -> std::time::Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .unwrap_or_default()
+}
+
+pub fn now_unix_ms() -> u64 {
+    since_epoch().as_millis() as u64
 }
 
 pub fn now_unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    since_epoch().as_micros() as u64
 }
 
 /// The default state-file path for a scenario.
@@ -201,6 +202,27 @@ pub struct GpuNow {
 }
 
 impl GpuNow {
+    /// A live process: its memory, and either its listing or its share of the unlisted load.
+    fn add_live(&mut self, p: &crate::scenario::Process, instance: Option<(u32, u32)>) {
+        self.used_mib += p.used_mib.unwrap_or(0);
+        self.add_gi(instance, p.used_mib.unwrap_or(0));
+        if p.unlisted {
+            self.unlisted_pct.0 += p.sm_pct;
+            self.unlisted_pct.1 += p.mem_pct;
+        } else {
+            self.procs.push(ProcNow {
+                pid: p.listed_pid.unwrap_or(p.pid),
+                real_pid: p.pid,
+                used_bytes: p.used_mib.map(|m| m * MIB),
+                sm_pct: p.sm_pct,
+                mem_pct: p.mem_pct,
+                kind: p.kind,
+                instance,
+                mps: p.mps,
+            });
+        }
+    }
+
     fn add_gi(&mut self, gi: Option<(u32, u32)>, mib: u64) {
         let Some((gi, _)) = gi else { return };
         match self.gi_used_mib.iter_mut().find(|(g, _)| *g == gi) {
@@ -429,23 +451,7 @@ impl Sim {
             let p = &sc.processes[p_index];
             let instance = p.instance_on(index as u32);
             if alive[p_index] {
-                out.used_mib += p.used_mib.unwrap_or(0);
-                out.add_gi(instance, p.used_mib.unwrap_or(0));
-                if p.unlisted {
-                    out.unlisted_pct.0 += p.sm_pct;
-                    out.unlisted_pct.1 += p.mem_pct;
-                } else {
-                    out.procs.push(ProcNow {
-                        pid: p.listed_pid.unwrap_or(p.pid),
-                        real_pid: p.pid,
-                        used_bytes: p.used_mib.map(|m| m * MIB),
-                        sm_pct: p.sm_pct,
-                        mem_pct: p.mem_pct,
-                        kind: p.kind,
-                        instance,
-                        mps: p.mps,
-                    });
-                }
+                out.add_live(p, instance);
                 if p.teardown_ms.is_some() {
                     if !state_fresh {
                         self.state.refresh();
@@ -480,21 +486,28 @@ impl Sim {
                 }
             }
         }
-        if !new_records.is_empty() || !stale_records.is_empty() {
-            let _ = self.state.update(|s| {
-                for pid in &stale_records {
-                    s.teardown.remove(&pid.to_string());
-                }
-                for pid in &new_records {
-                    s.teardown
-                        .entry(pid.to_string())
-                        .or_insert(crate::state::Teardown {
-                            first_dead_unix_ms: now_ms,
-                        });
-                }
-            });
-        }
+        self.record_teardowns(&stale_records, &new_records, now_ms);
         out
+    }
+
+    /// Forgets the teardown records of processes alive again (`stale`) and starts those of
+    /// processes seen dead for the first time (`new`), at `now_ms`.
+    fn record_teardowns(&mut self, stale: &[u32], new: &[u32], now_ms: u64) {
+        if new.is_empty() && stale.is_empty() {
+            return;
+        }
+        let _ = self.state.update(|s| {
+            for pid in stale {
+                s.teardown.remove(&pid.to_string());
+            }
+            for pid in new {
+                s.teardown
+                    .entry(pid.to_string())
+                    .or_insert(crate::state::Teardown {
+                        first_dead_unix_ms: now_ms,
+                    });
+            }
+        });
     }
 
     /// Liveness of every scenario process, reused for at most [`crate::live::TTL`].

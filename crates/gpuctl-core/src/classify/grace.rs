@@ -186,6 +186,18 @@ pub struct Watch {
     handling: Handling,
 }
 
+/// Whether `f` is a reclaim verdict of a kind that `remedy` acts on.
+fn acted_on(f: &Finding, remedy: Remedy) -> bool {
+    f.verdict == Verdict::Reclaim && f.kind.remedy() == remedy
+}
+
+/// Whether `f` is due: held through the grace by the same process (at once with `once`).
+fn due_now(spells: &Spells, f: &Finding, rules: &Rules, now: Instant) -> bool {
+    rules.once
+        || f.identity
+            .is_some_and(|id| spells.is_due(&id, rules.grace, now))
+}
+
 impl Watch {
     /// Sorts `findings` into leftovers and processes above their share, moves their spells
     /// on, and names those due: held for the grace by the same process (a stopped one
@@ -199,8 +211,6 @@ impl Watch {
         listed: Option<&PidSet<u32>>,
         now: Instant,
     ) -> Judgement {
-        let acted_on =
-            |f: &&Finding, remedy| f.verdict == Verdict::Reclaim && f.kind.remedy() == remedy;
         // Leftovers: a reclaim verdict of a kind that is reclaimed.
         let stale: Vec<Finding> = findings
             .iter()
@@ -222,14 +232,9 @@ impl Watch {
             Some((id, since))
         });
         self.stale.observe(holders, listed);
-        let due_now = |spells: &Spells, f: &Finding| {
-            rules.once
-                || f.identity
-                    .is_some_and(|id| spells.is_due(&id, rules.grace, now))
-        };
         let mut due: Vec<(Finding, Remedy)> = stale
             .iter()
-            .filter(|f| due_now(&self.stale, f))
+            .filter(|f| due_now(&self.stale, f, rules, now))
             .map(|f| (f.clone(), Remedy::Reclaim))
             .collect();
         // An idle process with a reclaim verdict waited out its `reclaim_after` already.
@@ -240,6 +245,31 @@ impl Watch {
                 .map(|f| (f.clone(), Remedy::Reclaim)),
         );
 
+        let (over, over_ids, warn) = self.judge_over(findings, rules, now, &mut due);
+        let all_due: PidSet<(Identity, Remedy)> = due
+            .iter()
+            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
+            .collect();
+        self.handling.keep_due(&all_due);
+        Judgement {
+            stale,
+            stale_ids,
+            over,
+            over_ids,
+            due,
+            warn,
+        }
+    }
+
+    /// Moves on the spells of processes above their share; names those to warn of and adds
+    /// the due ones to `due`.
+    fn judge_over(
+        &mut self,
+        findings: &[Finding],
+        rules: &Rules,
+        now: Instant,
+        due: &mut Vec<(Finding, Remedy)>,
+    ) -> (Vec<Finding>, PidSet<Identity>, Vec<Finding>) {
         // Above its share: warned of once it lasted the grace, and due (ended only where
         // the fraction is enforced, which the caller decides).
         let over: Vec<Finding> = findings
@@ -254,26 +284,14 @@ impl Watch {
         let mut warn = Vec::new();
         for f in &over {
             let Some(id) = f.identity else { continue };
-            if due_now(&self.over, f) {
+            if due_now(&self.over, f, rules, now) {
                 if self.warned.insert(id) {
                     warn.push(f.clone());
                 }
                 due.push((f.clone(), Remedy::Enforce));
             }
         }
-        let all_due: PidSet<(Identity, Remedy)> = due
-            .iter()
-            .filter_map(|(f, remedy)| f.identity.map(|id| (id, *remedy)))
-            .collect();
-        self.handling.keep_due(&all_due);
-        Judgement {
-            stale,
-            stale_ids,
-            over,
-            over_ids,
-            due,
-            warn,
-        }
+        (over, over_ids, warn)
     }
 
     /// What to do with due process `id` in this pass. `left`: it is to be left alone (report

@@ -51,26 +51,7 @@ pub fn suspect(
         None => "the GPU's device file".to_string(),
     };
     if let Some(claim) = &host.protection {
-        return if claim.genuine {
-            (
-                Suspect::Tool,
-                Verdict::Report,
-                format!(
-                    "{}, a monitoring or management client: it holds {file} open, not memory",
-                    claim.name
-                ),
-            )
-        } else {
-            (
-                Suspect::Unknown,
-                Verdict::Report,
-                format!(
-                    "claims to be {} but is not ({}); holds {file} open, NVML does not list it",
-                    claim.name,
-                    claim.why.as_deref().unwrap_or("not the program")
-                ),
-            )
-        };
+        return claimed(claim, &file);
     }
     let elsewhere: Vec<u32> = snapshot
         .devices
@@ -98,7 +79,45 @@ pub fn suspect(
             ),
         );
     }
-    let (suspect, why) = match (host.state, &host.owner) {
+    let (suspect, why) = unlisted(host, &file);
+    match live_job(snapshot, holder) {
+        Some(job) => (
+            suspect,
+            Verdict::Report,
+            format!("{why}; part of a live job ({job})"),
+        ),
+        None => (suspect, Verdict::Reclaim, why),
+    }
+}
+
+/// A holder that claims to be a known tool: a monitoring client if the claim is genuine.
+fn claimed(claim: &crate::host::Claimed, file: &str) -> (Suspect, Verdict, String) {
+    if claim.genuine {
+        (
+            Suspect::Tool,
+            Verdict::Report,
+            format!(
+                "{}, a monitoring or management client: it holds {file} open, not memory",
+                claim.name
+            ),
+        )
+    } else {
+        (
+            Suspect::Unknown,
+            Verdict::Report,
+            format!(
+                "claims to be {} but is not ({}); holds {file} open, NVML does not list it",
+                claim.name,
+                claim.why.as_deref().unwrap_or("not the program")
+            ),
+        )
+    }
+}
+
+/// What an unlisted, confirmed holder is suspected to be (an exiting process, a job's process
+/// in another PID namespace, or unknown), and why.
+fn unlisted(host: &crate::host::HostProcess, file: &str) -> (Suspect, String) {
+    match (host.state, &host.owner) {
         (Some(ProcState::Zombie | ProcState::Dead), _) => (
             Suspect::JobProcess,
             format!("exiting: holds {file} while its GPU context is torn down, no longer listed"),
@@ -120,14 +139,6 @@ pub fn suspect(
             Suspect::Unknown,
             format!("holds {file} open; NVML does not list it"),
         ),
-    };
-    match live_job(snapshot, holder) {
-        Some(job) => (
-            suspect,
-            Verdict::Report,
-            format!("{why}; part of a live job ({job})"),
-        ),
-        None => (suspect, Verdict::Reclaim, why),
     }
 }
 

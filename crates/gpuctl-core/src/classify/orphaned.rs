@@ -68,21 +68,7 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
         return None;
     }
     let identity = h.identity;
-    let host = &h.process.host;
-    let pgid = host.pgid.unwrap_or(0);
-    let parent = match (&lineage.parent, host.ppid) {
-        (Some(parent), _) => format!("pid {} ({})", parent.pid, parent.comm),
-        (None, Some(ppid)) => format!("pid {ppid}"),
-        (None, None) => "another process".into(),
-    };
-    let ancestry = format!(
-        "its process group leader (pid {pgid}) is {} and it was reparented to {parent}",
-        if lineage.leader == LeaderState::Zombie {
-            "a zombie"
-        } else {
-            "gone"
-        }
-    );
+    let ancestry = ancestry(lineage, &h.process.host);
     match h.busy_pct {
         Some(pct) if pct > 0 => return None, // busy on the GPU: alive
         _ => {}
@@ -90,18 +76,6 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
     if lineage.live_children.is_some_and(|n| n > 0) {
         return None; // it runs workers of its own: alive
     }
-    let parent_died = facts
-        .history
-        .is_some_and(|history| history.parent_died.contains(&identity));
-    let siblings = facts
-        .idle_orphans_per_group
-        .get(&pgid)
-        .copied()
-        .unwrap_or(0);
-    let worker = host
-        .argv
-        .as_deref()
-        .is_some_and(|argv| argv.iter().any(|arg| is_multiprocessing_worker(arg)));
     if h.busy_pct.is_none() {
         return Some((
             Verdict::Report,
@@ -117,17 +91,7 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
             format!("looks orphaned ({ancestry}), but its children cannot be listed"),
         ));
     }
-    let evidence = if parent_died {
-        Some("its parent was seen to die while it held the GPU".to_string())
-    } else if siblings >= 2 {
-        Some(format!(
-            "{siblings} idle orphans of the same group: the workers of a run that crashed"
-        ))
-    } else if worker {
-        Some("it is a multiprocessing worker, which lives only for its parent".to_string())
-    } else {
-        None
-    };
+    let evidence = evidence_of_dead_run(facts, h);
     Some(match evidence {
         Some(evidence) => (
             Verdict::Reclaim,
@@ -143,6 +107,54 @@ pub(super) fn judge(facts: &Facts, h: &Held) -> Option<(Verdict, String)> {
             ),
         ),
     })
+}
+
+/// "its process group leader (pid N) is gone and it was reparented to pid P (comm)".
+fn ancestry(lineage: &Lineage, host: &crate::host::HostProcess) -> String {
+    let pgid = host.pgid.unwrap_or(0);
+    let parent = match (&lineage.parent, host.ppid) {
+        (Some(parent), _) => format!("pid {} ({})", parent.pid, parent.comm),
+        (None, Some(ppid)) => format!("pid {ppid}"),
+        (None, None) => "another process".into(),
+    };
+    format!(
+        "its process group leader (pid {pgid}) is {} and it was reparented to {parent}",
+        if lineage.leader == LeaderState::Zombie {
+            "a zombie"
+        } else {
+            "gone"
+        }
+    )
+}
+
+/// Positive evidence that an idle, childless orphan's run is dead: its parent seen to die,
+/// idle orphan siblings, or a multiprocessing worker's command line.
+fn evidence_of_dead_run(facts: &Facts, h: &Held) -> Option<String> {
+    let host = &h.process.host;
+    let pgid = host.pgid.unwrap_or(0);
+    let parent_died = facts
+        .history
+        .is_some_and(|history| history.parent_died.contains(&h.identity));
+    let siblings = facts
+        .idle_orphans_per_group
+        .get(&pgid)
+        .copied()
+        .unwrap_or(0);
+    let worker = host
+        .argv
+        .as_deref()
+        .is_some_and(|argv| argv.iter().any(|arg| is_multiprocessing_worker(arg)));
+    if parent_died {
+        Some("its parent was seen to die while it held the GPU".to_string())
+    } else if siblings >= 2 {
+        Some(format!(
+            "{siblings} idle orphans of the same group: the workers of a run that crashed"
+        ))
+    } else if worker {
+        Some("it is a multiprocessing worker, which lives only for its parent".to_string())
+    } else {
+        None
+    }
 }
 
 /// Command lines of Python multiprocessing children (spawn and forkserver start methods).

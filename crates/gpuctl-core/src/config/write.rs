@@ -231,48 +231,71 @@ pub(super) fn write_atomic(
     )
     .map_err(|errno| write_error(errno.into()))?;
     if source.origin.steers_root() {
-        // Never write root's policy into a directory others could swap it in.
-        let dir_meta = File::from(dir_fd.try_clone().map_err(write_error)?)
-            .metadata()
-            .map_err(write_error)?;
-        let problems = root_problems(dir_meta.uid(), dir_meta.gid(), dir_meta.mode(), true);
-        if !problems.is_empty() {
-            let dir = dir.display();
-            return Err(ConfigError::Untrusted {
-                path: source.path.clone(),
-                message: format!(
-                    "{}: its directory {dir} is {}: {SUDO_REASON}; fix with: chown root:root {dir} && chmod 755 {dir}",
-                    source.path.display(),
-                    problems.join(", and ")
-                ),
-            });
-        }
+        trusted_dir(source, dir, &dir_fd, &write_error)?;
     }
-    let mode = existing.map_or(0o644, |file| file.mode & 0o644);
     let (tmp_name, tmp_fd) = create_temp(&dir_fd, name).map_err(write_error)?;
-    let result = (|| -> io::Result<()> {
-        fchmod(&tmp_fd, Mode::from_bits_truncate(mode)).map_err(io::Error::from)?;
-        if geteuid().is_root() {
-            let (uid, gid) = match existing {
-                Some(file) => (file.uid, file.gid),
-                None if source.origin.steers_root() => (0, 0),
-                None => (geteuid().as_raw(), nix::unistd::getegid().as_raw()),
-            };
-            fchown(&tmp_fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-                .map_err(io::Error::from)?;
-        }
-        let mut file = File::from(tmp_fd.try_clone()?);
-        file.write_all(bytes)?;
-        fsync(&tmp_fd).map_err(io::Error::from)?;
-        renameat(&dir_fd, tmp_name.as_os_str(), &dir_fd, name).map_err(io::Error::from)?;
-        // The rename is durable once the directory is.
-        fsync(&dir_fd).map_err(io::Error::from)?;
-        Ok(())
-    })();
+    let result = fill_and_rename(&dir_fd, &tmp_name, &tmp_fd, name, bytes, existing, source);
     if let Err(error) = result {
         let _ = unlinkat(&dir_fd, tmp_name.as_os_str(), UnlinkatFlags::NoRemoveDir);
         return Err(write_error(error));
     }
+    Ok(())
+}
+
+/// Refuses a directory for root's policy that others could swap the file in.
+fn trusted_dir(
+    source: &Source,
+    dir: &Path,
+    dir_fd: &OwnedFd,
+    write_error: &impl Fn(io::Error) -> ConfigError,
+) -> Result<(), ConfigError> {
+    // Never write root's policy into a directory others could swap it in.
+    let dir_meta = File::from(dir_fd.try_clone().map_err(write_error)?)
+        .metadata()
+        .map_err(write_error)?;
+    let problems = root_problems(dir_meta.uid(), dir_meta.gid(), dir_meta.mode(), true);
+    if !problems.is_empty() {
+        let dir = dir.display();
+        return Err(ConfigError::Untrusted {
+            path: source.path.clone(),
+            message: format!(
+                "{}: its directory {dir} is {}: {SUDO_REASON}; fix with: chown root:root {dir} && chmod 755 {dir}",
+                source.path.display(),
+                problems.join(", and ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Gives the temporary file its mode and owner (the existing file's, or root's for root's
+/// policy), writes `bytes` to it and renames it over `name`, durably.
+fn fill_and_rename(
+    dir_fd: &OwnedFd,
+    tmp_name: &OsStr,
+    tmp_fd: &OwnedFd,
+    name: &OsStr,
+    bytes: &[u8],
+    existing: Option<&CheckedFile>,
+    source: &Source,
+) -> io::Result<()> {
+    let mode = existing.map_or(0o644, |file| file.mode & 0o644);
+    fchmod(tmp_fd, Mode::from_bits_truncate(mode)).map_err(io::Error::from)?;
+    if geteuid().is_root() {
+        let (uid, gid) = match existing {
+            Some(file) => (file.uid, file.gid),
+            None if source.origin.steers_root() => (0, 0),
+            None => (geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        };
+        fchown(tmp_fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(io::Error::from)?;
+    }
+    let mut file = File::from(tmp_fd.try_clone()?);
+    file.write_all(bytes)?;
+    fsync(tmp_fd).map_err(io::Error::from)?;
+    renameat(dir_fd, tmp_name, dir_fd, name).map_err(io::Error::from)?;
+    // The rename is durable once the directory is.
+    fsync(dir_fd).map_err(io::Error::from)?;
     Ok(())
 }
 

@@ -516,6 +516,25 @@ pub fn verdict(facts: &Facts, catalog: &Catalog) -> Verdict {
             format!("the driver's recovery action is {action}"),
         ));
     }
+    memory_causes(facts, &mut causes);
+    let volatile_now = facts.ecc.map(|e| e.volatile_total());
+    for record in &facts.xids {
+        if let Some(cause) = xid_cause(record, facts, volatile_now, catalog) {
+            causes.push(cause);
+        }
+    }
+    causes.extend(facts.clock_event_reasons.and_then(clock_cause));
+    let action = causes
+        .iter()
+        .map(|c| c.action.for_gpu())
+        .max_by_key(|a| a.severity())
+        .unwrap_or(Action::None);
+    Verdict { action, causes }
+}
+
+/// The memory's causes: a row remap pending or failed, uncorrected ECC errors since the
+/// last reset, a page retirement pending.
+fn memory_causes(facts: &Facts, causes: &mut Vec<Cause>) {
     if let Some(rows) = facts.remapped_rows {
         if rows.pending {
             let mut cause = Cause::new(
@@ -560,34 +579,25 @@ pub fn verdict(facts: &Facts, catalog: &Catalog) -> Verdict {
             "a page retirement is pending: a GPU reset applies it".into(),
         ));
     }
-    let volatile_now = facts.ecc.map(|e| e.volatile_total());
-    for record in &facts.xids {
-        if let Some(cause) = xid_cause(record, facts, volatile_now, catalog) {
-            causes.push(cause);
-        }
-    }
-    if let Some(mask) = facts.clock_event_reasons {
-        let reasons: Vec<String> = SLOWDOWN_REASONS
-            .iter()
-            .filter(|(bit, _)| mask & bit != 0)
-            .map(|(_, name)| name.to_string())
-            .collect();
-        if !reasons.is_empty() {
-            let mut cause = Cause::new(
-                CauseKind::ClockEvent,
-                Action::None,
-                format!("the hardware is slowing the clocks: {}", reasons.join(", ")),
-            );
-            cause.reasons = reasons;
-            causes.push(cause);
-        }
-    }
-    let action = causes
+}
+
+/// The hardware's clock slowdown reasons in `mask` as one cause, if any is set.
+fn clock_cause(mask: u64) -> Option<Cause> {
+    let reasons: Vec<String> = SLOWDOWN_REASONS
         .iter()
-        .map(|c| c.action.for_gpu())
-        .max_by_key(|a| a.severity())
-        .unwrap_or(Action::None);
-    Verdict { action, causes }
+        .filter(|(bit, _)| mask & bit != 0)
+        .map(|(_, name)| name.to_string())
+        .collect();
+    if reasons.is_empty() {
+        return None;
+    }
+    let mut cause = Cause::new(
+        CauseKind::ClockEvent,
+        Action::None,
+        format!("the hardware is slowing the clocks: {}", reasons.join(", ")),
+    );
+    cause.reasons = reasons;
+    Some(cause)
 }
 
 /// An Xid as a cause, or `None` where it has expired (an app-caused Xid whose processes

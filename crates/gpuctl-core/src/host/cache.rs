@@ -133,6 +133,41 @@ impl FactCache {
         }
     }
 
+    /// A process read whole at `now`, in this pass, replacing any entry of its pid.
+    fn insert_read(&mut self, pid: u32, fact: HostProcess, now: Instant) {
+        let known = Known {
+            fact: Arc::new(fact),
+            read_at: now,
+            stat_at: now,
+            stat: None,
+            owner: None,
+            pass: self.pass,
+        };
+        if let Some(old) = self.known.insert(pid, known)
+            && old.stat.is_some()
+        {
+            self.open -= 1;
+        }
+    }
+
+    /// Keeps only the processes of this pass (`listed` of them), closing the others' stat
+    /// files.
+    fn keep_only_pass(&mut self, listed: usize) {
+        if self.known.len() <= listed {
+            return;
+        }
+        let pass = self.pass;
+        let mut closed = 0;
+        self.known.retain(|_, known| {
+            let keep = known.pass == pass;
+            if !keep && known.stat.is_some() {
+                closed += 1;
+            }
+            keep
+        });
+        self.open -= closed;
+    }
+
     /// The facts of a pid listed in the latest [`ProcView::processes_cached`] call.
     pub fn get(&self, pid: u32) -> Option<&Arc<HostProcess>> {
         self.known
@@ -222,33 +257,10 @@ impl ProcView {
         unknown.sort_unstable();
         unknown.dedup();
         for (pid, fact) in self.processes(&unknown) {
-            let known = Known {
-                fact: Arc::new(fact),
-                read_at: now,
-                stat_at: now,
-                stat: None,
-                owner: None,
-                pass,
-            };
-            if let Some(old) = cache.known.insert(pid, known)
-                && old.stat.is_some()
-            {
-                cache.open -= 1;
-            }
+            cache.insert_read(pid, fact, now);
             listed += 1;
         }
-        // Only the processes of this call are kept.
-        if cache.known.len() > listed {
-            let mut closed = 0;
-            cache.known.retain(|_, known| {
-                let keep = known.pass == pass;
-                if !keep && known.stat.is_some() {
-                    closed += 1;
-                }
-                keep
-            });
-            cache.open -= closed;
-        }
+        cache.keep_only_pass(listed);
         cache.watch_parents();
         cache
     }

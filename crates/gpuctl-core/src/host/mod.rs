@@ -18,7 +18,7 @@ use procfs::FromRead;
 use procfs::process::{Process, Status};
 use serde::Serialize;
 
-use crate::owner::{Owner, parse_cgroup};
+use crate::owner::{CgroupInfo, Owner, parse_cgroup};
 use crate::sys::procfile;
 
 /// `PROC_PID_INIT_INO`: the inode number the kernel gives the initial PID namespace. A reader
@@ -390,39 +390,11 @@ impl ProcView {
         };
         // A zombie's cmdline is empty; an unreadable one is not worth failing the whole entry.
         let cmdline = read_relative(&process, "cmdline", pid).unwrap_or_default();
-        let args: Vec<&[u8]> = cmdline
-            .split(|&byte| byte == 0)
-            .filter(|arg| !arg.is_empty())
-            .collect();
-        let argv: Vec<String> = args
-            .iter()
-            .map(|arg| String::from_utf8_lossy(arg).into_owned())
-            .collect();
-        let command = (!argv.is_empty()).then(|| argv.join(" "));
-        let command_not_utf8 = args
-            .iter()
-            .any(|arg| std::str::from_utf8(arg).is_err())
-            .then(|| {
-                args.iter()
-                    .map(|arg| escape_not_utf8(arg))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            });
+        let (argv, command, command_not_utf8) = command_line(&cmdline);
         let cgroup = read_relative(&process, "cgroup", pid)
             .ok()
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
-        // No cgroup names a job (Slurm's proctrack/linuxproc leaves job processes in
-        // slurmd's own unit, or in none): the environment's SLURM_JOB_ID, where this user
-        // may read it (root, or the process's owner), is the fallback. Any process can set
-        // it, so it is kept as its uid's claim (`slurm:JOB@UID`), never the job itself.
-        let environ_owner = match cgroup.as_ref().map(|c| &c.owner) {
-            None | Some(Owner::None) => true,
-            Some(Owner::SystemdUnit { unit }) => unit == "slurmd.service",
-            Some(_) => false,
-        }
-        .then(|| read_relative(&process, "environ", pid).ok())
-        .flatten()
-        .and_then(|environ| crate::owner::slurm_job_from_environ(&environ, uid));
+        let environ_owner = environ_owner(&process, cgroup.as_ref(), pid, uid);
         let age_seconds = self.age_of(stat.starttime);
         Ok(HostProcess {
             confirmed: true,
@@ -446,6 +418,51 @@ impl ProcView {
             command_not_utf8,
         })
     }
+}
+
+/// A cmdline's arguments, the command they make (none for an empty cmdline, a zombie's),
+/// and, when an argument is not UTF-8, the command with those bytes escaped.
+fn command_line(cmdline: &[u8]) -> (Vec<String>, Option<String>, Option<String>) {
+    let args: Vec<&[u8]> = cmdline
+        .split(|&byte| byte == 0)
+        .filter(|arg| !arg.is_empty())
+        .collect();
+    let argv: Vec<String> = args
+        .iter()
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect();
+    let command = (!argv.is_empty()).then(|| argv.join(" "));
+    let command_not_utf8 = args
+        .iter()
+        .any(|arg| std::str::from_utf8(arg).is_err())
+        .then(|| {
+            args.iter()
+                .map(|arg| escape_not_utf8(arg))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+    (argv, command, command_not_utf8)
+}
+
+/// The job a process's environment names, read only where no cgroup names one.
+fn environ_owner(
+    process: &Process,
+    cgroup: Option<&CgroupInfo>,
+    pid: u32,
+    uid: u32,
+) -> Option<Owner> {
+    // No cgroup names a job (Slurm's proctrack/linuxproc leaves job processes in
+    // slurmd's own unit, or in none): the environment's SLURM_JOB_ID, where this user
+    // may read it (root, or the process's owner), is the fallback. Any process can set
+    // it, so it is kept as its uid's claim (`slurm:JOB@UID`), never the job itself.
+    match cgroup.map(|c| &c.owner) {
+        None | Some(Owner::None) => true,
+        Some(Owner::SystemdUnit { unit }) => unit == "slurmd.service",
+        Some(_) => false,
+    }
+    .then(|| read_relative(process, "environ", pid).ok())
+    .flatten()
+    .and_then(|environ| crate::owner::slurm_job_from_environ(&environ, uid))
 }
 
 /// The start time (boot ticks) of `pid` in this namespace's /proc, while it runs: with the

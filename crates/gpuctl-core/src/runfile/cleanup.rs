@@ -263,20 +263,7 @@ fn end_off_gpu(
                 planned.push(i);
             }
             None => {
-                // Its facts are not of the recorded process: it is gone or its pid reused
-                // since it was found alive (nothing is sent), or /proc could not be read.
-                let ended = match Identity::observe(p.pid) {
-                    Err(_) => Ended::Gone,
-                    Ok(now) if now.start_ticks != p.start_ticks => Ended::Reused {
-                        now_start_ticks: now.start_ticks,
-                    },
-                    Ok(_) => Ended::Failed {
-                        error: match &view {
-                            Err(e) => format!("/proc could not be read ({e}): not signalled"),
-                            Ok(_) => "its /proc facts could not be read: not signalled".into(),
-                        },
-                    },
-                };
+                let ended = unread(p, view.as_ref().err());
                 said[i] = Some((describe(&ended), done(&ended)));
             }
         }
@@ -311,6 +298,24 @@ fn end_off_gpu(
             cleanup.failures.push(line.clone());
         }
         log(line);
+    }
+}
+
+/// What became of a leftover whose facts are not of the recorded process: it is gone or its
+/// pid reused since it was found alive (nothing is sent), or /proc could not be read
+/// (`proc_error`, when the whole of it could not).
+fn unread(p: &Recorded, proc_error: Option<&std::io::Error>) -> Ended {
+    match Identity::observe(p.pid) {
+        Err(_) => Ended::Gone,
+        Ok(now) if now.start_ticks != p.start_ticks => Ended::Reused {
+            now_start_ticks: now.start_ticks,
+        },
+        Ok(_) => Ended::Failed {
+            error: match proc_error {
+                Some(e) => format!("/proc could not be read ({e}): not signalled"),
+                None => "its /proc facts could not be read: not signalled".into(),
+            },
+        },
     }
 }
 

@@ -274,9 +274,7 @@ fn write_kernel_line(path: &std::path::Path, address: &str, x: &crate::scenario:
         }
         None => ("'<unknown>'".to_string(), "<unknown>".to_string()),
     };
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
+    let micros = crate::sim::now_unix_us();
     let line = format!(
         "3,{micros},{micros},-;NVRM: Xid (PCI:{address}): {}, pid={pid}, name={name}, simulated by nvml-sim\n",
         x.xid

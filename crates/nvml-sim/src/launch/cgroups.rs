@@ -49,10 +49,7 @@ impl Subtree {
         for h in &hierarchies {
             remove_stale(&h.mount);
         }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let nanos = super::clock_nanos();
         let mut subtree = Subtree {
             hierarchies,
             name: format!("{PREFIX}{}.{nanos:08x}", std::process::id()),

@@ -54,33 +54,7 @@ pub(super) fn resolve(
             }
             p.insert("pid".into(), toml::Value::Integer(standin.pid.into()));
             for w in &standin.workers {
-                let mut wt = toml::Table::new();
-                wt.insert("pid".into(), toml::Value::Integer((*w).into()));
-                if let Some(g) = p.get("gpu") {
-                    wt.insert("gpu".into(), g.clone());
-                }
-                // Workers share their leader's fate in NVML's eyes: hidden with it, in its
-                // MIG instance. Not its listed_pid: each has its own pid in any namespace.
-                // And an MPS client's part: a crashed client's orphaned workers are clients.
-                for key in [
-                    "type",
-                    "unlisted",
-                    "gpu_instance",
-                    "compute_instance",
-                    "mps",
-                ] {
-                    if let Some(v) = p.get(key) {
-                        wt.insert(key.into(), v.clone());
-                    }
-                }
-                if let Some(m) = spec.worker_used_mib {
-                    wt.insert("used_mib".into(), toml::Value::Integer(m as i64));
-                }
-                wt.insert(
-                    "sm_pct".into(),
-                    toml::Value::Integer(spec.worker_sm_pct.into()),
-                );
-                extra.push(toml::Value::Table(wt));
+                extra.push(toml::Value::Table(worker_entry(p, spec, *w)));
             }
         }
         // A crashed run's main process is gone: only its workers are listed.
@@ -92,4 +66,35 @@ pub(super) fn resolve(
         procs.extend(extra);
     }
     toml::to_string(&table).map_err(|e| format!("cannot write the resolved scenario: {e}"))
+}
+
+/// The process entry of one of a stand-in's workers, from its leader's entry `p`.
+fn worker_entry(p: &toml::Table, spec: &scenario::SpawnSpec, pid: i32) -> toml::Table {
+    let mut wt = toml::Table::new();
+    wt.insert("pid".into(), toml::Value::Integer(pid.into()));
+    if let Some(g) = p.get("gpu") {
+        wt.insert("gpu".into(), g.clone());
+    }
+    // Workers share their leader's fate in NVML's eyes: hidden with it, in its
+    // MIG instance. Not its listed_pid: each has its own pid in any namespace.
+    // And an MPS client's part: a crashed client's orphaned workers are clients.
+    for key in [
+        "type",
+        "unlisted",
+        "gpu_instance",
+        "compute_instance",
+        "mps",
+    ] {
+        if let Some(v) = p.get(key) {
+            wt.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(m) = spec.worker_used_mib {
+        wt.insert("used_mib".into(), toml::Value::Integer(m as i64));
+    }
+    wt.insert(
+        "sm_pct".into(),
+        toml::Value::Integer(spec.worker_sm_pct.into()),
+    );
+    wt
 }

@@ -46,10 +46,7 @@ fn make_temp_dir() -> Result<TempDir, String> {
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos = super::clock_nanos();
     let dir = base.join(format!("nvml-sim-run-{}-{nanos:08x}", std::process::id()));
     std::fs::create_dir(&dir)
         .map_err(|e| format!("cannot create a temporary directory {}: {e}", dir.display()))?;

@@ -53,7 +53,7 @@ pub(super) fn spawn_standin(
         Some(fd) => {
             cmd.env(LIFELINE_ENV, fd.to_string());
         }
-        // A crashed run leads its own session (setsid below), as a job started from a shell
+        // A crashed run leads its own session (setsid in `enter_placement`), as a job started from a shell
         // does: its orphans are then outside the launcher's session too.
         None => {
             cmd.process_group(0);
@@ -62,73 +62,15 @@ pub(super) fn spawn_standin(
     let Placement {
         account, cgroup, ..
     } = at;
-    // SAFETY: only async-signal-safe calls (open/write/close, unshare, setgroups/setgid/
-    // setuid, setsid, fcntl, prctl) on data prepared before the fork.
+    // SAFETY: `enter_placement` makes only async-signal-safe calls, on data prepared before
+    // the fork.
     unsafe {
-        cmd.pre_exec(move || {
-            if let Some(cgroup) = &cgroup {
-                cgroup.enter()?;
-            }
-            if let Some(fd) = lifeline
-                && (libc::setsid() < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if let Some(account) = account {
-                // Groups first: once the uid is not root, they can no longer be changed.
-                let groups = [account.gid];
-                if libc::setgroups(1, groups.as_ptr()) != 0
-                    || libc::setgid(account.gid) != 0
-                    || libc::setuid(account.uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // After setuid, which clears it.
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
+        cmd.pre_exec(move || enter_placement(cgroup.as_ref(), lifeline, account.as_ref()));
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        let mut how = Vec::new();
-        if let Some(user) = &spec.user {
-            how.push(format!("as {user}"));
-        }
-        if let Some(path) = &spec.cgroup {
-            how.push(format!("in the cgroup {path}"));
-        }
-        let how = if how.is_empty() {
-            String::new()
-        } else {
-            format!(" {}", how.join(" "))
-        };
-        format!("cannot start the stand-in {:?}{how}: {e}", spec.argv)
-    })?;
+    let mut child = cmd.spawn().map_err(|e| spawn_failure(spec, &e))?;
     let pid = child.id() as i32;
-    let mut workers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(p) = line.trim().parse::<i32>() {
-                workers.push(p);
-            }
-        }
-    }
-    let crashed = lifeline.map(|_| {
-        // The workers are alive (only a signal or the launcher's end stops them), so each
-        // pid is still theirs. Then the crash is made final: the main process is reaped.
-        let fds = workers.iter().filter_map(|w| pidfd_open(*w)).collect();
-        let mut status = 0;
-        // SAFETY: reaping our own child, which exits right after naming its workers.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        fds
-    });
+    let workers = child.stdout.take().map(read_workers).unwrap_or_default();
+    let crashed = lifeline.map(|_| make_crash_final(pid, &workers));
     if workers.len() != spec.workers as usize {
         let n = workers.len();
         stop(&[Standin {
@@ -146,6 +88,88 @@ pub(super) fn spawn_standin(
         workers,
         crashed,
     })
+}
+
+/// In the forked child before exec: the cgroup, a crashed run's own session and lifeline, the
+/// account, and death with the launcher. Only async-signal-safe calls (open/write/close,
+/// unshare, setgroups/setgid/setuid, setsid, fcntl, prctl).
+fn enter_placement(
+    cgroup: Option<&cgroups::Entry>,
+    lifeline: Option<libc::c_int>,
+    account: Option<&users::Account>,
+) -> std::io::Result<()> {
+    if let Some(cgroup) = cgroup {
+        cgroup.enter()?;
+    }
+    if let Some(fd) = lifeline {
+        // SAFETY: setsid and fcntl on a descriptor the launcher passed down open.
+        if unsafe { libc::setsid() < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0 } {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if let Some(account) = account {
+        // Groups first: once the uid is not root, they can no longer be changed.
+        let groups = [account.gid];
+        // SAFETY: plain credential calls on values copied before the fork.
+        if unsafe {
+            libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setgid(account.gid) != 0
+                || libc::setuid(account.uid) != 0
+        } {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // After setuid, which clears it.
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    Ok(())
+}
+
+/// The line for a stand-in that could not start, naming as whom and where it was to run.
+fn spawn_failure(spec: &scenario::SpawnSpec, e: &std::io::Error) -> String {
+    let mut how = Vec::new();
+    if let Some(user) = &spec.user {
+        how.push(format!("as {user}"));
+    }
+    if let Some(path) = &spec.cgroup {
+        how.push(format!("in the cgroup {path}"));
+    }
+    let how = if how.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", how.join(" "))
+    };
+    format!("cannot start the stand-in {:?}{how}: {e}", spec.argv)
+}
+
+/// The worker pids a stand-in prints, one a line, until it closes its stdout.
+fn read_workers(out: std::process::ChildStdout) -> Vec<i32> {
+    let mut workers = Vec::new();
+    for line in BufReader::new(out).lines() {
+        let Ok(line) = line else { break };
+        if let Ok(p) = line.trim().parse::<i32>() {
+            workers.push(p);
+        }
+    }
+    workers
+}
+
+/// A crashed stand-in's workers held by pidfds, then its main process reaped. The workers are
+/// alive (only a signal or the launcher's end stops them), so each pid is still theirs.
+fn make_crash_final(pid: i32, workers: &[i32]) -> Vec<std::os::fd::OwnedFd> {
+    let fds = workers.iter().filter_map(|w| pidfd_open(*w)).collect();
+    let mut status = 0;
+    // SAFETY: reaping our own child, which exits right after naming its workers.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    fds
 }
 
 fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {

@@ -22,15 +22,7 @@ pub fn requested() -> bool {
 /// The stand-in: names itself after argv[0], forks its workers, reports their pids on
 /// stdout, then sleeps until a signal ends it.
 pub fn live() -> ! {
-    let argv0 = std::env::args_os().next().unwrap_or_default();
-    let base = Path::new(&argv0)
-        .file_name()
-        .unwrap_or(OsStr::new("standin"))
-        .as_encoded_bytes();
-    let mut comm = [0u8; 16];
-    for (c, b) in comm.iter_mut().zip(base.iter().take(15)) {
-        *c = if *b == 0 { b'?' } else { *b };
-    }
+    let comm = comm_name();
     let workers: u32 = std::env::var(WORKERS_ENV)
         .ok()
         .and_then(|w| w.parse().ok())
@@ -46,36 +38,10 @@ pub fn live() -> ! {
         let mut pids = String::new();
         for _ in 0..workers {
             match libc::fork() {
-                0 if lifeline.is_some() => {
-                    // A crashed run's worker: its parent exits at once, so a parent-death
-                    // signal would end it with the crash; it lives until the launcher ends
-                    // (the lifeline's write end closes) or a signal ends it.
-                    let fd = lifeline.unwrap_or(-1);
-                    libc::dup2(devnull, 1);
-                    let mut byte = 0u8;
-                    loop {
-                        let n = libc::read(fd, (&raw mut byte).cast(), 1);
-                        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
-                            libc::_exit(0);
-                        }
-                    }
-                }
-                0 => {
-                    libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    );
-                    if libc::getppid() == 1 {
-                        libc::_exit(0);
-                    }
-                    libc::dup2(devnull, 1);
-                    loop {
-                        libc::pause();
-                    }
-                }
+                0 => match lifeline {
+                    Some(fd) => crashed_worker(fd, devnull),
+                    None => worker(devnull),
+                },
                 pid if pid > 0 => pids.push_str(&format!("{pid}\n")),
                 _ => {}
             }
@@ -97,6 +63,58 @@ pub fn live() -> ! {
             // through Rust frames).
             libc::syscall(libc::SYS_exit, 0);
         }
+        loop {
+            libc::pause();
+        }
+    }
+}
+
+/// argv[0]'s file name as a thread name: at most 15 bytes, NULs replaced.
+fn comm_name() -> [u8; 16] {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let base = Path::new(&argv0)
+        .file_name()
+        .unwrap_or(OsStr::new("standin"))
+        .as_encoded_bytes();
+    let mut comm = [0u8; 16];
+    for (c, b) in comm.iter_mut().zip(base.iter().take(15)) {
+        *c = if *b == 0 { b'?' } else { *b };
+    }
+    comm
+}
+
+/// A crashed run's worker: its parent exits at once, so a parent-death signal would end it
+/// with the crash; it lives until the launcher ends (the lifeline's write end closes) or a
+/// signal ends it.
+fn crashed_worker(lifeline: libc::c_int, devnull: libc::c_int) -> ! {
+    // SAFETY: async-signal-safe calls only, in a child just forked.
+    unsafe {
+        libc::dup2(devnull, 1);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(lifeline, (&raw mut byte).cast(), 1);
+            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// A live run's worker: ends with the stand-in, or by a signal.
+fn worker(devnull: libc::c_int) -> ! {
+    // SAFETY: async-signal-safe calls only, in a child just forked.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        if libc::getppid() == 1 {
+            libc::_exit(0);
+        }
+        libc::dup2(devnull, 1);
         loop {
             libc::pause();
         }

@@ -76,22 +76,7 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
     if raw.gpu.len() > MAX_GPUS {
         return Err(format!("at most {MAX_GPUS} [[gpu]] entries are supported"));
     }
-    if raw.driver_version.is_empty() || raw.driver_version.len() >= 80 {
-        return Err("driver_version must be a non-empty string shorter than 80 bytes".into());
-    }
-    let nvml_version = raw
-        .nvml_version
-        .clone()
-        .unwrap_or_else(|| format!("{}.{}", raw.cuda_driver_version / 1000, raw.driver_version));
-    if nvml_version.len() >= 80 {
-        return Err("nvml_version must be shorter than 80 bytes".into());
-    }
-    if !(0.0..=1.0).contains(&raw.fault_rate) {
-        return Err(format!(
-            "fault_rate must be between 0 and 1, not {}",
-            raw.fault_rate
-        ));
-    }
+    let nvml_version = versions(&raw)?;
     let mut gpus = Vec::with_capacity(raw.gpu.len());
     for (i, g) in raw.gpu.into_iter().enumerate() {
         gpus.push(gpu(i, g, &raw.driver_version)?);
@@ -126,12 +111,7 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
         return Err("device_dir must not be empty".into());
     }
     let device_dir = raw.device_dir.map(beside_scenario);
-    let mut by_gpu = vec![Vec::new(); gpus.len()];
-    for (k, p) in processes.iter().enumerate() {
-        for g in &p.gpus {
-            by_gpu[*g as usize].push(k);
-        }
-    }
+    let by_gpu = by_gpu(&processes, gpus.len());
     Ok(Scenario {
         path: path.to_path_buf(),
         by_gpu,
@@ -154,6 +134,39 @@ pub(super) fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String
         processes,
         spawns,
     })
+}
+
+/// The driver's and NVML's version strings (NVML's derived when not given), and the fault
+/// rate, checked.
+fn versions(raw: &RawScenario) -> Result<String, String> {
+    if raw.driver_version.is_empty() || raw.driver_version.len() >= 80 {
+        return Err("driver_version must be a non-empty string shorter than 80 bytes".into());
+    }
+    let nvml_version = raw
+        .nvml_version
+        .clone()
+        .unwrap_or_else(|| format!("{}.{}", raw.cuda_driver_version / 1000, raw.driver_version));
+    if nvml_version.len() >= 80 {
+        return Err("nvml_version must be shorter than 80 bytes".into());
+    }
+    if !(0.0..=1.0).contains(&raw.fault_rate) {
+        return Err(format!(
+            "fault_rate must be between 0 and 1, not {}",
+            raw.fault_rate
+        ));
+    }
+    Ok(nvml_version)
+}
+
+/// For each GPU, the indices of the processes on it.
+fn by_gpu(processes: &[Process], gpus: usize) -> Vec<Vec<usize>> {
+    let mut by_gpu = vec![Vec::new(); gpus];
+    for (k, p) in processes.iter().enumerate() {
+        for g in &p.gpus {
+            by_gpu[*g as usize].push(k);
+        }
+    }
+    by_gpu
 }
 
 /// `[[gpu]]` entry `i`, with its defaults filled in.
@@ -180,27 +193,7 @@ fn gpu(i: usize, g: RawGpu, driver_version: &str) -> Result<Gpu, String> {
     if minor > 255 {
         return Err(format!("{at}: minor must be in 0..=255, not {minor}"));
     }
-    let requests: Vec<crate::mig::MigRequest> = g
-        .mig
-        .into_iter()
-        .map(|m| crate::mig::MigRequest {
-            profile: m.profile,
-            gpu_instance: m.gpu_instance,
-            compute_instance: m.compute_instance,
-        })
-        .collect();
-    let mig_mode = g.mig_mode.unwrap_or(!requests.is_empty());
-    if !mig_mode && !requests.is_empty() {
-        return Err(format!(
-            "{at}: mig_mode = false contradicts its [[gpu.mig]] instances (MIG off has none)"
-        ));
-    }
-    if mig_mode && crate::mig::profiles_for(&name).is_none() {
-        return Err(format!(
-            "{at}: MIG is modelled on H100 80GB and H200 only, not on '{name}'"
-        ));
-    }
-    let mig = crate::mig::layout(&name, &requests).map_err(|e| format!("{at}: {e}"))?;
+    let (mig_mode, mig) = mig(&at, &name, g.mig, g.mig_mode)?;
     let health = health::gpu_health(
         &at,
         health::recovery_action(g.recovery_action, driver_version),
@@ -251,6 +244,36 @@ fn gpu(i: usize, g: RawGpu, driver_version: &str) -> Result<Gpu, String> {
     })
 }
 
+/// A GPU's MIG mode (on by default when it lists instances) and its instances laid out.
+fn mig(
+    at: &str,
+    name: &str,
+    raw: Vec<RawMig>,
+    mig_mode: Option<bool>,
+) -> Result<(bool, Vec<crate::mig::MigInstance>), String> {
+    let requests: Vec<crate::mig::MigRequest> = raw
+        .into_iter()
+        .map(|m| crate::mig::MigRequest {
+            profile: m.profile,
+            gpu_instance: m.gpu_instance,
+            compute_instance: m.compute_instance,
+        })
+        .collect();
+    let mig_mode = mig_mode.unwrap_or(!requests.is_empty());
+    if !mig_mode && !requests.is_empty() {
+        return Err(format!(
+            "{at}: mig_mode = false contradicts its [[gpu.mig]] instances (MIG off has none)"
+        ));
+    }
+    if mig_mode && crate::mig::profiles_for(name).is_none() {
+        return Err(format!(
+            "{at}: MIG is modelled on H100 80GB and H200 only, not on '{name}'"
+        ));
+    }
+    let mig = crate::mig::layout(name, &requests).map_err(|e| format!("{at}: {e}"))?;
+    Ok((mig_mode, mig))
+}
+
 /// No two GPUs share a UUID, a minor number or a PCI bus id.
 fn distinct(gpus: &[Gpu]) -> Result<(), String> {
     for (i, a) in gpus.iter().enumerate() {
@@ -293,21 +316,7 @@ fn process(
         Some(pid) => format!("process[{i}] (pid {pid})"),
         None => format!("process[{i}]"),
     };
-    let sel = gpu_indices(&p.gpu);
-    if sel.is_empty() {
-        return Err(format!("{at}: gpu must name at least one GPU index"));
-    }
-    for (k, g) in sel.iter().enumerate() {
-        if *g as usize >= gpus.len() {
-            return Err(format!(
-                "{at}: gpu {g} does not exist (the scenario has {} GPUs)",
-                gpus.len()
-            ));
-        }
-        if sel[..k].contains(g) {
-            return Err(format!("{at}: gpu {g} is listed twice"));
-        }
-    }
+    let sel = gpu_selection(&at, &p.gpu, gpus.len())?;
     if let Some(pid) = p.pid
         && (pid == 0 || pid > i32::MAX as u32)
     {
@@ -316,52 +325,10 @@ fn process(
     let env = mps_keys(&at, &p, &sel)?;
     let server_default = (p.mps == Some(MpsRole::Server) && p.pid.is_none() && p.spawn.is_none())
         .then(|| vec![MPS_SERVER.to_string()]);
-    match (p.spawn.as_ref().or(server_default.as_ref()), p.pid) {
-        (None, None) => return Err(format!("{at}: needs a pid or a spawn list")),
-        (Some(argv), _) => {
-            if argv.is_empty() || argv.iter().any(|a| a.is_empty() || a.contains('\0')) {
-                return Err(format!(
-                    "{at}: spawn must be a non-empty list of non-empty strings"
-                ));
-            }
-            if p.crashed && p.workers.unwrap_or(0) == 0 {
-                return Err(format!(
-                    "{at}: crashed = true needs workers (a crashed run leaves its workers behind)"
-                ));
-            }
-            spawns.push(SpawnSpec {
-                entry: i,
-                argv: argv.clone(),
-                workers: p.workers.unwrap_or(0),
-                worker_used_mib: p.worker_used_mib,
-                worker_sm_pct: p.worker_sm_pct.0,
-                user: p.user.as_ref().map(|u| user(&at, u)).transpose()?,
-                cgroup: p.cgroup.as_deref().map(|c| cgroup(&at, c)).transpose()?,
-                crashed: p.crashed,
-                env,
-            });
-        }
-        (None, Some(_)) => {
-            if p.workers.is_some() || p.worker_used_mib.is_some() {
-                return Err(format!("{at}: workers/worker_used_mib need a spawn list"));
-            }
-            if p.user.is_some() || p.cgroup.is_some() || p.crashed {
-                return Err(format!(
-                    "{at}: user, cgroup and crashed describe a stand-in: they need a spawn list"
-                ));
-            }
-        }
+    if let Some(spec) = stand_in(i, &at, &p, server_default.as_ref(), env)? {
+        spawns.push(spec);
     }
-    if let Some(lp) = p.listed_pid {
-        if lp == 0 || lp > i32::MAX as u32 {
-            return Err(format!("{at}: listed_pid must be in 1..={}", i32::MAX));
-        }
-        if p.unlisted {
-            return Err(format!(
-                "{at}: listed_pid and unlisted = true contradict (an unlisted process is reported under no pid)"
-            ));
-        }
-    }
+    listed_pid(&at, &p)?;
     if p.workers.unwrap_or(0) > 256 {
         return Err(format!("{at}: at most 256 workers"));
     }
@@ -387,6 +354,88 @@ fn process(
         instances,
         mps: p.mps,
     }))
+}
+
+/// The GPU indices a process entry names: at least one, each existing, none twice.
+fn gpu_selection(at: &str, sel: &GpuSel, gpus: usize) -> Result<Vec<u32>, String> {
+    let sel = gpu_indices(sel);
+    if sel.is_empty() {
+        return Err(format!("{at}: gpu must name at least one GPU index"));
+    }
+    for (k, g) in sel.iter().enumerate() {
+        if *g as usize >= gpus {
+            return Err(format!(
+                "{at}: gpu {g} does not exist (the scenario has {gpus} GPUs)"
+            ));
+        }
+        if sel[..k].contains(g) {
+            return Err(format!("{at}: gpu {g} is listed twice"));
+        }
+    }
+    Ok(sel)
+}
+
+/// The stand-in a process entry asks for (its `spawn` list, or an MPS server's default), or
+/// none for an entry with only a pid, which must then carry no stand-in keys.
+fn stand_in(
+    i: usize,
+    at: &str,
+    p: &RawProcess,
+    server_default: Option<&Vec<String>>,
+    env: Vec<(String, String)>,
+) -> Result<Option<SpawnSpec>, String> {
+    match (p.spawn.as_ref().or(server_default), p.pid) {
+        (None, None) => Err(format!("{at}: needs a pid or a spawn list")),
+        (Some(argv), _) => {
+            if argv.is_empty() || argv.iter().any(|a| a.is_empty() || a.contains('\0')) {
+                return Err(format!(
+                    "{at}: spawn must be a non-empty list of non-empty strings"
+                ));
+            }
+            if p.crashed && p.workers.unwrap_or(0) == 0 {
+                return Err(format!(
+                    "{at}: crashed = true needs workers (a crashed run leaves its workers behind)"
+                ));
+            }
+            Ok(Some(SpawnSpec {
+                entry: i,
+                argv: argv.clone(),
+                workers: p.workers.unwrap_or(0),
+                worker_used_mib: p.worker_used_mib,
+                worker_sm_pct: p.worker_sm_pct.0,
+                user: p.user.as_ref().map(|u| user(at, u)).transpose()?,
+                cgroup: p.cgroup.as_deref().map(|c| cgroup(at, c)).transpose()?,
+                crashed: p.crashed,
+                env,
+            }))
+        }
+        (None, Some(_)) => {
+            if p.workers.is_some() || p.worker_used_mib.is_some() {
+                return Err(format!("{at}: workers/worker_used_mib need a spawn list"));
+            }
+            if p.user.is_some() || p.cgroup.is_some() || p.crashed {
+                return Err(format!(
+                    "{at}: user, cgroup and crashed describe a stand-in: they need a spawn list"
+                ));
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// A `listed_pid` is a pid, and contradicts `unlisted`.
+fn listed_pid(at: &str, p: &RawProcess) -> Result<(), String> {
+    if let Some(lp) = p.listed_pid {
+        if lp == 0 || lp > i32::MAX as u32 {
+            return Err(format!("{at}: listed_pid must be in 1..={}", i32::MAX));
+        }
+        if p.unlisted {
+            return Err(format!(
+                "{at}: listed_pid and unlisted = true contradict (an unlisted process is reported under no pid)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn gpu_indices(sel: &GpuSel) -> Vec<u32> {
