@@ -276,18 +276,14 @@ fn gpu_figures(
         )));
     }
     if let Some(memory) = gpu.memory {
-        let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
-        spans.push(Span::raw(" mem "));
-        spans.push(Span::styled(
-            palette.bar(fraction, bar_cells),
-            palette.load(fraction),
-        ));
-        spans.push(Span::raw(format!(
-            " {}/{} {:>3.0}%",
-            units::bytes(memory.used_bytes),
-            units::bytes(memory.total_bytes),
-            fraction * 100.0
-        )));
+        let fraction = memory_bar(
+            spans,
+            memory.used_bytes,
+            memory.total_bytes,
+            bar_cells,
+            palette,
+        );
+        spans.push(Span::raw(format!(" {:>3.0}%", fraction * 100.0)));
     }
     if let Some(util) = gpu.utilization {
         spans.push(Span::raw(format!("  util {:>3}%", util.gpu_pct)));
@@ -406,17 +402,13 @@ fn mig_line(
         mig.gpu_instance_id.map_or("?".into(), |id| id.to_string())
     ))];
     if let Some(memory) = mig.memory {
-        let fraction = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
-        spans.push(Span::raw(" mem "));
-        spans.push(Span::styled(
-            palette.bar(fraction, bar_cells),
-            palette.load(fraction),
-        ));
-        spans.push(Span::raw(format!(
-            " {}/{}",
-            units::bytes(memory.used_bytes),
-            units::bytes(memory.total_bytes)
-        )));
+        memory_bar(
+            &mut spans,
+            memory.used_bytes,
+            memory.total_bytes,
+            bar_cells,
+            palette,
+        );
         if let Some(bytes) = memory.unattributed_bytes {
             spans.extend(unattributed(bytes, palette));
         }
@@ -716,4 +708,26 @@ fn holder_lines(model: &Model, index: u32) -> Vec<TextLine<'static>> {
         }
     }
     lines
+}
+
+/// " mem ", the bar of `used` in `total` and " USED/TOTAL"; the fraction used.
+fn memory_bar(
+    spans: &mut Vec<Span<'static>>,
+    used: u64,
+    total: u64,
+    bar_cells: usize,
+    palette: Palette,
+) -> f64 {
+    let fraction = used as f64 / total.max(1) as f64;
+    spans.push(Span::raw(" mem "));
+    spans.push(Span::styled(
+        palette.bar(fraction, bar_cells),
+        palette.load(fraction),
+    ));
+    spans.push(Span::raw(format!(
+        " {}/{}",
+        units::bytes(used),
+        units::bytes(total)
+    )));
+    fraction
 }
