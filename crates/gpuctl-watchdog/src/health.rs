@@ -6,13 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gpuctl_core::checkup::Judge;
 use gpuctl_core::health::log::{Acks, XidLog};
-use gpuctl_core::health::{Action, Catalog, Verdict, XidProcess, XidRecord, kernel_log};
+use gpuctl_core::health::{Action, Catalog, Readings, Verdict, XidProcess, XidRecord, kernel_log};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::owner::OwnerMatch;
-use gpuctl_core::snapshot::{GpuSnapshot, Snapshot};
+use gpuctl_core::snapshot::{GpuSnapshot, GpuStatus, Snapshot};
 use gpuctl_core::units;
 use gpuctl_core::xid_events::{EventWatch, GpuEvent};
 
@@ -36,6 +37,18 @@ pub struct GpuHealthMetrics {
     /// (`restart_app`) on the GPU in the last [`APP_XID_WINDOW_SECS`]: the catalog's "same
     /// GPU, different apps" hint of hardware.
     pub app_xid_jobs: u64,
+}
+
+/// NVML's health readings (cumulative ECC and row-remapping counters, the recovery action
+/// the Xid events also announce) change slowly: read at most this often, as each process's
+/// stat is, not every loop of a short interval. An Xid makes the next loop read them.
+pub const READINGS_EVERY: Duration = Duration::from_secs(1);
+
+/// Each GPU's last health readings (index, UUID, readings), and when they were read.
+#[derive(Default)]
+struct KeptReadings {
+    at: Option<Instant>,
+    gpus: Vec<(u32, Option<String>, Option<Readings>)>,
 }
 
 /// The window of `app_xid_jobs`.
@@ -63,6 +76,7 @@ pub struct HealthWatch {
     /// The driver's Xid lines: who an Xid names.
     pub kernel: crate::culprit::KernelLogReader,
     pub metrics: HealthMetrics,
+    readings: KeptReadings,
 }
 
 impl HealthWatch {
@@ -70,6 +84,38 @@ impl HealthWatch {
         let mut watch = HealthWatch::default();
         watch.judge.set_catalog(catalog);
         watch
+    }
+
+    /// Whether this loop's snapshot reads the GPUs' health ([`READINGS_EVERY`]).
+    pub fn readings_due(&self) -> bool {
+        self.readings
+            .at
+            .is_none_or(|at| at.elapsed() >= READINGS_EVERY)
+    }
+
+    /// Keeps the health `snapshot` read (`read`), or, where it read none, gives each
+    /// answering GPU its last readings (the same index and UUID).
+    pub fn keep_readings(&mut self, snapshot: &mut Snapshot, read: bool) {
+        if read {
+            self.readings.at = Some(Instant::now());
+            self.readings.gpus = snapshot
+                .devices
+                .iter()
+                .map(|g| (g.index, g.uuid.clone(), g.health_readings.clone()))
+                .collect();
+            return;
+        }
+        for gpu in &mut snapshot.devices {
+            if gpu.status != GpuStatus::Ok || gpu.health_readings.is_some() {
+                continue;
+            }
+            gpu.health_readings = self
+                .readings
+                .gpus
+                .iter()
+                .find(|(index, uuid, _)| *index == gpu.index && *uuid == gpu.uuid)
+                .and_then(|(_, _, readings)| readings.clone());
+        }
     }
 
     /// The configuration changed (a reload).
@@ -106,6 +152,7 @@ impl HealthWatch {
         for event in events {
             match event {
                 GpuEvent::Xid { gpu, xid } => {
+                    self.readings.at = None;
                     let bus = buses.get(gpu as usize).cloned().flatten();
                     changed |= self.xid(snapshot, (gpu, bus.as_deref()), xid, logger);
                 }
@@ -191,6 +238,7 @@ impl HealthWatch {
     /// is gone, as NVML counts its opens).
     pub fn session_closed(&mut self) {
         self.events = None;
+        self.readings = KeptReadings::default();
     }
 
     fn register(&mut self, gpus: &Gpus, logger: &Logger) {
