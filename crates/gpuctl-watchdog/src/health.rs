@@ -443,3 +443,52 @@ fn gpu_metrics(gpu: &GpuSnapshot) -> Option<GpuHealthMetrics> {
         app_xid_jobs: 0,
     })
 }
+
+#[cfg(test)]
+mod kept_readings_tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str, readings: Option<Readings>) -> GpuSnapshot {
+        GpuSnapshot {
+            uuid: Some(uuid.to_string()),
+            status: GpuStatus::Ok,
+            health_readings: readings,
+            ..GpuSnapshot::unread(index)
+        }
+    }
+
+    fn read(ecc_mask: u64) -> Option<Readings> {
+        Some(Readings {
+            clock_event_reasons: Some(ecc_mask),
+            ..Readings::default()
+        })
+    }
+
+    #[test]
+    fn a_loop_that_reads_no_health_carries_each_gpus_last_readings_to_the_same_gpu_only() {
+        let mut watch = HealthWatch::default();
+        assert!(watch.readings_due(), "the first loop reads");
+        let mut first = Snapshot::of(vec![gpu(0, "GPU-a", read(1)), gpu(1, "GPU-b", read(2))]);
+        watch.keep_readings(&mut first, true);
+        assert!(!watch.readings_due(), "not again within READINGS_EVERY");
+
+        let mut lost = gpu(1, "GPU-b", None);
+        lost.status = GpuStatus::Lost;
+        // GPU 0 is another card now (a new UUID at its index): nothing is carried to it.
+        let mut next = Snapshot::of(vec![gpu(0, "GPU-c", None), lost]);
+        watch.keep_readings(&mut next, false);
+        assert_eq!(next.devices[0].health_readings, None);
+        assert_eq!(
+            next.devices[1].health_readings, None,
+            "a lost GPU gets none"
+        );
+
+        let mut same = Snapshot::of(vec![gpu(0, "GPU-a", None), gpu(1, "GPU-b", None)]);
+        watch.keep_readings(&mut same, false);
+        assert_eq!(same.devices[0].health_readings, read(1));
+        assert_eq!(same.devices[1].health_readings, read(2));
+
+        watch.session_closed();
+        assert!(watch.readings_due(), "a reopened session reads afresh");
+    }
+}
