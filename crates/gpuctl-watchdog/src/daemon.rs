@@ -291,9 +291,11 @@ impl Daemon {
             .holders
             .as_ref()
             .is_none_or(|h| h.at.elapsed() >= HOLDER_SCAN_EVERY);
+        let health_due = self.health.readings_due();
         self.reader.set_purpose(SnapshotOptions {
             // Only when some GPU has holders_threshold unattributed (checked by the snapshot).
             holders: holders_due.then(|| self.settings.holders.clone()),
+            health: health_due,
             // SM per process since the last pass; utilization and power: stuck and idle.
             ..self.settings.watch_options()
         });
@@ -309,6 +311,7 @@ impl Daemon {
             }
         };
         let state_dir = self.settings.watchdog.state_path();
+        self.health.keep_readings(&mut look.snapshot, health_due);
         self.health
             .observe(gpus, &mut look.snapshot, state_dir, &self.log);
         let now = Instant::now();

@@ -24,6 +24,10 @@ pub struct FindingLog {
     claims_judged: PidSet<Identity>,
     /// Those of them judged impostors, while they run (the metrics count them).
     impostors: PidSet<Identity>,
+    /// The processes looked at this loop (one listed on 8 GPUs is looked at once), and
+    /// those of them claiming a protected name: kept, cleared each loop.
+    looked_at: PidSet<Identity>,
+    seen: PidSet<Identity>,
 }
 
 impl FindingLog {
@@ -32,18 +36,26 @@ impl FindingLog {
     /// many impostors hold a GPU now.
     pub fn impostors(&mut self, log: &Logger, guard: &Guard, snapshot: &Snapshot) -> usize {
         let protection = guard.protection();
-        let mut seen: PidSet<Identity> = PidSet::default();
+        let (mut seen, mut looked_at) = (
+            std::mem::take(&mut self.seen),
+            std::mem::take(&mut self.looked_at),
+        );
+        seen.clear();
+        looked_at.clear();
         let mut impostors = Vec::new();
         for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
             let host = &process.host;
             let Some(ticks) = host.start_ticks else {
                 continue;
             };
+            let id = Identity::new(process.pid, ticks);
+            if !looked_at.insert(id) {
+                continue;
+            }
             let claimant = Claimant::of(process.pid, host);
             if protection.claimed(&claimant).is_none() {
                 continue;
             }
-            let id = Identity::new(process.pid, ticks);
             seen.insert(id);
             if self.claims_judged.insert(id)
                 && let Claim::Impostor { name, why } = protection.judge(&claimant)
@@ -55,6 +67,7 @@ impl FindingLog {
         self.impostors.retain(|id| seen.contains(id));
         self.impostors
             .extend(impostors.iter().map(|(id, _, _)| *id));
+        (self.seen, self.looked_at) = (seen, looked_at);
         for (id, name, why) in impostors {
             let fields = fields_of(
                 snapshot,

@@ -6,13 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gpuctl_core::checkup::Judge;
 use gpuctl_core::health::log::{Acks, XidLog};
-use gpuctl_core::health::{Action, Catalog, Verdict, XidProcess, XidRecord, kernel_log};
+use gpuctl_core::health::{Action, Catalog, Readings, Verdict, XidProcess, XidRecord, kernel_log};
 use gpuctl_core::nvml::Gpus;
 use gpuctl_core::owner::OwnerMatch;
-use gpuctl_core::snapshot::{GpuSnapshot, Snapshot};
+use gpuctl_core::snapshot::{GpuSnapshot, GpuStatus, Snapshot};
 use gpuctl_core::units;
 use gpuctl_core::xid_events::{EventWatch, GpuEvent};
 
@@ -36,6 +37,18 @@ pub struct GpuHealthMetrics {
     /// (`restart_app`) on the GPU in the last [`APP_XID_WINDOW_SECS`]: the catalog's "same
     /// GPU, different apps" hint of hardware.
     pub app_xid_jobs: u64,
+}
+
+/// NVML's health readings (cumulative ECC and row-remapping counters, the recovery action
+/// the Xid events also announce) change slowly: read at most this often, as each process's
+/// stat is, not every loop of a short interval. An Xid makes the next loop read them.
+pub const READINGS_EVERY: Duration = Duration::from_secs(1);
+
+/// Each GPU's last health readings (index, UUID, readings), and when they were read.
+#[derive(Default)]
+struct KeptReadings {
+    at: Option<Instant>,
+    gpus: Vec<(u32, Option<String>, Option<Readings>)>,
 }
 
 /// The window of `app_xid_jobs`.
@@ -63,6 +76,7 @@ pub struct HealthWatch {
     /// The driver's Xid lines: who an Xid names.
     pub kernel: crate::culprit::KernelLogReader,
     pub metrics: HealthMetrics,
+    readings: KeptReadings,
 }
 
 impl HealthWatch {
@@ -70,6 +84,38 @@ impl HealthWatch {
         let mut watch = HealthWatch::default();
         watch.judge.set_catalog(catalog);
         watch
+    }
+
+    /// Whether this loop's snapshot reads the GPUs' health ([`READINGS_EVERY`]).
+    pub fn readings_due(&self) -> bool {
+        self.readings
+            .at
+            .is_none_or(|at| at.elapsed() >= READINGS_EVERY)
+    }
+
+    /// Keeps the health `snapshot` read (`read`), or, where it read none, gives each
+    /// answering GPU its last readings (the same index and UUID).
+    pub fn keep_readings(&mut self, snapshot: &mut Snapshot, read: bool) {
+        if read {
+            self.readings.at = Some(Instant::now());
+            self.readings.gpus = snapshot
+                .devices
+                .iter()
+                .map(|g| (g.index, g.uuid.clone(), g.health_readings.clone()))
+                .collect();
+            return;
+        }
+        for gpu in &mut snapshot.devices {
+            if gpu.status != GpuStatus::Ok || gpu.health_readings.is_some() {
+                continue;
+            }
+            gpu.health_readings = self
+                .readings
+                .gpus
+                .iter()
+                .find(|(index, uuid, _)| *index == gpu.index && *uuid == gpu.uuid)
+                .and_then(|(_, _, readings)| readings.clone());
+        }
     }
 
     /// The configuration changed (a reload).
@@ -143,6 +189,7 @@ impl HealthWatch {
         for event in events {
             match event {
                 GpuEvent::Xid { gpu, xid } => {
+                    self.readings.at = None;
                     let bus = buses.get(gpu as usize).cloned().flatten();
                     changed |= self.xid(snapshot, (gpu, bus.as_deref()), xid, logger);
                 }
@@ -206,6 +253,7 @@ impl HealthWatch {
     /// is gone, as NVML counts its opens).
     pub fn session_closed(&mut self) {
         self.events = None;
+        self.readings = KeptReadings::default();
     }
 
     fn register(&mut self, gpus: &Gpus, logger: &Logger) {
@@ -423,4 +471,53 @@ fn gpu_metrics(gpu: &GpuSnapshot) -> Option<GpuHealthMetrics> {
         }),
         app_xid_jobs: 0,
     })
+}
+
+#[cfg(test)]
+mod kept_readings_tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str, readings: Option<Readings>) -> GpuSnapshot {
+        GpuSnapshot {
+            uuid: Some(uuid.to_string()),
+            status: GpuStatus::Ok,
+            health_readings: readings,
+            ..GpuSnapshot::unread(index)
+        }
+    }
+
+    fn read(ecc_mask: u64) -> Option<Readings> {
+        Some(Readings {
+            clock_event_reasons: Some(ecc_mask),
+            ..Readings::default()
+        })
+    }
+
+    #[test]
+    fn a_loop_that_reads_no_health_carries_each_gpus_last_readings_to_the_same_gpu_only() {
+        let mut watch = HealthWatch::default();
+        assert!(watch.readings_due(), "the first loop reads");
+        let mut first = Snapshot::of(vec![gpu(0, "GPU-a", read(1)), gpu(1, "GPU-b", read(2))]);
+        watch.keep_readings(&mut first, true);
+        assert!(!watch.readings_due(), "not again within READINGS_EVERY");
+
+        let mut lost = gpu(1, "GPU-b", None);
+        lost.status = GpuStatus::Lost;
+        // GPU 0 is another card now (a new UUID at its index): nothing is carried to it.
+        let mut next = Snapshot::of(vec![gpu(0, "GPU-c", None), lost]);
+        watch.keep_readings(&mut next, false);
+        assert_eq!(next.devices[0].health_readings, None);
+        assert_eq!(
+            next.devices[1].health_readings, None,
+            "a lost GPU gets none"
+        );
+
+        let mut same = Snapshot::of(vec![gpu(0, "GPU-a", None), gpu(1, "GPU-b", None)]);
+        watch.keep_readings(&mut same, false);
+        assert_eq!(same.devices[0].health_readings, read(1));
+        assert_eq!(same.devices[1].health_readings, read(2));
+
+        watch.session_closed();
+        assert!(watch.readings_due(), "a reopened session reads afresh");
+    }
 }
