@@ -63,7 +63,7 @@ impl SessionOptions {
 /// Whether a session opens NVML.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NvmlNeed {
-    /// Opened, or no session: whatever reads or acts on the GPUs.
+    /// Opened, or the session fails with why: whatever reads or acts on the GPUs.
     #[default]
     Required,
     /// Opened where the library loads; where it does not, the session stands without the
