@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
@@ -150,6 +151,7 @@ def alive(pid):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--workers", type=int, default=64)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPUCTL = os.environ.get("GPUCTL_BIN") or os.path.join(ROOT, "target", "release", "gpuctl")
@@ -142,6 +143,7 @@ def timed(args, env):
 
 
 def main():
+    bench_state.scratch()
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
@@ -44,6 +45,7 @@ def start_holders(count, fds, dev):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=2000)
     parser.add_argument("--fds", type=int, default=100)

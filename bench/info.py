@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
@@ -187,6 +188,7 @@ def proc_floor_ms(pids, runs):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--counts", default="64,128,256,512")

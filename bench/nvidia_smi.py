@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
@@ -55,6 +56,7 @@ print(json.dumps(times))
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--baseline", help="another gpuctl binary to time alongside")

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
@@ -241,6 +242,7 @@ def bench_wheel():
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--processes", type=int, default=256)

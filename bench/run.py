@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")
@@ -78,6 +79,7 @@ def cpu_ticks(pid):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--processes", type=int, default=256)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
@@ -100,6 +101,7 @@ def pids_in_namespace(inode):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--inside", type=int, default=128)

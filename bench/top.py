@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
@@ -116,6 +117,7 @@ def nvitop_bin():
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--runs", type=int, default=3)

@@ -28,6 +28,7 @@ import warnings
 import torch
 
 from gpuctl.torch import MemoryLeakWarning, MemoryMonitor
+import bench_state
 
 CHECK_EVERY = 10
 
@@ -87,6 +88,7 @@ def measure(width, steps, repeats, keep=False, warm_steps=0, sweep_every=None):
 
 
 def main() -> None:
+    bench_state.scratch()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)

@@ -24,6 +24,7 @@ import time
 import torch
 
 from gpuctl.torch import MemoryMonitor, estimate, explain_oom
+import bench_state
 
 HOLDER = r"""
 import sys, time, torch
@@ -123,6 +124,7 @@ def check_estimate(device: int) -> bool:
 
 
 def main() -> None:
+    bench_state.scratch()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args()

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "target", "release", "gpuctl-trainer")
@@ -39,6 +40,7 @@ def run(extra, scratch):
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=60)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import bench_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")  # --target replaces it (A/B comparisons)
@@ -169,6 +170,7 @@ def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None
 
 
 def main():
+    bench_state.scratch()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=10)
