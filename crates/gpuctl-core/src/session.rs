@@ -138,8 +138,7 @@ impl Session {
     /// goes, whether or not NVML then opens).
     pub fn with_nvml(mut self) -> Result<Session> {
         if self.gpus.is_none() {
-            let deadline = nvml::timeout(None, self.loaded.nvml_timeout())?;
-            self.gpus = Some(Gpus::open_within(deadline)?);
+            (self.gpus, self.no_nvml) = open_nvml(&self.loaded, &SessionOptions::default())?;
         }
         Ok(self)
     }
