@@ -10,8 +10,8 @@
 //!   can: a read-only mount leaves that to the host), and drops the listed processes it
 //!   names.
 //! - An instance on the host keeps an existing file up to date from a thread of its own
-//!   (every [`SHARE_EVERY`]), so a death is shared even while no host client is asking
-//!   NVML anything. Where no file exists (no instance in a namespace asked), it writes
+//!   (every [`SHARE_EVERY`]; until the file appears, it looks for it every [`LOOK_EVERY`]),
+//!   so a death is shared even while no host client is asking NVML anything. Where no file exists (no instance in a namespace asked), it writes
 //!   nothing: a scenario beside a source tree, or one naming pids that never existed, is
 //!   left alone.
 //! - With no instance on the host, the file stays empty and a namespaced instance reports
@@ -29,6 +29,12 @@ use crate::state::{FileSig, file_sig};
 
 /// How often a host instance brings the file up to date.
 pub const SHARE_EVERY: Duration = Duration::from_millis(20);
+
+/// How often a host instance looks for the file while no instance has asked: every host
+/// client of the sim runs this thread for its whole life, and a wake-up every
+/// [`SHARE_EVERY`] was a tenth of the watchdog's CPU. The first death after an ask is shared
+/// this much later at most.
+pub const LOOK_EVERY: Duration = Duration::from_millis(250);
 
 const HEADER: &str = "# nvml-sim: the scenario's pids found dead in the host's PID namespace\n";
 
@@ -128,7 +134,8 @@ fn write(path: &Path, dead: &BTreeSet<u32>) -> std::io::Result<()> {
 static WATCHED: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
 /// Starts, once per process, the thread that runs `pass` every [`SHARE_EVERY`] while the
-/// file `path` exists (an instance in another namespace asked for it); a later call only
+/// file `path` exists (an instance in another namespace asked for it), and looks for it every
+/// [`LOOK_EVERY`] until then; a later call only
 /// changes the file watched. The thread looks for the file before `pass` takes the sim's
 /// lock, so where nothing asked it never holds that lock (a program that forks while it
 /// did would leave its child's lock taken). The library is pinned first (never unloaded,
@@ -144,9 +151,10 @@ pub fn start_sharing(path: PathBuf, pass: fn()) {
         let _ = std::thread::Builder::new()
             .name("nvml-sim-deaths".into())
             .spawn(move || {
+                let mut asked = false;
                 loop {
-                    std::thread::sleep(SHARE_EVERY);
-                    let asked = WATCHED
+                    std::thread::sleep(if asked { SHARE_EVERY } else { LOOK_EVERY });
+                    asked = WATCHED
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .as_deref()

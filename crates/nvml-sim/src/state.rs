@@ -97,6 +97,8 @@ pub struct StateStore {
     pub path: PathBuf,
     sig: Option<FileSig>,
     cached: State,
+    /// When the file was last checked for a change.
+    checked_at: Option<std::time::Instant>,
 }
 
 impl StateStore {
@@ -108,13 +110,25 @@ impl StateStore {
                 version: 1,
                 ..State::default()
             },
+            checked_at: None,
         };
         s.refresh();
         s
     }
 
-    /// Re-reads the file if it changed; returns the current state.
+    /// Re-reads the file if it changed; returns the current state. As with the scenario, a
+    /// change by another process is seen within [`crate::sim::RECHECK`]: a stat per call was
+    /// a hundred stats of one `gpuctl info`, which real NVML does not make. This process's
+    /// own changes ([`StateStore::update`]) are seen at once.
     pub fn refresh(&mut self) -> &State {
+        let now = std::time::Instant::now();
+        if self
+            .checked_at
+            .is_some_and(|at| now.duration_since(at) < crate::sim::RECHECK)
+        {
+            return &self.cached;
+        }
+        self.checked_at = Some(now);
         let sig = file_sig(&self.path);
         if sig != self.sig {
             if let Some(state) = read(&self.path) {
