@@ -571,3 +571,32 @@ fn a_crashed_runs_orphans_are_marked_reclaimable_and_a_healthy_process_is_not() 
     let healthy_doc = process(1, healthy.pid());
     assert!(healthy_doc.get("reclaimable").is_none(), "{healthy_doc}");
 }
+
+/// A GPU listing more processes than the first call has room for (256) is asked again at
+/// the size NVML names: every process is still listed, and no GPU is in error.
+#[test]
+fn a_gpu_with_more_processes_than_the_first_call_has_room_for_lists_them_all() {
+    let holders: Vec<Proc> = (0..300)
+        .map(|_| Proc::sleeper("python3", &["worker.py"]))
+        .collect();
+    let mut scenario = header().gpu(h200()).gpu(h200());
+    for holder in &holders {
+        scenario = scenario.process(Process::new(holder.pid()).used(MIB));
+    }
+    let sim = Sim::new(&scenario);
+    let doc = sim.json(&["info"]);
+    let gpu = device(&doc, 0);
+    assert_eq!(gpu["status"], "ok", "{gpu}");
+    let mut listed: Vec<u64> = gpu["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    listed.sort_unstable();
+    let mut want: Vec<u64> = holders.iter().map(|h| u64::from(h.pid())).collect();
+    want.sort_unstable();
+    assert_eq!(listed, want);
+    assert_eq!(gpu["memory"]["used_bytes"], 300 * MIB);
+    assert_eq!(device(&doc, 1)["processes"], serde_json::json!([]));
+}

@@ -17,6 +17,7 @@ use nvml_wrapper::error::NvmlError;
 
 use crate::error::{CoreError, Result};
 
+pub mod lists;
 mod places;
 pub(crate) use places::mig_instance_ids;
 pub use places::{GpuTables, MigName, Place, places_from, resolve_selectors};
@@ -396,8 +397,8 @@ impl Gpus {
                 continue;
             };
             let lists = [
-                device.running_compute_processes(),
-                device.running_graphics_processes(),
+                lists::processes(&device, lists::ProcessList::Compute),
+                lists::processes(&device, lists::ProcessList::Graphics),
             ];
             let used = lists
                 .into_iter()

@@ -13,6 +13,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 
 use crate::error::Result;
+use crate::nvml::lists::{self, ProcessList};
 use crate::nvml::{Gpus, describe};
 
 use super::field::optional;
@@ -194,8 +195,8 @@ pub(super) fn read_gpu_fields(
         gpu.mig_devices = read_mig_devices(device)?;
     }
 
-    let compute = process_list(device.running_compute_processes());
-    let graphics = process_list(device.running_graphics_processes());
+    let compute = process_list(lists::processes(device, ProcessList::Compute));
+    let graphics = process_list(lists::processes(device, ProcessList::Graphics));
     // After both lists answered: no process they name started later than this.
     listing.at = crate::host::boot_clock().ok();
     let (compute, graphics) = match (compute, graphics) {
@@ -213,7 +214,7 @@ pub(super) fn read_gpu_fields(
     listing.processes = merge_processes(compute, graphics, &utilization);
     mark_mps_clients(
         &mut listing.processes,
-        device.mps_running_compute_processes(),
+        lists::processes(device, ProcessList::Mps),
     );
     gpu.memory = memory.map(|m| Memory {
         total_bytes: m.total,
