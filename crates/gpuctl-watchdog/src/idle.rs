@@ -65,41 +65,40 @@ impl Accounts {
     /// runtime named), each series kind capped at `max`.
     fn count(&mut self, process: &GpuProcess, add: ByteSeconds, max: usize) {
         let (user, owner) = labels_of(process);
+        // The "other" labels are made only for a new series once the cap is reached.
         let other = || vec!["other".to_string()];
-        Accounts::add(&mut self.users, user, other(), max, add);
-        let other_owner = vec!["other".to_string(), "other".to_string()];
+        Accounts::add(&mut self.users, user, other, max, add);
+        let other_owner = || vec!["other".to_string(), "other".to_string()];
         Accounts::add(&mut self.owners, owner, other_owner, max, add);
         if let Some(namespace) = namespace_of(process) {
-            Accounts::add(&mut self.namespaces, vec![namespace], other(), max, add);
+            Accounts::add(&mut self.namespaces, vec![namespace], other, max, add);
         }
     }
 
     fn add(
         series: &mut BTreeMap<Vec<String>, ByteSeconds>,
         labels: Vec<String>,
-        other: Vec<String>,
+        other: impl FnOnce() -> Vec<String>,
         max: usize,
         add: ByteSeconds,
     ) {
-        let key = if series.contains_key(&labels) || series.len() < max {
-            labels
-        } else {
-            other
-        };
+        if let Some(entry) = series.get_mut(&labels) {
+            entry.held += add.held;
+            entry.idle += add.idle;
+            return;
+        }
+        let key = if series.len() < max { labels } else { other() };
         let entry = series.entry(key).or_default();
         entry.held += add.held;
         entry.idle += add.idle;
     }
 }
 
-/// A process and since when it has been in its spell (ms since the epoch), if it is.
-type Spell = (Identity, Option<u64>);
-
 pub struct IdleWatch {
     tracker: IdleTracker,
     path: Option<PathBuf>,
-    /// When the windows were last written, and their spells then.
-    saved: Option<(Instant, Vec<Spell>)>,
+    /// When the windows were last written, and the tracker's spell changes then.
+    saved: Option<(Instant, u64)>,
     /// The processes idle after the last pass.
     idle: PidMap<Identity, IdleFacts>,
     /// The spells (process, since) whose notify_command ran.
@@ -393,11 +392,7 @@ impl IdleWatch {
     /// [`SAVE_EVERY`] while they change.
     fn save(&mut self, log: &Logger) {
         let Some(path) = &self.path else { return };
-        let windows = self.tracker.windows();
-        let spells: Vec<Spell> = windows
-            .iter()
-            .map(|w| (Identity::new(w.pid, w.start_ticks), w.since_ms))
-            .collect();
+        let spells = self.tracker.spell_changes();
         let due = match &self.saved {
             None => true,
             Some((at, saved)) => *saved != spells || at.elapsed() >= SAVE_EVERY,
@@ -405,6 +400,7 @@ impl IdleWatch {
         if !due {
             return;
         }
+        let windows = self.tracker.windows();
         if let Some(dir) = &self.state_dir {
             usage::bound(&mut self.jobs, units::unix_seconds() as u64);
             // Best effort: an epilog without it says only what the peaks say.
@@ -543,13 +539,13 @@ mod tests {
         let mut users = BTreeMap::new();
         let add = |held: f64, idle: f64| ByteSeconds { held, idle };
         let other = || labels("other");
-        Accounts::add(&mut users, labels("alice"), other(), 2, add(10.0, 4.0));
-        Accounts::add(&mut users, labels("bob"), other(), 2, add(5.0, 0.0));
+        Accounts::add(&mut users, labels("alice"), other, 2, add(10.0, 4.0));
+        Accounts::add(&mut users, labels("bob"), other, 2, add(5.0, 0.0));
         // The cap is reached: carol counts in "other", and stays there.
-        Accounts::add(&mut users, labels("carol"), other(), 2, add(7.0, 7.0));
-        Accounts::add(&mut users, labels("carol"), other(), 2, add(1.0, 1.0));
+        Accounts::add(&mut users, labels("carol"), other, 2, add(7.0, 7.0));
+        Accounts::add(&mut users, labels("carol"), other, 2, add(1.0, 1.0));
         // Known series keep growing past the cap.
-        Accounts::add(&mut users, labels("alice"), other(), 2, add(2.0, 0.0));
+        Accounts::add(&mut users, labels("alice"), other, 2, add(2.0, 0.0));
         assert_eq!(users.len(), 3, "{users:?}");
         assert_eq!(users[&labels("alice")], add(12.0, 4.0));
         assert_eq!(users[&labels("other")], add(8.0, 8.0));

@@ -387,7 +387,8 @@ impl HistoryTracker {
         stuck: Option<&StuckCriteria>,
         mut identity_of: impl FnMut(u32) -> Option<Identity>,
     ) -> History {
-        let mut seen: PidSet<Identity> = PidSet::default();
+        let mut seen: PidSet<Identity> =
+            PidSet::with_capacity_and_hasher(snapshot.most_listed(), Default::default());
         for process in snapshot.devices.iter().flat_map(|g| &g.processes) {
             let host = &process.host;
             let (Some(ticks), Some(ppid)) = (host.start_ticks, host.ppid) else {

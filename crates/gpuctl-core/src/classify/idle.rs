@@ -113,6 +113,9 @@ pub const MAX_ACCOUNTED_GAP_MS: u64 = 5 * 60 * 1000;
 #[derive(Debug, Default, Clone)]
 pub struct IdleTracker {
     windows: PidMap<Identity, Window>,
+    /// Counts the passes in which a window came or went, or a spell began or ended: a
+    /// keeper of the windows writes them again when it moved (see [`IdleTracker::spell_changes`]).
+    spell_changes: u64,
 }
 
 impl IdleTracker {
@@ -124,7 +127,15 @@ impl IdleTracker {
                 .take(MAX_WINDOWS)
                 .map(|w| (w.identity(), w))
                 .collect(),
+            spell_changes: 0,
         }
+    }
+
+    /// Grows whenever a window came or went or a spell began or ended: what was kept of the
+    /// windows is out of date when this is not what it was then. Cheaper than comparing
+    /// every window each pass.
+    pub fn spell_changes(&self) -> u64 {
+        self.spell_changes
     }
 
     /// The windows, to be kept in the state file.
@@ -148,7 +159,9 @@ impl IdleTracker {
         complete: bool,
     ) -> Vec<Accounted> {
         let mut accounted = Vec::with_capacity(samples.len());
-        let mut seen: PidMap<Identity, ()> = PidMap::default();
+        let mut moved = false;
+        let mut seen: PidMap<Identity, ()> =
+            PidMap::with_capacity_and_hasher(samples.len(), Default::default());
         for sample in samples {
             seen.insert(sample.identity, ());
             let low = sample.low(criteria.util_below);
@@ -180,6 +193,7 @@ impl IdleTracker {
                 }
                 _ => 0,
             };
+            moved |= previous.map(|w| w.since_ms) != Some(since_ms);
             self.windows.insert(
                 sample.identity,
                 Window {
@@ -194,8 +208,11 @@ impl IdleTracker {
             );
         }
         if complete {
+            let before = self.windows.len();
             self.windows.retain(|id, _| seen.contains_key(id));
+            moved |= self.windows.len() != before;
         }
+        self.spell_changes += u64::from(moved);
         accounted
     }
 
@@ -233,8 +250,10 @@ fn facts_of(window: &Window, criteria: &IdleCriteria, now_ms: u64) -> Option<Idl
 /// highest SM utilization, from the driver's per-process samples; where a GPU gives none,
 /// the GPU's utilization when the process is its only holder, else unknown.
 pub fn samples(snapshot: &Snapshot) -> Vec<Sample> {
-    let mut at: PidMap<Identity, usize> = PidMap::default();
-    let mut out: Vec<Sample> = Vec::new();
+    let most = snapshot.most_listed();
+    let mut at: PidMap<Identity, usize> =
+        PidMap::with_capacity_and_hasher(most, Default::default());
+    let mut out: Vec<Sample> = Vec::with_capacity(most);
     for gpu in &snapshot.devices {
         let holders = gpu.processes.len();
         for process in &gpu.processes {

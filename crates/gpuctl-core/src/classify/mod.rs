@@ -325,8 +325,9 @@ pub fn classify(
 /// Each confirmed process once, with what it holds across its GPUs, by ascending pid. An
 /// unconfirmed process is not judged: nothing is known of it.
 fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
-    let mut at: PidMap<u32, usize> = PidMap::default();
-    let mut held: Vec<Held> = Vec::new();
+    let most = snapshot.most_listed();
+    let mut at: PidMap<u32, usize> = PidMap::with_capacity_and_hasher(most, Default::default());
+    let mut held: Vec<Held> = Vec::with_capacity(most);
     for gpu in &snapshot.devices {
         for process in &gpu.processes {
             let (Some(_), Some(start_ticks)) = (process.host.state, process.host.start_ticks)
@@ -337,7 +338,7 @@ fn holders(snapshot: &Snapshot) -> Vec<Held<'_>> {
                 held.push(Held {
                     process,
                     identity: Identity::new(process.pid, start_ticks),
-                    gpus: Vec::new(),
+                    gpus: Vec::with_capacity(snapshot.devices.len()),
                     bytes: Some(0),
                     busy_pct: Some(0),
                 });

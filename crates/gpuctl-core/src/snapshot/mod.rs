@@ -369,6 +369,17 @@ pub struct MigMemory {
 }
 
 impl Snapshot {
+    /// The most processes one GPU lists: at least that many distinct processes, what a
+    /// per-process map of a pass is sized by (growing it entry by entry rehashed it
+    /// several times a pass in the watchdog).
+    pub fn most_listed(&self) -> usize {
+        self.devices
+            .iter()
+            .map(|g| g.processes.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Takes a snapshot of the selected GPUs, reading /proc for their processes only (and,
     /// in a PID namespace of its own, asking the host service where one answers).
     pub fn take(gpus: &Gpus, options: &SnapshotOptions) -> Result<Snapshot> {

@@ -52,13 +52,21 @@ pub(super) fn ask_host_service(
 
 /// Each pid once, in listing order (a process is listed by every GPU it is on).
 pub(super) fn distinct_pids<'a>(listings: impl IntoIterator<Item = &'a Listing>) -> Vec<u32> {
-    let mut seen = PidSet::default();
-    listings
-        .into_iter()
-        .flat_map(|listing| &listing.processes)
-        .map(|p| p.pid)
-        .filter(|&pid| seen.insert(pid))
-        .collect()
+    let listings: Vec<&Listing> = listings.into_iter().collect();
+    // At least the longest list's many: sized once, not grown pid by pid.
+    let most = listings
+        .iter()
+        .map(|l| l.processes.len())
+        .max()
+        .unwrap_or(0);
+    let mut seen = PidSet::with_capacity_and_hasher(most, Default::default());
+    let mut pids = Vec::with_capacity(most);
+    for pid in listings.iter().flat_map(|l| &l.processes).map(|p| p.pid) {
+        if seen.insert(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
 }
 
 /// Join: each listed process gets its host facts (shared by its entries on every GPU), from

@@ -368,3 +368,33 @@ fn with_action_reclaim_an_idle_process_is_due_after_reclaim_after_unless_exempt(
     let (_, none) = due_of(100 * 3600, &Policy::default());
     assert!(none.is_empty());
 }
+
+#[test]
+fn spell_changes_grow_when_a_window_comes_or_goes_or_a_spell_begins_or_ends() {
+    let (a, b) = (id(10, 500), id(11, 500));
+    let mut tracker = IdleTracker::default();
+    run(&mut tracker, 0, 0, &[sample(a, 4, Some(0))]);
+    let first = tracker.spell_changes();
+    assert_eq!(first, 1, "a new window, in its spell");
+    run(&mut tracker, 1, 5, &[sample(a, 4, Some(0))]);
+    assert_eq!(
+        tracker.spell_changes(),
+        first,
+        "the same spell, sampled again"
+    );
+    run(&mut tracker, 6, 6, &[sample(a, 4, Some(50))]);
+    assert_eq!(tracker.spell_changes(), first + 1, "busy: the spell ended");
+    run(
+        &mut tracker,
+        7,
+        7,
+        &[sample(a, 4, Some(60)), sample(b, 4, Some(60))],
+    );
+    assert_eq!(
+        tracker.spell_changes(),
+        first + 2,
+        "b's window came (no spell)"
+    );
+    run(&mut tracker, 8, 8, &[sample(a, 4, Some(60))]);
+    assert_eq!(tracker.spell_changes(), first + 3, "b's window went");
+}
