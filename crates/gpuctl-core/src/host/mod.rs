@@ -328,24 +328,24 @@ impl ProcView {
             return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
         }
         let chunk = pids.len().div_ceil(threads);
+        let read = |part: &[u32]| -> Vec<(u32, HostProcess)> {
+            part.iter().map(|&pid| (pid, self.process(pid))).collect()
+        };
         std::thread::scope(|scope| {
-            let workers: Vec<_> = pids
+            // This thread reads the first part itself: one thread fewer to start.
+            let (first, rest) = pids.split_at(chunk.min(pids.len()));
+            let workers: Vec<_> = rest
                 .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || {
-                        part.iter()
-                            .map(|&pid| (pid, self.process(pid)))
-                            .collect::<Vec<_>>()
-                    })
-                })
+                .map(|part| scope.spawn(move || read(part)))
                 .collect();
-            workers
-                .into_iter()
-                .flat_map(|worker| match worker.join() {
-                    Ok(facts) => facts,
+            let mut facts: HashMap<u32, HostProcess> = read(first).into_iter().collect();
+            for worker in workers {
+                match worker.join() {
+                    Ok(part) => facts.extend(part),
                     Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
+                }
+            }
+            facts
         })
     }
 
