@@ -267,8 +267,7 @@ pub struct Sim {
     faults: Option<(u64, u64)>,
 }
 
-/// How often a long-running client re-checks the scenario file for a change.
-pub const RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+pub use crate::state::RECHECK;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -83,6 +83,10 @@ pub struct Teardown {
     pub first_dead_unix_ms: u64,
 }
 
+/// How often a long-running client re-checks the scenario file and the state file for a
+/// change made by another process.
+pub const RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Identity of a file version: (dev, ino, size, mtime s, mtime ns).
 pub type FileSig = (u64, u64, u64, i64, i64);
 
@@ -117,14 +121,14 @@ impl StateStore {
     }
 
     /// Re-reads the file if it changed; returns the current state. As with the scenario, a
-    /// change by another process is seen within [`crate::sim::RECHECK`]: a stat per call was
+    /// change by another process is seen within [`RECHECK`]: a stat per call was
     /// a hundred stats of one `gpuctl info`, which real NVML does not make. This process's
     /// own changes ([`StateStore::update`]) are seen at once.
     pub fn refresh(&mut self) -> &State {
         let now = std::time::Instant::now();
         if self
             .checked_at
-            .is_some_and(|at| now.duration_since(at) < crate::sim::RECHECK)
+            .is_some_and(|at| now.duration_since(at) < RECHECK)
         {
             return &self.cached;
         }
