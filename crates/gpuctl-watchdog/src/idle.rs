@@ -82,12 +82,11 @@ impl Accounts {
         max: usize,
         add: ByteSeconds,
     ) {
-        if let Some(entry) = series.get_mut(&labels) {
-            entry.held += add.held;
-            entry.idle += add.idle;
-            return;
-        }
-        let key = if series.len() < max { labels } else { other() };
+        let key = if series.contains_key(&labels) || series.len() < max {
+            labels
+        } else {
+            other()
+        };
         let entry = series.entry(key).or_default();
         entry.held += add.held;
         entry.idle += add.idle;

@@ -317,14 +317,9 @@ impl Sim {
     pub fn refresh(&mut self) {
         // A stat of the file per NVML call is most of a quiet client's cost; a change is
         // seen within RECHECK instead.
-        let now = Instant::now();
-        if self
-            .checked_at
-            .is_some_and(|at| now.duration_since(at) < RECHECK)
-        {
+        if !crate::state::recheck_due(&mut self.checked_at) {
             return;
         }
-        self.checked_at = Some(now);
         let sig = file_sig(&self.path);
         if sig == self.sig || self.bad == Some(sig) {
             return;

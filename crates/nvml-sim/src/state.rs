@@ -87,6 +87,17 @@ pub struct Teardown {
 /// change made by another process.
 pub const RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Whether a file last checked at `checked_at` is due for another look ([`RECHECK`]);
+/// when it is, now is recorded as the check.
+pub fn recheck_due(checked_at: &mut Option<std::time::Instant>) -> bool {
+    let now = std::time::Instant::now();
+    if checked_at.is_some_and(|at| now.duration_since(at) < RECHECK) {
+        return false;
+    }
+    *checked_at = Some(now);
+    true
+}
+
 /// Identity of a file version: (dev, ino, size, mtime s, mtime ns).
 pub type FileSig = (u64, u64, u64, i64, i64);
 
@@ -125,14 +136,9 @@ impl StateStore {
     /// a hundred stats of one `gpuctl info`, which real NVML does not make. This process's
     /// own changes ([`StateStore::update`]) are seen at once.
     pub fn refresh(&mut self) -> &State {
-        let now = std::time::Instant::now();
-        if self
-            .checked_at
-            .is_some_and(|at| now.duration_since(at) < RECHECK)
-        {
+        if !recheck_due(&mut self.checked_at) {
             return &self.cached;
         }
-        self.checked_at = Some(now);
         let sig = file_sig(&self.path);
         if sig != self.sig {
             if let Some(state) = read(&self.path) {

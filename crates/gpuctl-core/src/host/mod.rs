@@ -318,22 +318,22 @@ impl ProcView {
     /// sets are split across cores; small ones are not worth a thread.
     fn read_in_parallel(&self, pids: &[u32]) -> HashMap<u32, HostProcess> {
         const PIDS_PER_THREAD: usize = 32;
+        let read = |part: &[u32]| -> Vec<(u32, HostProcess)> {
+            part.iter().map(|&pid| (pid, self.process(pid))).collect()
+        };
         if pids.len() < 2 * PIDS_PER_THREAD {
             // Not worth a thread; nor asking how many cores (that reads cgroup files).
-            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+            return read(pids).into_iter().collect();
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(pids.len() / PIDS_PER_THREAD).max(1);
         if threads == 1 {
-            return pids.iter().map(|&pid| (pid, self.process(pid))).collect();
+            return read(pids).into_iter().collect();
         }
         let chunk = pids.len().div_ceil(threads);
-        let read = |part: &[u32]| -> Vec<(u32, HostProcess)> {
-            part.iter().map(|&pid| (pid, self.process(pid))).collect()
-        };
         std::thread::scope(|scope| {
             // This thread reads the first part itself: one thread fewer to start.
-            let (first, rest) = pids.split_at(chunk.min(pids.len()));
+            let (first, rest) = pids.split_at(chunk);
             let workers: Vec<_> = rest
                 .chunks(chunk)
                 .map(|part| scope.spawn(move || read(part)))

@@ -17,7 +17,7 @@ use nvml_wrapper::error::NvmlError;
 
 use crate::error::{CoreError, Result};
 
-pub mod lists;
+pub(crate) mod lists;
 mod places;
 pub(crate) use places::mig_instance_ids;
 pub use places::{GpuTables, MigName, Place, places_from, resolve_selectors};
