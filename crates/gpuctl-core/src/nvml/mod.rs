@@ -153,9 +153,28 @@ impl Gpus {
         let library = checked_library_path()?;
         let (answer, answered) = mpsc::channel();
         let opening = library.clone();
-        std::thread::spawn(move || {
-            let _ = answer.send(Gpus::open_library(&opening));
-        });
+        // The thread that opens NVML stays on as the all-GPU worker (slot 0): the first
+        // snapshot's reads need no second thread (nor its stack and malloc arena).
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("nvml-gpus".to_string())
+            .spawn(move || {
+                let opened = Gpus::open_library(&opening);
+                let nvml = opened.as_ref().ok().map(|gpus| Arc::clone(&gpus.nvml));
+                let _ = answer.send(opened.map(|gpus| gpus.with_all_gpu_worker(jobs)));
+                if let Some(nvml) = nvml {
+                    for job in queue {
+                        job(&nvml);
+                    }
+                }
+            });
+        if let Err(error) = started {
+            return Err(CoreError::NvmlUnavailable {
+                library,
+                reason: format!("cannot start the thread that opens it: {error}"),
+                hint: "The system is out of threads or memory.",
+            });
+        }
         match answered.recv_timeout(timeout) {
             Ok(opened) => opened.map(|gpus| gpus.bounded_by(timeout)),
             Err(_) => Err(CoreError::NvmlUnavailable {
@@ -167,6 +186,16 @@ impl Gpus {
                 hint: "A GPU may have fallen off the bus: check `dmesg | grep -i xid`.",
             }),
         }
+    }
+
+    /// Slot 0 of the workers (the all-GPU one) is the thread that sends on `jobs`' queue.
+    fn with_all_gpu_worker(self, jobs: mpsc::Sender<Job>) -> Gpus {
+        let worker = Worker {
+            jobs,
+            busy: Arc::new(AtomicBool::new(false)),
+        };
+        *self.workers.lock().unwrap_or_else(|e| e.into_inner()) = vec![Some(worker)];
+        self
     }
 
     /// Bounds every per-GPU read of snapshots by `timeout`.
