@@ -178,6 +178,11 @@ impl IdleWatch {
         let processes = processes_of(snapshot);
         // Per Slurm job this pass: the longest interval, and whether all was idle.
         let mut pass_jobs: BTreeMap<String, (f64, bool)> = BTreeMap::new();
+        // The processes of one user and owner, summed this pass, so that their labels are
+        // made and looked up once, not per process (the watchdog accounts every loop). The
+        // first of each group stands for it.
+        const MAX_GROUPS: usize = 64;
+        let mut groups: Vec<(&GpuProcess, ByteSeconds)> = Vec::new();
         for held in accounted {
             let Some(process) = processes.get(&held.identity) else {
                 continue;
@@ -202,6 +207,27 @@ impl IdleWatch {
                 held: held.byte_seconds,
                 idle: if held.idle { held.byte_seconds } else { 0.0 },
             };
+            match groups
+                .iter()
+                .position(|(first, _)| same_labels(first, process))
+            {
+                Some(at) => {
+                    groups[at].1.held += add.held;
+                    groups[at].1.idle += add.idle;
+                }
+                None => {
+                    if groups.len() == MAX_GROUPS {
+                        // Counted in the order first met: which series the cap admits
+                        // depends on it.
+                        for (first, sum) in groups.drain(..) {
+                            self.accounts.count(first, sum, max_series);
+                        }
+                    }
+                    groups.push((process, add));
+                }
+            }
+        }
+        for (process, add) in groups {
             self.accounts.count(process, add, max_series);
         }
         for (key, (seconds, all_idle)) in pass_jobs {
@@ -460,12 +486,16 @@ fn read(path: &Path, log: &Logger) -> Vec<Window> {
 }
 
 fn processes_of(snapshot: &Snapshot) -> PidMap<Identity, &GpuProcess> {
-    snapshot
-        .devices
-        .iter()
-        .flat_map(|g| &g.processes)
-        .filter_map(|p| Some((Identity::new(p.pid, p.host.start_ticks?), p)))
-        .collect()
+    let mut processes =
+        PidMap::with_capacity_and_hasher(snapshot.most_listed(), Default::default());
+    processes.extend(
+        snapshot
+            .devices
+            .iter()
+            .flat_map(|g| &g.processes)
+            .filter_map(|p| Some((Identity::new(p.pid, p.host.start_ticks?), p))),
+    );
+    processes
 }
 
 /// The Kubernetes namespace of a process's pod, where the runtime named the pod.
@@ -476,6 +506,14 @@ fn namespace_of(process: &GpuProcess) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Whether two processes count in the same user, owner and namespace series: the facts
+/// [`labels_of`] and [`namespace_of`] read are equal (one process's, by address, on
+/// several GPUs).
+fn same_labels(a: &GpuProcess, b: &GpuProcess) -> bool {
+    let (a, b) = (&a.host, &b.host);
+    std::sync::Arc::ptr_eq(a, b) || (a.uid == b.uid && a.user == b.user && a.owner == b.owner)
 }
 
 /// A process's user label and owner labels (kind, key), as the memory series name them.
@@ -550,6 +588,80 @@ mod tests {
         assert_eq!(users[&labels("other")], add(8.0, 8.0));
         assert!(!users.contains_key(&labels("carol")));
         assert!(users.values().all(|v| v.idle <= v.held));
+    }
+
+    #[test]
+    fn a_pass_counts_each_user_once_and_past_the_groups_kept_in_the_order_first_met() {
+        use gpuctl_core::act::Identity;
+        use gpuctl_core::owner::Owner;
+        // 70 users (more than a pass groups at once), each with two processes, the second
+        // of each on GPU 1 and listed after every first; plus one user's process that is
+        // listed on both GPUs (one set of facts).
+        let user = |pid: u32, n: u32| {
+            gpuctl_core::fixtures::process(pid)
+                .confirmed()
+                .started(1000 + u64::from(pid))
+                .uid(n)
+                .user(&format!("u{n:02}"))
+                .owner(Some(Owner::None))
+                .build()
+        };
+        let firsts: Vec<_> = (0..70).map(|n| user(100 + n, n)).collect();
+        let seconds: Vec<_> = (0..70).map(|n| user(200 + n, n)).collect();
+        let both = user(300, 0);
+        let mut gpu0 = firsts;
+        gpu0.push(both.clone());
+        let mut gpu1 = seconds;
+        gpu1.push(both);
+        let snapshot = Snapshot::of(vec![
+            gpuctl_core::fixtures::gpu(0, gpu0),
+            gpuctl_core::fixtures::gpu(1, gpu1),
+        ]);
+        let accounted: Vec<Accounted> = snapshot
+            .devices
+            .iter()
+            .flat_map(|g| &g.processes)
+            .map(|p| Accounted {
+                identity: Identity::new(p.pid, p.host.start_ticks.unwrap()),
+                seconds: 1.0,
+                byte_seconds: 2.0,
+                idle: p.pid % 2 == 0,
+                sm_pct: None,
+            })
+            .collect();
+        let (log, _) = Logger::buffered();
+        let mut watch = IdleWatch::new(None, &log);
+        // The process on both GPUs is accounted once per listing, as the tracker gives it.
+        watch.account(&snapshot, &accounted, 5, 60);
+        let users = &watch.accounts.users;
+        assert_eq!(users.len(), 61, "60 users and other: {:?}", users.keys());
+        assert_eq!(
+            users[&labels("u00")],
+            ByteSeconds {
+                held: 8.0,
+                idle: 8.0
+            }
+        );
+        assert_eq!(
+            users[&labels("u01")],
+            ByteSeconds {
+                held: 4.0,
+                idle: 0.0
+            }
+        );
+        // The first 60 users met (by their first processes) hold the series, not the
+        // last ones met before a group was counted.
+        assert!(users.contains_key(&labels("u59")));
+        assert!(!users.contains_key(&labels("u60")));
+        assert_eq!(users[&labels("other")].held, 10.0 * 4.0);
+        let held: f64 = users.values().map(|v| v.held).sum();
+        assert_eq!(held, 2.0 * 142.0, "every listing counts once");
+        assert_eq!(
+            watch.accounts.owners.len(),
+            1,
+            "{:?}",
+            watch.accounts.owners
+        );
     }
 
     #[test]

@@ -469,11 +469,15 @@ pub struct Status<'a> {
 impl Status<'_> {
     /// "2 GPUs, 3 processes, 1 stale; dry run; last reclaim ...".
     pub fn line(&self, snapshot: &Snapshot) -> String {
-        let processes: PidSet<u32> = snapshot
-            .devices
-            .iter()
-            .flat_map(|g| g.processes.iter().map(|p| p.pid))
-            .collect();
+        // Sized once (every loop, one entry per listing): not grown and rehashed.
+        let mut processes: PidSet<u32> =
+            PidSet::with_capacity_and_hasher(snapshot.most_listed(), Default::default());
+        processes.extend(
+            snapshot
+                .devices
+                .iter()
+                .flat_map(|g| g.processes.iter().map(|p| p.pid)),
+        );
         let mut status = format!(
             "{} GPU{}, {} process{}, {} stale",
             snapshot.devices.len(),

@@ -155,7 +155,13 @@ impl HostProcess {
     /// The basename of argv[0], which a process chooses for itself (`exec -a`).
     pub fn argv0_name(&self) -> Option<&str> {
         let argv0 = self.argv.as_ref()?.first()?;
-        Some(argv0.rsplit('/').next().unwrap_or(argv0))
+        // A byte scan, not `rsplit`: the snapshot asks this of every listed process on every
+        // GPU (its MPS role), each watchdog loop. '/' is ASCII, so the cut is on a boundary.
+        let name_at = argv0
+            .bytes()
+            .rposition(|b| b == b'/')
+            .map_or(0, |slash| slash + 1);
+        Some(&argv0[name_at..])
     }
 
     /// "alice", or "uid 1000" where the name is unknown.

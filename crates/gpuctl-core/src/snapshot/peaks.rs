@@ -251,9 +251,17 @@ struct OwnerLook {
 /// count: an unconfirmed pid (another PID namespace) may not be the process its facts
 /// describe.
 fn owner_looks(snapshot: &Snapshot) -> BTreeMap<String, OwnerLook> {
+    /// One owner seen at this look: its key (none for an owner no selector names, whose
+    /// processes are then only compared, not summed), its sum per GPU, its user.
+    struct Seen<'s> {
+        owner: &'s Owner,
+        key: Option<OwnerMatch>,
+        gpus: Vec<(&'s str, u64)>,
+        user: Option<&'s str>,
+    }
     // Grouped by owner first, so that a key is written once per owner, not per process
     // (the watchdog does this every loop); the owners on a node are few.
-    let mut by_owner: Vec<(&Owner, BTreeMap<&str, u64>, Option<&str>)> = Vec::new();
+    let mut by_owner: Vec<Seen> = Vec::new();
     for gpu in &snapshot.devices {
         let Some(uuid) = gpu.uuid.as_deref() else {
             continue;
@@ -264,34 +272,51 @@ fn owner_looks(snapshot: &Snapshot) -> BTreeMap<String, OwnerLook> {
             let Some(owner) = host.owner.as_ref().filter(|_| host.confirmed) else {
                 continue;
             };
-            let at = match by_owner.iter().position(|(seen, ..)| *seen == owner) {
+            // A process on several GPUs carries one set of facts: the same owner, by address.
+            let at = match by_owner
+                .iter()
+                .position(|seen| std::ptr::eq(seen.owner, owner) || seen.owner == owner)
+            {
                 Some(at) => at,
                 None => {
-                    by_owner.push((owner, BTreeMap::new(), None));
+                    by_owner.push(Seen {
+                        owner,
+                        key: OwnerMatch::of(owner),
+                        gpus: Vec::new(),
+                        user: None,
+                    });
                     by_owner.len() - 1
                 }
             };
-            let (_, gpus, user) = &mut by_owner[at];
-            let sum = gpus.entry(uuid).or_default();
-            *sum = sum.saturating_add(process.used_bytes.unwrap_or(0));
-            if user.is_none() {
-                *user = host.user.as_deref();
+            let seen = &mut by_owner[at];
+            if seen.key.is_none() {
+                continue;
+            }
+            let used = process.used_bytes.unwrap_or(0);
+            // A GPU's processes come together: its sum is the owner's last one, or a new one
+            // (the same `uuid` by address, so no string is compared per process).
+            match seen.gpus.last_mut() {
+                Some((last, sum)) if std::ptr::eq(*last, uuid) => *sum = sum.saturating_add(used),
+                _ => seen.gpus.push((uuid, used)),
+            }
+            if seen.user.is_none() {
+                seen.user = host.user.as_deref();
             }
         }
     }
     // Owners that differ only in what the key leaves out (a job's steps) share one key.
     let mut looks: BTreeMap<String, OwnerLook> = BTreeMap::new();
-    for (owner, gpus, user) in by_owner {
-        let Some(key) = OwnerMatch::of(owner) else {
+    for seen in by_owner {
+        let Some(key) = seen.key else {
             continue;
         };
         let look = looks.entry(key.to_string()).or_default();
-        for (uuid, bytes) in gpus {
+        for (uuid, bytes) in seen.gpus {
             let sum = look.gpus.entry(uuid.to_string()).or_default();
             *sum = sum.saturating_add(bytes);
         }
         if look.user.is_none() {
-            look.user = user.map(str::to_string);
+            look.user = seen.user.map(str::to_string);
         }
     }
     looks
