@@ -522,6 +522,17 @@ mod tests {
                 (11, None, ProcessType::Graphics, Some(0)),
             ]
         );
+        // A pid's entries merge in the order listed, compute first: the merged entry is its
+        // first compute entry's, instance included.
+        let in_instance = |pid: u32, gi: u32| ProcessInfo {
+            gpu_instance_id: Some(gi),
+            ..info(pid, Some(100))
+        };
+        let graphics = vec![in_instance(7, 2), in_instance(3, 4)];
+        let compute = vec![in_instance(7, 1), in_instance(3, 5), in_instance(3, 6)];
+        let merged = merge_processes(compute, graphics, &None);
+        let instances: Vec<_> = merged.iter().map(|p| (p.pid, p.gpu_instance_id)).collect();
+        assert_eq!(instances, vec![(3, Some(5)), (7, Some(1))]);
     }
 
     #[test]
