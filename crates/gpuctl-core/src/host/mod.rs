@@ -155,13 +155,11 @@ impl HostProcess {
     /// The basename of argv[0], which a process chooses for itself (`exec -a`).
     pub fn argv0_name(&self) -> Option<&str> {
         let argv0 = self.argv.as_ref()?.first()?;
-        // A byte scan, not `rsplit`: the snapshot asks this of every listed process on every
-        // GPU (its MPS role), each watchdog loop. '/' is ASCII, so the cut is on a boundary.
-        let name_at = argv0
-            .bytes()
-            .rposition(|b| b == b'/')
-            .map_or(0, |slash| slash + 1);
-        Some(&argv0[name_at..])
+        Some(
+            argv0
+                .rsplit_once('/')
+                .map_or(argv0.as_str(), |(_, name)| name),
+        )
     }
 
     /// "alice", or "uid 1000" where the name is unknown.
