@@ -166,12 +166,18 @@ impl Terminal {
         self.tmux(&["resize-window", "-t", SESSION, "-x", &columns, "-y", &rows]);
     }
 
-    /// Polls the screen until `done` holds; fails with the last screen after the deadline.
+    /// Polls the screen until `done` holds on a whole frame; fails with the last screen after
+    /// the deadline. A capture can land while the program is still drawing (a row's pid
+    /// written, the rest of it not yet), so a screen counts only once a second capture, a
+    /// moment later, shows the same.
     pub fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let screen = self.screen();
-            if done(&screen) {
+            if done(&screen) && {
+                std::thread::sleep(Duration::from_millis(20));
+                self.screen() == screen
+            } {
                 return screen;
             }
             assert!(
