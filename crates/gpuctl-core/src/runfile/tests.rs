@@ -101,9 +101,28 @@ fn a_lock_or_run_file_planted_in_a_shared_directory_is_stepped_around() {
         file.record(&record).unwrap();
         let elsewhere = file.path().to_path_buf();
         drop(file);
-        let (again, previous) = acquire_with("job", &path, &base).unwrap();
+        let (again, previous) = acquire_after_release("job", &path, &base);
         assert_eq!(again.path(), elsewhere, "{plant}");
         assert_eq!(previous.map(|r| r.name), Some("job".to_string()), "{plant}");
+    }
+}
+
+/// `acquire_with` once the lock just dropped is free. A test running beside this one may be
+/// spawning a process at that moment: its child holds a copy of every descriptor (the lock's
+/// too) from fork until exec, and the flock with it, so a busy lock is tried again briefly.
+fn acquire_after_release(
+    name: &str,
+    path: &Path,
+    base: &dyn Fn() -> Result<PathBuf, RunError>,
+) -> (RunFile, Option<Record>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match acquire_with(name, path, base) {
+            Err(RunError::Busy { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            result => return result.unwrap(),
+        }
     }
 }
 
