@@ -456,7 +456,7 @@ fn age_of(snapshot: &Snapshot, pid: u32) -> Option<u64> {
         .flat_map(|gpu| &gpu.processes)
         .find(|p| p.pid == pid)?
         .host
-        .age_seconds
+        .age_seconds()
 }
 
 fn unconfirmed_reason(snapshot: &Snapshot, pid: u32) -> String {
@@ -482,7 +482,7 @@ mod tests {
                 .confirmed()
                 .uid(uid)
                 .started(1000 + u64::from(pid))
-                .host(|host| host.age_seconds = Some(60)),
+                .host(|host| host.age = Some(crate::host::Age::fixed(60))),
             false => process,
         }
         .build()

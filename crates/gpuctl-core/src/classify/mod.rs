@@ -441,7 +441,7 @@ mod tests {
                             host.pgid = Some(p.pgid);
                             host.sid = Some(p.sid);
                             host.threads = Some(p.threads);
-                            host.age_seconds = Some(60);
+                            host.age = Some(crate::host::Age::fixed(60));
                         }),
                     false => {
                         process.host(|host| *host = HostProcess::unconfirmed("other namespace"))

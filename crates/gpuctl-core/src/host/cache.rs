@@ -17,7 +17,7 @@ use crate::sys::{limits, pidfd, procfile};
 pub struct FactCache {
     known: PidMap<u32, Known>,
     /// A known process is looked at again only this long after the last look; until then
-    /// its facts are reused whole, age included. Zero: every pass.
+    /// its facts are reused whole (their age counts on by itself). Zero: every pass.
     refresh_every: Duration,
     /// Where the owner check stands in for reading the stat (see [`Known`]), the stat
     /// itself is read only this often. `None`: every look reads it.
@@ -225,18 +225,21 @@ impl ProcView {
                 Some(fresh) => {
                     // Not for a stopped or exited process: its next change (continued,
                     // reaped) must be seen as soon as it happens.
+                    let fact = fresh.as_ref().unwrap_or(&known.fact);
                     let running = matches!(
-                        fresh.state,
+                        fact.state,
                         Some(ProcState::Running | ProcState::Sleeping | ProcState::DiskSleep)
                     );
                     known.owner = cache
                         .stat_every
-                        .and(fresh.uid)
+                        .and(fact.uid)
                         .filter(|&uid| self.procfs && running && uid != 0)
                         .filter(|&uid| {
                             known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
                         });
-                    known.fact = Arc::new(fresh);
+                    if let Some(fresh) = fresh {
+                        known.fact = Arc::new(fresh);
+                    }
                     known.read_at = now;
                     known.stat_at = now;
                 }
@@ -265,10 +268,11 @@ impl ProcView {
         cache
     }
 
-    /// A known process's facts with its stat read again (through its held stat file, or one
-    /// opened now and kept when `may_open`); `None` when it is not the same process any
-    /// more (another start time), or was not confirmed.
-    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<HostProcess> {
+    /// A known process's stat read again (through its held stat file, or one opened now and
+    /// kept when `may_open`): `Some(None)` when it shows nothing new (its facts are kept as
+    /// they are: their age counts on by itself), `Some(Some(facts))` when it does, `None`
+    /// when it is not the same process any more (another start time), or was not confirmed.
+    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<Option<HostProcess>> {
         if !known.fact.confirmed || !self.host_pid_namespace {
             return None;
         }
@@ -288,15 +292,27 @@ impl ProcView {
         if Some(stat.starttime) != known.fact.start_ticks || stat.pid != pid {
             return None;
         }
-        let mut fact = HostProcess::clone(&known.fact);
-        fact.state = Some(ProcState::from_letter(stat.state));
-        fact.ppid = u32::try_from(stat.ppid).ok();
-        fact.pgid = u32::try_from(stat.pgrp).ok();
-        fact.sid = u32::try_from(stat.session).ok();
-        fact.threads = u32::try_from(stat.num_threads).ok();
+        let state = Some(ProcState::from_letter(stat.state));
+        let ppid = u32::try_from(stat.ppid).ok();
+        let pgid = u32::try_from(stat.pgrp).ok();
+        let sid = u32::try_from(stat.session).ok();
+        let threads = u32::try_from(stat.num_threads).ok();
+        let old = &known.fact;
+        if (old.state, old.ppid, old.pgid, old.sid, old.threads)
+            == (state, ppid, pgid, sid, threads)
+            && old.comm.as_deref() == Some(stat.comm.as_str())
+        {
+            return Some(None);
+        }
+        let mut fact = HostProcess::clone(old);
+        fact.state = state;
+        fact.ppid = ppid;
+        fact.pgid = pgid;
+        fact.sid = sid;
+        fact.threads = threads;
         fact.comm = Some(stat.comm);
-        fact.age_seconds = Some(self.age_of(stat.starttime));
-        Some(fact)
+        fact.age = Some(self.age_of(stat.starttime));
+        Some(Some(fact))
     }
 }
 
@@ -307,6 +323,39 @@ mod tests {
 
     use super::*;
     use crate::host::tests::{not_root, spawn_reading_line};
+
+    #[test]
+    fn a_stat_that_shows_nothing_new_keeps_the_facts_and_one_that_does_replaces_them() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut cache = FactCache::refreshing_every(Duration::ZERO);
+        let first = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        let again = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        assert!(Arc::ptr_eq(&first, &again), "{first:?}\n{again:?}");
+
+        kill(Pid::from_raw(pid as libc::pid_t), Signal::SIGSTOP).unwrap();
+        // Stopping is seen once the kernel has done it.
+        let stopped = (0..200)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(5));
+                Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid])
+            })
+            .find(|fact| fact.state == Some(ProcState::Stopped));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let stopped = stopped.expect("the stop is seen");
+        assert!(!Arc::ptr_eq(&first, &stopped));
+        assert_eq!(
+            (stopped.command.as_deref(), stopped.start_ticks),
+            (first.command.as_deref(), first.start_ticks)
+        );
+    }
 
     #[test]
     fn a_held_stat_file_follows_its_process_and_dies_with_it() {

@@ -12,7 +12,7 @@ pub use lineage::{LeaderState, Lineage, Relative, Relatives};
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use procfs::FromRead;
 use procfs::process::{Process, Status};
@@ -94,7 +94,9 @@ pub struct HostProcess {
     pub threads: Option<u32>,
     /// Start time in clock ticks since boot; with the PID, the process identity.
     pub start_ticks: Option<u64>,
-    pub age_seconds: Option<u64>,
+    /// Shown as whole seconds (`age_seconds`), as old as the process is when shown.
+    #[serde(rename = "age_seconds", serialize_with = "serialize_age")]
+    pub age: Option<Age>,
     pub owner: Option<Owner>,
     pub cgroup: Option<String>,
     /// Whether it is the protected program it names itself after (see [`crate::protect`]);
@@ -117,6 +119,43 @@ pub struct Claimed {
     pub why: Option<String>,
 }
 
+/// How old a process is, kept current: facts a long-running reader keeps across passes (the
+/// watchdog's cache) age with the clock, so a fact whose stat read again shows no change is
+/// kept as it is instead of rebuilt each second for its age alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Age {
+    /// Seconds since the process started, at `since`.
+    seconds: f64,
+    /// When `seconds` held, on the monotonic clock; `None` where the view's uptime counts in
+    /// no clock of this machine (a fixture tree): the age stays as read.
+    since: Option<Instant>,
+}
+
+impl Age {
+    /// An age that stays `seconds` (tests, fixtures).
+    pub fn fixed(seconds: u64) -> Age {
+        Age {
+            seconds: seconds as f64,
+            since: None,
+        }
+    }
+
+    /// Whole seconds, rounded down, as of now.
+    pub fn seconds(self) -> u64 {
+        let aged = self
+            .since
+            .map_or(0.0, |since| since.elapsed().as_secs_f64());
+        (self.seconds + aged).max(0.0) as u64
+    }
+}
+
+fn serialize_age<S: serde::Serializer>(
+    age: &Option<Age>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    age.map(Age::seconds).serialize(serializer)
+}
+
 impl HostProcess {
     pub fn unconfirmed(reason: impl Into<String>) -> HostProcess {
         HostProcess {
@@ -134,7 +173,7 @@ impl HostProcess {
             sid: None,
             threads: None,
             start_ticks: None,
-            age_seconds: None,
+            age: None,
             owner: None,
             cgroup: None,
             protection: None,
@@ -160,6 +199,11 @@ impl HostProcess {
                 .rsplit_once('/')
                 .map_or(argv0.as_str(), |(_, name)| name),
         )
+    }
+
+    /// Whole seconds since it started, as of now.
+    pub fn age_seconds(&self) -> Option<u64> {
+        self.age.map(|age| age.seconds())
     }
 
     /// "alice", or "uid 1000" where the name is unknown.
@@ -240,6 +284,8 @@ pub struct ProcView {
     /// CLOCK_BOOTTIME.
     procfs: bool,
     uptime_seconds: f64,
+    /// When `uptime_seconds` was read, where it is a clock of this machine (procfs).
+    uptime_read_at: Option<Instant>,
     ticks_per_second: u64,
     users: UserNames,
 }
@@ -255,11 +301,13 @@ impl ProcView {
     /// A /proc tree at `root` (containing `uptime` and `PID/` directories).
     pub fn at(root: PathBuf, host_pid_namespace: bool, users: UserNames) -> io::Result<ProcView> {
         let uptime_seconds = read_uptime(&root.join("uptime"))?;
+        let procfs = is_procfs(&root);
         Ok(ProcView {
-            procfs: is_procfs(&root),
+            procfs,
             root,
             host_pid_namespace,
             uptime_seconds,
+            uptime_read_at: procfs.then(Instant::now),
             ticks_per_second: procfs::ticks_per_second(),
             users,
         })
@@ -288,6 +336,7 @@ impl ProcView {
         } else {
             read_uptime(&self.root.join("uptime"))?
         };
+        self.uptime_read_at = self.procfs.then(Instant::now);
         Ok(())
     }
 
@@ -313,9 +362,12 @@ impl ProcView {
         facts
     }
 
-    fn age_of(&self, start_ticks: u64) -> u64 {
+    fn age_of(&self, start_ticks: u64) -> Age {
         let started = start_ticks as f64 / self.ticks_per_second as f64;
-        (self.uptime_seconds - started).max(0.0) as u64
+        Age {
+            seconds: (self.uptime_seconds - started).max(0.0),
+            since: self.uptime_read_at,
+        }
     }
 
     /// Reading /proc is kernel time (tens of microseconds a process on some VMs), so large
@@ -399,7 +451,7 @@ impl ProcView {
             .ok()
             .map(|text| parse_cgroup(&String::from_utf8_lossy(&text)));
         let environ_owner = environ_owner(&process, cgroup.as_ref(), pid, uid);
-        let age_seconds = self.age_of(stat.starttime);
+        let age = self.age_of(stat.starttime);
         Ok(HostProcess {
             confirmed: true,
             unconfirmed_reason: None,
@@ -415,7 +467,7 @@ impl ProcView {
             sid: u32::try_from(stat.session).ok(),
             threads: u32::try_from(stat.num_threads).ok(),
             start_ticks: Some(stat.starttime),
-            age_seconds: Some(age_seconds),
+            age: Some(age),
             owner: environ_owner.or_else(|| cgroup.as_ref().map(|c| c.owner.clone())),
             cgroup: cgroup.map(|c| c.path),
             protection: None,
@@ -663,6 +715,21 @@ mod tests {
         )
         .unwrap();
         (child, line)
+    }
+
+    /// A fact kept across passes ages with the clock; one read from a fixture tree does not.
+    #[test]
+    fn an_age_counts_on_from_its_reading_and_a_fixture_age_stays() {
+        let read = Age {
+            seconds: 10.5,
+            since: Some(Instant::now() - Duration::from_secs(2)),
+        };
+        assert_eq!(read.seconds(), 12);
+        assert_eq!(Age::fixed(60).seconds(), 60);
+        let mut fact = HostProcess::unconfirmed("test");
+        fact.age = Some(read);
+        let json = serde_json::to_value(&fact).unwrap();
+        assert_eq!(json["age_seconds"], 12, "{json}");
     }
 
     /// Rounded down as the kernel rounds start times, so a moment and a process started

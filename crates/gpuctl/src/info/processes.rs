@@ -218,7 +218,7 @@ fn row(process: &GpuProcess) -> Row {
         sm: process
             .sm_util_pct
             .map_or_else(dash, |pct| format!("{pct}%")),
-        age: host.age_seconds.map_or_else(dash, render::age),
+        age: host.age_seconds().map_or_else(dash, render::age),
         // What `clear` would reclaim it as, else idle by the watchdog's window (how long),
         // in place of the process state.
         state: match (process.reclaimable, process.idle) {

@@ -442,7 +442,7 @@ fn row_of(gpu: u32, process: &GpuProcess, watchdog: Option<&WatchdogFindings>) -
         instance: process.gpu_instance_id,
         used_bytes: process.used_bytes,
         sm_pct: process.sm_util_pct,
-        age_seconds: host.age_seconds,
+        age_seconds: host.age_seconds(),
         uid: host.uid,
         user: host
             .user
