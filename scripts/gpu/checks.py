@@ -40,6 +40,7 @@ SIM_ONLY = {
     "trainer": "a real CUDA OOM under --memory-fraction (here --inject-oom-above)",
     "top": "a real context's memory coming back after the view ends it",
     "metrics": "real NVML's figures in the textfile",
+    "watchdog-cpu": "what real NVML's calls cost the loop (here the sim's, in a debug build)",
     "nvml-wrapper": "the real driver's pass/fail set",
     "mig": "a card partitioned by its admin (never changed here)",
     "mps": "NVIDIA's server holding a real context, its clients' memory as the driver counts it under MPS (here a "
@@ -48,12 +49,14 @@ SIM_ONLY = {
 }
 
 ORDER = ["info", "reclaim-kill", "reclaim-clear", "watchdog", "holders", "health", "run", "idle", "py-oom",
-         "py-runguard", "py-explain", "py-estimate", "trainer", "top", "metrics", "nvml-wrapper", "mig", "mps", "xid"]
+         "py-runguard", "py-explain", "py-estimate", "trainer", "top", "metrics", "watchdog-cpu", "nvml-wrapper",
+         "mig", "mps", "xid"]
 
 # Seconds each may take (the runner also keeps the whole under its budget).
 TIMEOUT = {"info": 60, "reclaim-kill": 45, "reclaim-clear": 60, "watchdog": 60, "holders": 30, "health": 30,
            "run": 45, "idle": 45, "py-oom": 60, "py-runguard": 60, "py-explain": 45, "py-estimate": 60,
-           "trainer": 150, "top": 45, "metrics": 30, "nvml-wrapper": 90, "mig": 30, "mps": 60, "xid": 45}
+           "trainer": 150, "top": 45, "metrics": 30, "watchdog-cpu": 90, "nvml-wrapper": 90, "mig": 30, "mps": 60,
+           "xid": 45}
 
 
 def result(ok: bool, figure: str, **more) -> dict:
@@ -419,6 +422,76 @@ def check_metrics() -> dict:
                   metrics=text[-6000:])
 
 
+def watchdog_cpu_per_loop(seconds: float):
+    """The watchdog in the foreground at a 100 ms interval, reporting only, with the shipped
+    defaults (health readings and idle accounting on): its CPU time a loop over `seconds`
+    after its first second (schedstat of every thread, in ns, against the loops counted in
+    its metrics file), as bench/watchdog.py measures it on the sim. None if it wrote no
+    metrics."""
+    orphan = script("watchdog-orphan.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = orphan.write_config(tmp, 0.1, 3600, 2, "report")
+        daemon = orphan.start_watchdog(lab.binary("gpuctl-watchdog"), config, os.path.join(tmp, "log"))
+        prom = os.path.join(tmp, "gpuctl.prom")
+
+        def cpu_ns() -> int:
+            total = 0
+            for tid in os.listdir(f"/proc/{daemon.pid}/task"):
+                try:
+                    total += int(open(f"/proc/{daemon.pid}/task/{tid}/schedstat").read().split()[0])
+                except (OSError, IndexError, ValueError):
+                    pass
+            return total
+
+        def at_a_write():
+            """CPU and loops the moment the file is rewritten (at least once a second), so
+            the loop count it holds is the current one."""
+            before = os.stat(prom).st_mtime_ns
+            if lab.wait_until(lambda: os.stat(prom).st_mtime_ns != before, 3, 0.002) is None:
+                return None
+            at, cpu = time.monotonic(), cpu_ns()
+            found = re.search(r"^gpuctl_watchdog_loops_total (\d+)$", open(prom).read(), re.M)
+            return (at, cpu, int(found.group(1))) if found else None
+
+        try:
+            if lab.wait_until(lambda: os.path.exists(prom), 15, 0.1) is None:
+                return None
+            time.sleep(1)
+            first = at_a_write()
+            time.sleep(seconds)
+            last = at_a_write()
+        finally:
+            orphan.stop(daemon)
+    if first is None or last is None or last[2] <= first[2]:
+        return None
+    loops = last[2] - first[2]
+    return {"loops": loops, "cpu_ms_per_loop": (last[1] - first[1]) / 1e6 / loops,
+            "pace": loops / ((last[0] - first[0]) / 0.1)}
+
+
+def check_watchdog_cpu() -> dict:
+    """The watchdog's CPU a loop with no process of ours and with 8 CUDA workers on GPU 0:
+    what the driver's calls cost, against the same shape on the sim (bench/watchdog.py's
+    figures are the sim's: its share there is a fifth of the loop)."""
+    seconds, workers = 5, 8
+    empty = watchdog_cpu_per_loop(seconds)
+    launcher = lab.spawn_holder(0, "--workers", str(workers), "--worker-mib", "256")
+    try:
+        held = watchdog_cpu_per_loop(seconds)
+    finally:
+        lab.end(launcher, *launcher.workers)
+    if empty is None or held is None:
+        return result(False, "the watchdog wrote no metrics file, or counted no loop, within the check")
+    gpus = len(lab.smi("index"))
+    pace = min(empty["pace"], held["pace"])
+    per_process = (held["cpu_ms_per_loop"] - empty["cpu_ms_per_loop"]) / workers * 1000
+    # A loop that cannot keep its 100 ms interval on the driver is a finding in itself.
+    return result(pace >= 0.8, f"CPU a loop at 100 ms, {gpus} GPU(s): {empty['cpu_ms_per_loop']:.2f} ms with no "
+                               f"process of ours, {held['cpu_ms_per_loop']:.2f} ms with {workers} CUDA workers on GPU 0 "
+                               f"({per_process:.0f} µs a process); {pace:.0%} of the loops the interval asks",
+                  empty=empty, held=held)
+
+
 # nvml-wrapper's tests that change a setting (MIG mode, thresholds, LEDs, NvLink counters,
 # vGPU): never run, on any machine.
 SETTING_TESTS = re.compile(r"(^|::)(set_|reset|clear|enable|disable)|error_counter|utilization_control|"
@@ -707,7 +780,8 @@ CHECKS = {
     "watchdog": check_watchdog, "holders": check_holders, "health": check_health, "run": check_run,
     "idle": check_idle, "py-oom": lambda: wheel("oom"), "py-runguard": lambda: wheel("runguard"),
     "py-explain": lambda: wheel("explain"), "py-estimate": lambda: wheel("estimate"), "trainer": check_trainer,
-    "top": check_top, "metrics": check_metrics, "nvml-wrapper": check_nvml_wrapper, "mig": check_mig,
+    "top": check_top, "metrics": check_metrics, "watchdog-cpu": check_watchdog_cpu,
+    "nvml-wrapper": check_nvml_wrapper, "mig": check_mig,
     "mps": check_mps, "xid": check_xid,
 }
 assert list(CHECKS) == ORDER
