@@ -335,7 +335,14 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let mut cache = FactCache::refreshing_every(Duration::ZERO);
-        let first = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        // Asleep first: just after its exec it may still read as running.
+        let first = (0..200)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(5));
+                Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid])
+            })
+            .find(|fact| fact.state == Some(ProcState::Sleeping))
+            .expect("sleep sleeps");
         let again = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
         assert!(Arc::ptr_eq(&first, &again), "{first:?}\n{again:?}");
 
