@@ -222,24 +222,20 @@ impl ProcView {
             let may_open = cache.open < cache.max_open;
             let held = known.stat.is_some();
             match self.refresh(pid, known, may_open) {
-                Some(fresh) => {
+                Some(()) => {
                     // Not for a stopped or exited process: its next change (continued,
                     // reaped) must be seen as soon as it happens.
-                    let fact = fresh.as_ref().unwrap_or(&known.fact);
                     let running = matches!(
-                        fact.state,
+                        known.fact.state,
                         Some(ProcState::Running | ProcState::Sleeping | ProcState::DiskSleep)
                     );
                     known.owner = cache
                         .stat_every
-                        .and(fact.uid)
+                        .and(known.fact.uid)
                         .filter(|&uid| self.procfs && running && uid != 0)
                         .filter(|&uid| {
                             known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
                         });
-                    if let Some(fresh) = fresh {
-                        known.fact = Arc::new(fresh);
-                    }
                     known.read_at = now;
                     known.stat_at = now;
                 }
@@ -268,11 +264,11 @@ impl ProcView {
         cache
     }
 
-    /// A known process's stat read again (through its held stat file, or one opened now and
-    /// kept when `may_open`): `Some(None)` when it shows nothing new (its facts are kept as
-    /// they are: their age counts on by itself), `Some(Some(facts))` when it does, `None`
-    /// when it is not the same process any more (another start time), or was not confirmed.
-    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<Option<HostProcess>> {
+    /// Reads a known process's stat again (through its held stat file, or one opened now and
+    /// kept when `may_open`) and takes what it shows into its facts; facts it shows nothing
+    /// new in are kept as they are (their age counts on by itself). `None` when it is not
+    /// the same process any more (another start time), or was not confirmed.
+    fn refresh(&self, pid: u32, known: &mut Known, may_open: bool) -> Option<()> {
         if !known.fact.confirmed || !self.host_pid_namespace {
             return None;
         }
@@ -302,7 +298,7 @@ impl ProcView {
             == (state, ppid, pgid, sid, threads)
             && old.comm.as_deref() == Some(stat.comm.as_str())
         {
-            return Some(None);
+            return Some(());
         }
         let mut fact = HostProcess::clone(old);
         fact.state = state;
@@ -312,7 +308,8 @@ impl ProcView {
         fact.threads = threads;
         fact.comm = Some(stat.comm);
         fact.age = Some(self.age_of(stat.starttime));
-        Some(Some(fact))
+        known.fact = Arc::new(fact);
+        Some(())
     }
 }
 
@@ -336,24 +333,13 @@ mod tests {
         let pid = child.id();
         let mut cache = FactCache::refreshing_every(Duration::ZERO);
         // Asleep first: just after its exec it may still read as running.
-        let first = (0..200)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(5));
-                Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid])
-            })
-            .find(|fact| fact.state == Some(ProcState::Sleeping))
-            .expect("sleep sleeps");
+        let first = facts_once(&view, &mut cache, pid, ProcState::Sleeping).expect("sleep sleeps");
         let again = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
         assert!(Arc::ptr_eq(&first, &again), "{first:?}\n{again:?}");
 
         kill(Pid::from_raw(pid as libc::pid_t), Signal::SIGSTOP).unwrap();
         // Stopping is seen once the kernel has done it.
-        let stopped = (0..200)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(5));
-                Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid])
-            })
-            .find(|fact| fact.state == Some(ProcState::Stopped));
+        let stopped = facts_once(&view, &mut cache, pid, ProcState::Stopped);
         let _ = child.kill();
         child.wait().unwrap();
         let stopped = stopped.expect("the stop is seen");
@@ -362,6 +348,21 @@ mod tests {
             (stopped.command.as_deref(), stopped.start_ticks),
             (first.command.as_deref(), first.start_ticks)
         );
+    }
+
+    /// `pid`'s facts through `cache` once they show `state` (polled for up to a second).
+    fn facts_once(
+        view: &ProcView,
+        cache: &mut FactCache,
+        pid: u32,
+        state: ProcState,
+    ) -> Option<Arc<HostProcess>> {
+        (0..200)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(5));
+                Arc::clone(&view.processes_cached(&[pid], cache)[&pid])
+            })
+            .find(|fact| fact.state == Some(state))
     }
 
     #[test]
