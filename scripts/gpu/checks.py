@@ -422,51 +422,38 @@ def check_metrics() -> dict:
                   metrics=text[-6000:])
 
 
+def bench_watchdog():
+    """bench/watchdog.py as a module: its reading of the daemon's CPU a loop is the one this
+    check takes (the whole tree is carried to the GPU machine)."""
+    bench = os.path.join(lab.HERE, os.pardir, os.pardir, "bench")
+    sys.path.insert(0, bench)  # for its bench_state
+    spec = importlib.util.spec_from_file_location("bench_watchdog", os.path.join(bench, "watchdog.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def watchdog_cpu_per_loop(seconds: float):
     """The watchdog in the foreground at a 100 ms interval, reporting only, with the shipped
     defaults (health readings and idle accounting on): its CPU time a loop over `seconds`
-    after its first second (schedstat of every thread, in ns, against the loops counted in
-    its metrics file), as bench/watchdog.py measures it on the sim. None if it wrote no
-    metrics."""
-    orphan = script("watchdog-orphan.py")
+    after its first second, read as bench/watchdog.py reads it on the sim. None if it wrote
+    no metrics."""
+    bench, orphan = bench_watchdog(), script("watchdog-orphan.py")
     with tempfile.TemporaryDirectory() as tmp:
         config = orphan.write_config(tmp, 0.1, 3600, 2, "report")
         daemon = orphan.start_watchdog(lab.binary("gpuctl-watchdog"), config, os.path.join(tmp, "log"))
         prom = os.path.join(tmp, "gpuctl.prom")
-
-        def cpu_ns() -> int:
-            total = 0
-            for tid in os.listdir(f"/proc/{daemon.pid}/task"):
-                try:
-                    total += int(open(f"/proc/{daemon.pid}/task/{tid}/schedstat").read().split()[0])
-                except (OSError, IndexError, ValueError):
-                    pass
-            return total
-
-        def at_a_write():
-            """CPU and loops the moment the file is rewritten (at least once a second), so
-            the loop count it holds is the current one."""
-            before = os.stat(prom).st_mtime_ns
-            if lab.wait_until(lambda: os.stat(prom).st_mtime_ns != before, 3, 0.002) is None:
-                return None
-            at, cpu = time.monotonic(), cpu_ns()
-            found = re.search(r"^gpuctl_watchdog_loops_total (\d+)$", open(prom).read(), re.M)
-            return (at, cpu, int(found.group(1))) if found else None
-
         try:
-            if lab.wait_until(lambda: os.path.exists(prom), 15, 0.1) is None:
+            if lab.wait_until(lambda: bench.loops(prom) >= 1, 15, 0.1) is None:
                 return None
             time.sleep(1)
-            first = at_a_write()
+            (loops0, cpu0), at0 = bench.next_loops(prom, daemon.pid), time.monotonic()
             time.sleep(seconds)
-            last = at_a_write()
+            (loops1, cpu1), at1 = bench.next_loops(prom, daemon.pid), time.monotonic()
         finally:
             orphan.stop(daemon)
-    if first is None or last is None or last[2] <= first[2]:
-        return None
-    loops = last[2] - first[2]
-    return {"loops": loops, "cpu_ms_per_loop": (last[1] - first[1]) / 1e6 / loops,
-            "pace": loops / ((last[0] - first[0]) / 0.1)}
+    loops = loops1 - loops0
+    return {"loops": loops, "cpu_ms_per_loop": (cpu1 - cpu0) * 1000 / loops, "pace": loops / ((at1 - at0) / 0.1)}
 
 
 def check_watchdog_cpu() -> dict:
