@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import json as _json
 import os as _os
-from typing import NamedTuple as _NamedTuple
+
+# collections' namedtuple, not typing's NamedTuple: importing `typing` (with contextlib and
+# warnings) and building the class were about 6 of this module's own 7 ms of import, for
+# one class; json has already imported collections. The stub (__init__.pyi) gives type
+# checkers the fields' types.
+from collections import namedtuple as _namedtuple
 
 from . import _gpuctl
 from ._gpuctl import Error, NvmlError, RunningError, UsageError
@@ -217,13 +222,12 @@ class Snapshot:
         return f"Snapshot(devices={self.devices!r})"
 
 
-class Skipped(_NamedTuple):
+class Skipped(_namedtuple("Skipped", ["pid", "why"])):
     """A process ``clear`` or ``kill`` did not end, and why (protected, another user's, not
     on a GPU, reported only, or one that did not end). A tuple: ``pid, why = entry`` and
     ``dict(report.skipped)`` work as they did when it was a plain ``(pid, why)``."""
 
-    pid: int
-    why: str
+    __slots__ = ()
 
 
 class Report:
