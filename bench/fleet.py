@@ -19,6 +19,7 @@ Needs a release build: cargo build --release -p gpuctl
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -132,14 +133,35 @@ def free_port():
         return s.getsockname()[1]
 
 
-def timed(args, env):
+def cpu_of(pid):
+    """CPU seconds of every thread of a live process: the first field of each task's
+    schedstat (nanoseconds; /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1e9
+
+
+def timed(args, env, prom_pid):
+    """Wall seconds of one `gpuctl fleet ARGS`, its answer and query count, and the CPU
+    seconds it and Prometheus spent on it: the split between the query's evaluation and
+    gpuctl's own work on the answer."""
+    prom_before = cpu_of(prom_pid)
+    ours_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     run = subprocess.run([GPUCTL, "fleet", *args], env=env, capture_output=True, text=True)
     took = time.monotonic() - started
+    ours_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    prom_cpu = cpu_of(prom_pid) - prom_before
+    ours_cpu = (ours_after.ru_utime - ours_before.ru_utime) + (ours_after.ru_stime - ours_before.ru_stime)
     if run.returncode != 0:
         sys.exit(f"gpuctl fleet {args}: exit {run.returncode}: {run.stderr}")
     queries = [l for l in run.stderr.splitlines() if "queries" in l]
-    return took, json.loads(run.stdout), queries[-1] if queries else "?"
+    return took, json.loads(run.stdout), queries[-1] if queries else "?", ours_cpu, prom_cpu
 
 
 def main():
@@ -181,7 +203,7 @@ def main():
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "prometheus.log"), "w"))
         url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, GPUCTL_TIMINGS="1", GPUCTL_CONFIG=os.path.join(work, "none.toml"))
+        env = dict(os.environ, GPUCTL_TIMINGS="1", GPUCTL_CONFIG="/dev/null")
         for _ in range(600):
             try:
                 subprocess.run(["curl", "-sf", f"{url}/-/ready"], check=True,
@@ -190,18 +212,21 @@ def main():
             except subprocess.CalledProcessError:
                 time.sleep(0.5)
         for args in (["--json"], ["--by", "user", "--since", "24h", "--json"]):
-            timed(["--prometheus", url, *args], env)  # warm the page cache once
-            times, last, queries = [], None, "?"
+            timed(["--prometheus", url, *args], env, prom.pid)  # warm the page cache once
+            times, ours, theirs, last, queries = [], [], [], None, "?"
             for _ in range(a.runs):
-                took, last, queries = timed(["--prometheus", url, *args], env)
+                took, last, queries, our_cpu, prom_cpu = timed(["--prometheus", url, *args], env, prom.pid)
                 times.append(took)
+                ours.append(our_cpu)
+                theirs.append(prom_cpu)
             rows = len(last.get("nodes", last.get("rows", [])))
             reporting = sum(n["status"] == "reporting" for n in last.get("nodes", []))
             if "nodes" in last:
                 rows = f"{rows} ({reporting} reporting)"
             print(f"gpuctl fleet {' '.join(args)}: median {statistics.median(times):.3f} s "
                   f"(min {min(times):.3f}, max {max(times):.3f}; {a.runs} runs), "
-                  f"{rows} rows, {queries.split(': ')[-1]}")
+                  f"{rows} rows, {queries.split(': ')[-1]}; CPU: gpuctl "
+                  f"{statistics.median(ours):.3f} s, Prometheus {statistics.median(theirs):.3f} s")
     finally:
         if prom:
             prom.terminate()
