@@ -215,8 +215,9 @@ def bench_oom_step(steps, repeats):
 
     plain()
     recovered()
-    # CPU time of this process (torch on one thread): other processes on the same cores
-    # disturb it far less than wall time, and a step's own cost is all CPU.
+    # CPU time of this process (torch on one thread): a step's cost is all CPU, and it leaves
+    # out waits for a core. On this VM it still moves pair to pair as much as wall time
+    # does, hence the pairs' quartiles and the own cost below.
     times = {"plain": [], "rec": []}
     for _ in range(repeats):
         for name, run in (("plain", plain), ("rec", recovered)):
