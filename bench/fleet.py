@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import bench_state
+from schedstat import cpu_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPUCTL = os.environ.get("GPUCTL_BIN") or os.path.join(ROOT, "target", "release", "gpuctl")
@@ -133,30 +134,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def cpu_of(pid):
-    """CPU seconds of every thread of a live process: the first field of each task's
-    schedstat (nanoseconds; /proc/PID/stat counts 10 ms ticks)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / 1e9
-
-
 def timed(args, env, prom_pid):
     """Wall seconds of one `gpuctl fleet ARGS`, its answer and query count, and the CPU
     seconds it and Prometheus spent on it: the split between the query's evaluation and
     gpuctl's own work on the answer."""
-    prom_before = cpu_of(prom_pid)
+    prom_before = cpu_seconds(prom_pid)
     ours_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     run = subprocess.run([GPUCTL, "fleet", *args], env=env, capture_output=True, text=True)
     took = time.monotonic() - started
     ours_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    prom_cpu = cpu_of(prom_pid) - prom_before
+    prom_cpu = cpu_seconds(prom_pid) - prom_before
     ours_cpu = (ours_after.ru_utime - ours_before.ru_utime) + (ours_after.ru_stime - ours_before.ru_stime)
     if run.returncode != 0:
         sys.exit(f"gpuctl fleet {args}: exit {run.returncode}: {run.stderr}")

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import bench_state
+from schedstat import cpu_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")  # --target replaces it (A/B comparisons)
@@ -40,19 +41,6 @@ def built(name):
     if not os.path.exists(path):
         sys.exit(f"{path} is missing: cargo build --release -p gpuctl-watchdog -p nvml-sim -p gpuctl-e2e")
     return path
-
-
-def cpu_seconds(pid):
-    """CPU time of every live thread of `pid`, in nanoseconds' precision: the first field of
-    /proc/PID/task/TID/schedstat (/proc/PID/stat counts clock ticks, 10 ms each)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / 1e9
 
 
 def status_kib(pid, key):
