@@ -191,39 +191,45 @@ def bench_oom_step(steps, repeats):
     torch.manual_seed(0)
     model = Model()
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     data = [torch.randint(0, vocab, (batch, length + 1)) for _ in range(steps)]
 
-    def loss_fn(tokens):
+    def alternated(net, loss_fn, rounds):
+        """Per-step CPU seconds of a plain accumulation loop and of OOMRecovery.step over
+        `data` with `net` and AdamW, alternated `rounds` times: {"plain": [...], "rec": [...]}."""
+        optimizer = torch.optim.AdamW(net.parameters(), lr=3e-4)
+        rec = OOMRecovery(net, batch_size=batch, micro_batch=micro)
+
+        def plain():
+            for tokens in data:
+                for start in range(0, batch, micro):
+                    (loss_fn(tokens[start:start + micro]) * (micro / batch)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def recovered():
+            for tokens in data:
+                rec.step(tokens, loss_fn)
+                optimizer.step()
+                optimizer.zero_grad()
+
+        plain()
+        recovered()
+        # CPU time of this process (torch on one thread): a step's cost is all CPU, and it
+        # leaves out waits for a core. On this VM it still moves pair to pair as much as wall
+        # time does, hence the pairs' quartiles and the own cost below.
+        times = {"plain": [], "rec": []}
+        for _ in range(rounds):
+            for name, run in (("plain", plain), ("rec", recovered)):
+                t = time.process_time()
+                run()
+                times[name].append((time.process_time() - t) / steps)
+        return times
+
+    def model_loss(tokens):
         logits = model(tokens[:, :-1])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
 
-    def plain():
-        for tokens in data:
-            for start in range(0, batch, micro):
-                (loss_fn(tokens[start:start + micro]) * (micro / batch)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-    rec = OOMRecovery(model, batch_size=batch, micro_batch=micro)
-
-    def recovered():
-        for tokens in data:
-            rec.step(tokens, loss_fn)
-            optimizer.step()
-            optimizer.zero_grad()
-
-    plain()
-    recovered()
-    # CPU time of this process (torch on one thread): a step's cost is all CPU, and it leaves
-    # out waits for a core. On this VM it still moves pair to pair as much as wall time
-    # does, hence the pairs' quartiles and the own cost below.
-    times = {"plain": [], "rec": []}
-    for _ in range(repeats):
-        for name, run in (("plain", plain), ("rec", recovered)):
-            t = time.process_time()
-            run()
-            times[name].append((time.process_time() - t) / steps)
+    times = alternated(model, model_loss, repeats)
     p, r = median_ms(times["plain"]), median_ms(times["rec"])
     # Each pair's overhead, run beside each other: the quartiles say how far one pair moves
     # by noise alone (a few percent here, more than the 1 % target).
@@ -239,29 +245,7 @@ def bench_oom_step(steps, repeats):
     # wrapper's work (slicing the batch, summing the detached loss), read in microseconds
     # instead of as a few percent of noise around the trainer model's step.
     tiny = torch.nn.Linear(length + 1, 1)
-
-    def tiny_loss(tokens):
-        return tiny(tokens.float()).mean()
-
-    def tiny_plain():
-        for tokens in data:
-            for start in range(0, batch, micro):
-                (tiny_loss(tokens[start:start + micro]) * (micro / batch)).backward()
-            tiny.zero_grad()
-
-    tiny_rec = OOMRecovery(tiny, batch_size=batch, micro_batch=micro)
-
-    def tiny_recovered():
-        for tokens in data:
-            tiny_rec.step(tokens, tiny_loss)
-            tiny.zero_grad()
-
-    tiny_times = {"plain": [], "rec": []}
-    for _ in range(5 * repeats):
-        for name, run in (("plain", tiny_plain), ("rec", tiny_recovered)):
-            t = time.process_time()
-            run()
-            tiny_times[name].append((time.process_time() - t) / steps)
+    tiny_times = alternated(tiny, lambda tokens: tiny(tokens.float()).mean(), 5 * repeats)
     tp, tr = median_ms(tiny_times["plain"]), median_ms(tiny_times["rec"])
     print(f"  its own cost: {(tr - tp) * 1000:.0f} µs/step (one linear layer: plain {tp:.3f} ms/step, "
           f"OOMRecovery.step {tr:.3f} ms/step, median of {5 * repeats} x {steps} steps), "
