@@ -167,12 +167,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__clear)
-            opts="-h --gpu --include-stopped --holders --wait --min-free --signal --timeout --dry-run --json --color --help"
+            opts="-h --color --gpu --include-stopped --holders --wait --min-free --signal --timeout --dry-run --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -193,10 +197,6 @@ _gpuctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -205,22 +205,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__enable)
-            opts="-h --shell --json --persistence --gpu --color --help"
+            opts="-h --color --shell --json --persistence --gpu --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --shell)
                     COMPREPLY=($(compgen -W "sh bash zsh fish" -- "${cur}"))
                     return 0
                     ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -231,12 +231,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__fleet)
-            opts="-h --prometheus --bearer-token-file --ca-file --node --by --since --stale-after --timeout --watch --plan --exec --yes --concurrency --detail --json --color --help"
+            opts="-h --color --prometheus --bearer-token-file --ca-file --node --by --since --stale-after --timeout --watch --plan --exec --yes --concurrency --detail --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --prometheus)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -281,10 +285,6 @@ _gpuctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -293,22 +293,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__fraction)
-            opts="-h --gpu --user --json --color --help"
+            opts="-h --color --gpu --user --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --user)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -319,12 +319,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__health)
-            opts="-h --gpu --json --ack --timeout --color --help"
+            opts="-h --color --gpu --json --ack --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -335,10 +339,6 @@ _gpuctl() {
                     ;;
                 --timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -615,12 +615,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__info)
-            opts="-h --gpu --json --watch --timeout --by --holders --idle --color --help"
+            opts="-h --color --gpu --json --watch --timeout --by --holders --idle --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -637,10 +641,6 @@ _gpuctl() {
                     COMPREPLY=($(compgen -W "user owner namespace" -- "${cur}"))
                     return 0
                     ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -649,12 +649,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__kill)
-            opts="-y -h --gpu --pid --user --owner --stale --min-mem --older-than --all --signal --timeout --yes --force --dry-run --json --color --help"
+            opts="-y -h --color --gpu --pid --user --owner --stale --min-mem --older-than --all --signal --timeout --yes --force --dry-run --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -687,10 +691,6 @@ _gpuctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -699,22 +699,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__pick)
-            opts="-h --min-free --max-util --index --json --color --help"
+            opts="-h --color --min-free --max-util --index --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --min-free)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --max-util)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -725,18 +725,18 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__reset)
-            opts="-h --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --gpu-reset --dry-run --json --color --help"
+            opts="-h --color --gpu --application-clocks --locked-clocks --memory-locked-clocks --compute-mode --accounting --peaks --gpu-reset --dry-run --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --gpu)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --gpu)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)
@@ -747,12 +747,16 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__run)
-            opts="-q -h --gpus --gpu --min-free --max-util --wait --name --no-enable --quiet --json-summary --color --help"
+            opts="-q -h --color --gpus --gpu --min-free --max-util --wait --name --no-enable --quiet --json-summary --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpus)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -781,10 +785,6 @@ _gpuctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -793,22 +793,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__serve)
-            opts="-h --socket --idle-exit --color --help"
+            opts="-h --color --socket --idle-exit --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --socket)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --idle-exit)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -837,18 +837,18 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm__subcmd__account)
-            opts="-h --job --json --color --help"
+            opts="-h --color --job --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --job)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --job)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)
@@ -859,18 +859,18 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm__subcmd__epilog)
-            opts="-h --timeout --no-drain --color --help"
+            opts="-h --color --timeout --no-drain --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)
@@ -881,18 +881,18 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm__subcmd__healthcheck)
-            opts="-h --node --dry-run --color --help"
+            opts="-h --color --node --dry-run --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --node)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --node)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)
@@ -987,18 +987,18 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__slurm__subcmd__prolog)
-            opts="-h --wait --no-drain --color --help"
+            opts="-h --color --wait --no-drain --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --wait)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --color)
                     COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)
@@ -1009,22 +1009,22 @@ _gpuctl() {
             return 0
             ;;
         gpuctl__subcmd__top)
-            opts="-h --gpu --interval --color --help"
+            opts="-h --color --gpu --interval --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 --gpu)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --interval)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --color)
-                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
                     return 0
                     ;;
                 *)

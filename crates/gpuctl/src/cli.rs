@@ -57,7 +57,11 @@ pub enum ColorChoice {
     Never,
 }
 
+/// Each subcommand's options are built only when it runs (or for help, man pages and
+/// completions), not on every start. Built that late, a doc comment on an `Args` struct would
+/// replace the about of each command that has it, so those structs carry `//` comments.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Show every GPU and every process holding memory on it (the default command).
     ///
@@ -244,8 +248,8 @@ pub struct ServeArgs {
     pub idle_exit: Option<Duration>,
 }
 
-/// The GPUs or MIG instances a command is limited to: `--gpu`, defined once for every
-/// command that selects places.
+// The GPUs or MIG instances a command is limited to: `--gpu`, defined once for every
+// command that selects places.
 #[derive(Debug, Clone, Default, Args)]
 pub struct GpuArgs {
     /// Only this GPU: its index, UUID (or a unique prefix of one) or PCI bus id; or only
@@ -255,7 +259,7 @@ pub struct GpuArgs {
     pub gpus: Vec<String>,
 }
 
-/// `--json`, defined once.
+// `--json`, defined once.
 #[derive(Debug, Clone, Copy, Default, Args)]
 pub struct JsonArg {
     /// Print one JSON document (its version in the `schema` field; see docs/json.md).
@@ -263,7 +267,7 @@ pub struct JsonArg {
     pub json: bool,
 }
 
-/// `--dry-run`, defined once for the commands that act.
+// `--dry-run`, defined once for the commands that act.
 #[derive(Debug, Clone, Copy, Default, Args)]
 pub struct DryRunArg {
     /// Say what would be done and why, and do it not: nothing is signalled, reset or
@@ -273,6 +277,7 @@ pub struct DryRunArg {
 }
 
 #[derive(Debug, Clone, Subcommand)]
+#[command(defer = true)]
 pub enum SlurmCommand {
     /// Before a job: reclaim crashed runs' leftovers on the job's GPUs only, and wait until
     /// they are free; if they are not, drain the node with the reason and exit 1 (Slurm then

@@ -66,7 +66,7 @@ pub struct ResetArgs {
     pub output: JsonArg,
 }
 
-/// How targets are ended.
+// How targets are ended.
 #[derive(Debug, Clone, Args)]
 pub struct SignalArgs {
     /// The first signal, by name or number (TERM, INT, HUP, KILL, 15, ...).

@@ -8,7 +8,7 @@ use gpuctl_core::units::Amount;
 
 use super::{JsonArg, parse_amount, parse_duration};
 
-/// What `gpuctl run` and `gpuctl pick` require of a GPU beyond health, defined once.
+// What `gpuctl run` and `gpuctl pick` require of a GPU beyond health, defined once.
 #[derive(Debug, Clone, Default, Args)]
 pub struct CandidateArgs {
     /// Qualify GPUs with at least this much free memory, as a size (40GiB) or a percentage
