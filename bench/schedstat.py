@@ -7,11 +7,19 @@ import os
 
 def cpu_seconds(pid):
     """CPU seconds of every live thread of `pid` so far."""
-    total = 0
+    return sum(cpu_seconds_by_thread(pid).values())
+
+
+def cpu_seconds_by_thread(pid):
+    """CPU seconds so far of the live threads of `pid`, summed by thread name (comm)."""
+    by_name = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+                ns = int(f.read().split()[0])
         except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / 1e9
+            continue
+        by_name[name] = by_name.get(name, 0) + ns / 1e9
+    return by_name

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import bench_state
-from schedstat import cpu_seconds
+from schedstat import cpu_seconds_by_thread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(ROOT, "target", "release")  # --target replaces it (A/B comparisons)
@@ -60,14 +60,21 @@ def loops(metrics_file):
         return 0
 
 
+# The thread that makes every NVML call (gpuctl_core::nvml), and converts the lists they
+# return: here nvml-sim's work, on a real GPU the driver's.
+NVML_THREAD = "nvml-gpus"
+
+
 def next_loops(metrics_file, pid):
     """Waits for the metrics file to be rewritten (at least once a second), then returns its
-    loop count and the daemon's CPU time at that moment: both readings of one instant."""
+    loop count, the daemon's CPU time and its NVML thread's at that moment: the readings of
+    one instant."""
     before = loops(metrics_file)
     while True:
         now = loops(metrics_file)
         if now != before:
-            return now, cpu_seconds(pid)
+            threads = cpu_seconds_by_thread(pid)
+            return now, sum(threads.values()), threads.get(NVML_THREAD, 0.0)
         time.sleep(0.002)
 
 
@@ -132,13 +139,13 @@ def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None
                     raise RuntimeError("the daemon wrote no metrics")
                 time.sleep(0.01)
             time.sleep(1.0)
-            loops0, cpu0 = next_loops(metrics_file, daemon.pid)
+            loops0, cpu0, nvml0 = next_loops(metrics_file, daemon.pid)
             rss = []
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 rss.append(status_kib(daemon.pid, "VmRSS"))
                 time.sleep(0.1)
-            loops1, cpu1 = next_loops(metrics_file, daemon.pid)
+            loops1, cpu1, nvml1 = next_loops(metrics_file, daemon.pid)
             hwm = status_kib(daemon.pid, "VmHWM")
             size = os.path.getsize(metrics_file)
         finally:
@@ -154,6 +161,7 @@ def measure(processes, seconds, interval, gpus=8, spread=False, stuck_after=None
         "peak_rss_mib": hwm / 1024,
         "loops": n,
         "cpu_ms_per_loop": (cpu1 - cpu0) * 1000 / n if n else float("nan"),
+        "nvml_ms_per_loop": (nvml1 - nvml0) * 1000 / n if n else float("nan"),
     }
 
 
@@ -182,7 +190,7 @@ def main():
         global TARGET
         TARGET = os.path.abspath(args.target)
     print(f"{'processes':>9} {'loops':>6} {'median RSS':>11} {'peak RSS':>9} {'CPU/loop':>9}"
-          f" {'metrics':>9}")
+          f" {'of it NVML':>10} {'metrics':>9}")
     runs = [0] + [args.processes] * args.repeat
     cpu = []
     for processes in runs:
@@ -193,7 +201,7 @@ def main():
         print(
             f"{processes:>9} {r['loops']:>6} {r['median_rss_mib']:>7.1f} MiB"
             f" {r['peak_rss_mib']:>5.1f} MiB {r['cpu_ms_per_loop']:>6.2f} ms"
-            f" {r['metrics_bytes']:>7} B"
+            f" {r['nvml_ms_per_loop']:>7.2f} ms {r['metrics_bytes']:>7} B"
         )
     if len(cpu) > 1:
         print(f"median CPU/loop over {len(cpu)} runs: {statistics.median(cpu):.3f} ms")

@@ -447,19 +447,20 @@ def watchdog_cpu_per_loop(seconds: float):
             if lab.wait_until(lambda: bench.loops(prom) >= 1, 15, 0.1) is None:
                 return None
             time.sleep(1)
-            (loops0, cpu0), at0 = bench.next_loops(prom, daemon.pid), time.monotonic()
+            (loops0, cpu0, nvml0), at0 = bench.next_loops(prom, daemon.pid), time.monotonic()
             time.sleep(seconds)
-            (loops1, cpu1), at1 = bench.next_loops(prom, daemon.pid), time.monotonic()
+            (loops1, cpu1, nvml1), at1 = bench.next_loops(prom, daemon.pid), time.monotonic()
         finally:
             orphan.stop(daemon)
     loops = loops1 - loops0
-    return {"loops": loops, "cpu_ms_per_loop": (cpu1 - cpu0) * 1000 / loops, "pace": loops / ((at1 - at0) / 0.1)}
+    return {"loops": loops, "cpu_ms_per_loop": (cpu1 - cpu0) * 1000 / loops,
+            "nvml_ms_per_loop": (nvml1 - nvml0) * 1000 / loops, "pace": loops / ((at1 - at0) / 0.1)}
 
 
 def check_watchdog_cpu() -> dict:
     """The watchdog's CPU a loop with no process of ours and with 8 CUDA workers on GPU 0:
-    what the driver's calls cost, against the same shape on the sim (bench/watchdog.py's
-    figures are the sim's: its share there is a fifth of the loop)."""
+    what the driver's calls cost (the NVML thread's CPU), against the same shape on the sim
+    (bench/watchdog.py prints the sim's share of the loop the same way)."""
     seconds, workers = 5, 8
     empty = watchdog_cpu_per_loop(seconds)
     launcher = lab.spawn_holder(0, "--workers", str(workers), "--worker-mib", "256")
@@ -475,7 +476,9 @@ def check_watchdog_cpu() -> dict:
     # A loop that cannot keep its 100 ms interval on the driver is a finding in itself.
     return result(pace >= 0.8, f"CPU a loop at 100 ms, {gpus} GPU(s): {empty['cpu_ms_per_loop']:.2f} ms with no "
                                f"process of ours, {held['cpu_ms_per_loop']:.2f} ms with {workers} CUDA workers on GPU 0 "
-                               f"({per_process:.0f} µs a process); {pace:.0%} of the loops the interval asks",
+                               f"({per_process:.0f} µs a process); of them the NVML thread (the driver's "
+                               f"calls) {empty['nvml_ms_per_loop']:.2f} and {held['nvml_ms_per_loop']:.2f} ms; "
+                               f"{pace:.0%} of the loops the interval asks",
                   empty=empty, held=held)
 
 
