@@ -59,7 +59,8 @@ pub enum ColorChoice {
 
 /// Each subcommand's options are built only when it runs (or for help, man pages and
 /// completions), not on every start. Built that late, a doc comment on an `Args` struct would
-/// replace the about of each command that has it, so those structs carry `//` comments.
+/// replace the about of each command that has it, so those structs carry `//` comments (the
+/// man pages' check, `xtask man --check`, fails on one).
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]
 pub enum Command {
