@@ -291,7 +291,9 @@ mod tests {
     #[test]
     fn each_selector_of_a_kill_request_is_a_flag_of_kill() {
         use clap::CommandFactory;
-        let command = Cli::command();
+        let mut command = Cli::command();
+        // The subcommands' options are deferred until the command is built.
+        command.build();
         let kill = command.find_subcommand("kill").unwrap();
         for field in gpuctl_core::reclaim::KillRequest::SELECTORS {
             let flag = KillArgs::flag(field).unwrap_or_else(|| panic!("{field} has no flag"));
