@@ -239,7 +239,7 @@ fn matches(expected: &[String], actual: &[String]) -> bool {
         }
         Some((first, rest)) => actual
             .split_first()
-            .is_some_and(|(a, more)| first == a && matches(rest, more)),
+            .is_some_and(|(a, more)| a == first && matches(rest, more)),
     }
 }
 
@@ -359,22 +359,21 @@ fn check_example(block: &Block, example: &Example) -> Option<String> {
     // the run (GPU 0's 9984, then GPU 6's 10003) make the tables' columns differ, which no
     // one terminal width evens out: a run again starts past the crossing.
     let page_widths = pid_widths(block.lines.iter().map(String::as_str));
+    let mut run_widths = pid_widths(actual.lines());
     for _ in 0..2 {
-        if !mixed(&pid_widths(actual.lines())) || mixed(&page_widths) {
+        if !mixed(&run_widths) || mixed(&page_widths) {
             break;
         }
         actual = match run_example(example, &commands) {
             Ok(actual) => actual,
             Err(reason) => return Some(format!("{}: {reason}", block.place)),
         };
+        run_widths = pid_widths(actual.lines());
     }
     let mut got: Vec<String> = actual.lines().map(normalize).collect();
     // Pids one digit longer than the page's leave each command one character less. Once
     // more in a terminal as much wider, the commands have the page's room.
-    let widths = (
-        page_widths.first().copied(),
-        pid_widths(actual.lines()).first().copied(),
-    );
+    let widths = (page_widths.first().copied(), run_widths.first().copied());
     if let (Some(columns), (Some(page), Some(run))) = (example.columns, widths)
         && page != run
         && !matches(&expected, &got)
