@@ -88,7 +88,9 @@ fn once(sim: &Sim, args: &[&str]) -> Run {
 /// A running daemon; its stderr lines are collected as they come. Killed on drop.
 pub(crate) struct Daemon {
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    /// Its stderr lines, each with when it arrived (since the start), and the test's own
+    /// notes among them: a failing test's log shows what the daemon did when.
+    lines: Arc<Mutex<Vec<(Duration, String)>>>,
     started: Instant,
 }
 
@@ -106,35 +108,60 @@ impl Daemon {
         let stderr = child.stderr.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&lines);
+        let started = Instant::now();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
+                sink.lock().unwrap().push((started.elapsed(), line));
             }
         });
         Daemon {
             child,
             lines,
-            started: Instant::now(),
+            started,
         }
     }
 
+    /// Every line, each after the seconds since the start at which it arrived.
     fn log(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
+        let lines = self.lines.lock().unwrap();
+        let timed: Vec<String> = lines
+            .iter()
+            .map(|(at, line)| format!("{:8.3}s {line}", at.as_secs_f64()))
+            .collect();
+        timed.join("\n")
+    }
+
+    /// Puts the test's own step into the log, at its time, so that a failure shows what the
+    /// daemon did before and after it. Marked as the test's: no needle of a daemon line
+    /// matches it.
+    fn note(&self, step: &str) {
+        let at = self.started.elapsed();
+        self.lines
+            .lock()
+            .unwrap()
+            .push((at, format!("---- test: {step}")));
+    }
+
+    /// The daemon's lines (not the test's notes) holding every needle.
+    fn matching(&self, needles: &[&str]) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, line)| line)
+            .filter(|line| !line.starts_with("---- test: "))
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .cloned()
+            .collect()
     }
 
     /// The first line containing every needle, waiting up to `limit`.
     fn expect(&self, needles: &[&str], limit: Duration) -> String {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(line) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|line| needles.iter().all(|n| line.contains(n)))
-            {
-                return line.clone();
+            if let Some(line) = self.matching(needles).into_iter().next() {
+                return line;
             }
             assert!(
                 Instant::now() < deadline,
@@ -149,14 +176,7 @@ impl Daemon {
     pub(crate) fn expect_count(&self, needles: &[&str], count: usize) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let found: Vec<String> = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|line| needles.iter().all(|n| line.contains(n)))
-                .cloned()
-                .collect();
+            let found = self.matching(needles);
             if found.len() >= count {
                 return found.last().cloned().unwrap_or_default();
             }
@@ -170,12 +190,7 @@ impl Daemon {
     }
 
     pub(crate) fn count(&self, needles: &[&str]) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| needles.iter().all(|n| line.contains(n)))
-            .count()
+        self.matching(needles).len()
     }
 
     fn assert_running(&mut self) {
@@ -1705,6 +1720,7 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     let mut round = 0u32;
     while soak.elapsed() < Duration::from_secs(seconds) {
         round += 1;
+        daemon.note(&format!("round {round}"));
         healthy.push(TrainingRun::start_as(
             Some(ALICE),
             2,
@@ -1949,29 +1965,44 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
         &idle_claims,
         &[],
     ));
-    wait_until(Duration::from_secs(15), || {
+    let left = || -> Vec<u32> {
         crashed
             .iter()
             .map(|(run, _)| &run.workers.pids)
             .chain(orphans.iter().map(|(strays, _)| &strays.pids))
-            .all(|pids| pids.iter().all(|&pid| !alive(pid)))
-            && idle_claims.iter().all(|(claim, _)| !alive(claim.pid()))
-    });
+            .flatten()
+            .copied()
+            .chain(idle_claims.iter().map(|(claim, _)| claim.pid()))
+            .filter(|&pid| alive(pid))
+            .collect()
+    };
+    daemon.note(&format!(
+        "soak over: waiting up to 15 s for {:?} to end",
+        left()
+    ));
+    wait_until(Duration::from_secs(15), || left().is_empty());
+    daemon.note(&format!("wait over: still alive {:?}", left()));
     idle_reclaimed += idle_claims.len() as u32;
-    let idle_by_watchdog = idle_claim_pids
-        .iter()
-        .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
-        .count();
+    // The daemon logs a pass's reclaims once all its targets have been signalled and waited
+    // for, so the last round's processes are gone before its lines are written: wait for
+    // them (a loaded machine once took longer than the check right after the wait above).
+    let by_daemon = |pids: &[u32]| {
+        pids.iter()
+            .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
+            .count()
+    };
+    let said = Instant::now() + Duration::from_secs(10);
+    while by_daemon(&idle_claim_pids) < idle_claim_pids.len() && Instant::now() < said {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let idle_by_watchdog = by_daemon(&idle_claim_pids);
     if !alive(alices_idle.pid()) {
         victims_ended += 1;
         findings.push("alice's exempt idle process was ended".into());
     }
     reclaimed += crashed.len() as u32;
     claimants_ended += orphans.len() as u32;
-    let by_watchdog = orphan_pids
-        .iter()
-        .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
-        .count();
+    let by_watchdog = by_daemon(&orphan_pids);
     if alices_cgroup.is_some() {
         // The peaks checked above were the daemon's: it did account alice's job.
         let peaks =
