@@ -343,9 +343,9 @@ fn another_users_crash_and_zombie_holder_are_seen_within_a_second() {
     crash_both(&mut run, &mut holder);
     let crashed_at = Instant::now();
     // refresh (1 s) + interval, and slack for a loaded machine: the suite runs its tests in
-    // parallel on two cores, where up to 3.4 s was seen. The bound this guards against is
-    // the stat read, every 10 s here (grace / 4): without the owner check and the parent
-    // pidfds that is how long it takes, so 6 s still tells the two apart.
+    // parallel on two cores, where up to 3.4 s was seen. What this guards against is facts
+    // as old as they may be for acting (grace / 4: 10 s here) standing for the look that
+    // must come every second, so 6 s still tells the two apart.
     let seen_within = Duration::from_millis(6000);
     for pid in run.workers.pids.iter().chain([&holder.pid()]) {
         daemon.expect(

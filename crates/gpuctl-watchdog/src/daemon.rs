@@ -109,9 +109,7 @@ impl Daemon {
         // at least every second: no event reports a process turning zombie (Linux notifies
         // a pidfd only once its whole thread group has exited), and the reclaim bound is
         // grace + interval + term_timeout + 1 s. A look reads the process's stat (through
-        // its held file): the owner check (gpuctl_core::host::FactCache) cannot stand in for
-        // it, as Linux 6.18 keeps a zombie leader's proc files its user's, so a zombie
-        // holder would go unseen for a quarter of the grace. Leaders and parents are read as
+        // its held file; see gpuctl_core::host::FactCache). Leaders and parents are read as
         // often.
         let mut health = HealthWatch::new(settings.xid_catalog.clone());
         health.kernel.set_path(settings.watchdog.kernel_log());
@@ -129,7 +127,7 @@ impl Daemon {
             // beside a host service it does not ask).
             reader: Reader::new(SnapshotOptions::watch(false))
                 .naming_pods(&kubernetes)
-                .keeping_facts(FactCache::refreshing_every(refresh).reading_stat_every(refresh))
+                .keeping_facts(FactCache::refreshing_every(refresh))
                 .host_only(),
             history: HistoryTracker::default(),
             watch: Watch::default(),

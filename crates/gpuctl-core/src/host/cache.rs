@@ -1,13 +1,12 @@
 //! Host facts kept across passes by a long-running reader (the watchdog).
 
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::lineage::Relatives;
 use super::{HostProcess, ProcState, ProcView};
-use crate::pidmap::{PidMap, PidSet};
-use crate::sys::{limits, pidfd, procfile};
+use crate::pidmap::PidMap;
+use crate::sys::{limits, procfile};
 
 /// Host facts kept across passes by a long-running reader (the watchdog): for a process
 /// seen before with the same start time, only /proc/PID/stat is read again; its command
@@ -19,14 +18,7 @@ pub struct FactCache {
     /// A known process is looked at again only this long after the last look; until then
     /// its facts are reused whole (their age counts on by itself). Zero: every pass.
     refresh_every: Duration,
-    /// Where the owner check stands in for reading the stat (see [`Known`]), the stat
-    /// itself is read only this often. `None`: every look reads it.
-    stat_every: Option<Duration>,
-    /// Pidfds on the parents of owner-checked processes. One becomes readable once the
-    /// parent's whole thread group has exited, which is when its children are reparented
-    /// (their ppid changes: the orphan evidence).
-    parents: PidMap<u32, OwnedFd>,
-    /// How many files (stat files, parent pidfds) are held open, and the most that may be.
+    /// How many stat files are held open, and the most that may be.
     open: usize,
     max_open: usize,
     /// Counts calls, so that entries not listed in the latest one can be told apart.
@@ -35,31 +27,22 @@ pub struct FactCache {
     relatives: Relatives,
 }
 
-/// A known process. Reading its stat again costs the kernel formatting 52 fields (3-4 µs
-/// when cold, every loop for every process at the default interval). The one change that
-/// must be seen within a second and that no event reports is its main thread exiting (a
-/// zombie holder). That thread's exit also drops its memory map, after which procfs gives
-/// the process's files to root (it does so for processes that cannot be dumped): so for a
-/// process not run by root, an `fstat` of its held stat file (0.2 µs) still showing its own
-/// uid means its main thread lives. Its parent's exit (reparenting) is reported by the
-/// parent's pidfd. Everything else is read with the stat, every `stat_every`. Linux 6.18
-/// may keep a zombie leader's files its user's, so a reader that must see a zombie within
-/// a second (the watchdog) reads the stat as often as it looks.
+/// A known process. A look reads its stat again (the kernel formats 52 fields: 3-4 µs
+/// when cold). Nothing cheaper stands in for it: the change that must be seen soonest, its
+/// main thread exiting while other threads hold the GPU (a zombie holder), is reported by
+/// no event (a pidfd, even a PIDFD_THREAD one on the leader, wakes only once the whole
+/// thread group has exited) and, since Linux 6.18, leaves the owner of its proc files as
+/// it was.
 #[derive(Debug)]
 struct Known {
     fact: Arc<HostProcess>,
-    /// When it was last looked at (stat read, or owner checked).
-    read_at: Instant,
     /// When its stat was last read.
-    stat_at: Instant,
+    read_at: Instant,
     /// Its /proc/PID/stat, kept open: reading it again is one `pread` (2 µs) instead of
     /// open, read and close (10 µs on a VM). An open stat file stays bound to its process:
     /// once that process has exited it fails (ESRCH), so a reused pid is never read through
     /// it.
     stat: Option<std::fs::File>,
-    /// The uid its stat file was owned by when last read, where the owner check applies
-    /// (not root, its main thread alive then, stat file held).
-    owner: Option<u32>,
     /// The last call that listed it.
     pass: u64,
 }
@@ -76,14 +59,6 @@ impl FactCache {
         }
     }
 
-    /// Lets the owner check stand in for reading the stat of a process not run by root,
-    /// whose parent is watched (see [`Known`]); the stat is then read every `every`. What
-    /// only the stat shows (stopped, its group or thread count changed) is seen that late.
-    pub fn reading_stat_every(mut self, every: Duration) -> FactCache {
-        self.stat_every = Some(every);
-        self
-    }
-
     /// Runs `read` over the relatives kept for lineages (see [`Relatives`]), then forgets
     /// those it did not ask for.
     pub(crate) fn with_relatives<T>(&mut self, read: impl FnOnce(&mut Relatives) -> T) -> T {
@@ -93,54 +68,12 @@ impl FactCache {
         out
     }
 
-    /// Stops watching the parents whose whole thread group has exited since the last pass,
-    /// so that their children are read (and watch their new parents).
-    fn forget_exited_parents(&mut self) {
-        if self.parents.is_empty() {
-            return;
-        }
-        let exited = pidfd::readable(self.parents.iter().map(|(&pid, fd)| (pid, fd.as_raw_fd())));
-        for pid in &exited {
-            self.parents.remove(pid);
-            self.open -= 1;
-        }
-    }
-
-    /// Holds a pidfd on the parent of each owner-checked process, and only those.
-    fn watch_parents(&mut self) {
-        let needed: PidSet<u32> = self
-            .known
-            .values()
-            .filter(|known| known.owner.is_some())
-            .filter_map(|known| known.fact.ppid.filter(|&ppid| ppid > 1))
-            .collect();
-        let before = self.parents.len();
-        self.parents.retain(|pid, _| needed.contains(pid));
-        self.open -= before - self.parents.len();
-        for ppid in needed {
-            if self.open >= self.max_open || self.parents.contains_key(&ppid) {
-                continue;
-            }
-            // Opened after the child's stat named it: if the parent had exited meanwhile and
-            // its pid were taken at once, the event would never come and the change would be
-            // seen at the next stat read.
-            // Readable once the parent's whole thread group has exited.
-            let parent = libc::pid_t::try_from(ppid).ok();
-            if let Some(fd) = parent.and_then(|pid| pidfd::open(pid).ok()) {
-                self.parents.insert(ppid, fd);
-                self.open += 1;
-            }
-        }
-    }
-
     /// A process read whole at `now`, in this pass, replacing any entry of its pid.
     fn insert_read(&mut self, pid: u32, fact: HostProcess, now: Instant) {
         let known = Known {
             fact: Arc::new(fact),
             read_at: now,
-            stat_at: now,
             stat: None,
-            owner: None,
             pass: self.pass,
         };
         if let Some(old) = self.known.insert(pid, known)
@@ -192,7 +125,6 @@ impl ProcView {
         let now = Instant::now();
         cache.pass += 1;
         let pass = cache.pass;
-        cache.forget_exited_parents();
         let mut listed = 0;
         let mut unknown = Vec::new();
         for &pid in pids {
@@ -208,37 +140,10 @@ impl ProcView {
             if now.duration_since(known.read_at) < cache.refresh_every {
                 continue;
             }
-            // A parent that exited is no longer watched: its children are read.
-            let ppid = known.fact.ppid.unwrap_or(0);
-            let parent_watched = ppid <= 1 || cache.parents.contains_key(&ppid);
-            if let (Some(uid), Some(stat_every)) = (known.owner, cache.stat_every)
-                && parent_watched
-                && now.duration_since(known.stat_at) < stat_every
-                && known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
-            {
-                known.read_at = now;
-                continue;
-            }
             let may_open = cache.open < cache.max_open;
             let held = known.stat.is_some();
             match self.refresh(pid, known, may_open) {
-                Some(()) => {
-                    // Not for a stopped or exited process: its next change (continued,
-                    // reaped) must be seen as soon as it happens.
-                    let running = matches!(
-                        known.fact.state,
-                        Some(ProcState::Running | ProcState::Sleeping | ProcState::DiskSleep)
-                    );
-                    known.owner = cache
-                        .stat_every
-                        .and(known.fact.uid)
-                        .filter(|&uid| self.procfs && running && uid != 0)
-                        .filter(|&uid| {
-                            known.stat.as_ref().and_then(procfile::owner_uid) == Some(uid)
-                        });
-                    known.read_at = now;
-                    known.stat_at = now;
-                }
+                Some(()) => known.read_at = now,
                 None => {
                     known.stat = None;
                     // Read anew below; its entry is replaced.
@@ -260,7 +165,6 @@ impl ProcView {
             listed += 1;
         }
         cache.keep_only_pass(listed);
-        cache.watch_parents();
         cache
     }
 
@@ -447,22 +351,12 @@ mod tests {
         Some(view)
     }
 
-    /// A cache that looks every pass and reads the stat only once an hour where the owner
-    /// check applies; the process is read once (new) and once more (its stat file opened).
-    fn owner_checking_cache(view: &ProcView, pid: u32) -> FactCache {
-        let mut cache = FactCache::refreshing_every(Duration::ZERO)
-            .reading_stat_every(Duration::from_secs(3600));
-        view.processes_cached(&[pid], &mut cache);
-        cache.known.get_mut(&pid).unwrap().stat_at -= Duration::from_secs(7200);
-        view.processes_cached(&[pid], &mut cache);
-        cache
-    }
-
     #[test]
-    fn the_owner_check_stands_in_for_the_stat_and_a_stat_read_sees_a_zombie_leader() {
+    fn a_look_sees_a_zombie_leader_whose_threads_live_on() {
         let Some(view) = host_view() else {
             return;
         };
+        // Its main thread exits (the exit syscall, not exit_group) while another sleeps.
         let script = format!(
             "import ctypes, sys, threading, time\n\
              threading.Thread(target=time.sleep, args=(60,)).start()\n\
@@ -475,50 +369,31 @@ mod tests {
         command.args(["-c", &script]);
         let (mut child, _) = spawn_reading_line(command);
         let pid = child.id();
-        let mut cache = owner_checking_cache(&view, pid);
-        let known = &cache.known[&pid];
-        assert!(known.owner.is_some(), "{known:?}");
-        let (stat_at, fact) = (known.stat_at, Arc::clone(&known.fact));
-        view.processes_cached(&[pid], &mut cache);
-        let known = &cache.known[&pid];
-        assert_eq!(
-            known.stat_at, stat_at,
-            "stat read although the owner check held"
-        );
-        assert!(Arc::ptr_eq(&known.fact, &fact));
+        let mut cache = FactCache::refreshing_every(Duration::ZERO);
+        let alive = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
+        assert_eq!(alive.threads, Some(2), "{alive:?}");
 
         std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // Linux 6.18 may keep a zombie leader's proc files its user's, so the owner check
-        // cannot be relied on to see the exit (the watchdog reads the stat every second):
-        // each look here is one after the stat interval.
-        let zombie = loop {
-            cache.known.get_mut(&pid).unwrap().stat_at -= Duration::from_secs(7200);
-            let fact = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
-            if fact.state == Some(ProcState::Zombie) || Instant::now() > deadline {
-                break fact;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let zombie = facts_once(&view, &mut cache, pid, ProcState::Zombie);
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(zombie.state, Some(ProcState::Zombie), "{zombie:?}");
-        assert_eq!(zombie.threads, Some(2));
+        let zombie = zombie.expect("the zombie leader is seen");
+        assert_eq!(zombie.threads, Some(2), "{zombie:?}");
+        assert_eq!(zombie.start_ticks, alive.start_ticks);
     }
 
     #[test]
-    fn a_checked_process_is_read_again_once_its_parent_exits() {
+    fn a_look_sees_a_process_reparented_once_its_parent_exits() {
         let Some(view) = host_view() else {
             return;
         };
         let (mut parent, pid) = sleep_in_a_shell(not_root(std::process::Command::new("sh")));
-        let mut cache = owner_checking_cache(&view, pid);
-        assert!(cache.known[&pid].owner.is_some());
-        assert!(cache.parents.contains_key(&parent.id()));
-        let stat_at = cache.known[&pid].stat_at;
+        let mut cache = FactCache::refreshing_every(Duration::ZERO);
         let before = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
-        assert_eq!(cache.known[&pid].stat_at, stat_at);
         assert_eq!(before.ppid, Some(parent.id()));
+        // The second look reads through the stat file the first kept open.
+        view.processes_cached(&[pid], &mut cache);
+        assert!(cache.known[&pid].stat.is_some());
 
         parent.kill().unwrap();
         parent.wait().unwrap();
@@ -526,6 +401,6 @@ mod tests {
         // The sleep started above, still alive (it was just read).
         let _ = kill(Pid::from_raw(pid as libc::pid_t), Signal::SIGKILL);
         assert_ne!(after.ppid, Some(parent.id()), "{after:?}");
-        assert!(!cache.parents.contains_key(&parent.id()));
+        assert_eq!(after.start_ticks, before.start_ticks);
     }
 }

@@ -4,8 +4,6 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use crate::pidmap::PidSet;
-
 /// `pidfd_open(2)` on the process `pid` names now.
 pub fn open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
@@ -66,29 +64,4 @@ pub fn exited(fd: &OwnedFd) -> io::Result<bool> {
             return Err(error);
         }
     }
-}
-
-/// The pids among `watched` whose pidfd is readable, in one poll.
-pub fn readable(watched: impl Iterator<Item = (u32, RawFd)>) -> PidSet<u32> {
-    let (pids, mut polls): (Vec<u32>, Vec<libc::pollfd>) = watched
-        .map(|(pid, fd)| {
-            let poll = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            (pid, poll)
-        })
-        .unzip();
-    // SAFETY: `polls` is an array of pollfds that we own; zero timeout.
-    let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
-    if ready <= 0 {
-        // A failed poll reports nothing; callers read the stat on their own schedule.
-        return PidSet::default();
-    }
-    pids.into_iter()
-        .zip(&polls)
-        .filter(|(_, poll)| poll.revents != 0)
-        .map(|(pid, _)| pid)
-        .collect()
 }
