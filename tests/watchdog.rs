@@ -85,6 +85,9 @@ fn once(sim: &Sim, args: &[&str]) -> Run {
     Run::from(command(sim, &all).output().expect("run gpuctl-watchdog"))
 }
 
+/// What starts a test's own note in a [`Daemon`]'s log.
+const TEST_NOTE: &str = "---- test: ";
+
 /// A running daemon; its stderr lines are collected as they come. Killed on drop.
 pub(crate) struct Daemon {
     child: Child,
@@ -140,7 +143,7 @@ impl Daemon {
         self.lines
             .lock()
             .unwrap()
-            .push((at, format!("---- test: {step}")));
+            .push((at, format!("{TEST_NOTE}{step}")));
     }
 
     /// The daemon's lines (not the test's notes) holding every needle.
@@ -150,7 +153,7 @@ impl Daemon {
             .unwrap()
             .iter()
             .map(|(_, line)| line)
-            .filter(|line| !line.starts_with("---- test: "))
+            .filter(|line| !line.starts_with(TEST_NOTE))
             .filter(|line| needles.iter().all(|n| line.contains(n)))
             .cloned()
             .collect()
