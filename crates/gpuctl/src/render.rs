@@ -112,16 +112,115 @@ pub fn emit<T: serde::Serialize>(
     table: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
     let text = if json {
-        let mut text = serde_json::to_string_pretty(document)?;
-        text.push('\n');
+        let mut text = pretty_json(document)?;
+        text.push(b'\n');
         text
     } else {
-        table()
+        table().into_bytes()
     };
     let mut out = std::io::stdout().lock();
-    std::io::Write::write_all(&mut out, text.as_bytes())?;
+    std::io::Write::write_all(&mut out, &text)?;
     std::io::Write::flush(&mut out)?;
     Ok(())
+}
+
+/// `document` as serde_json's `to_vec_pretty` writes it.
+fn pretty_json<T: serde::Serialize>(document: &T) -> serde_json::Result<Vec<u8>> {
+    let mut text = Vec::new();
+    document.serialize(&mut serde_json::Serializer::with_formatter(
+        &mut text,
+        Pretty::default(),
+    ))?;
+    Ok(text)
+}
+
+/// serde_json's pretty layout (two spaces a level), byte for byte, with each line's break
+/// and indentation written as one slice: its own formatter writes the indentation a level
+/// at a time, and `info --json`'s processes sit four levels deep.
+#[derive(Default)]
+struct Pretty {
+    level: usize,
+    has_value: bool,
+}
+
+impl Pretty {
+    fn new_line<W: ?Sized + std::io::Write>(
+        &self,
+        out: &mut W,
+        comma: bool,
+    ) -> std::io::Result<()> {
+        const LINE: &[u8] = b",\n                                                                ";
+        let start = if comma { 0 } else { 1 };
+        let end = 2 + 2 * self.level;
+        if end <= LINE.len() {
+            return out.write_all(&LINE[start..end]);
+        }
+        out.write_all(&LINE[start..2])?;
+        (0..self.level).try_for_each(|_| out.write_all(b"  "))
+    }
+}
+
+impl serde_json::ser::Formatter for Pretty {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        out.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            self.new_line(out, false)?;
+        }
+        out.write_all(b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        out: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.new_line(out, !first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        out.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            self.new_line(out, false)?;
+        }
+        out.write_all(b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        out: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.new_line(out, !first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        out: &mut W,
+    ) -> std::io::Result<()> {
+        out.write_all(b": ")
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
 }
 
 /// Compact ages as ps and nvitop show them: "45s", "12m", "3h12m", "2d04h".
@@ -242,6 +341,28 @@ mod tests {
         assert_eq!(age(12 * 60 + 5), "12m05s");
         assert_eq!(age(3 * 3600 + 12 * 60), "3h12m");
         assert_eq!(age(2 * 86_400 + 4 * 3600), "2d04h");
+    }
+
+    #[test]
+    fn json_is_laid_out_as_serde_json_lays_it_out() {
+        let mut deep = serde_json::json!([1, {}, []]);
+        // Deeper than the formatter's one-slice indentation reaches.
+        for level in 0..40 {
+            deep = serde_json::json!({ "level": level, "inner": [deep, "a\"b\n"], "empty": {} });
+        }
+        let documents = [
+            serde_json::json!(null),
+            serde_json::json!([]),
+            serde_json::json!({}),
+            serde_json::json!({"a": [1, 2, {"b": null, "c": [[]]}], "é": "x", "n": -1.5}),
+            deep,
+        ];
+        for document in documents {
+            assert_eq!(
+                String::from_utf8(pretty_json(&document).unwrap()).unwrap(),
+                serde_json::to_string_pretty(&document).unwrap()
+            );
+        }
     }
 
     #[test]
