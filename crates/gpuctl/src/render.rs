@@ -143,17 +143,27 @@ struct Pretty {
     has_value: bool,
 }
 
+/// The levels whose line break and indentation [`Pretty`] writes as one slice; deeper ones
+/// (no gpuctl document has them) are indented a level at a time.
+const ONE_SLICE_LEVELS: usize = 32;
+
+/// A comma, a line break, and the indentation of [`ONE_SLICE_LEVELS`] levels.
+const LINE: [u8; 2 + 2 * ONE_SLICE_LEVELS] = {
+    let mut line = [b' '; 2 + 2 * ONE_SLICE_LEVELS];
+    line[0] = b',';
+    line[1] = b'\n';
+    line
+};
+
 impl Pretty {
     fn new_line<W: ?Sized + std::io::Write>(
         &self,
         out: &mut W,
         comma: bool,
     ) -> std::io::Result<()> {
-        const LINE: &[u8] = b",\n                                                                ";
         let start = if comma { 0 } else { 1 };
-        let end = 2 + 2 * self.level;
-        if end <= LINE.len() {
-            return out.write_all(&LINE[start..end]);
+        if self.level <= ONE_SLICE_LEVELS {
+            return out.write_all(&LINE[start..2 + 2 * self.level]);
         }
         out.write_all(&LINE[start..2])?;
         (0..self.level).try_for_each(|_| out.write_all(b"  "))
