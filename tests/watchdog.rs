@@ -1988,14 +1988,19 @@ fn a_soak_under_attack_ends_no_victim_and_shields_no_attacker() {
     idle_reclaimed += idle_claims.len() as u32;
     // The daemon logs a pass's reclaims once all its targets have been signalled and waited
     // for, so the last round's processes are gone before its lines are written: wait for
-    // them (a loaded machine once took longer than the check right after the wait above).
+    // the lines of both its idle claims and its orphans (a loaded machine once took longer
+    // than the check right after the wait above).
     let by_daemon = |pids: &[u32]| {
         pids.iter()
             .filter(|&&pid| daemon.count(&["ACTION=reclaimed", &format!("PID={pid} ")]) > 0)
             .count()
     };
+    let all_said = || {
+        by_daemon(&idle_claim_pids) == idle_claim_pids.len()
+            && by_daemon(&orphan_pids) == orphan_pids.len()
+    };
     let said = Instant::now() + Duration::from_secs(10);
-    while by_daemon(&idle_claim_pids) < idle_claim_pids.len() && Instant::now() < said {
+    while !all_said() && Instant::now() < said {
         std::thread::sleep(Duration::from_millis(20));
     }
     let idle_by_watchdog = by_daemon(&idle_claim_pids);
