@@ -329,15 +329,24 @@ fn a_crash_and_a_zombie_holder_seen_while_healthy_are_reclaimed_within_the_bound
     assert_eq!(daemon.stop(), 0);
 }
 
-// Another user's processes are not read each second but owner-checked (see
-// gpuctl_core::host::FactCache): their stat is read every quarter of the grace, 10 s here.
-// The crash and the zombie must still be seen within a second and a loop.
+// A process's stat is read every quarter of the grace, 10 s here; each second a look reads
+// its statm and its parent's (see gpuctl_core::host::FactCache). The crash and the zombie
+// must still be seen within a second and a loop, whoever runs them.
 #[test]
 fn another_users_crash_and_zombie_holder_are_seen_within_a_second() {
     if !is_root() {
         panic!("cannot run here: needs root to run processes as another user");
     }
-    let (mut run, mut holder, sim) = healthy_run_and_holder(Some(65534));
+    crash_and_zombie_holder_are_seen_within_a_second(Some(65534));
+}
+
+#[test]
+fn a_crash_and_zombie_holder_of_the_watchdogs_own_user_are_seen_within_a_second() {
+    crash_and_zombie_holder_are_seen_within_a_second(None);
+}
+
+fn crash_and_zombie_holder_are_seen_within_a_second(uid: Option<u32>) {
+    let (mut run, mut holder, sim) = healthy_run_and_holder(uid);
     configure_with_grace(&sim, "40s", "mode = \"reclaim\"", "");
     let mut daemon = Daemon::start(&sim, &[]);
     wait_for_loops(&sim, 5);

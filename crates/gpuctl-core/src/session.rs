@@ -512,6 +512,13 @@ impl Reader {
         self
     }
 
+    /// New periods for the facts kept (see [`FactCache::retime`]); nothing where none are.
+    pub fn retime_facts(&mut self, refresh_every: Duration, whole_every: Duration) {
+        if let Some(facts) = &mut self.facts {
+            facts.retime(refresh_every, whole_every);
+        }
+    }
+
     /// Marks protected programs and annotates device-file holders, as a person is shown them.
     pub fn shown_with(mut self, protection: Protection) -> Reader {
         self.marks = Marks::Shown(protection);

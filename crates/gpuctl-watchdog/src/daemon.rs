@@ -65,6 +65,13 @@ struct HoldersSeen {
 /// How often the holder scan may run.
 const HOLDER_SCAN_EVERY: Duration = Duration::from_secs(60);
 
+/// How often a process is looked at, and how often its stat is read whole (see
+/// [`Daemon::new`]).
+fn fact_periods(settings: &Settings) -> (Duration, Duration) {
+    let grace_quarter = settings.watchdog.grace / 4;
+    (grace_quarter.min(Duration::from_secs(1)), grace_quarter)
+}
+
 /// The result of one pass, for `--once`.
 #[derive(Debug, Default)]
 pub struct Pass {
@@ -108,14 +115,14 @@ impl Daemon {
         // each signal still checks the process's start time. Every process is looked at
         // at least every second: no event reports a process turning zombie (Linux notifies
         // a pidfd only once its whole thread group has exited), and the reclaim bound is
-        // grace + interval + term_timeout + 1 s. A look reads the process's stat (through
-        // its held file; see gpuctl_core::host::FactCache). Leaders and parents are read as
-        // often.
+        // grace + interval + term_timeout + 1 s. A look reads the process's statm, which
+        // shows its main thread's exit, and its parent's, which shows the exit that makes it
+        // an orphan; its stat is read every quarter of the grace (see
+        // gpuctl_core::host::FactCache). Leaders and parents are read as often.
         let mut health = HealthWatch::new(settings.xid_catalog.clone());
         health.kernel.set_path(settings.watchdog.kernel_log());
         let idle = IdleWatch::new(settings.watchdog.state_path(), &log);
-        let grace_quarter = settings.watchdog.grace / 4;
-        let refresh = grace_quarter.min(Duration::from_secs(1));
+        let (refresh, whole) = fact_periods(&settings);
         let kubernetes = settings.kubernetes.clone();
         Daemon {
             settings,
@@ -127,7 +134,7 @@ impl Daemon {
             // beside a host service it does not ask).
             reader: Reader::new(SnapshotOptions::watch(false))
                 .naming_pods(&kubernetes)
-                .keeping_facts(FactCache::refreshing_every(refresh))
+                .keeping_facts(FactCache::refreshing_every(refresh).reading_whole_every(whole))
                 .host_only(),
             history: HistoryTracker::default(),
             watch: Watch::default(),
@@ -232,6 +239,8 @@ impl Daemon {
                 self.health.set_catalog(settings.xid_catalog.clone());
                 self.health.kernel.set_path(settings.watchdog.kernel_log());
                 self.idle.set_state_dir(settings.watchdog.state_path());
+                let (refresh, whole) = fact_periods(&settings);
+                self.reader.retime_facts(refresh, whole);
                 self.settings = settings;
                 self.event(
                     Priority::Notice,

@@ -75,6 +75,28 @@ pub fn read_stat_line(file: &std::fs::File) -> io::Result<StatLine> {
     parsed.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }
 
+/// Whether the process /proc/PID/statm (`file`) describes still has its memory map: its
+/// size reads 0 once its main thread has exited (a zombie leader, whatever its other threads
+/// do), and in a kernel thread. One `pread` of a few bytes.
+pub fn has_memory_map(file: &std::fs::File) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut buffer = [0u8; 128];
+    let len = loop {
+        match file.read_at(&mut buffer, 0) {
+            Ok(len) => break len,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    match buffer[..len].split(|&b| b == b' ').next() {
+        Some(size) if !size.is_empty() && size.iter().all(u8::is_ascii_digit) => Ok(size != b"0"),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "malformed statm",
+        )),
+    }
+}
+
 /// A whole /proc file in as few syscalls as the kernel allows: procfs files report size 0,
 /// so `File::read_to_end` asks for the size and position first and then probes with
 /// 32-byte reads. A 4 KiB read takes most files at once. A read that comes back short is
@@ -112,6 +134,21 @@ pub fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
     use procfs::FromRead;
+
+    #[test]
+    fn a_statm_of_zeros_has_no_memory_map_and_a_malformed_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let statm = |text: &str| {
+            let path = dir.path().join("statm");
+            std::fs::write(&path, text).unwrap();
+            has_memory_map(&std::fs::File::open(&path).unwrap()).map_err(|e| e.kind())
+        };
+        assert_eq!(statm("2668 229 204 1 0 2137 0\n"), Ok(true));
+        assert_eq!(statm("10 0 0 0 0 0 0\n"), Ok(true));
+        assert_eq!(statm("0 0 0 0 0 0 0\n"), Ok(false));
+        assert_eq!(statm(""), Err(io::ErrorKind::InvalidData));
+        assert_eq!(statm("x 1 2\n"), Err(io::ErrorKind::InvalidData));
+    }
 
     #[test]
     fn stat_lines_are_read_from_the_last_parenthesis() {
