@@ -547,12 +547,9 @@ mod tests {
         Some(view)
     }
 
-    #[test]
-    fn a_look_sees_a_zombie_leader_whose_threads_live_on() {
-        let Some(view) = host_view() else {
-            return;
-        };
-        // Its main thread exits (the exit syscall, not exit_group) while another sleeps.
+    /// A process of two threads whose main thread exits (the exit syscall, not exit_group)
+    /// on a line from its stdin, while the other sleeps on.
+    fn zombie_leader_on_a_line() -> std::process::Child {
         let script = format!(
             "import ctypes, sys, threading, time\n\
              threading.Thread(target=time.sleep, args=(60,)).start()\n\
@@ -563,7 +560,15 @@ mod tests {
         );
         let mut command = not_root(std::process::Command::new("python3"));
         command.args(["-c", &script]);
-        let (mut child, _) = spawn_reading_line(command);
+        spawn_reading_line(command).0
+    }
+
+    #[test]
+    fn a_look_sees_a_zombie_leader_whose_threads_live_on() {
+        let Some(view) = host_view() else {
+            return;
+        };
+        let mut child = zombie_leader_on_a_line();
         let pid = child.id();
         let mut cache = FactCache::refreshing_every(Duration::ZERO);
         let alive = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);
@@ -611,17 +616,7 @@ mod tests {
         let Some(view) = host_view() else {
             return;
         };
-        let script = format!(
-            "import ctypes, sys, threading, time\n\
-             threading.Thread(target=time.sleep, args=(60,)).start()\n\
-             print('ready', flush=True)\n\
-             sys.stdin.readline()\n\
-             ctypes.CDLL(None).syscall({}, 0)\n",
-            libc::SYS_exit
-        );
-        let mut command = not_root(std::process::Command::new("python3"));
-        command.args(["-c", &script]);
-        let (mut child, _) = spawn_reading_line(command);
+        let mut child = zombie_leader_on_a_line();
         let pid = child.id();
         let mut cache = quick_cache();
         let alive = Arc::clone(&view.processes_cached(&[pid], &mut cache)[&pid]);

@@ -54,19 +54,23 @@ impl StatLine {
     }
 }
 
+/// One `pread` at `offset`, again where a signal interrupted it.
+fn pread(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    loop {
+        match file.read_at(buffer, offset) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            read => return read,
+        }
+    }
+}
+
 /// /proc/PID/stat (or a task's), read in one call where it fits (it always does: one line
 /// of at most about a kilobyte) and parsed. Reading on until a read returns 0, as for other
 /// files, would make the kernel format the whole line a second time.
 pub fn read_stat_line(file: &std::fs::File) -> io::Result<StatLine> {
-    use std::os::unix::fs::FileExt;
     let mut buffer = [0u8; 1536];
-    let len = loop {
-        match file.read_at(&mut buffer, 0) {
-            Ok(len) => break len,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    };
+    let len = pread(file, &mut buffer, 0)?;
     let parsed = if len < buffer.len() && buffer[..len].ends_with(b"\n") {
         StatLine::parse(&buffer[..len])
     } else {
@@ -79,15 +83,8 @@ pub fn read_stat_line(file: &std::fs::File) -> io::Result<StatLine> {
 /// size reads 0 once its main thread has exited (a zombie leader, whatever its other threads
 /// do), and in a kernel thread. One `pread` of a few bytes.
 pub fn has_memory_map(file: &std::fs::File) -> io::Result<bool> {
-    use std::os::unix::fs::FileExt;
     let mut buffer = [0u8; 128];
-    let len = loop {
-        match file.read_at(&mut buffer, 0) {
-            Ok(len) => break len,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    };
+    let len = pread(file, &mut buffer, 0)?;
     match buffer[..len].split(|&b| b == b' ').next() {
         Some(size) if !size.is_empty() && size.iter().all(u8::is_ascii_digit) => Ok(size != b"0"),
         _ => Err(io::Error::new(
@@ -106,7 +103,6 @@ pub fn has_memory_map(file: &std::fs::File) -> io::Result<bool> {
 /// syscalls per file kind at 256 processes). Read from offset 0, so a file kept open can
 /// be read again.
 pub fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
     // 4 KiB: one read for any stat, status, cmdline or cgroup file of a usual process.
     let mut bytes = vec![0; 4096];
     let mut len = 0;
@@ -114,16 +110,14 @@ pub fn pread_all(file: &std::fs::File) -> io::Result<Vec<u8>> {
         if len == bytes.len() {
             bytes.resize(len * 2, 0);
         }
-        match file.read_at(&mut bytes[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => {
+        match pread(file, &mut bytes[len..], len as u64)? {
+            0 => break,
+            n => {
                 len += n;
                 if len < bytes.len() {
                     break;
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
     }
     bytes.truncate(len);
